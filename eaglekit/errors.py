@@ -1,0 +1,31 @@
+"""User-facing errors: each carries one line that names the file and the problem."""
+
+from __future__ import annotations
+
+
+class EaglekitError(Exception):
+    """An expected failure. The CLI prints `str(self)` on one line and exits with `exit_code`."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, path: str | None = None):
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class CheckpointError(EaglekitError):
+    """The checkpoint cannot be read: missing, malformed, unsafe."""
+
+
+class UnknownLayoutError(CheckpointError):
+    """No known layout matches: the message lists what was observed."""
+
+
+class UsageError(EaglekitError):
+    """Arguments that contradict each other or the input."""
+
+    exit_code = 2
+
+
+class OutputError(EaglekitError):
+    """The output could not be produced; nothing was left behind."""

@@ -1,0 +1,301 @@
+"""What every layout module shares: the observed signals and the builder of a DraftSpec."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from eaglekit.errors import CheckpointError
+from eaglekit.families.names import canonical_name, layer_index, name_forms
+from eaglekit.io.checkpoint import CheckpointFiles
+from eaglekit.spec import (
+    AuxLayers,
+    DraftSpec,
+    Flags,
+    Geometry,
+    MlaGeometry,
+    TensorRef,
+    VocabMap,
+)
+
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "F64")
+MODELOPT_EAGLE_KEYS = (
+    "use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm",
+    "next_layer_regular", "parallel_draft_step", "parallel_draft_heads_num_layers",
+)
+
+
+@dataclass
+class Observed:
+    """Signals a layout module can test without looking at tensor values."""
+
+    files: CheckpointFiles
+    config: dict[str, Any]
+    names: list[str]  # source tensor names
+    forms: set[str]
+    metadata: dict[str, str]
+
+    @classmethod
+    def from_files(cls, files: CheckpointFiles) -> "Observed":
+        names = sorted(files.entries)
+        return cls(files, files.config, names, name_forms(names), files.metadata)
+
+    @property
+    def architecture(self) -> str:
+        archs = self.config.get("architectures") or []
+        return archs[0] if isinstance(archs, list) and archs else ""
+
+    @property
+    def eagle_config(self) -> dict[str, Any]:
+        ec = self.config.get("eagle_config")
+        return ec if isinstance(ec, dict) else {}
+
+    @property
+    def speculators_layout(self) -> bool:
+        return isinstance(self.config.get("speculators_config"), dict)
+
+    @property
+    def layer_config(self) -> dict[str, Any]:
+        """Where the decoder geometry lives: transformer_layer_config for speculators, else the top level."""
+        tlc = self.config.get("transformer_layer_config")
+        return tlc if self.speculators_layout and isinstance(tlc, dict) else self.config
+
+    def has(self, canonical_suffix: str) -> bool:
+        return any(canonical_name(n).endswith(canonical_suffix) for n in self.names)
+
+    def has_exact(self, canonical: str) -> bool:
+        return any(canonical_name(n) == canonical for n in self.names)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.has("self_attn.kv_a_proj_with_mqa.weight") or self.has("self_attn.q_a_proj.weight")
+
+    @property
+    def torchspec_marker(self) -> bool:
+        return "torchspec_version" in self.metadata or "_torchspec_version" in self.config
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a layout module knows about its producer."""
+
+    family: str
+    producer: str
+    aux_convention: str | None  # "input" | "output" | None (decide by heuristic)
+    aux_keys: tuple[str, ...] = ("top-level", "eagle_config")  # where the producer writes ids, in read order
+    norm_before_residual_default: bool | None = None  # what the producer's consumer assumed when absent
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _int(cfg: dict, key: str, default: int | None = None) -> int | None:
+    v = cfg.get(key, default)
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def _ids(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return tuple(value)
+    return None
+
+
+def read_aux(obs: Observed, traits: Traits) -> tuple[AuxLayers, dict[str, Any]]:
+    cfg = obs.config
+    top = _ids(cfg.get("eagle_aux_hidden_state_layer_ids"))
+    nested = _ids(obs.eagle_config.get("eagle_aux_hidden_state_layer_ids"))
+    notes: dict[str, Any] = {"aux_top_level": top, "aux_eagle_config": nested}
+    written, location = None, None
+    for key in traits.aux_keys:
+        candidate = top if key == "top-level" else nested
+        if candidate is not None:
+            written, location = candidate, key
+            break
+    if written is not None and top is not None and nested is not None:
+        location = "both"
+        notes["aux_disagree"] = top != nested
+    if written is None:
+        return AuxLayers(None, None, None, False, None, "not recorded in the checkpoint"), notes
+
+    convention, known = traits.aux_convention, traits.aux_convention is not None
+    if convention is None:
+        if written[0] == 1:
+            convention = "output"
+        elif written[0] == 2:
+            convention = "input"
+    if convention is None:
+        return AuxLayers(None, written, None, False, location, f"{location} (convention unknown)"), notes
+    ids = tuple(i + 1 for i in written) if convention == "output" else written
+    how = f"{traits.producer} convention" if known else "heuristic: first id " + str(written[0])
+    return AuxLayers(ids, written, convention, known, location, f"{location}, {convention}-of-layer ({how})"), notes
+
+
+def _flag(cfg: dict, key: str) -> bool:
+    return bool(cfg.get(key, False))
+
+
+def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
+    files = obs.files
+    cfg = obs.config
+    lcfg = obs.layer_config
+
+    tensors: dict[str, TensorRef] = {}
+    for src in obs.names:
+        rel, entry = files.entries[src]
+        canon = canonical_name(src)
+        if canon in tensors:
+            raise CheckpointError(f"tensors {tensors[canon].source_name!r} and {src!r} map to the same name {canon!r}", files.root)
+        tensors[canon] = TensorRef(canon, src, rel, entry.dtype, entry.shape, entry.start, entry.end)
+
+    observations: dict[str, Any] = {"name_forms": sorted(obs.forms)}
+
+    # ModelOpt Megatron: layers >= 1 store their input norm as hidden_norm (P32)
+    layer_ids = sorted({i for n in tensors if (i := layer_index(n)) is not None})
+    for i in layer_ids:
+        if i >= 1 and f"layers.{i}.hidden_norm.weight" in tensors and f"layers.{i}.input_layernorm.weight" not in tensors:
+            if traits.family == "modelopt-megatron":
+                ref = tensors.pop(f"layers.{i}.hidden_norm.weight")
+                tensors[f"layers.{i}.input_layernorm.weight"] = TensorRef(
+                    f"layers.{i}.input_layernorm.weight", ref.source_name, ref.file, ref.dtype, ref.shape, ref.data_start, ref.data_end
+                )
+                observations.setdefault("renamed_megatron_hidden_norm", []).append(i)
+
+    def shape(name: str) -> tuple[int, ...] | None:
+        return tensors[name].shape if name in tensors else None
+
+    attention = "mla" if obs.is_mla else ("qwen3" if any(n.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")) for n in tensors) else "llama")
+
+    # --- geometry: the tensors win over the config
+    cfg_h = _int(lcfg, "hidden_size")
+    h = None
+    for probe in ("norm.weight", "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight"):
+        if shape(probe) and len(shape(probe)) == 1:
+            h = shape(probe)[0]
+            break
+    if h is None and shape("fc.weight"):
+        h = shape("fc.weight")[0]
+    h = h or cfg_h
+    if h is None:
+        raise CheckpointError("cannot determine hidden_size: no norm or fc tensors and no config value", files.config_path)
+    observations["config_hidden_size"] = cfg_h
+
+    cfg_layers = _int(lcfg, "num_hidden_layers")
+    num_layers = (max(layer_ids) + 1) if layer_ids else (cfg_layers or 0)
+    observations["config_num_layers"] = cfg_layers
+    observations["tensor_layer_ids"] = layer_ids
+
+    fc_norm_ids = sorted(int(n.split(".")[1]) for n in tensors if n.startswith("fc_norm.") and n.endswith(".weight"))
+    t_cfg = _int(cfg, "target_hidden_size")
+    k_cfg = _int(cfg, "num_aux_hidden_states") or _int(lcfg, "num_aux_hidden_states")
+    fc_in = shape("fc.weight")[1] if shape("fc.weight") and len(shape("fc.weight")) == 2 else None
+    if fc_norm_ids and shape(f"fc_norm.{fc_norm_ids[0]}.weight"):
+        t = shape(f"fc_norm.{fc_norm_ids[0]}.weight")[0]
+    else:
+        t = t_cfg or h
+    k = None
+    if fc_in is not None and t:
+        k = fc_in // t if fc_in % t == 0 else None
+        observations["fc_in_features"] = fc_in
+    if k is None:
+        k = k_cfg
+    observations["config_num_aux_hidden_states"] = k_cfg
+    observations["fc_norm_tensor_ids"] = fc_norm_ids
+
+    n_heads = _int(lcfg, "num_attention_heads") or 0
+    n_kv = _int(lcfg, "num_key_value_heads") or n_heads
+    head_dim = _int(lcfg, "head_dim") or (h // n_heads if n_heads else 0)
+    gate = shape("layers.0.mlp.gate_proj.weight")
+    inter = gate[0] if gate else (_int(lcfg, "intermediate_size") or 0)
+    mla = None
+    if attention == "mla":
+        qa = shape("layers.0.self_attn.q_a_proj.weight")
+        kva = shape("layers.0.self_attn.kv_a_proj_with_mqa.weight")
+        rope_dim = _int(lcfg, "qk_rope_head_dim") or 64
+        mla = MlaGeometry(
+            q_lora_rank=qa[0] if qa else _int(lcfg, "q_lora_rank"),
+            kv_lora_rank=(kva[0] - rope_dim) if kva else (_int(lcfg, "kv_lora_rank") or 0),
+            qk_nope_head_dim=_int(lcfg, "qk_nope_head_dim") or 0,
+            qk_rope_head_dim=rope_dim,
+            v_head_dim=_int(lcfg, "v_head_dim") or 0,
+        )
+    rope_scaling = lcfg.get("rope_scaling") if isinstance(lcfg.get("rope_scaling"), dict) else None
+    rope_params = lcfg.get("rope_parameters") if isinstance(lcfg.get("rope_parameters"), dict) else None
+    rope_theta = lcfg.get("rope_theta")
+    if rope_theta is None and rope_params:
+        rope_theta = rope_params.get("rope_theta")
+    observations["rope_theta_written"] = rope_theta is not None
+    if rope_scaling is None and rope_params and rope_params.get("rope_type", "default") != "default":
+        rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+    sliding = _int(lcfg, "sliding_window") if lcfg.get("use_sliding_window", "layer_types" in lcfg) else None
+    geometry = Geometry(
+        hidden_size=h,
+        target_hidden_size=t,
+        intermediate_size=inter,
+        num_layers=num_layers,
+        num_heads=n_heads,
+        num_kv_heads=n_kv,
+        head_dim=head_dim,
+        rms_norm_eps=float(lcfg.get("rms_norm_eps", 1e-6) or 1e-6),
+        rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=_int(lcfg, "max_position_embeddings"),
+        attention_bias=bool(lcfg.get("attention_bias", False)),
+        sliding_window=sliding,
+        mla=mla,
+    )
+    observations["target_hidden_size_written"] = t_cfg is not None
+
+    # --- vocabulary
+    v_cfg = _int(lcfg, "vocab_size") or _int(cfg, "vocab_size")
+    embed = shape("embed_tokens.weight")
+    head = shape("lm_head.weight")
+    d2t = shape("d2t")
+    vd_cfg = _int(cfg, "draft_vocab_size") or _int(lcfg, "draft_vocab_size")
+    vd = head[0] if head else (d2t[0] if d2t else (vd_cfg or v_cfg or 0))
+    vocab = VocabMap(
+        vocab_size=embed[0] if embed else v_cfg,
+        draft_vocab_size=vd,
+        has_d2t="d2t" in tensors,
+        has_t2d="t2d" in tensors,
+    )
+    observations["config_vocab_size"] = v_cfg
+    observations["config_draft_vocab_size"] = vd_cfg
+
+    # --- flags as written
+    ec = obs.eagle_config
+    nbr = cfg.get("norm_before_residual")
+    flags = Flags(
+        fc_norm=_flag(cfg, "fc_norm") or _flag(cfg, "use_aux_norm"),
+        norm_output=_flag(cfg, "norm_output"),
+        norm_before_fc=bool(ec.get("norm_before_fc", cfg.get("norm_before_fc", False))),
+        norm_before_residual=nbr if isinstance(nbr, bool) else None,
+    )
+    observations["norm_output_written"] = "norm_output" in cfg
+    observations["norm_before_residual_default"] = traits.norm_before_residual_default
+
+    aux, aux_notes = read_aux(obs, traits)
+    observations.update(aux_notes)
+
+    dtypes = Counter(t.dtype for t in tensors.values() if t.dtype in FLOAT_DTYPES)
+    dtype = dtypes.most_common(1)[0][0] if dtypes else "F32"
+    return DraftSpec(
+        path=files.root,
+        files=list(files.weight_files),
+        family=traits.family,
+        producer=traits.producer,
+        attention=attention,
+        architectures=list(cfg.get("architectures") or []),
+        model_type=cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None,
+        config_layout="speculators" if obs.speculators_layout else "flat",
+        geometry=geometry,
+        num_aux_hidden_states=k,
+        aux=aux,
+        vocab=vocab,
+        flags=flags,
+        has_embed_tokens="embed_tokens.weight" in tensors,
+        has_lm_head="lm_head.weight" in tensors,
+        dtype=dtype,
+        tensors=tensors,
+        config=cfg,
+        metadata=dict(files.metadata),
+        observations=observations,
+    )

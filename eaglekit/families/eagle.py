@@ -1,0 +1,13 @@
+"""SafeAILab EAGLE (F1): LlamaForCausalLM + midlayer. + draft_vocab_size; ids hard-wired to (2, L//2, L-3)."""
+
+from eaglekit.families.base import Observed, Traits
+
+PRIORITY = 70
+
+
+def matches(obs: Observed) -> bool:
+    return obs.architecture == "LlamaForCausalLM" and "midlayer." in obs.forms
+
+
+def traits(obs: Observed) -> Traits:
+    return Traits("eagle", "SafeAILab EAGLE (F1)", "input", ("top-level",), False)

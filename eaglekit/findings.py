@@ -1,0 +1,20 @@
+"""Findings are data: a code, a severity, a one-line message, the pitfall it guards and where."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str  # "error" | "warning" | "info"
+    message: str
+    pitfall: str | None = None  # e.g. "P16"
+    tensor: str | None = None
+    key: str | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}

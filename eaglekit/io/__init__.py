@@ -1,0 +1,1 @@
+"""Checkpoint I/O: header-only reading, tensor streaming, atomic writing."""

@@ -1,0 +1,200 @@
+"""Find a checkpoint's files (local dir or Hub cache) and read every tensor's header entry."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.io.header import HeaderEntry, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class CheckpointFiles:
+    """A draft directory as read from disk: its config and every tensor's location."""
+
+    root: str
+    config: dict
+    config_path: str
+    weight_files: list[str]  # relative to root
+    entries: dict[str, tuple[str, HeaderEntry]]  # tensor name -> (relative file, entry)
+    metadata: dict[str, str] = field(default_factory=dict)
+    index: dict | None = None
+    pickle_tensors: dict[str, object] | None = None  # name -> torch tensor, only with allow_pickle
+    extra_files: list[str] = field(default_factory=list)
+
+
+def resolve_path(source: str, subfolder: str | None = None, revision: str | None = None) -> tuple[str, str]:
+    """Return (checkpoint dir, the dir symlinks may resolve into). Hub ids go through the local cache."""
+    if os.path.exists(source) or not _REPO_ID.match(source):
+        root = os.path.abspath(source)
+        if not os.path.exists(root):
+            raise CheckpointError("no such file or directory", source)
+        if os.path.isfile(root):
+            if os.path.basename(root) == "config.json":
+                root = os.path.dirname(root)
+            else:
+                raise CheckpointError("expected a checkpoint directory, got a file", source)
+        allowed = root
+    else:
+        root, allowed = _from_hub(source, revision)
+    if subfolder:
+        root = os.path.join(root, subfolder)
+        if not os.path.isdir(root):
+            raise CheckpointError(f"subfolder {subfolder!r} does not exist", source)
+    return root, allowed
+
+
+def _from_hub(repo_id: str, revision: str | None) -> tuple[str, str]:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "**/*.json", "**/*.safetensors", "*.md"]
+    try:
+        path = snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True)
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
+        try:
+            path = snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
+        except LocalEntryNotFoundError:
+            raise CheckpointError("not in the local Hugging Face cache and the Hub is unreachable (offline?)", repo_id) from None
+        except (HfHubHTTPError, OSError, ValueError) as exc:
+            raise CheckpointError(f"cannot download from the Hub: {str(exc).splitlines()[0]}", repo_id) from None
+    # snapshot files are symlinks into the repo cache's blobs/: that whole repo folder is trusted
+    return path, os.path.dirname(os.path.dirname(path))
+
+
+def _check_inside(path: str, allowed_root: str, display: str) -> None:
+    real = os.path.realpath(path)
+    base = os.path.realpath(allowed_root)
+    if real != base and not real.startswith(base + os.sep):
+        raise CheckpointError("symlink points outside the checkpoint directory; refusing to follow it", display)
+
+
+def _load_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"invalid JSON ({exc})".splitlines()[0], path) from None
+    if not isinstance(doc, dict):
+        raise CheckpointError("expected a JSON object", path)
+    return doc
+
+
+def candidate_subfolders(root: str) -> list[str]:
+    """Child folders that look like drafts of their own (config.json + weights), e.g. P48 repos."""
+    found = []
+    for name in sorted(os.listdir(root)):
+        sub = os.path.join(root, name)
+        if os.path.isdir(sub) and os.path.isfile(os.path.join(sub, "config.json")):
+            if any(f.endswith((".safetensors",) + PICKLE_SUFFIXES) for f in os.listdir(sub)):
+                found.append(name)
+    return found
+
+
+def read_checkpoint(
+    source: str,
+    *,
+    subfolder: str | None = None,
+    revision: str | None = None,
+    allow_pickle: bool = False,
+) -> CheckpointFiles:
+    root, allowed = resolve_path(source, subfolder, revision)
+    if not os.path.isdir(root):
+        raise CheckpointError("not a directory", root)
+    config_path = os.path.join(root, "config.json")
+    if not os.path.exists(config_path):
+        subs = candidate_subfolders(root)
+        if subs:
+            raise UsageError(f"no config.json here; drafts found in subfolders {subs}: pick one with --subfolder", root)
+        raise CheckpointError("no config.json in the checkpoint directory", root)
+    _check_inside(config_path, allowed, config_path)
+    config = _load_json(config_path)
+
+    names = sorted(os.listdir(root))
+    for name in names:
+        full = os.path.join(root, name)
+        if os.path.islink(full):
+            _check_inside(full, allowed, full)
+
+    index = None
+    if INDEX_NAME in names:
+        index_path = os.path.join(root, INDEX_NAME)
+        index = _load_json(index_path)
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError("index has no weight_map", index_path)
+        weight_files = sorted(set(weight_map.values()))
+        for shard in weight_files:
+            if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
+                raise CheckpointError(f"index names an invalid shard {shard!r}", index_path)
+            if not os.path.exists(os.path.join(root, shard)):
+                raise CheckpointError(f"index names shard {shard!r}, which does not exist", index_path)
+    else:
+        weight_files = [n for n in names if n.endswith(".safetensors") and not n.startswith("adapter_")]
+
+    extra = [n for n in names if n.startswith("adapter_") or n == "hf_quant_config.json"]
+    if not weight_files:
+        pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
+        if pickles and not allow_pickle:
+            raise CheckpointError(
+                f"weights are pickle files ({', '.join(pickles)}); refusing to unpickle: pass --allow-pickle "
+                "to load them with torch.load(weights_only=True)",
+                root,
+            )
+        if pickles:
+            return _read_pickles(root, config, config_path, pickles, extra)
+        raise CheckpointError("no safetensors weights found", root)
+
+    entries: dict[str, tuple[str, HeaderEntry]] = {}
+    metadata: dict[str, str] = {}
+    for rel in weight_files:
+        full = os.path.join(root, rel)
+        header = read_header(full)
+        metadata.update(header.metadata)
+        for name, entry in header.entries.items():
+            if name in entries:
+                raise CheckpointError(f"tensor {name!r} appears in both {entries[name][0]} and {rel}", full)
+            entries[name] = (rel, entry)
+
+    if index is not None:
+        index_path = os.path.join(root, INDEX_NAME)
+        for name, shard in index["weight_map"].items():
+            if name not in entries or entries[name][0] != shard:
+                raise CheckpointError(f"index maps {name!r} to {shard}, but that shard does not hold it", index_path)
+        missing = sorted(set(entries) - set(index["weight_map"]))
+        if missing:
+            raise CheckpointError(f"shards hold tensors missing from the index: {', '.join(missing[:5])}", index_path)
+    return CheckpointFiles(root, config, config_path, weight_files, entries, metadata, index, None, extra)
+
+
+def _read_pickles(root: str, config: dict, config_path: str, pickles: list[str], extra: list[str]) -> CheckpointFiles:
+    import torch
+
+    from eaglekit.io.dtypes import torch_to_safetensors_dtype
+
+    tensors: dict[str, object] = {}
+    entries: dict[str, tuple[str, HeaderEntry]] = {}
+    for rel in pickles:
+        full = os.path.join(root, rel)
+        try:
+            state = torch.load(full, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many types for a bad pickle
+            raise CheckpointError(f"cannot load with weights_only=True: {str(exc).splitlines()[0]}", full) from None
+        if not isinstance(state, dict):
+            raise CheckpointError("pickle does not hold a state dict", full)
+        for name, tensor in state.items():
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            dtype = torch_to_safetensors_dtype(tensor.dtype)
+            entries[name] = (rel, HeaderEntry(name, dtype, tuple(tensor.shape), -1, -1))
+            tensors[name] = tensor
+    return CheckpointFiles(root, config, config_path, pickles, entries, {}, None, tensors, extra)

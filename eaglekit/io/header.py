@@ -1,0 +1,121 @@
+"""Parse and check a safetensors header without reading tensor bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+
+from eaglekit.errors import CheckpointError
+from eaglekit.spec import DTYPE_SIZES
+
+# The safetensors library refuses headers above 100 MB; a real draft header is a few KB.
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HeaderEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute offset in the file
+    end: int
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    path: str
+    header_size: int
+    file_size: int
+    metadata: dict[str, str]
+    entries: dict[str, HeaderEntry]
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_size
+
+
+def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    numel = 1
+    for d in shape:
+        numel *= d
+    if dtype == "F4":  # two 4-bit values per byte
+        return (numel + 1) // 2
+    return numel * DTYPE_SIZES[dtype]
+
+
+def parse_header_bytes(raw: bytes, file_size: int, path: str) -> SafetensorsHeader:
+    """Check a header given its first bytes (8-byte length + JSON) and the file size."""
+    if file_size < 8 or len(raw) < 8:
+        raise CheckpointError("truncated safetensors file: shorter than the 8-byte header length", path)
+    (n,) = struct.unpack("<Q", raw[:8])
+    if n > MAX_HEADER_BYTES:
+        raise CheckpointError(f"safetensors header length {n} exceeds the {MAX_HEADER_BYTES}-byte bound", path)
+    if 8 + n > file_size:
+        raise CheckpointError(f"safetensors header length {n} runs past the end of the file ({file_size} bytes)", path)
+    if len(raw) < 8 + n:
+        raise CheckpointError("truncated safetensors header", path)
+    try:
+        doc = json.loads(raw[8 : 8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"safetensors header is not valid JSON ({exc.__class__.__name__})", path) from None
+    if not isinstance(doc, dict):
+        raise CheckpointError("safetensors header is not a JSON object", path)
+
+    metadata = doc.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise CheckpointError("safetensors __metadata__ must map strings to strings", path)
+
+    data_start = 8 + n
+    data_len = file_size - data_start
+    entries: dict[str, HeaderEntry] = {}
+    for name, info in doc.items():
+        if not isinstance(info, dict):
+            raise CheckpointError(f"tensor {name!r}: header entry is not an object", path)
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in DTYPE_SIZES:
+            raise CheckpointError(f"tensor {name!r}: unknown dtype {dtype!r}", path)
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise CheckpointError(f"tensor {name!r}: shape must be a list of non-negative integers", path)
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(type(o) is int and o >= 0 for o in offsets)
+            or offsets[0] > offsets[1]
+        ):
+            raise CheckpointError(f"tensor {name!r}: data_offsets must be [begin, end] with 0 <= begin <= end", path)
+        begin, end = offsets
+        expected = _nbytes(dtype, tuple(shape))
+        if end - begin != expected:
+            raise CheckpointError(
+                f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but data_offsets span {end - begin}", path
+            )
+        if end > data_len:
+            raise CheckpointError(
+                f"tensor {name!r}: data_offsets end {end} beyond the data section ({data_len} bytes; file truncated?)",
+                path,
+            )
+        entries[name] = HeaderEntry(name, dtype, tuple(shape), data_start + begin, data_start + end)
+
+    previous: HeaderEntry | None = None
+    for entry in sorted(entries.values(), key=lambda e: (e.start, e.end)):
+        if previous is not None and entry.start < previous.end:
+            raise CheckpointError(f"tensors {previous.name!r} and {entry.name!r} overlap in the data section", path)
+        previous = entry
+    return SafetensorsHeader(path, n, file_size, metadata, entries)
+
+
+def read_header(path: str) -> SafetensorsHeader:
+    """Read only the header of a safetensors file (at most 8 + header-length bytes)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise CheckpointError("truncated safetensors file: shorter than the 8-byte header length", path)
+            (n,) = struct.unpack("<Q", head)
+            body = fh.read(n) if n <= MAX_HEADER_BYTES and 8 + n <= size else b""
+    except OSError as exc:
+        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
+    return parse_header_bytes(head + body, size, path)

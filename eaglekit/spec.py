@@ -1,0 +1,152 @@
+"""The canonical description of a draft: every layout reads into it, every writer reads out of it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# safetensors dtype name -> bytes per element
+DTYPE_SIZES: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}
+
+ATTENTION_KINDS = ("llama", "qwen3", "mla")
+FAMILIES = (
+    "eagle", "sglang", "specforge", "speculators", "modelopt", "modelopt-megatron",
+    "modelopt-vllm", "torchspec", "angelslim", "mla", "vllm",
+)
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Where one tensor of the draft lives on disk, under its canonical name."""
+
+    name: str
+    source_name: str
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    data_start: int  # absolute byte offset in `file`
+    data_end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.data_end - self.data_start
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class MlaGeometry:
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class Geometry:
+    hidden_size: int  # H
+    target_hidden_size: int | None  # T (None: unknown until a target is given)
+    intermediate_size: int  # I
+    num_layers: int  # draft decoder layers, from the tensors
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int | None
+    attention_bias: bool = False
+    sliding_window: int | None = None
+    mla: MlaGeometry | None = None
+
+
+@dataclass(frozen=True)
+class AuxLayers:
+    """Aux hidden-state layer ids. `ids` is always in vLLM convention (HF hidden_states index = input of layer i)."""
+
+    ids: tuple[int, ...] | None
+    as_written: tuple[int, ...] | None
+    convention: str | None  # "input" | "output" | None (unknown)
+    convention_known: bool  # False when the convention was inferred by heuristic
+    location: str | None  # "top-level" | "eagle_config" | "both" | "default" | "argument" | None
+    source: str  # human sentence: where the ids came from
+
+
+@dataclass(frozen=True)
+class VocabMap:
+    vocab_size: int | None  # V
+    draft_vocab_size: int  # Vd (rows of lm_head, or from config)
+    has_d2t: bool
+    has_t2d: bool
+    order: str | None = None  # "sorted" | "frequency" | None (not read yet: needs tensor values)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """EAGLE-3.1 and norm flags as the source meant them (None = not written in the config)."""
+
+    fc_norm: bool
+    norm_output: bool
+    norm_before_fc: bool
+    norm_before_residual: bool | None
+    norm_output_legacy_specforge: bool = False  # SpecForge before PR #879: norm_output meant EAGLE-3 recurrence
+
+
+@dataclass
+class DraftSpec:
+    path: str
+    files: list[str]
+    family: str
+    producer: str
+    attention: str
+    architectures: list[str]
+    model_type: str | None
+    config_layout: str  # "flat" | "speculators"
+    geometry: Geometry
+    num_aux_hidden_states: int | None  # K from the tensors (fc fan-in / T) or config
+    aux: AuxLayers
+    vocab: VocabMap
+    flags: Flags
+    has_embed_tokens: bool
+    has_lm_head: bool
+    dtype: str
+    tensors: dict[str, TensorRef]
+    config: dict[str, Any]
+    metadata: dict[str, str] = field(default_factory=dict)
+    # detection-time observations (fed to the rule engine)
+    observations: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def eagle_version(self) -> str:
+        if self.flags.norm_output_legacy_specforge:
+            return "3"
+        if self.flags.fc_norm and self.flags.norm_output:
+            return "3.1"
+        if self.flags.fc_norm or self.flags.norm_output:
+            return "3.1-partial"
+        return "3"
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tensors"] = {k: asdict(v) for k, v in self.tensors.items()}
+        data["eagle_version"] = self.eagle_version
+        return data
