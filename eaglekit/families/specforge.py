@@ -1,4 +1,7 @@
-"""SpecForge export (F3 sglang, F3b hf): midlayer. names, d2t and t2d always, output-of-layer eagle_config ids."""
+"""SpecForge export (F3 sglang, F3b hf): midlayer. names with a SpecForge config (rope_theta, eagle_config).
+
+Its ids are output-of-layer. d2t and t2d are always written, even when the vocabulary is not pruned.
+"""
 
 from eaglekit.families.base import Observed, Traits
 
@@ -9,7 +12,7 @@ def matches(obs: Observed) -> bool:
     if obs.architecture != "LlamaForCausalLMEagle3" or "midlayer." not in obs.forms:
         return False
     cfg = obs.config
-    return "rope_theta" in cfg or "eagle_config" in cfg or "rope_parameters" in cfg or (obs.has_exact("d2t") and obs.has_exact("t2d"))
+    return "rope_theta" in cfg or "eagle_config" in cfg or "rope_parameters" in cfg
 
 
 def traits(obs: Observed) -> Traits:

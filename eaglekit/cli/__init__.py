@@ -1,0 +1,1 @@
+"""The eaglekit command line: parse, call the library, render."""

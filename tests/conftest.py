@@ -1,0 +1,20 @@
+"""Test environment: Triton runs interpreted on CPU, the Hub is a loopback server, nothing touches $HOME."""
+
+import os
+
+# Read by @triton.jit at decoration time: must be set before any kernel module is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.getbasetemp() / "hf-home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv("EAGLEKIT_DEBUG", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
