@@ -1,0 +1,1 @@
+"""The draft model at run time: modules, fused kernels and the step loop."""
