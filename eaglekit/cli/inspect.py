@@ -1,0 +1,103 @@
+"""`eaglekit inspect`: what is this checkpoint, exactly (headers only; never imports torch)."""
+
+from __future__ import annotations
+
+import click
+from rich.panel import Panel
+from rich.table import Table
+
+from eaglekit.cli.output import emit_json, findings_table, format_option, human_bytes, key_value_table, out
+
+EXAMPLES = """
+\b
+Examples:
+  eaglekit inspect ./my-draft
+  eaglekit inspect ./my-draft --target ./Llama-3.1-8B-Instruct --format json
+  eaglekit inspect org/some-eagle3-draft --subfolder compressed --tensors
+"""
+
+
+@click.command("inspect", epilog=EXAMPLES)
+@click.argument("path")
+@click.option("--target", help="Target model dir or its config.json: fills in T and the default aux ids.")
+@click.option("--subfolder", help="Draft folder inside a repository that holds several drafts.")
+@click.option("--revision", help="Hub revision when PATH is a repo id.")
+@click.option("--family", help="Skip detection and read the checkpoint as this layout.")
+@click.option("--tensors", "with_tensors", is_flag=True, help="List every tensor (canonical and source name).")
+@click.option("--allow-pickle", is_flag=True, help="Load .bin/.pt weights with torch.load(weights_only=True).")
+@format_option
+def inspect_command(path, target, subfolder, revision, family, with_tensors, allow_pickle, output_format):
+    """Show exactly what a draft checkpoint is: layout, geometry, aux ids, vocab map, flags, findings."""
+    from eaglekit.report import inspect_draft
+
+    report = inspect_draft(path, subfolder=subfolder, revision=revision, target=target, allow_pickle=allow_pickle,
+                           family=family, include_tensors=with_tensors)
+    doc = report.to_dict()
+    if output_format == "json":
+        emit_json(doc)
+    else:
+        render(doc)
+
+
+def _ids(doc: dict) -> str:
+    ids, written, conv = doc["aux_layer_ids"], doc["aux_layer_ids_as_written"], doc["aux_layer_id_convention"]
+    vllm = "unknown" if ids is None else str(ids)
+    text = f"{vllm} (vLLM: input of layer i)"
+    if written is not None and conv == "output":
+        text += f"; written {written} (output of layer i)"
+    elif written is not None and ids is None:
+        text += f"; written {written} (convention unknown)"
+    certainty = "" if doc["aux_layer_id_convention_known"] else " [yellow](guessed)[/]"
+    return f"{text}{certainty}\n[dim]{doc['aux_layer_ids_source']}[/]"
+
+
+def render(doc: dict) -> None:
+    flags = ", ".join(f"{k}={doc[k]}" for k in ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual"))
+    geometry = f"H={doc['hidden_size']}  T={doc['target_hidden_size']}  I={doc['intermediate_size']}  layers={doc['num_layers']}"
+    if doc["mla"]:
+        m = doc["mla"]
+        heads = (f"heads={doc['num_attention_heads']}  q_lora={m['q_lora_rank']}  kv_lora={m['kv_lora_rank']}  "
+                 f"nope={m['qk_nope_head_dim']}  rope={m['qk_rope_head_dim']}  v={m['v_head_dim']}")
+    else:
+        heads = f"heads={doc['num_attention_heads']}  kv_heads={doc['num_key_value_heads']}  head_dim={doc['head_dim']}"
+    vocab = f"V={doc['vocab_size']}  Vd={doc['draft_vocab_size']}  d2t={'yes' if doc['has_d2t'] else 'no'}  t2d={'yes' if doc['has_t2d'] else 'no'}"
+    shared = []
+    if not doc["has_embed_tokens"]:
+        shared.append("embed_tokens from target")
+    if not doc["has_lm_head"]:
+        shared.append("lm_head from target")
+    rows = [
+        ("family", f"{doc['family']} — {doc['producer']}"),
+        ("EAGLE version", doc["eagle_version"]),
+        ("architecture", f"{', '.join(doc['architectures']) or '—'} (model_type {doc['model_type']}, {doc['config_layout']} config)"),
+        ("attention", doc["attention"]),
+        ("geometry", geometry),
+        ("heads", heads),
+        ("K (aux states)", doc["num_aux_hidden_states"]),
+        ("aux layer ids", _ids(doc)),
+        ("vocabulary", vocab),
+        ("embed / head", ", ".join(shared) or "both stored in the draft"),
+        ("flags", flags),
+        ("dtype / size", f"{doc['dtype']}, {doc['num_parameters']:,} params, {human_bytes(doc['total_bytes'])} in {len(doc['files'])} file(s)"),
+    ]
+    out.print(Panel(key_value_table(rows), title=f"[bold]{doc['path']}[/]", expand=False))
+
+    serving = Table(title="Serving as is", title_justify="left")
+    for col in ("engine", "min version", "as is", "why"):
+        serving.add_column(col)
+    for s in doc["serving"]:
+        serving.add_row(s["engine"], s.get("min_version") or "—", "yes" if s["as_is"] else "[red]no[/]", s.get("reason") or "")
+    out.print(serving)
+
+    if doc["findings"]:
+        out.print(findings_table(doc["findings"]))
+    else:
+        out.print("[green]No findings.[/]")
+    if "tensors" in doc:
+        table = Table(title="Tensors", title_justify="left")
+        for col in ("name", "source name", "dtype", "shape", "file"):
+            table.add_column(col)
+        for t in doc["tensors"]:
+            source = "" if t["source_name"] == t["name"] else t["source_name"]
+            table.add_row(t["name"], source, t["dtype"], str(t["shape"]), t["file"])
+        out.print(table)

@@ -1,0 +1,54 @@
+"""Rendering shared by every command: rich for people on stdout, diagnostics on stderr, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False)
+
+format_option = click.option(
+    "--format", "output_format", type=click.Choice(["human", "json"]), default="human", show_default=True,
+    help="human: rich tables; json: one JSON document (schema in schemas/).",
+)
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def emit_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=False))
+
+
+def findings_table(findings: list[dict], title: str = "Findings") -> Table:
+    table = Table(title=title, title_justify="left", expand=False)
+    table.add_column("code", no_wrap=True)
+    table.add_column("severity", no_wrap=True)
+    table.add_column("pitfall", no_wrap=True)
+    table.add_column("message")
+    for f in findings:
+        sev = f["severity"]
+        table.add_row(f["code"], f"[{SEVERITY_STYLE.get(sev, '')}]{sev}[/]", f.get("pitfall") or "", f["message"])
+    return table
+
+
+def key_value_table(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False, expand=False, box=None, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, "—" if value is None else str(value))
+    return table
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1000
+    return f"{n} B"
