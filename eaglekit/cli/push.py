@@ -1,0 +1,91 @@
+"""`eaglekit push`: publish a validated draft with its model card in one Hub commit."""
+
+from __future__ import annotations
+
+import click
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+
+from eaglekit.cli.output import emit_json, err, findings_table, format_option, human_bytes, out
+
+EXAMPLES = """
+\b
+Examples:
+  eaglekit push ./out --repo-id my-org/Llama-3.1-8B-EAGLE3.1 --target meta-llama/Llama-3.1-8B-Instruct --dry-run
+  eaglekit push ./out --repo-id my-org/Llama-3.1-8B-EAGLE3.1 --target meta-llama/Llama-3.1-8B-Instruct --report verify.json
+  eaglekit push ./out --repo-id my-org/draft --revision v2 --create-pr --format json
+"""
+
+
+def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from eaglekit.errors import UsageError
+    from eaglekit.hub.push import check_repo_id
+
+    try:
+        check_repo_id(value)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+@click.command("push", epilog=EXAMPLES)
+@click.argument("draft", type=click.Path(exists=True, file_okay=False))
+@click.option("--repo-id", required=True, callback=_repo_id, help="Destination repository, ORG/NAME.")
+@click.option("--target", help="Target model repo id: the card's base_model and serve commands name it.")
+@click.option("--report", "report_path", type=click.Path(exists=True, dir_okay=False),
+              help="Verify report JSON (from eaglekit verify) to put in the card.")
+@click.option("--private", is_flag=True, help="Create the repository private (ignored if it exists).")
+@click.option("--revision", help="Branch to commit to (created if missing); with --create-pr, the PR's base.")
+@click.option("--create-pr", is_flag=True, help="Open a pull request instead of committing to the branch.")
+@click.option("--commit-message", help="Commit summary (default names the EAGLE version and eaglekit version).")
+@click.option("--token", help="Hugging Face token (default: HF_TOKEN, then the saved login).")
+@click.option("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT or https://huggingface.co).")
+@click.option("--dry-run", is_flag=True, help="Build the card and the file list; send nothing.")
+@click.option("--force", is_flag=True, help="Push even if validation finds errors (the card says so).")
+@format_option
+def push_command(draft, repo_id, target, report_path, private, revision, create_pr, commit_message, token, endpoint,
+                 dry_run, force, output_format):
+    """Validate DRAFT for vLLM and publish config, weights, model card and eaglekit.json to the Hub."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    from eaglekit.hub.push import load_report, push
+
+    report = load_report(report_path) if report_path else None
+    bars_were_off = are_progress_bars_disabled()
+    if output_format == "json":
+        disable_progress_bars()
+    try:
+        result = push(draft, repo_id, target=target, report=report, private=private, revision=revision,
+                      create_pr=create_pr, commit_message=commit_message, token=token, endpoint=endpoint,
+                      dry_run=dry_run, force=force)
+    finally:
+        if not bars_were_off:
+            enable_progress_bars()
+    doc = result.to_dict()
+    if output_format == "json":
+        emit_json(doc)
+    else:
+        render(doc)
+
+
+def render(doc: dict) -> None:
+    out.print(Panel(Syntax(doc["card"], "markdown", word_wrap=True, theme="ansi_dark"), title="README.md", expand=False))
+    files = Table(title="Files" + (" (not sent: dry run)" if doc["dry_run"] else ""), title_justify="left")
+    for col in ("path", "size", "sha256"):
+        files.add_column(col, no_wrap=True)
+    for f in doc["files"]:
+        files.add_row(f["path"], human_bytes(f["size"]), f["sha256"][:16] + "…")
+    out.print(files)
+    if doc["findings"]:
+        out.print(findings_table(doc["findings"], title="Validation (vLLM)"))
+    for warning in doc["warnings"]:
+        err.print(f"[yellow]warning:[/] {warning}")
+    if doc["forced"]:
+        err.print("[bold red]Pushed despite validation errors (--force); the card says so.[/]")
+    if doc["dry_run"]:
+        out.print(f"Dry run: nothing sent. Would push {len(doc['files'])} files to {doc['url']}")
+    elif doc["pr_url"]:
+        out.print(f"Opened {doc['pr_url']}")
+    else:
+        out.print(f"Pushed {doc['commit_url']}")

@@ -1,0 +1,308 @@
+"""The model card of a published draft: Hub metadata plus what a user needs to serve it correctly.
+
+The body spells out the serving command because the Hub's own `vllm serve <repo>` widget would load the draft as a
+standalone LM. The YAML is built with `ModelCardData.to_yaml()` and no template engine (Jinja2 is not a dependency).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eaglekit import __version__
+from eaglekit.findings import Finding
+from eaglekit.spec import DraftSpec
+
+EAGLE3_ARXIV = "2503.01840"
+EAGLE31_ARXIV = "2605.09992"
+NUM_SPECULATIVE_TOKENS = 3
+TARGET_PLACEHOLDER = "<TARGET_MODEL>"
+AUX_CONVENTION = "vLLM convention: input of layer i / HF `hidden_states` index"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_repo_id(value: Any) -> bool:
+    """A Hub id (org/name), not a local path that happens to contain one slash."""
+    return isinstance(value, str) and bool(_REPO_ID.match(value)) and not os.path.exists(value)
+
+
+def provenance(spec: DraftSpec) -> dict[str, Any]:
+    """The `eaglekit` block eaglekit writes into config.json of what it produced ({} for foreign checkpoints)."""
+    block = spec.config.get("eaglekit")
+    return block if isinstance(block, dict) else {}
+
+
+def recorded_target(spec: DraftSpec) -> str | None:
+    """The target repo id the checkpoint itself names: eaglekit provenance, then a speculators verifier."""
+    candidates = [provenance(spec).get("target")]
+    speculators = spec.config.get("speculators_config")
+    if isinstance(speculators, dict) and isinstance(speculators.get("verifier"), dict):
+        candidates.append(speculators["verifier"].get("name_or_path"))
+    return next((c for c in candidates if is_repo_id(c)), None)
+
+
+def source_draft(spec: DraftSpec) -> str | None:
+    """The published draft this checkpoint was converted from, when eaglekit recorded a Hub id."""
+    source = provenance(spec).get("source")
+    return source if is_repo_id(source) else None
+
+
+def eagle_label(spec: DraftSpec) -> str:
+    version = spec.eagle_version
+    if version == "3.1":
+        return "EAGLE-3.1"
+    if version == "3.1-partial":
+        return f"EAGLE-3 with a partial 3.1 flag set (fc_norm={_yes(spec.flags.fc_norm)}, norm_output={_yes(spec.flags.norm_output)})"
+    return "EAGLE-3"
+
+
+def engine_requirements(spec: DraftSpec) -> dict[str, tuple[str | None, str]]:
+    """Minimum vLLM / SGLang versions for this draft and why (eagle3-checkpoints.md §11)."""
+    flags = spec.flags
+    uses_31 = (flags.fc_norm or flags.norm_output) and not flags.norm_output_legacy_specforge
+    if uses_31 and spec.config_layout == "speculators":
+        vllm = ("0.25.0", "speculators-layout configs pass fc_norm / norm_output to the model from 0.25.0")
+    elif uses_31 and spec.attention == "mla" and flags.fc_norm:
+        vllm = ("0.23.0", "the MLA draft applies fc_norm from 0.23.0")
+    elif uses_31:
+        vllm = ("0.22.0", "fc_norm / norm_output for Llama and Qwen3 drafts arrive in 0.22.0")
+    elif spec.num_aux_hidden_states not in (None, 3):
+        vllm = ("0.22.0", f"an fc input of {spec.num_aux_hidden_states}·T (not 3·T) is read from 0.22.0")
+    else:
+        vllm = (None, "no 3.1 flags and K = 3")
+    sglang = ("0.5.23", "EAGLE-3.1 in the Llama and MLA drafts") if uses_31 else (None, "no 3.1 flags")
+    return {"vLLM": vllm, "SGLang": sglang}
+
+
+def card_tags(spec: DraftSpec) -> list[str]:
+    tags = ["eagle3"]
+    if spec.eagle_version == "3.1":
+        tags.append("eagle3.1")
+    tags += ["speculative-decoding", "draft-model", "vllm", "eaglekit"]
+    if spec.config_layout == "speculators":
+        tags.append("speculators")
+    tags.append(f"arxiv:{EAGLE3_ARXIV}")
+    if spec.eagle_version == "3.1":
+        tags.append(f"arxiv:{EAGLE31_ARXIV}")
+    return tags
+
+
+def vllm_command(target: str | None, repo_id: str) -> str:
+    config = json.dumps({"model": repo_id, "method": "eagle3", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS})
+    return f"vllm serve {target or TARGET_PLACEHOLDER} --speculative-config '{config}'"
+
+
+def sglang_command(target: str | None, repo_id: str) -> str:
+    return (
+        f"python -m sglang.launch_server --model {target or TARGET_PLACEHOLDER} --speculative-algorithm EAGLE3 "
+        f"--speculative-draft-model-path {repo_id} --speculative-num-steps {NUM_SPECULATIVE_TOKENS} "
+        f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {NUM_SPECULATIVE_TOKENS + 1}"
+    )
+
+
+def build_card(
+    spec: DraftSpec,
+    repo_id: str,
+    *,
+    target: str | None = None,
+    report: Mapping[str, Any] | None = None,
+    findings: Sequence[Finding] = (),
+    validated: bool = True,
+    forced: bool = False,
+) -> str:
+    """Return README.md text: YAML front matter, then the body. `forced`: pushed despite error findings."""
+    from huggingface_hub import ModelCardData
+
+    target = target or recorded_target(spec)
+    source = source_draft(spec)
+    metadata: dict[str, Any] = {}
+    if source:
+        # The Hub has no "converted" relation; finetune is what it would infer and the body says what happened.
+        metadata = {"base_model": source, "base_model_relation": "finetune"}
+    elif target:
+        metadata = {"base_model": target}
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=card_tags(spec),
+        **metadata,
+    )
+    sections = [
+        _intro(spec, repo_id, target, source),
+        _forced_notice(findings) if forced else "",
+        _draft_table(spec, target),
+        _serving(spec, repo_id, target),
+        _verify_section(report) if report else "",
+        _validation_section(findings, validated),
+        _provenance_section(spec),
+        _citations(spec),
+    ]
+    body = "\n".join(s for s in sections if s)
+    return "---\n" + data.to_yaml() + "\n---\n\n" + body
+
+
+def _yes(flag: bool | None) -> str:
+    return "not written" if flag is None else ("true" if flag else "false")
+
+
+def _ref(repo: str | None) -> str:
+    if repo is None:
+        return f"`{TARGET_PLACEHOLDER}` (no target recorded: pass `--target` when pushing)"
+    return f"[`{repo}`](https://huggingface.co/{repo})"
+
+
+def _intro(spec: DraftSpec, repo_id: str, target: str | None, source: str | None) -> str:
+    lines = [
+        f"# {repo_id.split('/', 1)[1]}",
+        "",
+        f"An {eagle_label(spec)} speculative-decoding draft model for {_ref(target)}. It proposes tokens that the "
+        "target verifies, so outputs match the target's while decoding runs faster. It is not a standalone "
+        "language model: serve it with the commands below, not on its own.",
+        "",
+    ]
+    if source:
+        lines.append(f"Converted from [`{source}`](https://huggingface.co/{source}) with eaglekit "
+                     f"{provenance(spec).get('version', __version__)}; checkpoint layout: {spec.producer}.")
+    else:
+        lines.append(f"Checkpoint layout: {spec.producer} (family `{spec.family}`). Published with eaglekit {__version__}.")
+    return "\n".join(lines) + "\n"
+
+
+def _forced_notice(findings: Sequence[Finding]) -> str:
+    errors = [f for f in findings if f.severity == "error"]
+    return (
+        f"> **Warning: forced despite validation errors.** This draft was pushed with `--force` although eaglekit "
+        f"found {len(errors)} error(s) for vLLM (listed under Validation). It may fail to load or serve wrong tokens.\n"
+    )
+
+
+def _draft_table(spec: DraftSpec, target: str | None) -> str:
+    g, aux, vocab, flags = spec.geometry, spec.aux, spec.vocab, spec.flags
+    if aux.ids is not None:
+        ids = f"`{list(aux.ids)}` ({AUX_CONVENTION})"
+        if aux.as_written is not None and aux.as_written != aux.ids:
+            ids += f"; written as `{list(aux.as_written)}` ({aux.convention}-of-layer)"
+    elif aux.as_written is not None:
+        ids = f"written as `{list(aux.as_written)}`, convention unknown"
+    else:
+        ids = "not recorded: engines fall back to their default (2, L//2, L-3)"
+    reduced = vocab.vocab_size is not None and vocab.draft_vocab_size < vocab.vocab_size
+    rows = [
+        ("Target (verifier)", _ref(target)),
+        ("Algorithm", f"`eagle3` ({eagle_label(spec)})"),
+        ("Architecture", ", ".join(f"`{a}`" for a in spec.architectures) or "not written"),
+        ("model_type", f"`{spec.model_type}`" if spec.model_type else "not written"),
+        ("Attention", spec.attention),
+        ("Draft decoder layers", str(g.num_layers)),
+        ("Hidden size H / target hidden size T", f"{g.hidden_size} / {g.target_hidden_size or 'unknown'}"),
+        ("Aux hidden states K", str(spec.num_aux_hidden_states or "unknown")),
+        ("Aux layer ids", ids),
+        ("Vocabulary V / draft vocabulary Vd",
+         f"{vocab.vocab_size or 'unknown'} / {vocab.draft_vocab_size}" + (" (`d2t` maps draft to target ids)" if reduced else "")),
+        ("fc_norm", _yes(flags.fc_norm)),
+        ("norm_output", _yes(flags.norm_output)),
+        ("norm_before_residual", _yes(flags.norm_before_residual)),
+        ("norm_before_fc", _yes(flags.norm_before_fc)),
+        ("lm_head", "own weights" if spec.has_lm_head else "shared from the target"),
+        ("embed_tokens", "own weights" if spec.has_embed_tokens else "shared from the target"),
+        ("Weights", f"{spec.dtype}, {spec.num_parameters:,} parameters"),
+    ]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return f"## Draft\n\n| | |\n|---|---|\n{table}\n"
+
+
+def _requirement(engine: str, need: tuple[str | None, str]) -> str:
+    version, why = need
+    return f"Requires {engine} ≥ {version} ({why})." if version else f"Any {engine} release with EAGLE-3 support serves it ({why})."
+
+
+def _serving(spec: DraftSpec, repo_id: str, target: str | None) -> str:
+    needs = engine_requirements(spec)
+    return (
+        "## Use with vLLM\n\n"
+        f"```bash\n{vllm_command(target, repo_id)}\n```\n\n{_requirement('vLLM', needs['vLLM'])}\n\n"
+        "## Use with SGLang\n\n"
+        f"```bash\n{sglang_command(target, repo_id)}\n```\n\n{_requirement('SGLang', needs['SGLang'])}\n"
+    )
+
+
+def _number(value: Any, digits: int = 2) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+
+
+def _verify_section(report: Mapping[str, Any]) -> str:
+    rows = []
+    if "lossless" in report:
+        rows.append(("Lossless (greedy output identical to the target's)", "yes" if report["lossless"] else "**no**"))
+    if "acceptance_length" in report:
+        rows.append(("Mean acceptance length τ", _number(report["acceptance_length"])))
+    per_position = report.get("per_position_acceptance")
+    if isinstance(per_position, list) and per_position:
+        rows.append(("Acceptance rate per draft position", ", ".join(_number(p) for p in per_position)))
+    if "num_speculative_tokens" in report:
+        rows.append(("Speculative tokens k", _number(report["num_speculative_tokens"])))
+    spec_tps, target_tps = report.get("tokens_per_s_spec"), report.get("tokens_per_s_target")
+    if spec_tps is not None:
+        rows.append(("Tokens/s with the draft", _number(spec_tps, 1)))
+    if target_tps is not None:
+        rows.append(("Tokens/s, target alone", _number(target_tps, 1)))
+    if isinstance(spec_tps, (int, float)) and isinstance(target_tps, (int, float)) and target_tps > 0:
+        rows.append(("Speedup", f"{spec_tps / target_tps:.2f}×"))
+    prompts = report.get("prompts")
+    if isinstance(prompts, Mapping):
+        rows.append(("Prompts", f"{prompts.get('name', 'unnamed')} ({_number(prompts.get('count', '?'))})"))
+    for key, label in (("dtype", "dtype"), ("device", "Device")):
+        if key in report:
+            rows.append((label, str(report[key])))
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return f"## Verification\n\nMeasured with `eaglekit verify` against the target.\n\n| | |\n|---|---|\n{table}\n"
+
+
+def _validation_section(findings: Sequence[Finding], validated: bool) -> str:
+    if not validated:
+        return "## Validation\n\nNot validated: eaglekit's rules engine was not available when this was pushed.\n"
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in ("error", "warning")}
+    lines = [f"## Validation\n\neaglekit's vLLM rules: {counts['error']} error(s), {counts['warning']} warning(s)."]
+    shown = [f for f in findings if f.severity in ("error", "warning")]
+    if shown:
+        lines.append("")
+        lines += [f"- **{f.severity}** `{f.code}`: {f.message}" for f in shown]
+    return "\n".join(lines) + "\n"
+
+
+_PROVENANCE_LABELS = (
+    ("version", "eaglekit version"), ("command", "Command"), ("source", "Source"),
+    ("source_revision", "Source revision"), ("source_family", "Source family"),
+)
+
+
+def _provenance_section(spec: DraftSpec) -> str:
+    block = provenance(spec)
+    if not block:
+        return ""
+    lines = ["## Provenance", ""]
+    for key, label in _PROVENANCE_LABELS:
+        if key in block:
+            lines.append(f"- {label}: `{block[key]}`")
+    if isinstance(block.get("options"), Mapping):
+        lines.append("- Options: " + ", ".join(f"`{k}={v}`" for k, v in block["options"].items()))
+    conversion = block.get("conversion")
+    if isinstance(conversion, list) and conversion:
+        lines += ["", "Conversion details:", ""] + [f"- {step}" for step in conversion]
+    known = {k for k, _ in _PROVENANCE_LABELS} | {"options", "conversion", "target"}
+    rest = {k: v for k, v in block.items() if k not in known}
+    if rest:
+        lines += ["", "```json", json.dumps(rest, indent=2, sort_keys=True, default=str), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _citations(spec: DraftSpec) -> str:
+    lines = ["## Citation", "", f"- EAGLE-3: Li et al., arXiv:{EAGLE3_ARXIV} (https://arxiv.org/abs/{EAGLE3_ARXIV})"]
+    if spec.eagle_version == "3.1":
+        lines.append(f"- EAGLE-3.1: arXiv:{EAGLE31_ARXIV} (https://arxiv.org/abs/{EAGLE31_ARXIV})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,362 @@
+"""Publish a draft to the Hub: validate for vLLM, then one commit with the weights, config, card and eaglekit.json.
+
+One commit keeps the card and the weights in agreement. Files are committed from their place in the draft
+directory (huggingface_hub streams them from disk); the generated README.md and eaglekit.json are committed from
+memory, so the draft directory is never written to. Only an allow-list is uploaded, never stray files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from eaglekit import __version__
+from eaglekit.errors import CheckpointError, EaglekitError, UsageError
+from eaglekit.families import load_draft
+from eaglekit.findings import Finding
+from eaglekit.hub.card import build_card, engine_requirements, provenance, recorded_target
+from eaglekit.io.checkpoint import INDEX_NAME
+from eaglekit.spec import DraftSpec
+
+log = logging.getLogger(__name__)
+
+HUB_ENDPOINT = "https://huggingface.co"
+MANIFEST_NAME = "eaglekit.json"
+VERIFY_FIELDS = (
+    "lossless", "acceptance_length", "per_position_acceptance", "num_speculative_tokens",
+    "tokens_per_s_spec", "tokens_per_s_target", "prompts", "dtype", "device",
+)
+# huggingface_hub retries preupload, LFS batch and LFS PUT itself, but not create_repo or the commit POST.
+TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
+COMMIT_ATTEMPTS = 3
+RETRY_BACKOFF_S = 1.0
+
+Validator = Callable[[DraftSpec], Any]
+
+
+@dataclass(frozen=True)
+class PushedFile:
+    path: str  # path in the repo
+    size: int
+    sha256: str
+
+
+@dataclass
+class PushResult:
+    repo_id: str
+    endpoint: str
+    revision: str | None
+    create_pr: bool
+    private: bool
+    dry_run: bool
+    forced: bool  # pushed although validation found errors
+    validated: bool  # False when no rules engine was available
+    url: str  # the repo page
+    commit_url: str | None
+    commit_oid: str | None
+    pr_url: str | None
+    files: list[PushedFile]
+    card: str
+    findings: list[Finding]
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["files"] = [asdict(f) for f in self.files]
+        data["findings"] = [f.to_dict() for f in self.findings]
+        return data
+
+
+def load_report(path: str) -> dict[str, Any]:
+    """Read a verify report JSON for the card; one-line errors for unreadable or malformed files."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            report = json.load(fh)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read verify report: {exc.strerror or exc}", path) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"verify report is not valid JSON ({exc})".splitlines()[0], path) from None
+    if not isinstance(report, dict):
+        raise CheckpointError("verify report must be a JSON object", path)
+    acceptance = report.get("per_position_acceptance")
+    if acceptance is not None and not (
+        isinstance(acceptance, list) and all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in acceptance)
+    ):
+        raise CheckpointError("per_position_acceptance must be a list of numbers", path)
+    return report
+
+
+def push(
+    draft_dir: str,
+    repo_id: str,
+    *,
+    target: str | None = None,
+    report: Mapping[str, Any] | None = None,
+    private: bool = False,
+    revision: str | None = None,
+    create_pr: bool = False,
+    commit_message: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    validate: Validator | None = None,
+) -> PushResult:
+    """Validate `draft_dir` for vLLM and publish it as `repo_id`; `dry_run` builds everything but sends nothing.
+
+    `validate(spec)` returns a report with `.findings` or a list of findings; by default eaglekit's vLLM rules run.
+    An error finding refuses the push unless `force`.
+    """
+    from huggingface_hub import constants
+
+    check_repo_id(repo_id)
+    if not os.path.isdir(draft_dir):
+        raise CheckpointError("not a draft directory", draft_dir)
+    spec = load_draft(draft_dir)
+    findings, validated = _run_validation(spec, validate)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors and not force:
+        first = errors[0]
+        raise EaglekitError(
+            f"refusing to push: validation found {len(errors)} error(s) for vLLM, first {first.code}: {first.message} "
+            "(fix them, or pass --force to publish anyway)",
+            draft_dir,
+        )
+    forced = bool(errors)
+    target = target or recorded_target(spec)
+    warnings = [] if target else ["no target model known: pass --target so the card's serve commands name it"]
+    card = build_card(spec, repo_id, target=target, report=report, findings=findings, validated=validated, forced=forced)
+    manifest = _manifest(spec, target, report, findings, validated, forced)
+    sources = _upload_sources(spec, card, manifest)
+    endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+    result = PushResult(
+        repo_id=repo_id, endpoint=endpoint, revision=revision, create_pr=create_pr, private=private,
+        dry_run=dry_run, forced=forced, validated=validated, url=f"{endpoint}/{repo_id}", commit_url=None,
+        commit_oid=None, pr_url=None, files=[], card=card, findings=findings, warnings=warnings,
+    )
+    if dry_run:
+        result.files = [_describe(path, source) for path, source in sources]
+        return result
+    version = "EAGLE-3.1" if spec.eagle_version == "3.1" else "EAGLE-3"
+    message = commit_message or f"Upload {version} draft (eaglekit {__version__})"
+    _upload(result, sources, message, _resolve_token(token))
+    return result
+
+
+def check_repo_id(repo_id: str) -> None:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise UsageError(f"invalid repo id {repo_id!r}: expected ORG/NAME") from None
+    if "/" not in repo_id:
+        raise UsageError(f"invalid repo id {repo_id!r}: expected ORG/NAME")
+
+
+def _run_validation(spec: DraftSpec, validate: Validator | None) -> tuple[list[Finding], bool]:
+    if validate is None:
+        try:
+            from eaglekit.rules import run_rules
+        except ImportError:
+            return [], False
+
+        def validate(s: DraftSpec) -> Any:
+            return run_rules(s, engine="vllm")
+
+    outcome = validate(spec)
+    findings = getattr(outcome, "findings", outcome)
+    return list(findings or []), True
+
+
+def _manifest(
+    spec: DraftSpec,
+    target: str | None,
+    report: Mapping[str, Any] | None,
+    findings: list[Finding],
+    validated: bool,
+    forced: bool,
+) -> dict[str, Any]:
+    """eaglekit.json: what was published, from what, and how it checked out; machine-readable twin of the card."""
+    g = spec.geometry
+    return {
+        "eaglekit_version": __version__,
+        "target": target,
+        "draft": {
+            "family": spec.family,
+            "producer": spec.producer,
+            "eagle_version": spec.eagle_version,
+            "architectures": spec.architectures,
+            "model_type": spec.model_type,
+            "attention": spec.attention,
+            "config_layout": spec.config_layout,
+            "hidden_size": g.hidden_size,
+            "target_hidden_size": g.target_hidden_size,
+            "num_layers": g.num_layers,
+            "num_aux_hidden_states": spec.num_aux_hidden_states,
+            "aux_layer_ids": list(spec.aux.ids) if spec.aux.ids is not None else None,
+            "aux_layer_ids_convention": "vLLM: input of layer i (HF hidden_states index)",
+            "vocab_size": spec.vocab.vocab_size,
+            "draft_vocab_size": spec.vocab.draft_vocab_size,
+            "flags": asdict(spec.flags),
+            "lm_head": "own" if spec.has_lm_head else "target",
+            "embed_tokens": "own" if spec.has_embed_tokens else "target",
+            "dtype": spec.dtype,
+            "num_parameters": spec.num_parameters,
+        },
+        "engines": {name: {"min_version": v, "why": why} for name, (v, why) in engine_requirements(spec).items()},
+        "provenance": provenance(spec) or None,
+        "validation": {
+            "engine": "vllm",
+            "ran": validated,
+            "errors": sum(f.severity == "error" for f in findings),
+            "warnings": sum(f.severity == "warning" for f in findings),
+            "forced": forced,
+            "findings": [f.to_dict() for f in findings],
+        },
+        "verify": {k: report[k] for k in VERIFY_FIELDS if k in report} if report else None,
+    }
+
+
+def _upload_sources(spec: DraftSpec, card: str, manifest: dict[str, Any]) -> list[tuple[str, str | bytes]]:
+    """(path in repo, local file or generated bytes) for exactly the allow-listed files."""
+    root = spec.path
+    names = ["config.json"]
+    if os.path.isfile(os.path.join(root, INDEX_NAME)):
+        names.append(INDEX_NAME)
+    names += sorted(spec.files)
+    sources: list[tuple[str, str | bytes]] = [(name, os.path.join(root, name)) for name in names]
+    sources.append(("README.md", card.encode()))
+    sources.append((MANIFEST_NAME, (json.dumps(manifest, indent=2) + "\n").encode()))
+    return sources
+
+
+def _describe(path: str, source: str | bytes) -> PushedFile:
+    if isinstance(source, bytes):
+        return PushedFile(path, len(source), hashlib.sha256(source).hexdigest())
+    digest = hashlib.sha256()
+    with open(source, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return PushedFile(path, os.path.getsize(source), digest.hexdigest())
+
+
+def _resolve_token(token: str | None) -> str:
+    from huggingface_hub import get_token
+
+    token = token or get_token()
+    if not token:
+        raise EaglekitError("no Hugging Face token: pass --token, set HF_TOKEN, or run `hf auth login`")
+    return token
+
+
+def _upload(result: PushResult, sources: list[tuple[str, str | bytes]], message: str, token: str) -> None:
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    api = HfApi(endpoint=result.endpoint, token=token)
+    operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=source) for path, source in sources]
+    with _hub_errors(result.endpoint, result.repo_id, result.revision), _lfs_unless_hub(result):
+        repo_url = _retry_transient(lambda: api.create_repo(result.repo_id, private=result.private, exist_ok=True))
+        result.url = str(repo_url)
+        if result.revision and result.revision != "main" and not result.create_pr:
+            api.create_branch(result.repo_id, branch=result.revision, exist_ok=True)
+        info = _retry_transient(lambda: api.create_commit(
+            result.repo_id, operations, commit_message=message, revision=result.revision, create_pr=result.create_pr,
+        ))
+    result.commit_url, result.commit_oid, result.pr_url = info.commit_url, info.oid, info.pr_url
+    result.files = [PushedFile(op.path_in_repo, op.upload_info.size, op.upload_info.sha256.hex()) for op in operations]
+
+
+def _retry_transient(call: Callable[[], Any]) -> Any:
+    """Retry a call whose failing request huggingface_hub does not retry itself, on transient statuses."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        try:
+            return call()
+        except HfHubHTTPError as exc:
+            status = _status(exc)
+            if status not in TRANSIENT_STATUSES or _retried_by_client(exc) or attempt == COMMIT_ATTEMPTS:
+                raise
+            log.warning("HTTP %s from the Hub; retrying (%d/%d)", status, attempt, COMMIT_ATTEMPTS - 1)
+            time.sleep(RETRY_BACKOFF_S * attempt)
+    raise AssertionError("unreachable")
+
+
+def _status(exc: Exception) -> int | None:
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def _retried_by_client(exc: Exception) -> bool:
+    """Preupload, LFS batch and LFS uploads already went through huggingface_hub's own backoff."""
+    request = getattr(getattr(exc, "response", None), "request", None)
+    if request is None:
+        return False
+    path = request.url.path
+    return request.method == "PUT" or "/preupload/" in path or "/info/lfs/" in path
+
+
+@contextmanager
+def _lfs_unless_hub(result: PushResult) -> Iterator[None]:
+    """Upload over plain LFS for endpoints other than the Hub: xet is not negotiated, and a server without it hangs."""
+    from huggingface_hub import constants
+
+    xet_on = not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None
+    if result.endpoint == HUB_ENDPOINT or not xet_on:
+        yield
+        return
+    result.warnings.append(f"{result.endpoint} is not the Hugging Face Hub: uploading over Git LFS instead of xet")
+    constants.HF_HUB_DISABLE_XET = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DISABLE_XET = False
+
+
+def _transport_errors() -> tuple[type[Exception], type[Exception]]:
+    """(connect error, any transport error) of the HTTP client huggingface_hub uses (httpx2 from 2.0, httpx before)."""
+    try:
+        import httpx2 as http
+    except ImportError:
+        import httpx as http
+    return http.ConnectError, http.TransportError
+
+
+@contextmanager
+def _hub_errors(endpoint: str, repo_id: str, revision: str | None) -> Iterator[None]:
+    """Turn client exceptions into one-line EaglekitErrors that never include the token."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RevisionNotFoundError
+
+    connect_error, transport_error = _transport_errors()
+    try:
+        yield
+    except OfflineModeIsEnabled:
+        raise EaglekitError(f"offline mode is on (HF_HUB_OFFLINE): not pushing to {endpoint}") from None
+    except connect_error:
+        raise EaglekitError(f"cannot reach {endpoint}") from None
+    except transport_error as exc:
+        raise EaglekitError(f"cannot reach {endpoint}: {type(exc).__name__}") from None
+    except RevisionNotFoundError:
+        raise EaglekitError(f"revision {revision!r} does not exist in {repo_id} on {endpoint}") from None
+    except HfHubHTTPError as exc:
+        status = _status(exc)
+        if status in (401, 403):
+            raise EaglekitError(f"authentication failed for {endpoint}: check --token / HF_TOKEN") from None
+        detail = (exc.server_message or "").strip().splitlines()
+        raise EaglekitError(
+            f"push to {endpoint} failed: HTTP {status}" + (f" ({detail[0]})" if detail else "")
+        ) from None
+    except ValueError as exc:
+        if "Invalid metadata in README.md" not in str(exc):
+            raise
+        reasons = " ".join(line.strip("- ") for line in str(exc).splitlines()[1:])
+        raise EaglekitError(f"{endpoint} rejected the model card metadata: {reasons}") from None
