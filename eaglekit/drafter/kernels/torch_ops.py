@@ -10,6 +10,7 @@ exactly where the Hugging Face / vLLM reference code rounds:
 - SiLU-and-mul and RoPE: computed in fp32 and rounded once. HF eager rounds after every op in half
   precision; one rounding is the more accurate choice and is what a fused kernel naturally does, so
   results may differ from HF eager by 1 ulp of the half-precision dtype.
+- float64 inputs are computed in float64 (everything else in fp32), so gradcheck can verify the backward.
 """
 
 from __future__ import annotations
@@ -22,16 +23,17 @@ from eaglekit.drafter.kernels.shapes import check_rope_shapes, check_same_shape,
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension; the result has x's dtype."""
-    x32 = x.float()
-    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (x32 * rstd).to(x.dtype) * weight.to(x.dtype)
+    wide = _widen(x)
+    rstd = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return (wide * rstd).to(x.dtype) * weight.to(x.dtype)
 
 
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (rms_norm(s), s) with s = x + residual summed in fp32 and rounded to x's dtype."""
-    summed = (x.float() + residual.float()).to(x.dtype)
+    wide = _widen(x)
+    summed = (wide + _widen(residual, wide.dtype)).to(x.dtype)
     return rms_norm(summed, weight, eps), summed
 
 
@@ -54,7 +56,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for x = [..., gate | up], computed in fp32 and rounded once."""
     width = half_width(x)
     gate, up = x[..., :width], x[..., width:]
-    return (F.silu(gate.float()) * up.float()).to(x.dtype)
+    return (F.silu(_widen(gate)) * _widen(up)).to(x.dtype)
 
 
 def apply_rope(
@@ -70,9 +72,14 @@ def apply_rope(
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     rot = cos.shape[-1]
-    x32 = x.float()
-    rotary, passthrough = x32[..., :rot], x32[..., rot:]
+    wide = _widen(x)
+    rotary, passthrough = wide[..., :rot], wide[..., rot:]
     first, second = rotary.chunk(2, dim=-1)
     rotated_half = torch.cat([-second, first], dim=-1)
-    rotated = rotary * cos.float().unsqueeze(-2) + rotated_half * sin.float().unsqueeze(-2)
+    rotated = rotary * _widen(cos, wide.dtype).unsqueeze(-2) + rotated_half * _widen(sin, wide.dtype).unsqueeze(-2)
     return torch.cat([rotated, passthrough], dim=-1).to(x.dtype)
+
+
+def _widen(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x in the compute dtype: fp32, or float64 when x (or the requested dtype) is float64."""
+    return x.to(dtype or torch.promote_types(x.dtype, torch.float32))
