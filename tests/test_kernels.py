@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from eaglekit.drafter import kernels  # noqa: E402
 from eaglekit.drafter.kernels import torch_ops, triton_ops  # noqa: E402
+from eaglekit.drafter.kernels.ulps import ulp_distance  # noqa: E402
 from eaglekit.errors import UsageError  # noqa: E402
 
 if not triton_ops.INTERPRETED and not torch.cuda.is_available():
@@ -52,18 +53,6 @@ def randn(gen: torch.Generator, *shape: int, dtype=torch.float32, scale: float =
     return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=DEVICE)
 
 
-def ordered_bits(t: torch.Tensor) -> torch.Tensor:
-    """Map float bit patterns to integers whose difference counts ulps (sign-magnitude -> two's complement)."""
-    int_dtype = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[t.dtype]
-    bits = t.detach().cpu().contiguous().view(int_dtype).to(torch.int64)
-    sign_bit = 1 << (torch.iinfo(int_dtype).bits - 1)
-    return torch.where(bits < 0, -(bits + sign_bit), bits)
-
-
-def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    return (ordered_bits(actual) - ordered_bits(expected)).abs()
-
-
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     distance = ulp_distance(actual, expected)
@@ -72,6 +61,15 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
     else:
         assert distance.max().item() <= 1
         assert (distance > 0).float().mean().item() <= HALF_MAX_MISMATCH_FRACTION
+
+
+def test_ulp_distance_counts_representable_values():
+    one_up = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)).item()
+    actual = torch.tensor([0.0, 1.0, -1e-45, 1.0])
+    expected = torch.tensor([-0.0, one_up, 1e-45, 1.0])
+    assert ulp_distance(actual, expected).tolist() == [0, 1, 2, 0]
+    bf16 = torch.tensor([1.0, -2.0], dtype=torch.bfloat16)
+    assert ulp_distance(bf16, torch.tensor([1 + 2**-7, -2.0], dtype=torch.bfloat16)).tolist() == [1, 0]
 
 
 # --- dispatch ---------------------------------------------------------------------------------
