@@ -314,7 +314,7 @@ def test_torch_rms_norm_matches_naive_formula(gen, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_torch_rms_norm_is_hf_llama_rms_norm(gen, dtype):
     llama = pytest.importorskip("transformers.models.llama.modeling_llama")
-    module = llama.LlamaRMSNorm(130, eps=EPS).to(dtype)
+    module = llama.LlamaRMSNorm(130, eps=EPS).to(dtype=dtype, device=DEVICE)
     with torch.no_grad():
         module.weight.copy_(randn(gen, 130, dtype=dtype) + 1)
     x = randn(gen, 4, 130, dtype=dtype, scale=2.0)

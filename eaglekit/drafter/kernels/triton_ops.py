@@ -53,7 +53,8 @@ def _normalise_tile(values, rstd, weight_ptr, cols, mask, out_ptr, EMULATE_BF16_
 
 @triton.jit
 def _inverse_rms(sum_of_squares, width, eps):
-    return tl.rsqrt(tl.math.div_rn(sum_of_squares, width.to(tl.float32)) + eps)
+    # width * 1.0 rather than .to(): Triton passes an int argument equal to 1 as a constexpr.
+    return tl.rsqrt(tl.math.div_rn(sum_of_squares, width * 1.0) + eps)
 
 
 @triton.jit
