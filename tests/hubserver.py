@@ -114,11 +114,11 @@ class FakeHub:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
         self._server.hub = self  # type: ignore[attr-defined]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-hub", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-hub", daemon=True)
         self._thread.start()
         return self
 
@@ -129,7 +129,7 @@ class FakeHub:
             self._thread.join(timeout=5)
             self._server = None
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -1,0 +1,461 @@
+"""eaglekit push against a loopback Hub with the real huggingface_hub client: bytes, card, errors, retries."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import types
+
+import jsonschema
+import pytest
+from huggingface_hub import ModelCard, constants
+
+from eaglekit.cli.main import main
+from eaglekit.errors import EaglekitError
+from eaglekit.families import load_draft
+from eaglekit.findings import Finding
+from eaglekit.hub import push as push_module
+from eaglekit.hub.card import build_card
+from eaglekit.hub.push import COMMIT_ATTEMPTS, push
+from eaglekit.io.checkpoint import INDEX_NAME
+from tests.factory import make_draft
+from tests.hub_fixtures import fake_hub  # noqa: F401  (fixture)
+
+TARGET = "meta-llama/Llama-3.1-8B-Instruct"
+REPO = "eagle-org/llama-eagle3-draft"
+SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "push-result.schema.json")))
+SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+UPLOADED = {"config.json", INDEX_NAME, *SHARDS}
+VERIFY_REPORT = {
+    "lossless": True, "acceptance_length": 2.81, "per_position_acceptance": [0.8, 0.6, 0.41],
+    "num_speculative_tokens": 3, "tokens_per_s_spec": 120.5, "tokens_per_s_target": 60.0,
+    "prompts": {"name": "mt-bench", "count": 80}, "dtype": "bfloat16", "device": "NVIDIA H200",
+}
+
+
+@pytest.fixture
+def draft_dir(tmp_path) -> str:
+    """A sharded vLLM-layout EAGLE-3.1 Llama draft, plus the clutter a training run leaves next to it."""
+    path = make_draft(str(tmp_path / "draft"), "vllm", shards=2, fc_norm=True, norm_output=True)
+    for name, data in {
+        "notes.txt": b"lr=3e-4\n", "optimizer.pt": os.urandom(2048), "README.md": b"# old card\n",
+        "stray.safetensors": os.urandom(64), "training_args.json": b"{}",
+    }.items():
+        with open(os.path.join(path, name), "wb") as fh:
+            fh.write(data)
+    os.makedirs(os.path.join(path, "checkpoint-100"))
+    with open(os.path.join(path, "checkpoint-100", "config.json"), "w") as fh:
+        fh.write("{}")
+    return path
+
+
+@pytest.fixture
+def rules(monkeypatch):
+    """Stand in for eaglekit.rules behind push's default validation; set `.findings` to what it should report."""
+    module = types.ModuleType("eaglekit.rules")
+    module.findings = []
+    module.engines = []
+
+    def run_rules(spec, *, engine="vllm"):
+        module.engines.append(engine)
+        return types.SimpleNamespace(findings=list(module.findings))
+
+    module.run_rules = run_rules
+    monkeypatch.setitem(sys.modules, "eaglekit.rules", module)
+    return module
+
+
+def no_findings(spec):
+    return []
+
+
+def local_bytes(path: str) -> dict[str, bytes]:
+    out = {}
+    for name in UPLOADED:
+        with open(os.path.join(path, name), "rb") as fh:
+            out[name] = fh.read()
+    return out
+
+
+def snapshot(path: str) -> dict[str, tuple[str, int]]:
+    state = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            with open(full, "rb") as fh:
+                state[os.path.relpath(full, path)] = (hashlib.sha256(fh.read()).hexdigest(), os.stat(full).st_mtime_ns)
+    return state
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        main(["push", *args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def card_data(text: str) -> dict:
+    return ModelCard(text).data.to_dict()
+
+
+# ---------------------------------------------------------------- what arrives
+
+
+def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
+    before = snapshot(draft_dir)
+    result = push(draft_dir, REPO, target=TARGET, token=fake_hub.token, endpoint=fake_hub.endpoint,
+                  commit_message="Add the 3.1 draft", validate=no_findings)
+
+    repo = fake_hub.repo(REPO)
+    stored = repo.files("main")
+    local = local_bytes(draft_dir)
+    assert set(stored) == UPLOADED | {"README.md", "eaglekit.json"}
+    assert {name: stored[name] for name in UPLOADED} == local
+    # both weight shards went through LFS: batch, PUT (bytes verified by sha256), lfsFile pointer in the commit
+    assert repo.lfs_paths() == set(SHARDS)
+    assert {r.body for r in fake_hub.calls("lfs_upload")} == {local[s] for s in SHARDS}
+    assert set(fake_hub.lfs_objects) == {hashlib.sha256(local[s]).hexdigest() for s in SHARDS}
+    (commit,) = repo.commits
+    assert commit.summary == "Add the 3.1 draft"
+    assert sorted(commit.ndjson_keys) == ["file"] * 4 + ["header"] + ["lfsFile"] * 2
+    assert result.commit_oid == repo.heads["main"] and result.commit_url.endswith(commit.oid)
+    assert {(f.path, f.size, f.sha256) for f in result.files} == {
+        (name, len(data), hashlib.sha256(data).hexdigest()) for name, data in stored.items()
+    }
+
+    readme = stored["README.md"].decode()
+    assert readme == result.card and readme in fake_hub.validated_cards
+    meta = card_data(readme)
+    assert meta["base_model"] == TARGET
+    assert meta["pipeline_tag"] == "text-generation" and meta["library_name"] == "transformers"
+    assert {"eagle3", "eagle3.1", "speculative-decoding", "draft-model", "vllm", "eaglekit", "arxiv:2503.01840"} <= set(meta["tags"])
+    assert (f"vllm serve {TARGET} --speculative-config "
+            f"'{{\"model\": \"{REPO}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'") in readme
+    assert (f"python -m sglang.launch_server --model {TARGET} --speculative-algorithm EAGLE3 "
+            f"--speculative-draft-model-path {REPO} --speculative-num-steps 3 --speculative-eagle-topk 1 "
+            "--speculative-num-draft-tokens 4") in readme
+    assert "`[2, 6, 9]` (vLLM convention: input of layer i / HF `hidden_states` index)" in readme
+    assert "forced despite validation errors" not in readme
+
+    manifest = json.loads(stored["eaglekit.json"])
+    assert manifest["target"] == TARGET
+    assert manifest["draft"]["eagle_version"] == "3.1" and manifest["draft"]["aux_layer_ids"] == [2, 6, 9]
+    assert manifest["validation"] == {"engine": "vllm", "ran": True, "errors": 0, "warnings": 0, "forced": False, "findings": []}
+    assert snapshot(draft_dir) == before
+
+
+def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", fake_hub.token)
+    report = tmp_path / "verify.json"
+    report.write_text(json.dumps(VERIFY_REPORT))
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", str(report),
+                             "--private", "--endpoint", fake_hub.endpoint, "--format", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    jsonschema.validate(doc, SCHEMA)
+    assert rules.engines == ["vllm"] and doc["validated"] is True
+    repo = fake_hub.repo(REPO)
+    assert repo.private is True
+    assert doc["commit_oid"] == repo.heads["main"] and not doc["dry_run"]
+    readme = repo.files()["README.md"].decode()
+    assert readme == doc["card"]
+    for row in ("| Lossless (greedy output identical to the target's) | yes |", "| Mean acceptance length τ | 2.81 |",
+                "| Acceptance rate per draft position | 0.80, 0.60, 0.41 |", "| Speedup | 2.01× |",
+                "| Prompts | mt-bench (80) |", "| Device | NVIDIA H200 |", "| Tokens/s with the draft | 120.5 |"):
+        assert row in readme
+    assert json.loads(repo.files()["eaglekit.json"])["verify"] == VERIFY_REPORT
+    assert fake_hub.token not in out + err
+
+
+def test_token_only_travels_in_the_authorization_header(fake_hub, draft_dir, rules, capsys):
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--token", fake_hub.token,
+                             "--endpoint", fake_hub.endpoint)
+    assert code == 0, err
+    assert f"Pushed {fake_hub.endpoint}/{REPO}/commit/" in out
+    token = fake_hub.token.encode()
+    authorized = [r for r in fake_hub.requests if r.headers.get("authorization") == f"Bearer {fake_hub.token}"]
+    assert len(authorized) == len(fake_hub.requests) - len(fake_hub.calls("lfs_upload")) > 0
+    for request in fake_hub.requests:
+        assert token not in request.body and fake_hub.token not in request.target
+        assert all(fake_hub.token not in v for k, v in request.headers.items() if k != "authorization")
+    assert not any(fake_hub.token in line for line in fake_hub.access_log)
+    assert not any(token in data for data in fake_hub.repo(REPO).files().values())
+    assert fake_hub.token not in out + err
+
+
+def test_stray_files_stay_home(fake_hub, draft_dir):
+    push(draft_dir, REPO, target=TARGET, token=fake_hub.token, endpoint=fake_hub.endpoint, validate=no_findings)
+    stored = set(fake_hub.repo(REPO).files())
+    assert stored == UPLOADED | {"README.md", "eaglekit.json"}
+    assert fake_hub.repo(REPO).files()["README.md"] != b"# old card\n"
+    preupload_paths = {f["path"] for r in fake_hub.calls("preupload") for f in json.loads(r.body)["files"]}
+    assert preupload_paths == stored
+
+
+def test_dry_run_sends_nothing(fake_hub, draft_dir, rules, capsys):
+    before = snapshot(draft_dir)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--endpoint",
+                             fake_hub.endpoint, "--dry-run", "--format", "json")
+    assert code == 0, err
+    assert fake_hub.requests == []
+    doc = json.loads(out)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["dry_run"] is True and doc["commit_url"] is None
+    local = local_bytes(draft_dir)
+    files = {f["path"]: f for f in doc["files"]}
+    assert set(files) == UPLOADED | {"README.md", "eaglekit.json"}
+    for name, data in local.items():
+        assert files[name]["sha256"] == hashlib.sha256(data).hexdigest() and files[name]["size"] == len(data)
+    assert files["README.md"]["sha256"] == hashlib.sha256(doc["card"].encode()).hexdigest()
+    assert snapshot(draft_dir) == before
+
+
+# ---------------------------------------------------------------- one clear line per failure
+
+
+def test_bad_token_is_one_line_and_exit_1(fake_hub, draft_dir, rules, capsys):
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_wrong", "--endpoint", fake_hub.endpoint)
+    assert code == 1
+    assert err == f"Error: authentication failed for {fake_hub.endpoint}: check --token / HF_TOKEN\n"
+    assert fake_hub.calls("create_repo")[0].status == 401 and fake_hub.repos == {}
+
+
+def test_no_token_anywhere_is_one_line(fake_hub, draft_dir, rules, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-saved-token"))
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--endpoint", fake_hub.endpoint)
+    assert code == 1
+    assert err == "Error: no Hugging Face token: pass --token, set HF_TOKEN, or run `hf auth login`\n"
+    assert fake_hub.requests == []
+
+
+def test_saved_login_token_is_used(fake_hub, draft_dir, monkeypatch, tmp_path):
+    saved = tmp_path / "token"
+    saved.write_text(fake_hub.token)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(saved))
+    result = push(draft_dir, REPO, endpoint=fake_hub.endpoint, validate=no_findings)
+    assert result.commit_oid == fake_hub.repo(REPO).heads["main"]
+
+
+def test_unreachable_endpoint_is_one_line(fake_hub, draft_dir, rules, capsys):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_x", "--endpoint", endpoint)
+    assert code == 1
+    assert err == f"Error: cannot reach {endpoint}\n"
+
+
+def test_invalid_repo_id_is_a_usage_error(fake_hub, draft_dir, capsys):
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", "no-namespace", "--dry-run")
+    assert code == 2 and "expected ORG/NAME" in err
+    assert fake_hub.requests == []
+
+
+def test_malformed_report_is_one_line(fake_hub, draft_dir, rules, tmp_path, capsys):
+    report = tmp_path / "verify.json"
+    report.write_text("{not json")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--report", str(report), "--dry-run")
+    assert code == 1 and err.startswith(f"Error: {report}: verify report is not valid JSON") and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- validation gate
+
+
+def test_validation_error_refuses_before_any_request(fake_hub, draft_dir):
+    def failing(spec):
+        return [Finding("AUX_ORDER", "error", "aux layer ids are not ascending", pitfall="P12")]
+
+    with pytest.raises(EaglekitError, match=r"refusing to push: validation found 1 error\(s\) for vLLM, first AUX_ORDER"):
+        push(draft_dir, REPO, token=fake_hub.token, endpoint=fake_hub.endpoint, validate=failing)
+    assert fake_hub.requests == []
+
+
+def test_cli_force_pushes_and_the_card_says_so(fake_hub, draft_dir, rules, capsys):
+    rules.findings = [Finding("FC_SHAPE", "error", "fc.weight fan-in is not K*T"), Finding("ROPE", "warning", "rope_theta implicit")]
+    args = [draft_dir, "--repo-id", REPO, "--target", TARGET, "--token", fake_hub.token, "--endpoint", fake_hub.endpoint]
+
+    code, out, err = run_cli(capsys, *args)
+    assert code == 1 and err.startswith("Error: ") and "FC_SHAPE" in err and err.count("\n") == 1
+    assert fake_hub.requests == []
+
+    code, out, err = run_cli(capsys, *args, "--force", "--format", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["forced"] is True and [f["code"] for f in doc["findings"]] == ["FC_SHAPE", "ROPE"]
+    readme = fake_hub.repo(REPO).files()["README.md"].decode()
+    assert "**Warning: forced despite validation errors.**" in readme
+    assert "- **error** `FC_SHAPE`: fc.weight fan-in is not K*T" in readme
+    assert json.loads(fake_hub.repo(REPO).files()["eaglekit.json"])["validation"]["forced"] is True
+
+
+def test_without_a_rules_engine_the_card_says_not_validated(draft_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "eaglekit.rules", None)
+    result = push(draft_dir, REPO, dry_run=True)
+    assert result.validated is False and "Not validated" in result.card
+
+
+# ---------------------------------------------------------------- retries, revisions, repeat pushes
+
+
+@pytest.mark.parametrize("route", ["create_repo", "preupload", "lfs_batch", "lfs_upload", "commit"])
+def test_one_transient_5xx_is_retried(fake_hub, draft_dir, route):
+    fake_hub.fail(route, 503, times=1)
+    push(draft_dir, REPO, token=fake_hub.token, endpoint=fake_hub.endpoint, validate=no_findings)
+    statuses = [r.status for r in fake_hub.calls(route)]
+    assert statuses.count(503) == 1 and statuses[-1] == 200
+    repo = fake_hub.repo(REPO)
+    assert len(repo.commits) == 1
+    assert {n: repo.files()[n] for n in UPLOADED} == local_bytes(draft_dir)
+
+
+def test_persistent_5xx_on_commit_gives_up_with_one_line(fake_hub, draft_dir, monkeypatch):
+    monkeypatch.setattr(push_module, "RETRY_BACKOFF_S", 0.01)
+    fake_hub.fail("commit", 503, times=COMMIT_ATTEMPTS + 5)
+    with pytest.raises(EaglekitError) as info:
+        push(draft_dir, REPO, token=fake_hub.token, endpoint=fake_hub.endpoint, validate=no_findings)
+    assert str(info.value) == f"push to {fake_hub.endpoint} failed: HTTP 503 (injected fault 503)"
+    assert len(fake_hub.calls("commit")) == COMMIT_ATTEMPTS
+    assert fake_hub.repo(REPO).commits == []
+
+
+def test_revision_branch_and_pull_requests(fake_hub, draft_dir):
+    common = dict(token=fake_hub.token, endpoint=fake_hub.endpoint, validate=no_findings)
+    push(draft_dir, REPO, revision="v2", **common)
+    repo = fake_hub.repo(REPO)
+    assert set(repo.files("v2")) >= UPLOADED and repo.files("main") == {}
+
+    to_main = push(draft_dir, REPO, create_pr=True, **common)
+    assert to_main.pr_url == f"{fake_hub.endpoint}/{REPO}/discussions/1"
+    assert set(repo.files("refs/pr/1")) >= UPLOADED and repo.files("main") == {}
+
+    to_v2 = push(draft_dir, REPO, revision="v2", create_pr=True, **common)
+    assert to_v2.pr_url.endswith("/discussions/2") and repo.commits[-1].parent == repo.heads["v2"]
+
+    with pytest.raises(EaglekitError, match=r"^revision 'nope' does not exist in eagle-org/llama-eagle3-draft on "):
+        push(draft_dir, REPO, revision="nope", create_pr=True, **common)
+
+
+def test_second_push_reuses_stored_lfs_objects(fake_hub, draft_dir):
+    common = dict(token=fake_hub.token, endpoint=fake_hub.endpoint, validate=no_findings)
+    push(draft_dir, REPO, **common)
+    push(draft_dir, REPO, commit_message="again", **common)
+    assert [r.status for r in fake_hub.calls("create_repo")] == [200, 409]
+    assert len(fake_hub.calls("lfs_upload")) == len(SHARDS)
+    assert [c.summary for c in fake_hub.repo(REPO).commits][-1] == "again"
+
+
+def test_non_hub_endpoint_uploads_over_lfs_even_with_xet_installed(fake_hub, draft_dir, monkeypatch):
+    pytest.importorskip("hf_xet")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+    result = push(draft_dir, REPO, token=fake_hub.token, endpoint=fake_hub.endpoint, validate=no_findings)
+    assert any("Git LFS instead of xet" in w for w in result.warnings)
+    assert fake_hub.calls("unknown") == [] and len(fake_hub.calls("lfs_upload")) == len(SHARDS)
+    assert constants.HF_HUB_DISABLE_XET is False
+
+
+# ---------------------------------------------------------------- card contents per draft kind
+
+
+@pytest.mark.parametrize("layout, options, present, absent, tags", [
+    ("vllm", {}, ["Any vLLM release with EAGLE-3 support", "| lm_head | own weights |"],
+     ["arXiv:2605.09992", "Requires vLLM"], {"eagle3"}),
+    ("vllm", {"attention": "mla", "fc_norm": True, "norm_output": True}, ["Requires vLLM ≥ 0.23.0", "Requires SGLang ≥ 0.5.23",
+     "arXiv:2605.09992"], [], {"eagle3", "eagle3.1", "arxiv:2605.09992"}),
+    ("vllm", {"fc_norm": True}, ["Requires vLLM ≥ 0.22.0", "partial 3.1 flag set"], [], {"eagle3"}),
+    ("vllm", {"lm_head": False, "draft_vocab": None}, ["| lm_head | shared from the target |",
+     "| embed_tokens | shared from the target |"], ["d2t"], {"eagle3"}),
+    ("specforge", {}, ["`[2, 6, 9]` (vLLM convention", "written as `[1, 5, 8]` (output-of-layer)"], [], {"eagle3"}),
+    ("speculators", {"fc_norm": True, "norm_output": True}, ["Requires vLLM ≥ 0.25.0", "`org/target-model`"], [],
+     {"eagle3.1", "speculators"}),
+])
+def test_card_describes_the_draft(tmp_path, layout, options, present, absent, tags):
+    spec = load_draft(make_draft(str(tmp_path / "d"), layout, **options))
+    card = build_card(spec, REPO, target=None if layout == "speculators" else TARGET)
+    meta = card_data(card)
+    assert tags <= set(meta["tags"]) and ("eagle3.1" in meta["tags"]) == ("eagle3.1" in tags)
+    assert meta["base_model"] == ("org/target-model" if layout == "speculators" else TARGET)
+    for text in present:
+        assert text in card
+    for text in absent:
+        assert text not in card
+
+
+def test_card_of_a_converted_draft_names_its_source(tmp_path):
+    block = {"version": "0.1.0", "source": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "source_family": "eagle",
+             "target": TARGET, "options": {"calibrate": True}, "conversion": ["renamed midlayer.* to layers.0.*"]}
+    spec = load_draft(make_draft(str(tmp_path / "d"), "vllm", config_patch={"eaglekit": block}))
+    card = build_card(spec, REPO)
+    meta = card_data(card)
+    assert meta["base_model"] == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" and meta["base_model_relation"] == "finetune"
+    assert f"vllm serve {TARGET} " in card
+    for text in ("Converted from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`]", "- Source family: `eagle`",
+                 "- Options: `calibrate=True`", "- renamed midlayer.* to layers.0.*"):
+        assert text in card
+
+
+# ---------------------------------------------------------------- the loopback Hub itself
+
+
+def _request(hub, method, path, body=None, token=None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", int(hub.endpoint.rsplit(":", 1)[1]), timeout=10)
+    all_headers = dict(headers or {})
+    if token:
+        all_headers["Authorization"] = f"Bearer {token}"
+    conn.request(method, path, body=body, headers=all_headers)
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, data
+
+
+def test_fake_hub_checks_what_the_real_one_checks(fake_hub):
+    tok = fake_hub.token
+    assert _request(fake_hub, "POST", "/api/repos/create", b'{"name": "x", "organization": "o"}')[0] == 401
+    assert _request(fake_hub, "POST", "/api/repos/create", b'{"name": "x", "organization": "o"}', token=tok)[0] == 200
+    status, body = _request(fake_hub, "POST", "/api/repos/create", b'{"name": "x", "organization": "o"}', token=tok)
+    assert status == 409 and json.loads(body)["url"] == f"{fake_hub.endpoint}/o/x"
+
+    data = os.urandom(20_000)
+    oid = hashlib.sha256(data).hexdigest()
+    batch = json.dumps({"operation": "upload", "objects": [{"oid": oid, "size": len(data)}], "hash_algo": "sha256"})
+    status, body = _request(fake_hub, "POST", "/o/x.git/info/lfs/objects/batch", batch, token=tok)
+    href = json.loads(body)["objects"][0]["actions"]["upload"]["href"]
+    upload_path = href[len(fake_hub.endpoint):]
+    assert _request(fake_hub, "PUT", upload_path, os.urandom(len(data)))[0] == 400  # wrong bytes for the oid
+    chunks = iter([data[:7_000], data[7_000:]])  # no Content-Length: http.client sends it chunked
+    assert _request(fake_hub, "PUT", upload_path, chunks)[0] == 200
+    assert fake_hub.calls("lfs_upload")[-1].headers.get("transfer-encoding") == "chunked"
+    assert fake_hub.lfs_objects[oid] == data
+
+    ndjson = "\n".join(json.dumps(line) for line in [
+        {"key": "header", "value": {"summary": "s"}},
+        {"key": "lfsFile", "value": {"path": "w.safetensors", "algo": "sha256", "oid": "0" * 64, "size": 1}},
+    ])
+    status, body = _request(fake_hub, "POST", "/api/models/o/x/commit/main", ndjson, token=tok,
+                            headers={"Content-Type": "application/x-ndjson"})
+    assert status == 400 and b"never uploaded" in body and fake_hub.repo("o/x").commits == []
+
+    bad_yaml = json.dumps({"content": "---\ntags: [unclosed\n---\nbody\n", "repoType": "model"})
+    status, body = _request(fake_hub, "POST", "/api/validate-yaml", bad_yaml, token=tok)
+    assert status == 400 and json.loads(body)["errors"][0]["message"].startswith("Invalid YAML")
+
+
+def test_push_help_does_not_import_torch():
+    code = ("import sys\nfrom eaglekit.cli.main import main\n"
+            "try:\n    main(['push', '--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "import eaglekit.hub.push\nassert 'torch' not in sys.modules, 'torch imported by eaglekit.hub.push'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--repo-id" in proc.stdout and "--create-pr" in proc.stdout
