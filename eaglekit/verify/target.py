@@ -1,0 +1,189 @@
+"""The target (verifier) model: a Hugging Face causal LM that also hands out aux hidden states.
+
+Aux ids follow vLLM's convention: id i (0 <= i < L) is the residual stream entering decoder layer i, id L is
+the final state *before* the model's last norm. They are captured with forward pre-hooks on the decoder
+layers and on the final norm, so the answer does not depend on how a transformers version fills
+`output_hidden_states` (whose last entry is post-norm in some versions).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eaglekit.errors import CheckpointError, UsageError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass
+class TargetPass:
+    """One target forward: logits, the requested aux states (ascending id order) and the updated cache."""
+
+    logits: Any  # [B, S, V] (or the last `logits_to_keep` positions)
+    aux: list  # [B, S, T] per id in sorted(set(aux_ids))
+    past: Any  # the HF cache, updated in place
+
+
+def resolve_dtype(dtype: str, device: str):
+    """torch dtype for a --dtype name; "auto" is bfloat16 on CUDA and float32 elsewhere."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if dtype == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    return getattr(torch, dtype)
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "cuda" or device.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: no CUDA device is available")
+        return device
+    if device != "cpu":
+        raise UsageError(f"unknown device {device!r}; use cpu or cuda")
+    return device
+
+
+def _decoder_parts(model) -> tuple[Sequence[Any], Any, Any]:
+    """(decoder layers, final norm, input embedding module) of a decoder-only HF model."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    norm = getattr(base, "norm", None)
+    if layers is None or norm is None:
+        raise CheckpointError(f"{type(model).__name__}: no decoder `layers` and final `norm` to capture aux states from")
+    return layers, norm, model.get_input_embeddings()
+
+
+class TargetModel:
+    """A loaded target plus aux-state capture; `forward` is the only entry point the decode loop needs."""
+
+    def __init__(self, model, tokenizer, *, path: str, device: str, dtype):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.path = path
+        self.device = device
+        self.dtype = dtype
+        layers, norm, embed = _decoder_parts(model)
+        self.num_layers = len(layers)
+        self.hidden_size = int(embed.weight.shape[1])
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.embed_tokens = embed.weight
+        self.lm_head = model.get_output_embeddings().weight
+        self.tied = self.lm_head.data_ptr() == self.embed_tokens.data_ptr()
+        self._wanted: frozenset[int] = frozenset()
+        self._captured: dict[int, Any] = {}
+        for index, layer in enumerate(layers):
+            layer.register_forward_pre_hook(self._capture_hook(index), with_kwargs=True)
+        norm.register_forward_pre_hook(self._capture_hook(self.num_layers), with_kwargs=True)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    def _capture_hook(self, index: int):
+        def hook(module, args, kwargs):
+            if index in self._wanted:
+                self._captured[index] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every id that ends a generation (config and tokenizer may name different ones)."""
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(v for v in value if isinstance(v, int))
+        if self.tokenizer is not None and isinstance(getattr(self.tokenizer, "eos_token_id", None), int):
+            ids.add(self.tokenizer.eos_token_id)
+        return frozenset(ids)
+
+    def new_cache(self):
+        """An empty KV cache for `forward(past=...)`."""
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:
+            return DynamicCache()
+
+    @staticmethod
+    def cache_length(past) -> int:
+        return int(past.get_seq_length()) if past is not None else 0
+
+    @staticmethod
+    def crop(past, length: int) -> None:
+        """Roll the cache back to its first `length` positions (rejected draft tokens are dropped)."""
+        remove = TargetModel.cache_length(past) - length
+        if remove < 0:
+            raise ValueError(f"cannot crop a cache of {length + remove} positions to {length}")
+        if remove:
+            # A negative argument removes that many positions in every transformers version.
+            past.crop(-remove)
+
+    def check_aux_ids(self, aux_ids: Sequence[int]) -> tuple[int, ...]:
+        ids = tuple(sorted(set(int(i) for i in aux_ids)))
+        bad = [i for i in ids if not 0 <= i <= self.num_layers]
+        if bad:
+            raise UsageError(f"aux layer ids {bad} are outside [0, {self.num_layers}] for this target (L={self.num_layers})", self.path)
+        return ids
+
+    def forward(self, input_ids, aux_ids: Sequence[int] = (), past=None, *, logits_to_keep: int = 0) -> TargetPass:
+        """Run the target on `input_ids` [B, S] after the positions already in `past` (None: a fresh cache).
+
+        `logits_to_keep` > 0 returns logits for only the last that many positions (prefill of long prompts).
+        """
+        import torch
+
+        ids = self.check_aux_ids(aux_ids)
+        if past is None:
+            past = self.new_cache()
+        self._wanted, self._captured = frozenset(ids), {}
+        try:
+            with torch.inference_mode():
+                out = self.model(
+                    input_ids=input_ids.to(self.device),
+                    use_cache=True,
+                    logits_to_keep=logits_to_keep,
+                    **{self._cache_kwarg: past},
+                )
+            aux = [self._captured[i] for i in ids]
+        finally:
+            self._wanted, self._captured = frozenset(), {}
+        return TargetPass(out.logits, aux, past)
+
+
+def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> TargetModel:
+    """Load a local HF causal LM directory (safetensors only; nothing is unpickled) on `device` in `dtype`."""
+    if not os.path.isdir(path):
+        raise CheckpointError("target is not a directory (give a local Hugging Face model folder)", path)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise CheckpointError("target has no config.json", path)
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, use_safetensors=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"cannot load the target model ({exc})".splitlines()[0], path) from None
+    model.to(device).eval()
+    tokenizer = None
+    if any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"cannot load the target tokenizer ({exc})".splitlines()[0], path) from None
+    return TargetModel(model, tokenizer, path=path, device=device, dtype=torch_dtype)
