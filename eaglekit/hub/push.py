@@ -28,7 +28,7 @@ from eaglekit.spec import DraftSpec
 
 log = logging.getLogger(__name__)
 
-HUB_ENDPOINT = "https://huggingface.co"
+HUB_ENDPOINTS = ("https://huggingface.co", "https://hub-ci.huggingface.co")  # speak xet; other servers may not
 MANIFEST_NAME = "eaglekit.json"
 VERIFY_FIELDS = (
     "lossless", "acceptance_length", "per_position_acceptance", "num_speculative_tokens",
@@ -307,11 +307,14 @@ def _retried_by_client(exc: Exception) -> bool:
 
 @contextmanager
 def _lfs_unless_hub(result: PushResult) -> Iterator[None]:
-    """Upload over plain LFS for endpoints other than the Hub: xet is not negotiated, and a server without it hangs."""
+    """For this call only, upload over plain LFS to endpoints other than the Hub.
+
+    The client does not negotiate xet; against a server without it, an xet upload retries until it times out.
+    """
     from huggingface_hub import constants
 
     xet_on = not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None
-    if result.endpoint == HUB_ENDPOINT or not xet_on:
+    if result.endpoint in HUB_ENDPOINTS or not xet_on:
         yield
         return
     result.warnings.append(f"{result.endpoint} is not the Hugging Face Hub: uploading over Git LFS instead of xet")
