@@ -18,3 +18,6 @@ def _isolated_env(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("EAGLEKIT_DEBUG", raising=False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
+
+
+from tests.hub_fixtures import fake_hub  # noqa: E402,F401  (the loopback Hub, for push tests)
