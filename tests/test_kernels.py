@@ -30,12 +30,19 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 DTYPES = (torch.float32, *HALF_DTYPES)
 EPS = 1e-6
 
-FP32_MAX_ULPS = 8
-"""Triton and torch sum the squares (and evaluate exp) in different orders, which moves fp32 results by a few ulp."""
+FP32_RTOL, FP32_ATOL = 2e-6, 1e-6
+"""Triton and torch sum the squares in different orders, and compiled kernels fuse multiply-adds, so
+fp32 results move by a few ulp (RoPE's cancelling terms make that an absolute, not relative, error)."""
 
-HALF_MAX_MISMATCH_FRACTION = 1e-3
-"""Those fp32 differences change a half-precision result only when the fp32 value sits next to a
-rounding midpoint, and then by exactly 1 ulp; anything more frequent or larger is a real bug."""
+HALF_MAX_ULPS = 1
+NORM_HALF_MAX_ULPS = 2
+"""Those fp32 differences change a half-precision result only when the fp32 value sits within a few
+fp32 ulp of a rounding midpoint, and then by 1 ulp. The norms round twice (before and after the
+weight multiply), and the weight can scale a 1-ulp change of the first rounding to 2 ulp of the output."""
+
+HALF_MAX_MISMATCH_FRACTION = 5e-3
+"""The odds of such a midpoint are about 8 / 2**13 per fp16 value; more frequent means a real bug.
+The interpreter shows none; compiled GPU kernels a few."""
 
 
 @pytest.fixture
@@ -53,13 +60,13 @@ def randn(gen: torch.Generator, *shape: int, dtype=torch.float32, scale: float =
     return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=DEVICE)
 
 
-def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor, half_max_ulps: int = HALF_MAX_ULPS) -> None:
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    distance = ulp_distance(actual, expected)
     if expected.dtype == torch.float32:
-        assert distance.max().item() <= FP32_MAX_ULPS
+        torch.testing.assert_close(actual, expected, rtol=FP32_RTOL, atol=FP32_ATOL)
     else:
-        assert distance.max().item() <= 1
+        distance = ulp_distance(actual, expected)
+        assert distance.max().item() <= half_max_ulps
         assert (distance > 0).float().mean().item() <= HALF_MAX_MISMATCH_FRACTION
 
 
@@ -133,14 +140,14 @@ def test_rms_norm(triton_backend, gen, dtype, shape, max_block):
     expected = torch_ops.rms_norm(x, weight, EPS)
     actual = kernels.rms_norm(x, weight, EPS) if max_block is None else triton_ops.rms_norm(
         x, weight, EPS, max_block=max_block)
-    assert_matches(actual, expected)
+    assert_matches(actual, expected, NORM_HALF_MAX_ULPS)
 
 
 def test_rms_norm_strided_rows_and_fp32_weight(triton_backend, gen):
     buffer = randn(gen, 3, 300, dtype=torch.bfloat16)
     x = buffer[:, 50:247]
     weight = randn(gen, 197)
-    assert_matches(kernels.rms_norm(x, weight, EPS), torch_ops.rms_norm(x, weight, EPS))
+    assert_matches(kernels.rms_norm(x, weight, EPS), torch_ops.rms_norm(x, weight, EPS), NORM_HALF_MAX_ULPS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -156,7 +163,7 @@ def test_fused_add_rms_norm(triton_backend, gen, dtype, shape, max_block):
     else:
         normed, summed = triton_ops.fused_add_rms_norm(x, residual, weight, EPS, max_block=max_block)
     assert torch.equal(summed, expected_sum)
-    assert_matches(normed, expected_normed)
+    assert_matches(normed, expected_normed, NORM_HALF_MAX_ULPS)
     assert torch.equal(x, x_before) and torch.equal(residual, residual_before)
 
 
@@ -167,7 +174,7 @@ def test_fused_add_rms_norm_fp32_residual(triton_backend, gen):
     normed, summed = kernels.fused_add_rms_norm(x, residual, weight, EPS)
     expected_normed, expected_sum = torch_ops.fused_add_rms_norm(x, residual, weight, EPS)
     assert summed.dtype == torch.bfloat16 and torch.equal(summed, expected_sum)
-    assert_matches(normed, expected_normed)
+    assert_matches(normed, expected_normed, NORM_HALF_MAX_ULPS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -179,7 +186,7 @@ def test_multi_rms_norm_cat(triton_backend, gen, dtype, rows, num_chunks, chunk_
     expected = torch_ops.multi_rms_norm_cat(x, weights, EPS)
     actual = kernels.multi_rms_norm_cat(x, weights, EPS) if max_block is None else triton_ops.multi_rms_norm_cat(
         x, weights, EPS, max_block=max_block)
-    assert_matches(actual, expected)
+    assert_matches(actual, expected, NORM_HALF_MAX_ULPS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -195,7 +202,7 @@ def test_dual_rms_norm_cat(triton_backend, gen, dtype, rows, width, max_block):
     else:
         actual = triton_ops.dual_rms_norm_cat(a, b, weight_a, weight_b, EPS, max_block=max_block)
     assert actual.shape == (rows, 2 * width)
-    assert_matches(actual, expected)
+    assert_matches(actual, expected, NORM_HALF_MAX_ULPS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from eaglekit.drafter.kernels.shapes import check_rope_shapes, check_same_shape, chunk_layout, half_width
 from eaglekit.errors import UsageError
@@ -158,15 +159,24 @@ def _fused_add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr
 
 
 @triton.jit
+def _exp(x, LIBDEVICE_EXP: tl.constexpr):
+    """The GPU's libdevice expf is the one torch's CUDA silu calls; the interpreter has no libdevice."""
+    if LIBDEVICE_EXP:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, width, x_row_stride,
-                         BLOCK: tl.constexpr, EMULATE_BF16_RTNE: tl.constexpr):
+                         BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr, EMULATE_BF16_RTNE: tl.constexpr):
     """Grid (rows, cdiv(I, BLOCK)): out = silu(gate) * up in fp32, rounded once."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
     gate = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * x_row_stride + width + cols, mask=mask, other=0.0).to(tl.float32)
-    silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate))
+    silu = tl.math.div_rn(gate, 1.0 + _exp(-gate, LIBDEVICE_EXP))
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
     tl.store(out_ptr + row * width + cols, _round(silu * up, out_dtype, EMULATE_BF16_RTNE), mask=mask)
 
@@ -295,7 +305,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         block = min(SILU_BLOCK, triton.next_power_of_2(width))
         _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(width, block))](
             rows, out, width, rows.stride(0),
-            BLOCK=block, EMULATE_BF16_RTNE=_emulate_bf16(x), num_warps=_num_warps(block),
+            BLOCK=block, LIBDEVICE_EXP=not INTERPRETED, EMULATE_BF16_RTNE=_emulate_bf16(x),
+            num_warps=_num_warps(block),
         )
     return out.view(*x.shape[:-1], width)
 
