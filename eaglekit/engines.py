@@ -1,0 +1,281 @@
+"""What each serving engine reads from a draft, by version: the one source for validate's engine rules and inspect.
+
+vLLM facts follow reference §4 and §11 (0.21.0 .. 0.33.0); SGLang facts follow 0.5.23, the only release modelled.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from eaglekit.errors import UsageError
+from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+
+VLLM = "vllm"
+SGLANG = "sglang"
+ENGINES = (VLLM, SGLANG)
+LATEST = {VLLM: "0.33.0", SGLANG: "0.5.23"}
+VLLM_OLDEST_KNOWN = "0.21.0"
+
+Version = tuple[int, int, int]
+
+# architectures[0] after vLLM's Eagle3 rewrite -> model class (registry.py, 0.33.0)
+VLLM_EAGLE3_CLASSES: dict[str, str] = {
+    "LlamaForCausalLMEagle3": "llama",
+    "Eagle3LlamaForCausalLM": "llama",
+    "Eagle3MiniMaxM2ForCausalLM": "llama",
+    "Eagle3Qwen2_5vlForCausalLM": "llama",
+    "Eagle3Qwen3vlForCausalLM": "llama",
+    "PEagleDraftModel": "llama",
+    "PeagleLlamaForCausalLM": "llama",
+    "Eagle3Qwen3ForCausalLM": "qwen3",
+    "PeagleQwen3ForCausalLM": "qwen3",
+    "Eagle3DeepseekV2ForCausalLM": "deepseek",
+    "Eagle3DeepseekV3ForCausalLM": "deepseek",
+}
+# the attention kind each vLLM class builds
+CLASS_ATTENTION = {"llama": "llama", "qwen3": "qwen3", "deepseek": "mla"}
+# vLLM's speculators path forces the class from transformer_layer_config.model_type
+SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+DEEPSEEK_TARGET_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "kimi_k25")
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
+
+
+def parse_version(text: str) -> Version:
+    """'0.23' or '0.23.1' -> (0, 23, 1); anything else is a usage error."""
+    m = _VERSION.match(text.strip())
+    if not m:
+        raise UsageError(f"engine version {text!r} is not X.Y or X.Y.Z")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def format_version(v: Version) -> str:
+    return ".".join(str(p) for p in v)
+
+
+def vllm_rewrite_architecture(arch: str) -> str:
+    """EAGLEConfig keeps names that start or end with Eagle3 and prefixes everything else (reference §4.7)."""
+    return arch if arch.startswith("Eagle3") or arch.endswith("Eagle3") else "Eagle3" + arch
+
+
+def _ids(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return tuple(value)
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class VllmView:
+    """The draft config as one vLLM version resolves it: class, flags, K and the aux capture lists."""
+
+    version: Version
+    layout: str  # "flat" | "speculators"
+    architecture: str | None
+    model_class: str | None  # "llama" | "qwen3" | "deepseek" | None (cannot load)
+    problem: str | None  # why no class was found
+    config: dict[str, Any]  # after the speculators mapping, if any
+    fc_norm: bool
+    norm_output: bool
+    norm_before_fc: bool
+    norm_before_residual: bool
+    use_aux_hidden_state: bool
+    k: int  # fc fan-in / T as this class computes it
+    k_source: str
+    top_level_ids: tuple[int, ...] | None  # what the V2 runner captures (None: the default)
+    v1_ids: tuple[int, ...] | None  # what the V1 runner captures (None: the default)
+
+
+def _speculators_mapping(cfg: dict[str, Any], version: Version) -> tuple[dict[str, Any], str | None, str | None]:
+    """vLLM's speculators/base.py + algos.update_eagle3: start from transformer_layer_config, copy a few keys."""
+    tlc = cfg.get("transformer_layer_config")
+    if not isinstance(tlc, dict):
+        return {}, None, "speculators layout without a transformer_layer_config dict"
+    out = dict(tlc)
+    for key in ("draft_vocab_size", "norm_before_fc"):
+        if key in cfg:
+            out[key] = cfg[key]
+    if cfg.get("target_hidden_size") is not None:
+        out["target_hidden_size"] = cfg["target_hidden_size"]
+    out["norm_before_residual"] = cfg.get("norm_before_residual", True)
+    if version >= (0, 25, 0):
+        out["fc_norm"] = cfg.get("fc_norm", False)
+        out["norm_output"] = cfg.get("norm_output", False)
+    if cfg.get("eagle_aux_hidden_state_layer_ids"):
+        out["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
+    model_type = tlc.get("model_type")
+    arch = SPECULATORS_ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
+    if arch is None:
+        return out, None, (f"vLLM's speculators path maps only transformer_layer_config.model_type llama/qwen3, "
+                           f"not {model_type!r} (MLA drafts need the flat layout)")
+    return out, arch, None
+
+
+def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
+    version = version or parse_version(LATEST[VLLM])
+    cfg = spec.config
+    speculators = isinstance(cfg.get("speculators_config"), dict) and cfg.get("model_type") is None
+    problem = None
+    if speculators:
+        resolved, arch, problem = _speculators_mapping(cfg, version)
+    else:
+        resolved = dict(cfg)
+        archs = cfg.get("architectures")
+        written = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+        if written is None:
+            arch, problem = None, "config.json has no architectures list"
+        elif cfg.get("model_type") == "eagle" and cfg.get("method") != "eagle3":
+            arch = written if written.startswith("Eagle") else "Eagle" + written
+            problem = "model_type 'eagle' takes vLLM's EAGLE-1 config path (architecture becomes " + arch + ")"
+        else:
+            arch = vllm_rewrite_architecture(written)
+    model_class = VLLM_EAGLE3_CLASSES.get(arch) if arch and problem is None else None
+    if arch and problem is None and model_class is None:
+        problem = f"architecture {arch!r} (after vLLM's Eagle3 rewrite) is not a registered eagle3 model"
+
+    ec = resolved.get("eagle_config") if isinstance(resolved.get("eagle_config"), dict) else {}
+    new = version >= (0, 22, 0)
+    fc_norm = bool(resolved.get("fc_norm", False)) and new
+    norm_output = bool(resolved.get("norm_output", False)) and new
+    nbf = ec.get("norm_before_fc", resolved.get("norm_before_fc", False)) if new else resolved.get("norm_before_fc", False)
+    nbr = bool(resolved.get("norm_before_residual", False))
+    top = _ids(resolved.get("eagle_aux_hidden_state_layer_ids"))
+    nested = _ids(ec.get("eagle_aux_hidden_state_layer_ids"))
+    k, k_source = _vllm_k(resolved, ec, top, nested, model_class, version)
+    v1 = top if top else (nested if new else None)
+    return VllmView(
+        version=version, layout="speculators" if speculators else "flat", architecture=arch,
+        model_class=model_class, problem=problem, config=resolved, fc_norm=fc_norm, norm_output=norm_output,
+        norm_before_fc=bool(nbf), norm_before_residual=nbr,
+        use_aux_hidden_state=bool(ec.get("use_aux_hidden_state", True)),
+        k=k, k_source=k_source, top_level_ids=top, v1_ids=v1,
+    )
+
+
+def _vllm_k(resolved, ec, top, nested, model_class, version) -> tuple[int, str]:
+    """K as the class computes it (reference §4.4): never the top-level list, except in the Qwen3 class from 0.26."""
+    if version < (0, 22, 0):
+        return 3, "fixed 3 before vLLM 0.22.0"
+    n = _int(resolved.get("num_aux_hidden_states"))
+    if n is not None:
+        return n, "num_aux_hidden_states"
+    if model_class == "qwen3" and version >= (0, 26, 0):
+        n = _int(resolved.get("num_aux_layers"))
+        if n is not None:
+            return n, "num_aux_layers"
+        if top:
+            return len(top), "len(eagle_aux_hidden_state_layer_ids)"
+    if nested:
+        return len(nested), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+    return 3, "default 3 (no num_aux_hidden_states, no eagle_config ids)"
+
+
+def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
+    """Version floors of reference §11.1 that this draft needs, each with the reason."""
+    cfg = spec.config
+    needs: list[tuple[Version, str]] = []
+    flags31 = [k for k in ("fc_norm", "norm_output") if cfg.get(k)]
+    if flags31:
+        needs.append(((0, 22, 0), f"EAGLE-3.1 {' + '.join(flags31)} (vLLM PR #42764)"))
+    if cfg.get("fc_norm") and spec.attention == "mla":
+        needs.append(((0, 23, 0), "MLA fc_norm is applied only from 0.23.0 (vLLM PR #43482)"))
+    if flags31 and spec.config_layout == "speculators":
+        needs.append(((0, 25, 0), "the speculators layout passes fc_norm/norm_output only from 0.25.0 (vLLM PR #46488)"))
+    if spec.num_aux_hidden_states not in (None, 3):
+        needs.append(((0, 22, 0), f"K={spec.num_aux_hidden_states} aux states (fc fan-in fixed to 3·T before 0.22.0)"))
+    ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    if ec.get("norm_before_fc") and not cfg.get("norm_before_fc"):
+        needs.append(((0, 22, 0), "norm_before_fc read from eagle_config only from 0.22.0"))
+    return needs
+
+
+def vllm_min_version(spec: DraftSpec) -> tuple[str, list[str]]:
+    """The lowest vLLM version (of those known) whose eagle3 code reads everything this draft relies on."""
+    needs = vllm_requirements(spec)
+    if not needs:
+        return VLLM_OLDEST_KNOWN, []
+    floor = max(v for v, _ in needs)
+    return format_version(floor), [why for _, why in needs]
+
+
+@dataclass(frozen=True)
+class SglangView:
+    """What SGLang 0.5.23 reads: K, the capture list (its shift rules, reference §5.1) and nothing of norm_before_residual."""
+
+    k: int
+    k_source: str
+    eagle_config_ids: tuple[int, ...] | None
+    deepseek_target: bool
+
+
+def sglang_view(spec: DraftSpec, target: TargetInfo | None = None) -> SglangView:
+    cfg = spec.config
+    ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    nested = _ids(ec.get("eagle_aux_hidden_state_layer_ids"))
+    top = _ids(cfg.get("eagle_aux_hidden_state_layer_ids"))
+    if spec.attention == "mla":
+        if nested:
+            k, src = len(nested), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+        elif top:
+            k, src = len(top), "len(eagle_aux_hidden_state_layer_ids)"
+        else:
+            k, src = 3, "default 3"
+    else:
+        n = _int(cfg.get("num_aux_hidden_states"))
+        if n is not None:
+            k, src = n, "num_aux_hidden_states"
+        elif nested:
+            k, src = len(nested), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+        else:
+            k, src = 3, "default 3"
+    if target is not None and target.model_type:
+        deepseek = target.model_type in DEEPSEEK_TARGET_TYPES
+    else:
+        deepseek = spec.attention == "mla"
+    return SglangView(k, src, nested, deepseek)
+
+
+def sglang_capture(view: SglangView, target: TargetInfo | None) -> tuple[int, ...] | None:
+    """The layers SGLang captures, in vLLM convention (input-of-layer); None when it needs the target's L."""
+    ids = view.eagle_config_ids
+    if ids is None:
+        return target.default_aux_ids if target is not None else None
+    if view.deepseek_target and ids[0] != 1:
+        return ids  # SGLang PR #25454: shift only when the first id is 1
+    return tuple(i + 1 for i in ids)
+
+
+@dataclass(frozen=True)
+class EngineSupport:
+    """Whether an engine serves the draft as is, and from which version."""
+
+    engine: str
+    min_version: str | None  # None: cannot serve it as is
+    as_is: bool
+    reason: str
+
+
+def serving_support(spec: DraftSpec, target: TargetInfo | None = None) -> list[EngineSupport]:
+    """Which vLLM / SGLang versions serve this draft as is: no errors from the file rules, then the version floors."""
+    from eaglekit.rules import run_rules
+
+    out = []
+    for engine in ENGINES:
+        report = run_rules(spec, target=target, engine=engine, groups=("structure", "target", "engine"))
+        errors = [f for f in report.findings if f.severity == "error"]
+        if errors:
+            more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+            out.append(EngineSupport(engine, None, False, f"{errors[0].code}: {errors[0].message}{more}"))
+        elif engine == VLLM:
+            floor, why = vllm_min_version(spec)
+            reason = "; ".join(why) if why else f"plain EAGLE-3 layout (checked against {VLLM_OLDEST_KNOWN}..{LATEST[VLLM]})"
+            out.append(EngineSupport(engine, floor, True, reason))
+        else:
+            out.append(EngineSupport(engine, LATEST[SGLANG], True, f"checked against SGLang {LATEST[SGLANG]} only"))
+    return out

@@ -1,0 +1,128 @@
+"""The rule engine behind validate, inspect, upgrade and push: every check is a registered rule with a stable code.
+
+Groups: structure (config + headers), target (needs the target's config), engine (one serving engine and
+version), deep (tensor values, one streaming pass). Only deep reads tensor bytes; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from eaglekit.engines import ENGINES, LATEST, Version, format_version, parse_version
+from eaglekit.errors import UsageError
+from eaglekit.findings import Finding
+from eaglekit.rules import deep, engine_sglang, engine_vllm, structure, target  # noqa: F401 (registers rules)
+from eaglekit.rules.expected import expected_tensors, tensor_expectations
+from eaglekit.rules.registry import GROUPS, Rule, RuleContext, registered
+from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+
+__all__ = ["GROUPS", "Rule", "ValidationReport", "all_rules", "expected_tensors", "run_rules", "tensor_expectations"]
+DEFAULT_GROUPS = ("structure", "target", "engine")
+
+
+def all_rules() -> list[Rule]:
+    """Every rule, ordered by code."""
+    return registered()
+
+
+@dataclass
+class ValidationReport:
+    """The findings of one run, and what was checked."""
+
+    path: str
+    findings: list[Finding]
+    groups: tuple[str, ...]
+    engines: dict[str, str] = field(default_factory=dict)  # engine -> version checked
+
+    def count(self, severity: str) -> int:
+        return sum(1 for f in self.findings if f.severity == severity)
+
+    @property
+    def errors(self) -> int:
+        return self.count("error")
+
+    @property
+    def warnings(self) -> int:
+        return self.count("warning")
+
+    @property
+    def infos(self) -> int:
+        return self.count("info")
+
+    @property
+    def ok(self) -> bool:
+        return self.errors == 0
+
+    def failed(self, strict: bool = False) -> bool:
+        return self.errors > 0 or (strict and self.warnings > 0)
+
+    def to_dict(self, strict: bool = False) -> dict:
+        return {
+            "path": self.path,
+            "ok": not self.failed(strict),
+            "strict": strict,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "infos": self.infos,
+            "groups": list(self.groups),
+            "engines": [{"engine": e, "version": v} for e, v in self.engines.items()],
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _engines(engine: str, engine_version: str | None) -> dict[str, Version]:
+    if engine == "all":
+        if engine_version is not None:
+            raise UsageError("--engine-version needs a single --engine (vllm or sglang), not all")
+        return {e: parse_version(LATEST[e]) for e in ENGINES}
+    if engine not in ENGINES:
+        raise UsageError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}, all")
+    return {engine: parse_version(engine_version or LATEST[engine])}
+
+
+def _recorded_target(spec: DraftSpec) -> TargetInfo | None:
+    """The target load_draft(target=...) applied, so a spec read against a target keeps its target rules."""
+    recorded = spec.observations.get("target")
+    if not isinstance(recorded, dict):
+        return None
+    names = {f.name for f in dataclasses.fields(TargetInfo)}
+    try:
+        return TargetInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items() if k in names})
+    except TypeError:
+        return None
+
+
+def run_rules(
+    spec: DraftSpec,
+    *,
+    target: TargetInfo | None = None,
+    engine: str = "vllm",
+    engine_version: str | None = None,
+    deep: bool = False,
+    groups: tuple[str, ...] | None = None,
+) -> ValidationReport:
+    """Run the selected rule groups over a draft. engine is vllm, sglang or all; versions default to the latest known."""
+    selected = tuple(groups) if groups is not None else DEFAULT_GROUPS
+    unknown = [g for g in selected if g not in GROUPS]
+    if unknown:
+        raise UsageError(f"unknown rule group(s) {unknown}; known: {', '.join(GROUPS)}")
+    if deep and "deep" not in selected:
+        selected += ("deep",)
+    versions = _engines(engine, engine_version)
+    target = target or _recorded_target(spec)
+    neutral = RuleContext(spec, target, None, None)
+    contexts = {e: RuleContext(spec, target, e, v, engine_version is not None) for e, v in versions.items()}
+
+    findings: list[Finding] = []
+    for r in all_rules():
+        if r.group not in selected or (r.group == "target" and target is None):
+            continue
+        if r.engine is not None and r.engine not in contexts:
+            continue
+        ctx = contexts[r.engine] if r.engine else neutral
+        for hit in r.check(ctx):
+            findings.append(Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key))
+    checked = {e: format_version(v) for e, v in versions.items()} if "engine" in selected else {}
+    return ValidationReport(spec.path, findings, selected, checked)

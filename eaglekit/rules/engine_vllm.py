@@ -1,0 +1,241 @@
+"""vLLM rules: how the eagle3 loader and runners of a given vLLM version read this draft (reference §3.3, §4, §11)."""
+
+from __future__ import annotations
+
+import re
+
+from eaglekit.engines import CLASS_ATTENTION, VLLM, VLLM_OLDEST_KNOWN, format_version, parse_version, vllm_requirements
+from eaglekit.rules.facts import eagle_config, examples, fmt_ids, layer_config, names_in_source
+from eaglekit.rules.registry import Hit, RuleContext, rule
+
+_MIDLAYER_MULTI = re.compile(r"^(model\.)?midlayer\.\d+\.")
+_LEGACY = re.compile(r"(^|\.)(aux_norm_(low|mid|high)|context_proj|context_norm|final_norm)\.")
+EAGLE_DEFAULT_FAMILIES = ("eagle", "sglang")  # SafeAILab EAGLE and its SGLang repack: ids hard-wired to the default
+_VERIFIER_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _v(ctx: RuleContext) -> str:
+    return f"vLLM {format_version(ctx.version)}"
+
+
+def _default_ids(ctx: RuleContext) -> str:
+    if ctx.target is not None:
+        return f"{fmt_ids(ctx.target.default_aux_ids)} for L={ctx.target.num_layers}"
+    return "(2, L//2, L-3)"
+
+
+@rule("EK301", "error", "engine", "P14", "architecture vLLM cannot load", engine=VLLM)
+def architecture(ctx: RuleContext):
+    if ctx.vllm.problem:
+        yield Hit(f"{ctx.vllm.problem}; use LlamaForCausalLMEagle3, Eagle3Qwen3ForCausalLM or "
+                  "Eagle3DeepseekV2ForCausalLM", key="architectures")
+
+
+@rule("EK302", "error", "engine", "P29", "model. prefix on tensor names", engine=VLLM)
+def model_prefix(ctx: RuleContext):
+    names = names_in_source(ctx.spec, lambda n: n.startswith("model."))
+    if names:
+        yield Hit(f"{len(names)} tensor name(s) start with model. ({examples(names)}): vLLM adds the prefix itself "
+                  "and fails on model.model.*; strip it")
+
+
+@rule("EK303", "error", "engine", "P2", "midlayer.{i}. names of a multi-layer export", engine=VLLM)
+def midlayer_multi(ctx: RuleContext):
+    names = names_in_source(ctx.spec, lambda n: bool(_MIDLAYER_MULTI.match(n)))
+    if names:
+        yield Hit(f"{len(names)} tensor(s) named midlayer.{{i}}. ({examples(names)}): vLLM's midlayer. -> layers.0. "
+                  "rename makes them layers.0.{i}., unknown names; rename to layers.{i}.")
+
+
+@rule("EK304", "error", "engine", "P30", "legacy tensor names", engine=VLLM)
+def legacy_names(ctx: RuleContext):
+    names = names_in_source(ctx.spec, lambda n: bool(_LEGACY.search(n)))
+    if names:
+        yield Hit(f"{len(names)} legacy tensor name(s) ({examples(names)}): unknown names to vLLM; rename to "
+                  "fc_norm.{k}, fc, hidden_norm, norm")
+
+
+@rule("EK305", "error", "engine", "P32", "Megatron hidden_norm names in layers >= 1", engine=VLLM)
+def megatron_names(ctx: RuleContext):
+    layers = ctx.spec.observations.get("renamed_megatron_hidden_norm") or []
+    if layers:
+        yield Hit(f"layer(s) {fmt_ids(layers)} store their input norm as hidden_norm (ModelOpt Megatron): vLLM loads it "
+                  "into the unused hidden_norm and keeps input_layernorm at 1.0; rename on upgrade")
+
+
+@rule("EK306", "error", "engine", "P23", "d2t although Vd == V", engine=VLLM)
+def d2t_with_full_vocab(ctx: RuleContext):
+    v = ctx.spec.vocab
+    if v.has_d2t and v.vocab_size is not None and v.draft_vocab_size == v.vocab_size:
+        yield Hit("d2t is present but Vd == V: vLLM has no draft_id_to_target_id parameter then and fails on the "
+                  "unknown name; drop d2t (and t2d)", tensor="d2t")
+
+
+@rule("EK307", "error", "engine", "P17", "aux ids only in eagle_config", engine=VLLM)
+def ids_only_nested(ctx: RuleContext):
+    if ctx.vllm.top_level_ids is None and eagle_config(ctx.spec).get("eagle_aux_hidden_state_layer_ids"):
+        nested = eagle_config(ctx.spec)["eagle_aux_hidden_state_layer_ids"]
+        yield Hit(f"aux ids {nested} are only in eagle_config: the V2 runner (default in 0.33) ignores them and "
+                  f"captures {_default_ids(ctx)}, the V1 runner reads them literally; write vLLM-convention ids "
+                  f"{fmt_ids(ctx.spec.aux.ids or ())} top-level", key="eagle_aux_hidden_state_layer_ids")
+
+
+@rule("EK308", "warning", "engine", "P17", "no aux ids: vLLM falls back to its default", engine=VLLM)
+def ids_absent(ctx: RuleContext):
+    spec = ctx.spec
+    if spec.aux.as_written is None and spec.family not in EAGLE_DEFAULT_FAMILIES:
+        yield Hit(f"no aux layer ids recorded: vLLM captures its default {_default_ids(ctx)}; if the draft was "
+                  "trained on other layers acceptance collapses: write the training ids top-level",
+                  key="eagle_aux_hidden_state_layer_ids")
+
+
+@rule("EK309", "info", "engine", "P17", "EAGLE draft without ids: the default is its training set", engine=VLLM)
+def ids_eagle_default(ctx: RuleContext):
+    if ctx.spec.aux.as_written is None and ctx.spec.family in EAGLE_DEFAULT_FAMILIES:
+        yield Hit(f"no aux ids recorded: SafeAILab EAGLE trains on vLLM's default {_default_ids(ctx)}, so vLLM "
+                  "captures the right layers; a vLLM-ready config writes them", key="eagle_aux_hidden_state_layer_ids")
+
+
+@rule("EK310", "error", "engine", "P11", "vLLM's K disagrees with fc", engine=VLLM)
+def k_resolved(ctx: RuleContext):
+    K = ctx.spec.num_aux_hidden_states
+    if K is None or not ctx.spec.observations.get("fc_in_features") or ctx.vllm.model_class is None:
+        return
+    if ctx.vllm.k != K:
+        where = ("inside transformer_layer_config" if ctx.vllm.layout == "speculators" else "top-level")
+        fix = (f"write num_aux_hidden_states: {K} {where}" if ctx.version >= (0, 22, 0)
+               else "K != 3 needs vLLM >= 0.22.0")
+        yield Hit(f"{_v(ctx)} takes K={ctx.vllm.k} from {ctx.vllm.k_source} but fc.weight holds K={K}: loading fails "
+                  f"on shape; {fix}", key="num_aux_hidden_states")
+
+
+@rule("EK311", "error", "engine", "P38", "the requested vLLM version lacks a feature this draft uses", engine=VLLM)
+def version_floor(ctx: RuleContext):
+    for floor, why in vllm_requirements(ctx.spec):
+        if ctx.version < floor:
+            yield Hit(f"{_v(ctx)} is too old: {why} needs >= {format_version(floor)}")
+
+
+@rule("EK312", "info", "engine", "P50", "minimum vLLM version", engine=VLLM)
+def version_needed(ctx: RuleContext):
+    needs = vllm_requirements(ctx.spec)
+    if not needs or any(ctx.version < floor for floor, _ in needs):
+        return  # nothing beyond the oldest known version, or EK311 already says what is missing
+    floor = max(f for f, _ in needs)
+    if floor > parse_version(VLLM_OLDEST_KNOWN):
+        yield Hit(f"needs vLLM >= {format_version(floor)}: " + "; ".join(why for _, why in needs))
+
+
+@rule("EK313", "error", "engine", "P13", "tensors of another attention kind than the vLLM class", engine=VLLM)
+def class_attention(ctx: RuleContext):
+    view, spec = ctx.vllm, ctx.spec
+    if view.model_class is None:
+        return
+    builds = CLASS_ATTENTION[view.model_class]
+    if builds == spec.attention:
+        return
+    if builds == "llama" and spec.attention == "qwen3":
+        yield Hit(f"q_norm/k_norm tensors (a Qwen3 draft) but {view.architecture} loads the Llama class: KeyError on "
+                  "layers.0.self_attn.k_norm.weight; use Eagle3Qwen3ForCausalLM (speculators: model_type qwen3)",
+                  key="architectures")
+    elif builds == "qwen3" and spec.attention == "llama":
+        yield Hit(f"{view.architecture} builds per-head q_norm/k_norm but the draft has none: they stay at 1.0; use "
+                  "LlamaForCausalLMEagle3", key="architectures")
+    else:
+        yield Hit(f"{view.architecture} builds {builds} attention but the tensors are {spec.attention} attention",
+                  key="architectures")
+
+
+@rule("EK314", "error", "engine", "P14", "EAGLE-1 fc bias", engine=VLLM)
+def fc_bias(ctx: RuleContext):
+    cfg = ctx.spec.config
+    if "fc.bias" in ctx.spec.tensors:
+        yield Hit("fc.bias is not a parameter of vLLM's eagle3 classes (EAGLE-1 leftover): unknown name",
+                  tensor="fc.bias")
+    elif cfg.get("bias") is True or cfg.get("eagle_fc_bias") is True:
+        yield Hit("config asks for an fc bias (EAGLE-1 'bias'/'eagle_fc_bias'), which eagle3 drafts do not have",
+                  key="bias" if cfg.get("bias") is True else "eagle_fc_bias")
+
+
+@rule("EK315", "error", "engine", "P31", "index_topk in an MLA draft without an indexer", engine=VLLM)
+def index_topk(ctx: RuleContext):
+    spec = ctx.spec
+    if spec.attention == "mla" and "index_topk" in layer_config(spec) and not any(".indexer." in n for n in spec.tensors):
+        yield Hit("index_topk is set (copied from a DeepSeek-V3.2 target?) but the draft has no indexer tensors: vLLM "
+                  "adds an uninitialised indexer; remove index_topk", key="index_topk")
+
+
+@rule("EK316", "info", "engine", "P31", "model_type kimi_k2 for an MLA draft", engine=VLLM)
+def kimi_model_type(ctx: RuleContext):
+    if ctx.spec.attention == "mla" and ctx.spec.config.get("model_type") == "kimi_k2":
+        yield Hit("model_type kimi_k2 is outside vLLM's is_deepseek_mla list; published Kimi drafts work, only "
+                  "use_mla consumers (NIXL, PCP, DFlash) differ; deepseek_v3 is the strict choice", key="model_type")
+
+
+@rule("EK317", "warning", "engine", "P31", "MLA draft without q_lora_rank", engine=VLLM)
+def mla_q_lora(ctx: RuleContext):
+    g = ctx.spec.geometry
+    if ctx.spec.attention == "mla" and g.mla is not None and not g.mla.q_lora_rank:
+        yield Hit("MLA draft with a null q_lora_rank (plain q_proj): vLLM's stacked mapper assumes the fused q_a "
+                  "projection and SGLang rejects it", key="q_lora_rank")
+
+
+@rule("EK318", "warning", "engine", "P34", "speculators layout not servable as the main model", engine=VLLM)
+def speculators_main_model(ctx: RuleContext):
+    cfg = ctx.spec.config
+    if ctx.spec.config_layout != "speculators":
+        return
+    sc = cfg.get("speculators_config") or {}
+    methods = sc.get("proposal_methods")
+    first = methods[0] if isinstance(methods, list) and methods and isinstance(methods[0], dict) else {}
+    verifier = sc.get("verifier") if isinstance(sc.get("verifier"), dict) else {}
+    problems = []
+    if not isinstance(first.get("speculative_tokens"), int):
+        problems.append("speculators_config.proposal_methods[0].speculative_tokens")
+    name = verifier.get("name_or_path")
+    if not (isinstance(name, str) and _VERIFIER_ID.match(name)):
+        problems.append("speculators_config.verifier.name_or_path as a Hub id org/name")
+    if not cfg.get("speculators_model_type"):
+        problems.append("speculators_model_type")
+    if problems:
+        yield Hit(f"`vllm serve <draft>` requires {', '.join(problems)}; passing the draft via "
+                  "--speculative-config still works", key="speculators_config")
+
+
+@rule("EK319", "error", "engine", "P3", "a norm flag written where vLLM does not read it", engine=VLLM)
+def flags_unread(ctx: RuleContext):
+    cfg, ec = ctx.spec.config, eagle_config(ctx.spec)
+    if ctx.spec.config_layout != "flat":
+        return
+    if cfg.get("use_aux_norm") and "fc_norm" not in cfg:
+        yield Hit("use_aux_norm is SGLang's legacy name; vLLM reads only fc_norm and rejects the fc_norm tensors: "
+                  "write fc_norm: true", key="use_aux_norm")
+    for key in ("fc_norm", "norm_output"):
+        if key in ec and key not in cfg:
+            yield Hit(f"{key} is only in eagle_config; vLLM reads it top-level only and serves EAGLE-3 semantics: "
+                      f"write it top-level", key=f"eagle_config.{key}")
+
+
+@rule("EK320", "warning", "engine", "P30", "mask_hidden outside parallel drafting", engine=VLLM)
+def mask_hidden_llama(ctx: RuleContext):
+    if "mask_hidden" in ctx.spec.tensors and ctx.vllm.model_class == "llama":
+        yield Hit("mask_hidden is used only by parallel drafting (P-EAGLE); otherwise vLLM skips it with a warning",
+                  tensor="mask_hidden")
+
+
+@rule("EK321", "error", "engine", "P30", "mask_hidden in a class without parallel drafting", engine=VLLM)
+def mask_hidden_other(ctx: RuleContext):
+    if "mask_hidden" in ctx.spec.tensors and ctx.vllm.model_class in ("qwen3", "deepseek"):
+        yield Hit(f"mask_hidden is an unknown name to the {ctx.vllm.model_class} eagle3 class; remove it",
+                  tensor="mask_hidden")
+
+
+@rule("EK322", "info", "engine", None, "vLLM-ready keys left implicit", engine=VLLM)
+def implicit_keys(ctx: RuleContext):
+    cfg = ctx.spec.config
+    if ctx.spec.config_layout != "flat":
+        return
+    absent = [k for k in ("target_hidden_size", "num_aux_hidden_states", "tie_word_embeddings") if k not in cfg]
+    if absent:
+        yield Hit(f"not written explicitly: {', '.join(absent)}; a vLLM-ready config spells them out so no class "
+                  "has to infer them")

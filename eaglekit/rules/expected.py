@@ -1,0 +1,131 @@
+"""The exact tensor set a draft's geometry and flags call for (reference §3.1, §3.4, §10 items 8-12).
+
+vLLM's eagle3 loaders never report a missing tensor (P5), so this set is what every check compares against;
+`upgrade` uses the same function to plan its output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eaglekit.spec import DraftSpec
+
+ROTARY_BUFFERS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+QUANT_SUFFIXES = ("_scale", "_scale_2", ".weight_zero_point", ".weight_g_idx")
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2")
+
+
+@dataclass(frozen=True)
+class TensorExpectation:
+    """One tensor the draft should (or may) hold. A None dimension is not fixed by the config."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    kind: str  # "float" | "int64" | "bool"
+    required: bool
+    why: str
+
+
+def _mul(*dims: int | None) -> int | None:
+    out = 1
+    for d in dims:
+        if not d:
+            return None
+        out *= d
+    return out
+
+
+def _add(*dims: int | None) -> int | None:
+    return None if any(not d for d in dims) else sum(dims)  # type: ignore[arg-type]
+
+
+def tensor_expectations(spec: DraftSpec) -> list[TensorExpectation]:
+    """Every tensor the geometry and flags call for, required or optional, with its expected shape."""
+    g = spec.geometry
+    H = g.hidden_size
+    T = g.target_hidden_size or H
+    K = spec.num_aux_hidden_states
+    I = g.intermediate_size or None  # noqa: E741 (the reference's name)
+    nH, nKV, hd = g.num_heads or None, g.num_kv_heads or None, g.head_dim or None
+    V, Vd = spec.vocab.vocab_size, spec.vocab.draft_vocab_size
+    out: list[TensorExpectation] = []
+
+    def need(name, shape, why, kind="float", required=True):
+        out.append(TensorExpectation(name, tuple(shape), kind, required, why))
+
+    ec = spec.config.get("eagle_config") if isinstance(spec.config.get("eagle_config"), dict) else {}
+    no_fc = spec.attention == "llama" and ec.get("use_aux_hidden_state", True) is False
+    if not no_fc:
+        need("fc.weight", (H, _mul(K, T)), "projects the K·T concatenation of target states")
+    if spec.flags.fc_norm:
+        for k in range(K or 0):
+            need(f"fc_norm.{k}.weight", (T,), "fc_norm: true (one RMSNorm per aux state)")
+    if spec.flags.norm_before_fc:
+        need("input_norm.weight", (_mul(K, T),), "norm_before_fc: true")
+
+    for i in range(max(g.num_layers, 1)):
+        p = f"layers.{i}."
+        fan = 2 * H if i == 0 else H
+        if spec.attention == "mla" and g.mla is not None:
+            m = g.mla
+            qk = _add(m.qk_nope_head_dim, m.qk_rope_head_dim)
+            if m.q_lora_rank:
+                need(p + "self_attn.q_a_proj.weight", (m.q_lora_rank, fan), "MLA with q_lora_rank")
+                need(p + "self_attn.q_a_layernorm.weight", (m.q_lora_rank,), "MLA with q_lora_rank")
+                need(p + "self_attn.q_b_proj.weight", (_mul(nH, qk), m.q_lora_rank), "MLA with q_lora_rank")
+            else:
+                need(p + "self_attn.q_proj.weight", (_mul(nH, qk), fan), "MLA without q_lora_rank")
+            need(p + "self_attn.kv_a_proj_with_mqa.weight", (_add(m.kv_lora_rank, m.qk_rope_head_dim), fan), "MLA")
+            need(p + "self_attn.kv_a_layernorm.weight", (m.kv_lora_rank or None,), "MLA")
+            need(p + "self_attn.kv_b_proj.weight", (_mul(nH, _add(m.qk_nope_head_dim, m.v_head_dim)),
+                                                    m.kv_lora_rank or None), "MLA")
+            need(p + "self_attn.o_proj.weight", (H, _mul(nH, m.v_head_dim)), "MLA")
+        else:
+            need(p + "self_attn.q_proj.weight", (_mul(nH, hd), fan), "attention")
+            need(p + "self_attn.k_proj.weight", (_mul(nKV, hd), fan), "attention")
+            need(p + "self_attn.v_proj.weight", (_mul(nKV, hd), fan), "attention")
+            need(p + "self_attn.o_proj.weight", (H, _mul(nH, hd)), "attention")
+            if g.attention_bias:
+                need(p + "self_attn.q_proj.bias", (_mul(nH, hd),), "attention_bias: true")
+                need(p + "self_attn.k_proj.bias", (_mul(nKV, hd),), "attention_bias: true")
+                need(p + "self_attn.v_proj.bias", (_mul(nKV, hd),), "attention_bias: true")
+            if spec.attention == "qwen3":
+                need(p + "self_attn.q_norm.weight", (hd,), "Qwen3 per-head norm")
+                need(p + "self_attn.k_norm.weight", (hd,), "Qwen3 per-head norm")
+        need(p + "mlp.gate_proj.weight", (I, H), "MLP")
+        need(p + "mlp.up_proj.weight", (I, H), "MLP")
+        need(p + "mlp.down_proj.weight", (H, I), "MLP")
+        need(p + "input_layernorm.weight", (H,), "layer input norm (the token embedding's in layer 0)")
+        need(p + "hidden_norm.weight", (H,), "layer 0 normalises the incoming hidden state",
+             required=i == 0)
+        need(p + "post_attention_layernorm.weight", (H,), "post-attention norm")
+    need("norm.weight", (H,), "final norm before lm_head")
+
+    vocab_known = V is not None
+    need("lm_head.weight", (Vd, H), "draft head: the target's can stand in only when Vd == V",
+         required=vocab_known and Vd != V)
+    need("embed_tokens.weight", (V, H), "the target's embedding is shared only when T == H", required=T != H)
+    if not vocab_known or Vd < V:
+        need("d2t", (Vd,), "draft -> target id offsets, needed when Vd < V", kind="int64", required=vocab_known)
+        need("t2d", (V,), "target -> draft membership mask, optional", kind="bool", required=False)
+    return out
+
+
+def expected_tensors(spec: DraftSpec) -> dict[str, tuple[int | None, ...]]:
+    """The vLLM-ready name -> shape set for this draft: every required tensor plus the optional ones it holds."""
+    return {e.name: e.shape for e in tensor_expectations(spec) if e.required or e.name in spec.tensors}
+
+
+def tolerated_extra(spec: DraftSpec, name: str) -> bool:
+    """Names vLLM's loader drops by itself, and quantisation scales of a draft that declares its quantisation."""
+    if name.endswith(ROTARY_BUFFERS):
+        return True
+    return "quantization_config" in spec.config and name.endswith(QUANT_SUFFIXES)
+
+
+def shape_matches(actual: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:
+    return len(actual) == len(expected) and all(e is None or a == e for a, e in zip(actual, expected))
+
+
+def format_shape(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

@@ -1,0 +1,101 @@
+"""Rules are data: a stable code, a severity, a group, the pitfall it guards, and a check that yields hits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from eaglekit.engines import Version, VllmView, sglang_view, vllm_view
+from eaglekit.findings import SEVERITIES
+from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+
+if TYPE_CHECKING:
+    from eaglekit.engines import SglangView
+    from eaglekit.rules.expected import TensorExpectation
+    from eaglekit.rules.scan import TensorStats
+
+GROUPS = ("structure", "target", "engine", "deep")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One occurrence of a rule: the message and where (a tensor name or a config key)."""
+
+    message: str
+    tensor: str | None = None
+    key: str | None = None
+
+
+@dataclass
+class RuleContext:
+    """What a check may look at; expensive views are computed once and shared by every rule."""
+
+    spec: DraftSpec
+    target: TargetInfo | None
+    engine: str | None
+    version: Version | None  # the engine version checked (None for engine-independent rules)
+    version_explicit: bool = False
+    memo: dict = field(default_factory=dict)  # results several rules share (e.g. the d2t/t2d verdict)
+
+    @cached_property
+    def expectations(self) -> list["TensorExpectation"]:
+        from eaglekit.rules.expected import tensor_expectations
+
+        return tensor_expectations(self.spec)
+
+    @cached_property
+    def vllm(self) -> VllmView:
+        return vllm_view(self.spec, self.version)
+
+    @cached_property
+    def sglang(self) -> "SglangView":
+        return sglang_view(self.spec, self.target)
+
+    @cached_property
+    def stats(self) -> dict[str, "TensorStats"]:
+        from eaglekit.rules.scan import scan_draft
+
+        return scan_draft(self.spec)
+
+
+Check = Callable[[RuleContext], Iterable[Hit]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    severity: str
+    group: str
+    pitfall: str | None
+    title: str
+    engine: str | None = None  # engine rules: the engine whose behaviour they describe
+    check: Check | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "severity": self.severity, "group": self.group, "engine": self.engine,
+                "pitfall": self.pitfall, "title": self.title}
+
+
+_RULES: dict[str, Rule] = {}
+
+
+def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, engine: str | None = None):
+    """Register a check under a stable code."""
+    if severity not in SEVERITIES or group not in GROUPS:
+        raise ValueError(f"rule {code}: bad severity {severity!r} or group {group!r}")
+    if (group == "engine") != (engine is not None):
+        raise ValueError(f"rule {code}: engine rules, and only they, name an engine")
+
+    def register(fn: Check) -> Check:
+        if code in _RULES:
+            raise ValueError(f"rule code {code} registered twice")
+        _RULES[code] = Rule(code, severity, group, pitfall, title, engine, fn)
+        return fn
+
+    return register
+
+
+def registered() -> list[Rule]:
+    return sorted(_RULES.values(), key=lambda r: r.code)
