@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     from eaglekit.errors import EaglekitError
 
     try:
-        cli.main(args=argv, prog_name="eaglekit", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="eaglekit", standalone_mode=False)
     except EaglekitError as exc:
         if os.environ.get("EAGLEKIT_DEBUG") == "1":
             raise
@@ -64,3 +64,5 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    if isinstance(rv, int) and rv:  # non-standalone Click returns ctx.exit(n)'s code instead of raising
+        sys.exit(rv)
