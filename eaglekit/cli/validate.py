@@ -1,0 +1,90 @@
+"""`eaglekit validate`: run the rule engine over a draft and fail on what would break it in serving."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from eaglekit.cli.output import SEVERITY_STYLE, emit_json, findings_table, format_option, out
+
+EXAMPLES = """
+\b
+Examples:
+  eaglekit validate ./my-draft
+  eaglekit validate ./my-draft --target ./Llama-3.1-8B-Instruct --deep
+  eaglekit validate ./my-draft --engine vllm --engine-version 0.22 --strict --format json
+  eaglekit validate --list-rules
+"""
+
+_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+@click.command("validate", epilog=EXAMPLES)
+@click.argument("path", required=False)
+@click.option("--target", help="Target model dir or its config.json (L, T, V, tie_word_embeddings, architecture).")
+@click.option("--engine", type=click.Choice(["vllm", "sglang", "all"]), default="vllm", show_default=True,
+              help="Serving engine whose rules run.")
+@click.option("--engine-version", metavar="X.Y", help="Engine version to check against (default: latest known).")
+@click.option("--deep", is_flag=True, help="Also read every tensor once: NaN/Inf, zero or constant weights, d2t/t2d.")
+@click.option("--strict", is_flag=True, help="Warnings fail too.")
+@click.option("--list-rules", is_flag=True, help="Print every rule (code, severity, group, pitfall) and exit.")
+@click.option("--subfolder", help="Draft folder inside a repository that holds several drafts.")
+@click.option("--revision", help="Hub revision when PATH is a repo id.")
+@click.option("--family", help="Skip detection and read the checkpoint as this layout.")
+@click.option("--allow-pickle", is_flag=True, help="Load .bin/.pt weights with torch.load(weights_only=True).")
+@format_option
+@click.pass_context
+def validate_command(ctx, path, target, engine, engine_version, deep, strict, list_rules, subfolder, revision, family,
+                     allow_pickle, output_format):
+    """Check a draft against every known pitfall; exit 1 on errors (or warnings with --strict)."""
+    from eaglekit.rules import all_rules
+
+    if list_rules:
+        rules = [r.to_dict() for r in all_rules()]
+        emit_json({"rules": rules}) if output_format == "json" else render_rules(rules)
+        return
+    if not path:
+        raise click.UsageError("PATH is required (or --list-rules)")
+
+    from eaglekit.families import load_draft
+    from eaglekit.rules import run_rules
+    from eaglekit.target import read_target
+
+    target_info = read_target(target) if target else None
+    spec = load_draft(path, subfolder=subfolder, revision=revision, allow_pickle=allow_pickle, family=family,
+                      target=target_info)
+    report = run_rules(spec, target=target_info, engine=engine, engine_version=engine_version, deep=deep)
+    doc = report.to_dict(strict=strict)
+    if output_format == "json":
+        emit_json(doc)
+    else:
+        render_report(doc, spec.family, spec.producer)
+    if report.failed(strict):
+        ctx.exit(1)
+
+
+def render_report(doc: dict, family: str, producer: str) -> None:
+    checked = ", ".join(doc["groups"])
+    engines = ", ".join(f"{e['engine']} {e['version']}" for e in doc["engines"])
+    out.print(f"[bold]{doc['path']}[/]  {family} — {producer}")
+    out.print(f"checked: {checked}" + (f" (engine: {engines})" if engines else ""))
+    findings = sorted(doc["findings"], key=lambda f: (_ORDER[f["severity"]], f["code"]))
+    if findings:
+        out.print(findings_table(findings))
+    counts = f"{doc['errors']} error(s), {doc['warnings']} warning(s), {doc['infos']} info"
+    if doc["ok"]:
+        out.print(f"[green]PASSED[/]: {counts}")
+    else:
+        why = " (--strict: warnings fail)" if doc["strict"] and not doc["errors"] else ""
+        out.print(f"[bold red]FAILED[/]: {counts}{why}")
+
+
+def render_rules(rules: list[dict]) -> None:
+    table = Table(title=f"{len(rules)} rules", title_justify="left")
+    for col in ("code", "severity", "group", "engine", "pitfall", "title"):
+        table.add_column(col, no_wrap=col != "title")
+    for r in rules:
+        sev = r["severity"]
+        table.add_row(r["code"], f"[{SEVERITY_STYLE[sev]}]{sev}[/]", r["group"], r["engine"] or "", r["pitfall"] or "",
+                      r["title"])
+    out.print(table)
