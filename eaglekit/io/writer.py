@@ -1,0 +1,317 @@
+"""Streaming safetensors writer: raw byte-range copies for unchanged tensors, chunks for computed ones.
+
+Nothing here imports torch. Unchanged tensors move file-to-file inside the kernel (`copy_file_range`, else
+`sendfile`, else a bounded read/write loop), so they never pass through Python memory and keep their exact
+bits. `StagedDirectory` makes a whole output directory appear at its final path only once it is complete.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import struct
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from eaglekit.errors import CheckpointError, OutputError, UsageError
+from eaglekit.io.checkpoint import INDEX_NAME
+from eaglekit.io.header import MAX_HEADER_BYTES
+from eaglekit.spec import DTYPE_SIZES
+
+COPY_CHUNK = 64 * 1024 * 1024  # bytes per copy call: bounds progress granularity, not memory
+READ_CHUNK = 8 * 1024 * 1024  # buffer of the read/write fallback
+PARTIAL_MARK = ".eaglekit-partial-"
+ProgressFn = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Bytes [start, end) of an existing file, copied verbatim."""
+
+    path: str
+    start: int
+    end: int
+
+
+ChunkSource = Callable[[], Iterable[bytes]]
+"""Produces a computed tensor's bytes, in order, in chunks of any size."""
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    source: ByteRange | ChunkSource
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.dtype, self.shape)
+
+
+def tensor_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    numel = 1
+    for d in shape:
+        numel *= d
+    return (numel + 1) // 2 if dtype == "F4" else numel * DTYPE_SIZES[dtype]
+
+
+def header_bytes(tensors: list[OutTensor], metadata: dict[str, str] | None) -> bytes:
+    """The 8-byte length and the JSON header, padded with spaces to a multiple of 8 bytes."""
+    header: dict = {}
+    if metadata:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise OutputError("safetensors metadata must map strings to strings")
+        header["__metadata__"] = metadata
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    if len(raw) > MAX_HEADER_BYTES:
+        raise OutputError(f"safetensors header of {len(raw)} bytes exceeds the {MAX_HEADER_BYTES}-byte bound")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _copy_range(src_fd: int, dst_fd: int, start: int, count: int, progress: ProgressFn | None, where: str) -> None:
+    """Append `count` bytes of `src_fd` from `start` to `dst_fd` at its current position."""
+    offset, left = start, count
+    mode = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
+    while left > 0:
+        step = min(left, COPY_CHUNK)
+        try:
+            if mode == "copy_file_range":
+                n = os.copy_file_range(src_fd, dst_fd, step, offset)
+            elif mode == "sendfile":
+                n = os.sendfile(dst_fd, src_fd, offset, step)
+            else:
+                data = os.pread(src_fd, min(step, READ_CHUNK), offset)
+                n = len(data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(dst_fd, view):]
+        except OSError as exc:
+            if mode != "read" and exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF):
+                mode = "sendfile" if mode == "copy_file_range" else "read"
+                continue
+            raise
+        if n == 0:
+            raise CheckpointError(f"file truncated: {left} of {count} bytes missing at offset {offset}", where)
+        offset += n
+        left -= n
+        if progress:
+            progress(n)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_safetensors(path: str, tensors: list[OutTensor], metadata: dict[str, str] | None = None,
+                      progress: ProgressFn | None = None, *, fsync: bool = True) -> None:
+    """Write one safetensors file in the order given; every tensor's byte count is checked."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, header_bytes(tensors, metadata))
+        sources: dict[str, int] = {}
+        try:
+            for t in tensors:
+                if isinstance(t.source, ByteRange):
+                    r = t.source
+                    if r.end - r.start != t.nbytes:
+                        raise OutputError(f"tensor {t.name!r}: source range holds {r.end - r.start} bytes, "
+                                          f"{t.dtype}{list(t.shape)} needs {t.nbytes}", path)
+                    if r.path not in sources:
+                        sources[r.path] = os.open(r.path, os.O_RDONLY)
+                    _copy_range(sources[r.path], fd, r.start, t.nbytes, progress, r.path)
+                else:
+                    written = 0
+                    for chunk in t.source():
+                        _write_all(fd, chunk)
+                        written += len(chunk)
+                        if progress:
+                            progress(len(chunk))
+                    if written != t.nbytes:
+                        raise OutputError(f"tensor {t.name!r}: produced {written} bytes, "
+                                          f"{t.dtype}{list(t.shape)} needs {t.nbytes}", path)
+        finally:
+            for sfd in sources.values():
+                os.close(sfd)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def patch_header(path: str, tensors: list[OutTensor], metadata: dict[str, str] | None) -> None:
+    """Rewrite the header of a written file with new metadata of the same encoded length (e.g. final hashes)."""
+    new = header_bytes(tensors, metadata)
+    with open(path, "r+b") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        if 8 + n != len(new):
+            raise OutputError(f"patched header would change size ({8 + n} -> {len(new)} bytes)", path)
+        fh.seek(0)
+        fh.write(new)
+
+
+def shard_groups(tensors: list[OutTensor], max_shard_size: int | None) -> list[list[OutTensor]]:
+    """Split into consecutive groups of at most `max_shard_size` bytes (a larger tensor gets its own shard)."""
+    if not max_shard_size or sum(t.nbytes for t in tensors) <= max_shard_size:
+        return [list(tensors)]
+    groups: list[list[OutTensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if groups[-1] and size + t.nbytes > max_shard_size:
+            groups.append([])
+            size = 0
+        groups[-1].append(t)
+        size += t.nbytes
+    return groups
+
+
+def shard_names(count: int) -> list[str]:
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def write_checkpoint_weights(directory: str, tensors: list[OutTensor], metadata: dict[str, str] | None = None,
+                             max_shard_size: int | None = None, progress: ProgressFn | None = None, *,
+                             fsync: bool = True) -> dict[str, list[OutTensor]]:
+    """Write `model.safetensors`, or HF-named shards plus `model.safetensors.index.json`.
+
+    Returns each weight file's name with the tensors it holds (in file order).
+    """
+    groups = shard_groups(tensors, max_shard_size)
+    files = dict(zip(shard_names(len(groups)), groups))
+    for name, group in files.items():
+        write_safetensors(os.path.join(directory, name), group, metadata, progress, fsync=fsync)
+    if len(groups) > 1:
+        index = {
+            "metadata": {"total_size": sum(t.nbytes for t in tensors)},
+            "weight_map": {t.name: name for name, group in files.items() for t in group},
+        }
+        write_json(os.path.join(directory, INDEX_NAME), index, fsync=fsync)
+    return files
+
+
+def write_json(path: str, doc: dict, *, fsync: bool = True) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
+        fh.flush()
+        if fsync:
+            os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class StagedDirectory:
+    """Build a directory beside `dst` and move it into place only when `publish()` is called.
+
+    Until then `dst` is untouched; on any failure the staging directory is removed. A process killed mid-way
+    leaves only a hidden `.NAME.eaglekit-partial-PID-…` folder, which the next run for the same `dst` removes.
+    An existing non-empty `dst` is refused unless `force`; with `force` it is replaced only after the new
+    directory is complete.
+    """
+
+    def __init__(self, dst: str, *, force: bool = False):
+        self.dst = os.path.abspath(dst)
+        self.force = force
+        self.parent, self.base = os.path.split(self.dst)
+        self.path = ""
+        self.published = False
+
+    def check(self) -> None:
+        """Refuse early (before any work) what `publish` would refuse."""
+        if os.path.isfile(self.dst) or os.path.islink(self.dst):
+            raise UsageError("output path exists and is not a directory", self.dst)
+        if os.path.isdir(self.dst) and os.listdir(self.dst) and not self.force:
+            raise UsageError("output directory exists and is not empty (pass --force to replace it)", self.dst)
+        if not os.path.isdir(self.parent):
+            raise UsageError("parent directory of the output does not exist", self.parent)
+        if not os.access(self.parent, os.W_OK):
+            raise OutputError("parent directory of the output is not writable", self.parent)
+
+    def _remove_stale(self) -> None:
+        prefix = f".{self.base}{PARTIAL_MARK}"
+        for name in os.listdir(self.parent):
+            if not name.startswith(prefix):
+                continue
+            pid = name[len(prefix):].split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(os.path.join(self.parent, name), ignore_errors=True)
+
+    def __enter__(self) -> "StagedDirectory":
+        self.check()
+        self._remove_stale()
+        self.path = os.path.join(self.parent, f".{self.base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            os.mkdir(self.path)
+        except OSError as exc:
+            raise OutputError(f"cannot create a staging directory ({exc.strerror or exc})", self.parent) from None
+        return self
+
+    def publish(self) -> None:
+        """fsync everything, then rename into place (replacing `dst` only if allowed)."""
+        self.check()
+        for name in os.listdir(self.path):
+            full = os.path.join(self.path, name)
+            if os.path.isfile(full):
+                fd = os.open(full, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _fsync_dir(self.path)
+        old = None
+        if os.path.isdir(self.dst):
+            if os.listdir(self.dst):
+                old = os.path.join(self.parent, f".{self.base}.eaglekit-old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                os.rename(self.dst, old)
+            else:
+                os.rmdir(self.dst)
+        os.rename(self.path, self.dst)
+        _fsync_dir(self.parent)
+        self.published = True
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.published and self.path and os.path.exists(self.path):
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def iter_file_chunks(path: str, start: int, end: int, chunk: int = READ_CHUNK) -> Iterator[bytes]:
+    """Read [start, end) of a file in bounded chunks (for transforms that stream row blocks)."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        left = end - start
+        while left > 0:
+            data = fh.read(min(chunk, left))
+            if not data:
+                raise CheckpointError(f"file truncated: {left} bytes missing", path)
+            left -= len(data)
+            yield data
