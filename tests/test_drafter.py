@@ -1,0 +1,531 @@
+"""The reference drafter against a plain, token-by-token re-implementation of vLLM's EAGLE-3 step.
+
+`PlainDraft` is deliberately naive: float64, one token at a time, explicit per-head loops, its own
+list of past keys, RoPE and RMSNorm written from their definitions. It shares no code with
+`eaglekit.drafter`. Every test writes a real checkpoint with the fixture factory and loads it
+through `load_draft` -> `Drafter.from_spec`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from eaglekit.drafter.model import Drafter
+from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.families import load_draft
+from tests.factory import Recipe, canonical_tensors, make_draft
+
+REL = 1e-5
+TINY = dict(hidden=32, target_hidden=24, intermediate=48, heads=4, kv_heads=2, head_dim=8, vocab=64,
+            dtype="F32", embed=True)
+
+
+# ---------------------------------------------------------------- the plain reference
+
+
+def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w * (x / torch.sqrt((x * x).mean() + eps))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return x / (1 + torch.exp(-x))
+
+
+class PlainDraft:
+    """One sequence of vLLM's Eagle3 draft model (llama_eagle3 / qwen3_eagle3), token by token, float64."""
+
+    def __init__(self, weights: dict[str, np.ndarray], *, heads: int, kv_heads: int, head_dim: int, layers: int,
+                 eps: float, theta: float, fc_norm: bool, norm_output: bool, norm_before_fc: bool,
+                 norm_before_residual: bool, qwen3: bool = False, window: int | None = None,
+                 embed: torch.Tensor | None = None, head: torch.Tensor | None = None, vocab: int | None = None):
+        self.w = {k: torch.from_numpy(np.asarray(v)).to(torch.float64) if v.dtype.kind == "f" else torch.from_numpy(v)
+                  for k, v in weights.items()}
+        if embed is not None:
+            self.w["embed_tokens.weight"] = embed.to(torch.float64)
+        if head is not None:
+            self.w["lm_head.weight"] = head.to(torch.float64)
+        self.heads, self.kv_heads, self.head_dim, self.layers = heads, kv_heads, head_dim, layers
+        self.eps, self.theta, self.qwen3, self.window = eps, theta, qwen3, window
+        self.fc_norm, self.norm_output = fc_norm, norm_output
+        self.norm_before_fc, self.norm_before_residual = norm_before_fc, norm_before_residual
+        self.vocab = vocab or self.w["embed_tokens.weight"].shape[0]
+        self.past = [[] for _ in range(layers)]  # per layer: list of (position, key heads, value heads)
+
+    def combine(self, aux: torch.Tensor) -> torch.Tensor:
+        a = aux.to(torch.float64)
+        if self.norm_before_fc:
+            a = rms(a, self.w["input_norm.weight"], self.eps)
+        if self.fc_norm:
+            chunks = a.chunk(len([n for n in self.w if n.startswith("fc_norm.")]))
+            a = torch.cat([rms(c, self.w[f"fc_norm.{k}.weight"], self.eps) for k, c in enumerate(chunks)])
+        return self.w["fc.weight"] @ a
+
+    def rotate(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        d = x.shape[-1]
+        out = x.clone()
+        for i in range(d // 2):
+            angle = pos * self.theta ** (-2 * i / d)
+            a, b = x[i], x[i + d // 2]
+            out[i] = a * math.cos(angle) - b * math.sin(angle)
+            out[i + d // 2] = b * math.cos(angle) + a * math.sin(angle)
+        return out
+
+    def attention(self, layer: int, x: torch.Tensor, pos: int) -> tuple[torch.Tensor, float]:
+        p = f"layers.{layer}.self_attn."
+        hd = self.head_dim
+
+        def proj(name):
+            y = self.w[p + name + ".weight"] @ x
+            return y + self.w[p + name + ".bias"] if p + name + ".bias" in self.w else y
+
+        q, k, v = proj("q_proj"), proj("k_proj"), proj("v_proj")
+        qs = [q[h * hd:(h + 1) * hd] for h in range(self.heads)]
+        ks = [k[h * hd:(h + 1) * hd] for h in range(self.kv_heads)]
+        vs = [v[h * hd:(h + 1) * hd] for h in range(self.kv_heads)]
+        if self.qwen3:
+            qs = [rms(t, self.w[p + "q_norm.weight"], self.eps) for t in qs]
+            ks = [rms(t, self.w[p + "k_norm.weight"], self.eps) for t in ks]
+        qs = [self.rotate(t, pos) for t in qs]
+        ks = [self.rotate(t, pos) for t in ks]
+        self.past[layer].append((pos, ks, vs))
+        outs, sink = [], 0.0
+        for h in range(self.heads):
+            g = h // (self.heads // self.kv_heads)
+            seen = [(kp, kk[g], vv[g]) for kp, kk, vv in self.past[layer]
+                    if self.window is None or pos - kp < self.window]
+            scores = torch.stack([qs[h] @ kk / math.sqrt(hd) for _, kk, _ in seen])
+            probs = torch.softmax(scores, dim=0)
+            if self.window is None or pos - self.past[layer][0][0] < self.window:
+                sink += float(probs[0]) / self.heads
+            outs.append(sum(pr * vv for pr, (_, _, vv) in zip(probs, seen)))
+        o = self.w[p + "o_proj.weight"] @ torch.cat(outs)
+        if p + "o_proj.bias" in self.w:
+            o = o + self.w[p + "o_proj.bias"]
+        return o, sink
+
+    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        p = f"layers.{layer}.mlp."
+        return self.w[p + "down_proj.weight"] @ (silu(self.w[p + "gate_proj.weight"] @ x) * (self.w[p + "up_proj.weight"] @ x))
+
+    def step(self, token: int, g: torch.Tensor, pos: int) -> dict:
+        g = g.to(torch.float64)
+        w, eps = self.w, self.eps
+        sink = None
+        out = residual = None
+        for i in range(self.layers):
+            p = f"layers.{i}."
+            if i == 0:
+                e = rms(w["embed_tokens.weight"][token], w[p + "input_layernorm.weight"], eps)
+                hn = rms(g, w[p + "hidden_norm.weight"], eps)
+                x = torch.cat([e, hn])
+                residual = hn if self.norm_before_residual else g
+            else:
+                residual = out + residual
+                x = rms(residual, w[p + "input_layernorm.weight"], eps)
+            attn, layer_sink = self.attention(i, x, pos)
+            sink = layer_sink if i == 0 else sink
+            residual = attn + residual
+            out = self.mlp(i, rms(residual, w[p + "post_attention_layernorm.weight"], eps))
+        prenorm = out + residual
+        y = rms(prenorm, w["norm.weight"], eps)
+        draft = w["lm_head.weight"] @ y
+        full = torch.full((self.vocab,), float("-inf"), dtype=torch.float64)
+        if "d2t" in w and draft.shape[0] < self.vocab:
+            full[torch.arange(draft.shape[0]) + w["d2t"]] = draft
+        else:
+            full = draft
+        return {"logits": full, "draft_logits": draft, "feedback": y if self.norm_output else prenorm, "sink": sink}
+
+
+# ---------------------------------------------------------------- running both on one scenario
+
+
+def scenario(k: int, t: int, vocab: int, *, batch: int = 2, prompt: int = 5, decode: int = 3, seed: int = 0) -> dict:
+    """Aux states for a prompt, then `decode` fed-back steps; rows start at different positions."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "aux": torch.randn(batch, prompt, k * t, generator=gen),
+        "ids": torch.randint(0, vocab, (batch, prompt + decode), generator=gen),
+        "start": torch.tensor([0, 11][:batch]),
+        "prompt": prompt,
+        "decode": decode,
+    }
+
+
+def run_drafter(drafter: Drafter, scen: dict) -> list[dict]:
+    """Prefill with combine(aux), then single-token steps fed back through the cache."""
+    batch, prompt = scen["aux"].shape[:2]
+    cache = drafter.new_cache(batch, prompt + scen["decode"])
+    pos = scen["start"][:, None] + torch.arange(prompt)[None]
+    with torch.no_grad():
+        out = drafter(scen["ids"][:, :prompt], drafter.combine(scen["aux"]), pos, cache, return_sink_attention=True)
+        results = [out]
+        for j in range(scen["decode"]):
+            step_pos = scen["start"][:, None] + prompt + j
+            out = drafter(scen["ids"][:, prompt + j:prompt + j + 1], out.feedback[:, -1:], step_pos, cache,
+                          return_sink_attention=True)
+            results.append(out)
+    return [{"logits": o.logits, "draft_logits": o.draft_logits, "feedback": o.feedback, "sink": o.sink_attention}
+            for o in results]
+
+
+def run_plain(make_plain, scen: dict) -> list[dict]:
+    batch, prompt = scen["aux"].shape[:2]
+    per_row = []
+    for b in range(batch):
+        plain = make_plain()
+        start = int(scen["start"][b])
+        rows = [plain.step(int(scen["ids"][b, i]), plain.combine(scen["aux"][b, i]), start + i) for i in range(prompt)]
+        steps = [rows]
+        feedback = rows[-1]["feedback"]
+        for j in range(scen["decode"]):
+            row = plain.step(int(scen["ids"][b, prompt + j]), feedback, start + prompt + j)
+            steps.append([row])
+            feedback = row["feedback"]
+        per_row.append(steps)
+    out = []
+    for s in range(len(per_row[0])):
+        out.append({key: torch.stack([torch.stack([torch.as_tensor(r[key]) for r in per_row[b][s]])
+                                      for b in range(batch)]) for key in ("logits", "draft_logits", "feedback", "sink")})
+    return out
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, rel: float = REL) -> None:
+    actual, expected = actual.detach().to(torch.float64), expected.detach().to(torch.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    finite = torch.isfinite(expected)
+    assert torch.equal(torch.isfinite(actual), finite), f"{what}: -inf pattern differs"
+    scale = expected[finite].abs().max().clamp_min(1e-30)
+    err = (actual[finite] - expected[finite]).abs().max() / scale
+    assert err <= rel, f"{what}: relative error {float(err):.2e} > {rel:.0e}"
+
+
+def assert_runs_match(got: list[dict], want: list[dict], rel: float = REL) -> None:
+    assert len(got) == len(want)
+    for s, (g, w) in enumerate(zip(got, want)):
+        for key in ("logits", "draft_logits", "feedback", "sink"):
+            assert_close(g[key], w[key], f"step {s} {key}", rel)
+
+
+def plain_for(path: str, recipe: Recipe, **changes) -> "callable":
+    """A factory of PlainDraft instances reading geometry and flags from the written config.json."""
+    with open(os.path.join(path, "config.json")) as fh:
+        cfg = json.load(fh)
+    layer_cfg = cfg.get("transformer_layer_config", cfg)
+    flags = {
+        "fc_norm": recipe.fc_norm, "norm_output": recipe.norm_output, "norm_before_fc": recipe.norm_before_fc,
+        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
+    }
+    flags.update({k: v for k, v in changes.items() if k in flags})
+    weights = changes.get("weights") or canonical_tensors(recipe)
+    if recipe.Vd == recipe.vocab:
+        weights = {k: v for k, v in weights.items() if k not in ("d2t", "t2d")}
+    return lambda: PlainDraft(
+        weights, heads=recipe.heads, kv_heads=recipe.kv_heads, head_dim=recipe.head_dim, layers=recipe.layers,
+        eps=layer_cfg["rms_norm_eps"], theta=layer_cfg.get("rope_theta", 10000.0), qwen3=recipe.attention == "qwen3",
+        window=changes.get("window"), embed=changes.get("embed"), head=changes.get("head"), vocab=recipe.vocab, **flags)
+
+
+def write(tmp_path, name: str, layout: str = "vllm", **overrides) -> tuple[str, Recipe]:
+    recipe = Recipe(**{**TINY, **overrides})
+    return make_draft(str(tmp_path / name), layout, recipe), recipe
+
+
+# ---------------------------------------------------------------- the flag product
+
+
+BOOL_FLAGS = ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual", "reduced_vocab")
+OTHER_AXES = {"k": (2, 3, 4), "layers": (1, 2), "attention": ("llama", "qwen3")}
+
+
+def _flag_cases() -> list[dict]:
+    """Every combination of the five cheap boolean flags (32), each crossed with one (K, layers, attention)
+    chosen greedily so that every value of those axes meets every value of every boolean flag."""
+    combos = list(itertools.product(*OTHER_AXES.values()))
+    covered: set = set()
+    used: dict = {}
+    cases = []
+    for bits in itertools.product((False, True), repeat=len(BOOL_FLAGS)):
+        flags = dict(zip(BOOL_FLAGS, bits))
+
+        def gain(combo):
+            pairs = {(f, v, axis, x) for f, v in flags.items() for axis, x in zip(OTHER_AXES, combo)}
+            return (len(pairs - covered), -used.get(combo, 0))
+
+        best = max(combos, key=gain)
+        covered |= {(f, v, axis, x) for f, v in flags.items() for axis, x in zip(OTHER_AXES, best)}
+        used[best] = used.get(best, 0) + 1
+        cases.append({**flags, **dict(zip(OTHER_AXES, best))})
+    return cases
+
+
+FLAG_CASES = _flag_cases()
+
+
+def _case_id(case: dict) -> str:
+    on = [f for f in BOOL_FLAGS if case[f]]
+    return f"{case['attention']}-L{case['layers']}-K{case['k']}-" + ("+".join(on) or "plain")
+
+
+def test_flag_cases_cover_every_pair():
+    for flag in BOOL_FLAGS:
+        for value in (False, True):
+            for axis, values in OTHER_AXES.items():
+                seen = {c[axis] for c in FLAG_CASES if c[flag] == value}
+                assert seen == set(values), f"{axis} values {set(values) - seen} never meet {flag}={value}"
+    assert len({tuple(c[f] for f in BOOL_FLAGS) for c in FLAG_CASES}) == 2 ** len(BOOL_FLAGS)
+
+
+@pytest.mark.parametrize("case", FLAG_CASES, ids=_case_id)
+def test_step_matches_plain_reference(tmp_path, case):
+    path, recipe = write(
+        tmp_path, "d", fc_norm=case["fc_norm"], norm_output=case["norm_output"], norm_before_fc=case["norm_before_fc"],
+        norm_before_residual=case["norm_before_residual"], draft_vocab=40 if case["reduced_vocab"] else None,
+        k=case["k"], layers=case["layers"], attention=case["attention"], seed=len(_case_id(case)))
+    drafter = Drafter.from_spec(load_draft(path))
+    assert drafter.config.num_aux_hidden_states == case["k"]
+    assert drafter.config.norm_before_residual == case["norm_before_residual"]
+    scen = scenario(case["k"], recipe.T, recipe.vocab)
+    got = run_drafter(drafter, scen)
+    assert_runs_match(got, run_plain(plain_for(path, recipe), scen))
+    if case["reduced_vocab"]:
+        assert int(torch.isfinite(got[0]["logits"][0, 0]).sum()) == 40
+
+
+# ---------------------------------------------------------------- every published layout
+
+
+LLAMA_LAYOUTS = ("eagle", "sglang", "specforge", "specforge-hf", "speculators", "speculators-train", "modelopt",
+                 "modelopt-megatron", "modelopt-vllm", "torchspec", "torchspec-vllm", "angelslim", "vllm")
+
+
+@pytest.mark.parametrize("layout", LLAMA_LAYOUTS)
+def test_every_layout_loads_to_the_same_function(tmp_path, layout):
+    layers = 2 if layout == "modelopt-megatron" else 1
+    path, recipe = write(tmp_path, layout, layout, fc_norm=layout in ("torchspec", "vllm"), layers=layers,
+                         norm_output=layout == "speculators-train")
+    drafter = Drafter.from_spec(load_draft(path))
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, decode=2)
+    assert_runs_match(run_drafter(drafter, scen), run_plain(plain_for(path, recipe), scen))
+
+
+def test_speculators_layout_defaults_norm_before_residual_to_true(tmp_path):
+    """vLLM's speculators path (update_eagle3) reads an absent norm_before_residual as true."""
+    path, recipe = write(tmp_path, "s", "speculators", norm_before_residual=None)
+    drafter = Drafter.from_spec(load_draft(path))
+    assert drafter.config.norm_before_residual is True
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, decode=1)
+    assert_runs_match(run_drafter(drafter, scen), run_plain(plain_for(path, recipe, norm_before_residual=True), scen))
+
+
+# ---------------------------------------------------------------- target-shared embed / head, overrides
+
+
+def test_target_embedding_and_head_are_used_when_the_draft_has_none(tmp_path):
+    path, recipe = write(tmp_path, "shared", target_hidden=None, embed=False, lm_head=False, draft_vocab=None)
+    spec = load_draft(path)
+    gen = torch.Generator().manual_seed(5)
+    embed, head = torch.randn(64, 32, generator=gen), torch.randn(64, 32, generator=gen) * 0.1
+    with pytest.raises(UsageError, match="embed_tokens"):
+        Drafter.from_spec(spec, lm_head=head)
+    with pytest.raises(UsageError, match="lm_head"):
+        Drafter.from_spec(spec, embed_tokens=embed)
+    drafter = Drafter.from_spec(spec, embed_tokens=embed, lm_head=head)
+    assert "embed_tokens.weight" not in drafter.state_dict() and "lm_head.weight" not in drafter.state_dict()
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, decode=2)
+    assert_runs_match(run_drafter(drafter, scen), run_plain(plain_for(path, recipe, embed=embed, head=head), scen))
+
+
+def test_reduced_vocab_draft_cannot_borrow_the_target_head(tmp_path):
+    path, _ = write(tmp_path, "nohead", lm_head=False, draft_vocab=40)
+    with pytest.raises(CheckpointError, match="lm_head"):
+        Drafter.from_spec(load_draft(path), lm_head=torch.zeros(64, 32))
+
+
+@pytest.mark.parametrize("override", [{"norm_output": True}, {"fc_norm": True}, {"norm_before_residual": True},
+                                      {"norm_before_fc": True}])
+def test_overrides_change_the_function_as_if_the_flag_were_set(tmp_path, override):
+    """A flag turned on without tensors runs with unit weights, like vLLM with a missing norm tensor."""
+    path, recipe = write(tmp_path, "o", k=2)
+    drafter = Drafter.from_spec(load_draft(path), overrides=override)
+    weights = canonical_tensors(recipe)
+    if override.get("fc_norm"):
+        weights.update({f"fc_norm.{k}.weight": np.ones(recipe.T, np.float32) for k in range(recipe.k)})
+    if override.get("norm_before_fc"):
+        weights["input_norm.weight"] = np.ones(recipe.k * recipe.T, np.float32)
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, decode=2)
+    assert_runs_match(run_drafter(drafter, scen), run_plain(plain_for(path, recipe, weights=weights, **override), scen))
+    baseline = run_drafter(Drafter.from_spec(load_draft(path)), scen)
+    assert not torch.allclose(baseline[-1]["feedback"], run_drafter(drafter, scen)[-1]["feedback"])
+
+
+def test_override_off_ignores_the_tensors(tmp_path):
+    path, recipe = write(tmp_path, "off", fc_norm=True, norm_output=True)
+    drafter = Drafter.from_spec(load_draft(path), overrides={"fc_norm": False, "norm_output": False})
+    assert drafter.fc_norm is None
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, decode=2)
+    plain = plain_for(path, recipe, fc_norm=False, norm_output=False)
+    assert_runs_match(run_drafter(drafter, scen), run_plain(plain, scen))
+
+
+def test_unknown_override_is_a_usage_error(tmp_path):
+    path, _ = write(tmp_path, "u")
+    with pytest.raises(UsageError, match="unknown drafter override"):
+        Drafter.from_spec(load_draft(path), overrides={"norm_outptu": True})
+
+
+# ---------------------------------------------------------------- attention variants
+
+
+def test_attention_bias_is_applied(tmp_path):
+    recipe_bias = {}
+    gen = np.random.default_rng(3)
+    for name, rows in (("q_proj", 4 * 8), ("k_proj", 2 * 8), ("v_proj", 2 * 8), ("o_proj", 32)):
+        recipe_bias[f"layers.0.self_attn.{name}.bias"] = (gen.standard_normal(rows) * 0.1).astype(np.float32)
+    recipe = Recipe(**TINY)
+    path = make_draft(str(tmp_path / "b"), "vllm", recipe, add=recipe_bias, config_patch={"attention_bias": True})
+    drafter = Drafter.from_spec(load_draft(path))
+    weights = {**canonical_tensors(recipe), **recipe_bias}
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, decode=2)
+    assert_runs_match(run_drafter(drafter, scen), run_plain(plain_for(path, recipe, weights=weights), scen))
+
+
+@pytest.mark.parametrize("attention", ["llama", "qwen3"])
+def test_sliding_window_limits_keys_by_position(tmp_path, attention):
+    recipe = Recipe(**{**TINY, "attention": attention})
+    path = make_draft(str(tmp_path / "w"), "vllm", recipe,
+                      config_patch={"sliding_window": 3, "layer_types": ["sliding_attention"]})
+    drafter = Drafter.from_spec(load_draft(path))
+    assert drafter.config.sliding_windows == (3,)
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, prompt=6, decode=3)
+    got = run_drafter(drafter, scen)
+    assert_runs_match(got, run_plain(plain_for(path, recipe, window=3), scen))
+    full = run_plain(plain_for(path, recipe), scen)
+    assert not torch.allclose(got[-1]["feedback"].double(), full[-1]["feedback"], rtol=1e-4)
+
+
+# ---------------------------------------------------------------- cache: incremental == full sequence
+
+
+@pytest.mark.parametrize("attention,layers", [("llama", 1), ("qwen3", 2)])
+def test_incremental_decoding_equals_full_sequence(tmp_path, attention, layers):
+    path, recipe = write(tmp_path, "inc", attention=attention, layers=layers, fc_norm=True)
+    drafter = Drafter.from_spec(load_draft(path))
+    gen = torch.Generator().manual_seed(1)
+    batch, total = 2, 9
+    ids = torch.randint(0, recipe.vocab, (batch, total), generator=gen)
+    hidden = torch.randn(batch, total, recipe.hidden, generator=gen)
+    pos = torch.tensor([[0], [4]]) + torch.arange(total)
+    with torch.no_grad():
+        full = drafter(ids, hidden, pos, return_sink_attention=True)
+        cache = drafter.new_cache(batch, 4)  # smaller than needed: the cache grows
+        pieces = [drafter(ids[:, a:b], hidden[:, a:b], pos[:, a:b], cache, return_sink_attention=True)
+                  for a, b in ((0, 4), (4, 5), (5, 8), (8, 9))]
+    assert cache.length == total
+    for key in ("logits", "draft_logits", "feedback", "sink_attention"):
+        assert_close(torch.cat([getattr(p, key) for p in pieces], dim=1), getattr(full, key), key)
+
+
+def test_truncate_rolls_back_rejected_rows(tmp_path):
+    path, recipe = write(tmp_path, "t")
+    drafter = Drafter.from_spec(load_draft(path))
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, recipe.vocab, (1, 8), generator=gen)
+    hidden = torch.randn(1, 8, recipe.hidden, generator=gen)
+    pos = torch.arange(8)[None]
+    with torch.no_grad():
+        cache = drafter.new_cache(1, 8)
+        drafter(ids[:, :5], hidden[:, :5], pos[:, :5], cache)
+        drafter(torch.full((1, 3), 7), torch.randn(1, 3, recipe.hidden, generator=gen), pos[:, 5:], cache)  # rejected
+        cache.truncate(5)
+        resumed = drafter(ids[:, 5:], hidden[:, 5:], pos[:, 5:], cache)
+        fresh = drafter(ids, hidden, pos)
+    assert_close(resumed.feedback, fresh.feedback[:, 5:], "feedback after truncate")
+    with pytest.raises(UsageError):
+        cache.truncate(9)
+    with pytest.raises(UsageError, match="batch"):
+        drafter(ids[:, :1].repeat(2, 1), hidden[:, :1].repeat(2, 1, 1), pos[:, :1].repeat(2, 1), cache)
+
+
+# ---------------------------------------------------------------- the drift EAGLE-3.1 fixes
+
+
+def _drift_weights(recipe: Recipe) -> dict[str, np.ndarray]:
+    """Weights under which every layer pass adds a positive multiple of one fixed direction u.
+
+    gate_proj == up_proj makes the MLP's inner product silu(z) * z = z^2 * sigmoid(z) >= 0 for every
+    unit, and down_proj = u 1^T sums those non-negative values onto u; o_proj = 0 removes attention.
+    So each step adds m * u with m > 0 to the residual stream. Fed back pre-norm (EAGLE-3), g_k
+    accumulates k such increments and its RMS grows without bound; fed back post-norm (EAGLE-3.1),
+    g_k = norm(p_k) has RMS fixed by the norm weight whatever p_k is.
+    """
+    w = canonical_tensors(recipe)
+    rng = np.random.default_rng(11)
+    u = rng.standard_normal(recipe.hidden).astype(np.float32)
+    u /= np.linalg.norm(u)
+    w["layers.0.mlp.up_proj.weight"] = w["layers.0.mlp.gate_proj.weight"].copy()
+    w["layers.0.mlp.down_proj.weight"] = (np.outer(u, np.ones(recipe.intermediate)) * 2.0).astype(np.float32)
+    w["layers.0.self_attn.o_proj.weight"] = np.zeros_like(w["layers.0.self_attn.o_proj.weight"])
+    return w
+
+
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_fed_back_state_drifts_without_norm_output_and_stays_bounded_with_it(tmp_path, norm_output):
+    recipe = Recipe(**{**TINY, "norm_output": norm_output})
+    weights = _drift_weights(recipe)
+    path = make_draft(str(tmp_path / "drift"), "vllm", recipe, add={k: v for k, v in weights.items()
+                                                                        if k.startswith("layers.0.")})
+    drafter = Drafter.from_spec(load_draft(path))
+    gen = torch.Generator().manual_seed(4)
+    cache = drafter.new_cache(1, 16)
+    with torch.no_grad():
+        out = drafter(torch.tensor([[3, 9, 1]]), drafter.combine(torch.randn(1, 3, recipe.k * recipe.T, generator=gen)),
+                      torch.arange(3)[None], cache)
+        rms_by_depth = []
+        for depth in range(8):
+            out = drafter(torch.tensor([[5 + depth]]), out.feedback[:, -1:], torch.tensor([[3 + depth]]), cache)
+            rms_by_depth.append(float(out.feedback.pow(2).mean().sqrt()))
+    if norm_output:
+        bound = float(drafter.norm.weight.detach().abs().max())
+        assert max(rms_by_depth) <= bound * (1 + 1e-5), rms_by_depth
+    else:
+        assert all(b > a for a, b in zip(rms_by_depth, rms_by_depth[1:])), rms_by_depth
+        assert rms_by_depth[-1] > 3 * rms_by_depth[0], rms_by_depth
+
+
+# ---------------------------------------------------------------- bad inputs
+
+
+def test_missing_tensor_names_the_tensor(tmp_path):
+    recipe = Recipe(**TINY)
+    path = make_draft(str(tmp_path / "m"), "vllm", recipe, drop=("layers.0.mlp.down_proj.weight",))
+    with pytest.raises(CheckpointError, match="layers.0.mlp.down_proj.weight") as err:
+        Drafter.from_spec(load_draft(path))
+    assert path in str(err.value)
+
+
+def test_combine_rejects_the_wrong_width(tmp_path):
+    path, recipe = write(tmp_path, "c")
+    drafter = Drafter.from_spec(load_draft(path))
+    with pytest.raises(UsageError, match="K\\*T"):
+        drafter.combine(torch.zeros(1, 1, recipe.k * recipe.T + 1))
+    with pytest.raises(UsageError, match="aux states"):
+        drafter.combine([torch.zeros(1, 1, recipe.T)] * (recipe.k - 1))
+
+
+def test_bf16_drafter_tracks_fp32(tmp_path):
+    path, recipe = write(tmp_path, "bf", fc_norm=True, norm_output=True)
+    spec = load_draft(path)
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, decode=2)
+    got = run_drafter(Drafter.from_spec(spec, dtype=torch.bfloat16), scen)
+    want = run_drafter(Drafter.from_spec(spec), scen)
+    assert got[0]["feedback"].dtype == torch.bfloat16
+    for g, w in zip(got, want):
+        assert_close(g["draft_logits"], w["draft_logits"], "bf16 draft logits", rel=5e-2)
