@@ -20,8 +20,8 @@ import json
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 

@@ -21,8 +21,14 @@ BACKEND_ENV = "EAGLEKIT_KERNELS"
 BACKENDS = ("torch", "triton")
 
 __all__ = [
-    "BACKEND_ENV", "backend", "rms_norm", "fused_add_rms_norm", "multi_rms_norm_cat", "dual_rms_norm_cat",
-    "silu_and_mul", "apply_rope",
+    "BACKEND_ENV",
+    "apply_rope",
+    "backend",
+    "dual_rms_norm_cat",
+    "fused_add_rms_norm",
+    "multi_rms_norm_cat",
+    "rms_norm",
+    "silu_and_mul",
 ]
 
 
