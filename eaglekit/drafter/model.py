@@ -81,7 +81,10 @@ class DrafterConfig:
         use_aux = spec.attention == "mla" or bool(eagle_config.get("use_aux_hidden_state", True))
         k = spec.num_aux_hidden_states
         fc = spec.tensors.get("fc.weight")
-        if fc is not None and len(fc.shape) == 2 and fc.shape[1] % target_hidden == 0:
+        if fc is not None and len(fc.shape) == 2:
+            if fc.shape[1] % target_hidden:
+                raise CheckpointError(f"fc.weight fan-in {fc.shape[1]} is not a multiple of the target hidden size "
+                                      f"{target_hidden}; load the draft with its target to learn T", spec.path)
             k = fc.shape[1] // target_hidden
         nbr = spec.flags.norm_before_residual
         if nbr is None:
