@@ -1,0 +1,204 @@
+"""`eaglekit upgrade`: write a correct, engine-ready EAGLE-3.1 (or normalised EAGLE-3) checkpoint."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from contextlib import contextmanager
+
+import click
+from rich.panel import Panel
+from rich.table import Table
+
+from eaglekit.cli.output import emit_json, err, findings_table, format_option, human_bytes, key_value_table, out
+from eaglekit.errors import UsageError
+
+EXAMPLES = """
+\b
+Examples:
+  eaglekit upgrade --from eagle3 ./specforge-draft ./draft-31 --target ./Llama-3.1-8B-Instruct
+  eaglekit upgrade ./draft ./draft-vllm --no-fc-norm --no-norm-output      # lossless: layout, ids, vocab map only
+  eaglekit upgrade ./draft ./draft-31 --target ./target --fc-norm-init ones --dry-run
+  eaglekit upgrade --from modelopt ./nvidia-draft ./draft-sglang --to sglang --target ./target
+"""
+
+FUNCTION_STYLE = {"preserved": "bold green", "approximate": "bold yellow", "warm-start": "bold red"}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "k": 1000, "m": 1000**2, "g": 1000**3}
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '2GiB' or a byte count."""
+    m = _SIZE.match(text)
+    unit = (m.group(2) or "").lower() if m else None
+    if not m or unit not in _UNITS:
+        raise UsageError(f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB or 2GiB")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def parse_ids(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.replace(" ", ",").split(",") if part)
+    except ValueError:
+        raise UsageError(f"--aux-layer-ids {text!r}: expected integers such as 2,16,29") from None
+
+
+@contextmanager
+def _terminate_cleanly():
+    """SIGTERM unwinds like an exception, so the staging directory is removed (a kill -9 leaves it hidden)."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _progress(enabled: bool):
+    """(on_start, advance) callbacks driving a transient progress bar on stderr, or no-ops."""
+    if not enabled:
+        yield None, None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("writing", total=None)
+        yield (lambda total: bar.update(task, total=total)), (lambda n: bar.advance(task, n))
+
+
+@click.command("upgrade", epilog=EXAMPLES)
+@click.argument("src")
+@click.argument("dst")
+@click.option("--from", "source_family", default="eagle3", show_default=True,
+              help="eagle3 detects the source layout; or name it: eagle, sglang, specforge, speculators, modelopt, "
+                   "modelopt-megatron, modelopt-vllm, torchspec, angelslim, mla, vllm.")
+@click.option("--target", help="Target model dir (or its config.json): L, T, V, default aux ids; with weights, "
+                                "hidden states for --fc-norm-init calibrated.")
+@click.option("--aux-layer-ids", help="Aux layer ids, e.g. 2,16,29 (counted as --aux-convention says).")
+@click.option("--aux-convention", type=click.Choice(["input", "output"]),
+              help="input: input of layer i (vLLM, HF hidden_states index); output: output of layer i (SGLang, "
+                   "SpecForge, ModelOpt, TorchSpec). For --aux-layer-ids, or for source ids of unknown convention.")
+@click.option("--fc-norm-init", type=click.Choice(["ones", "calibrated"]),
+              help="Initial weights of added fc_norm layers [default: calibrated when the target has weights, "
+                   "else ones].")
+@click.option("--calibration-file", type=click.Path(exists=True, dir_okay=False),
+              help="Text to run the target on for calibration (default: a bundled prose and code sample).")
+@click.option("--fc-norm/--no-fc-norm", default=True, show_default=True,
+              help="Add EAGLE-3.1 per-aux RMSNorms before fc.")
+@click.option("--norm-output/--no-norm-output", default=True, show_default=True,
+              help="Feed the post-norm state to the next step (EAGLE-3.1). Both off: lossless normalisation.")
+@click.option("--to", "to", type=click.Choice(["vllm", "sglang", "speculators"]), default="vllm", show_default=True,
+              help="Output dialect (MLA drafts: vllm or sglang).")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), help="Write every float tensor in this dtype.")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Shard the weights above this size.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (every tensor) and write nothing.")
+@click.option("--force", is_flag=True, help="Replace a non-empty DST (only once the new output is complete).")
+@click.option("--allow-pickle", is_flag=True, help="Read .bin/.pt sources with torch.load(weights_only=True).")
+@click.option("--subfolder", help="Draft folder inside a repository that holds several drafts.")
+@click.option("--revision", help="Hub revision when SRC is a repo id.")
+@click.option("--device", default="cpu", show_default=True, help="Where the target runs for calibration (cpu, cuda).")
+@format_option
+def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_convention, fc_norm_init, calibration_file,
+                    fc_norm, norm_output, to, dtype, max_shard_size, dry_run, force, allow_pickle, subfolder, revision,
+                    device, output_format):
+    """Write SRC as a correct EAGLE-3.1 draft for vLLM (or SGLang / speculators) in DST.
+
+    Adds fc_norm and switches on norm_output by default: that changes the function, so the output is a warm
+    start for fine-tuning (or, with calibrated fc_norm only, an approximation whose fidelity is measured).
+    --no-fc-norm --no-norm-output keeps the function exactly and only fixes layout, ids and vocabulary map.
+    DST appears only when complete and validated; the source is never modified.
+    """
+    from eaglekit.io.dtypes import dtype_from_name
+    from eaglekit.upgrade import UpgradeOptions, upgrade
+
+    options = UpgradeOptions(
+        source_family=source_family, target=target, aux_layer_ids=parse_ids(aux_layer_ids),
+        aux_convention=aux_convention, fc_norm=fc_norm, norm_output=norm_output, fc_norm_init=fc_norm_init,
+        calibration_file=calibration_file, to=to, dtype=dtype_from_name(dtype) if dtype else None,
+        max_shard_size=parse_size(max_shard_size), dry_run=dry_run, force=force, allow_pickle=allow_pickle,
+        subfolder=subfolder, revision=revision, device=device,
+    )
+    show_bar = output_format == "human" and not dry_run and sys.stderr.isatty()
+    with _terminate_cleanly(), _progress(show_bar) as (on_start, advance):
+        report = upgrade(src, dst, options, progress=advance, on_start=on_start)
+    doc = report.to_dict()
+    if output_format == "json":
+        emit_json(doc)
+    else:
+        render(doc)
+
+
+def _ids_line(aux: dict) -> str:
+    text = f"{aux['ids']} (vLLM convention) — from {aux['origin']}: {aux['detail']}"
+    return text if aux["convention_known"] else text + " [yellow](convention guessed)[/]"
+
+
+def render(doc: dict) -> None:
+    src, dst = doc["source"], doc["output"]
+    style = FUNCTION_STYLE[doc["function"]]
+    flags = doc["flags"]
+    fc = "no"
+    if flags["fc_norm"]:
+        fc = f"added ({flags['fc_norm_init']} init)" if flags["fc_norm_added"] else "kept (trained)"
+    no = "no"
+    if flags["norm_output"]:
+        no = "switched on" if flags["norm_output_added"] else "kept (trained)"
+    rows = [
+        ("source", f"{src['path']}\n{src['family']} — {src['producer']}, EAGLE-{src['eagle_version']}"),
+        ("output", f"{dst['path']}\n{dst['dialect']} dialect, EAGLE-{dst['eagle_version']}, "
+                   f"{human_bytes(dst['total_bytes'])}"),
+        ("function", f"[{style}]{doc['summary']}[/]"),
+        ("aux layer ids", _ids_line(doc["aux"])),
+        ("vocabulary", f"V={doc['vocab']['vocab_size']} Vd={doc['vocab']['draft_vocab_size']}: {doc['vocab']['detail']}"),
+        ("fc_norm", fc),
+        ("norm_output", no),
+        ("norm_before_residual", f"{str(flags['norm_before_residual']).lower()} ({flags['norm_before_residual_origin']})"),
+    ]
+    title = "[bold]eaglekit upgrade — dry run[/]" if doc["dry_run"] else "[bold]eaglekit upgrade[/]"
+    out.print(Panel(key_value_table(rows), title=title, expand=False))
+    if doc["changes"]:
+        out.print("[bold]What changed in the function:[/]")
+        for change in doc["changes"]:
+            out.print(f"  • {change}")
+    fid = doc["fidelity"]
+    if fid:
+        table = Table(title=f"First-step fc output fidelity ({fid['tokens']} held-out tokens, fit on "
+                            f"{fid['fit_tokens']}, text: {fid['text']})", title_justify="left")
+        for col in ("fc_norm weights", "cosine", "relative error"):
+            table.add_column(col)
+        table.add_row("calibrated (written)", f"{fid['cosine']:.4f}", f"{fid['relative_error']:.4f}")
+        table.add_row("ones (for comparison)", f"{fid['ones_cosine']:.4f}", f"{fid['ones_relative_error']:.4f}")
+        out.print(table)
+
+    steps = doc["tensors"] if doc["dry_run"] else [s for s in doc["tensors"] if s["action"] not in ("copy", "rename")]
+    counts = ", ".join(f"{n} {a}" for a, n in doc["counts"].items() if n)
+    if steps:
+        table = Table(title=f"Plan ({counts})" if doc["dry_run"] else f"Tensors ({counts}); changed:",
+                      title_justify="left")
+        for col in ("action", "tensor", "dtype", "shape", "source", "note"):
+            table.add_column(col, overflow="fold")
+        for s in steps:
+            source = "" if s["source"] in (None, s["name"]) else s["source"]
+            table.add_row(s["action"], s["name"] or "—", s["dtype"], str(s["shape"]), source, s["note"])
+        out.print(table)
+    else:
+        out.print(f"Tensors: {counts}.")
+    shown = [f for f in doc["findings"] if f["severity"] != "info"]
+    if shown:
+        out.print(findings_table(shown, title="Validation of the output (no errors)"))
+    for warning in doc["warnings"]:
+        out.print(f"[yellow]warning:[/] {warning}")
+    if doc["dry_run"]:
+        out.print("[bold]Dry run: nothing was written.[/]")
+    else:
+        seconds = doc["timings"].get("total_s", 0.0)
+        out.print(f"[green]Wrote[/] {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
+                  "validated for " + ("SGLang" if dst["dialect"] == "sglang" else "vLLM") + ".")

@@ -1,0 +1,1 @@
+"""Data files shipped with eaglekit (calibration text)."""

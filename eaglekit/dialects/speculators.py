@@ -1,0 +1,83 @@
+"""The speculators layout (reference §4.7): a transformer_layer_config plus top-level EAGLE-3 fields.
+
+vLLM starts the draft config from transformer_layer_config, so K (num_aux_hidden_states) goes there too (P11);
+norm_before_residual is always explicit because this path defaults it to true (P12).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from eaglekit.dialects.flat import carried_keys, dtype_keys, geometry_keys, source_layer_config
+from eaglekit.spec import DraftSpec
+from eaglekit.upgrade.decide import Decisions
+from eaglekit.upgrade.vocab import VocabPlan
+
+NAME = "speculators"
+ENGINE = "vllm"
+FORMAT_VERSION = "0.9.0"  # the speculators release whose config layout this follows
+LAYER_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+TOP_LEVEL_ONLY = ("draft_vocab_size", "target_hidden_size")
+
+
+def read_family(spec: DraftSpec, d: Decisions) -> str:
+    return "speculators"
+
+
+def _verifier(spec: DraftSpec, d: Decisions) -> dict[str, Any]:
+    source = spec.config.get("speculators_config")
+    if isinstance(source, dict) and isinstance(source.get("verifier"), dict):
+        return dict(source["verifier"])
+    name, archs = None, []
+    if d.target is not None:
+        archs = list(d.target.architectures)
+        try:
+            with open(d.target.path, encoding="utf-8") as fh:
+                recorded = json.load(fh).get("_name_or_path")
+        except (OSError, ValueError):
+            recorded = None
+        if isinstance(recorded, str) and recorded.count("/") == 1 and not recorded.startswith((".", "/")):
+            name = recorded
+    return {"name_or_path": name, "architectures": archs}
+
+
+def _speculators_config(spec: DraftSpec, d: Decisions) -> dict[str, Any]:
+    source = spec.config.get("speculators_config")
+    if isinstance(source, dict) and source.get("algorithm") == "eagle3":
+        return {**source, "verifier": _verifier(spec, d)}
+    return {
+        "algorithm": "eagle3",
+        "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+        "verifier": _verifier(spec, d),
+    }
+
+
+def config(spec: DraftSpec, d: Decisions, vocab: VocabPlan) -> dict[str, Any]:
+    layer: dict[str, Any] = {"architectures": [LAYER_ARCHITECTURES[spec.attention]], "model_type": spec.attention}
+    layer.update({k: v for k, v in carried_keys(spec).items() if k not in ("torch_dtype", "dtype")})
+    geometry = geometry_keys(spec, d, vocab)
+    layer.update({k: v for k, v in geometry.items() if k not in TOP_LEVEL_ONLY})
+    layer["num_aux_hidden_states"] = d.num_aux
+    cfg: dict[str, Any] = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": FORMAT_VERSION,
+        "speculators_config": _speculators_config(spec, d),
+        "transformer_layer_config": layer,
+        "draft_vocab_size": vocab.draft_vocab_size,
+        "target_hidden_size": d.target_hidden,
+        "eagle_aux_hidden_state_layer_ids": list(d.aux.ids),
+        "norm_before_residual": d.norm_before_residual,
+        "norm_before_fc": d.norm_before_fc,
+        "fc_norm": d.fc_norm,
+        "norm_output": d.norm_output,
+        "embed_requires_grad": bool(source_layer_config(spec).get("embed_requires_grad", False)),
+    }
+    cfg.update(dtype_keys(spec, d))
+    return cfg
+
+
+def tensor_name(canonical: str, spec: DraftSpec) -> str:
+    return canonical

@@ -1,0 +1,34 @@
+"""vLLM's flat HF layout (reference §10): ids in vLLM convention both top-level and in eagle_config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eaglekit.dialects.flat import flat_config
+from eaglekit.spec import DraftSpec
+from eaglekit.upgrade.decide import Decisions
+from eaglekit.upgrade.vocab import VocabPlan
+
+NAME = "vllm"
+ENGINE = "vllm"
+ARCHITECTURES = {"llama": "LlamaForCausalLMEagle3", "qwen3": "Eagle3Qwen3ForCausalLM",
+                 "mla": "Eagle3DeepseekV2ForCausalLM"}
+
+
+def read_family(spec: DraftSpec, d: Decisions) -> str:
+    return "vllm"
+
+
+def config(spec: DraftSpec, d: Decisions, vocab: VocabPlan) -> dict[str, Any]:
+    cfg = flat_config(spec, d, vocab, ARCHITECTURES[spec.attention])
+    ids = list(d.aux.ids)
+    cfg["eagle_aux_hidden_state_layer_ids"] = ids  # V2 runner, speculators
+    eagle = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}  # K for the classes, V1 runner
+    if d.norm_before_fc:
+        eagle["norm_before_fc"] = True
+    cfg["eagle_config"] = eagle
+    return cfg
+
+
+def tensor_name(canonical: str, spec: DraftSpec) -> str:
+    return canonical

@@ -1,0 +1,253 @@
+"""Everything the output must say, decided once from the source description, the options and the target.
+
+Each decision records where it came from, so the report can say it plainly (aux ids from the source, an
+argument or the engine default; norm_before_residual as written or as the source's consumer assumed).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+from eaglekit.upgrade.encode import FLOAT_CASTABLE, is_exact_cast
+from eaglekit.upgrade.options import UpgradeOptions
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+FUNCTION_RANK = {"preserved": 0, "approximate": 1, "warm-start": 2}
+
+
+@dataclass(frozen=True)
+class AuxChoice:
+    ids: tuple[int, ...]  # vLLM convention (input of layer i), sorted, unique
+    origin: str  # "source" | "argument" | "default"
+    detail: str
+    convention_known: bool
+    source_ids: tuple[int, ...] | None  # what the source records, in vLLM convention (None: nothing or unknown)
+
+
+@dataclass(frozen=True)
+class Decisions:
+    dialect: str
+    attention: str
+    num_aux: int  # K
+    target_hidden: int  # T
+    aux: AuxChoice
+    vocab_size: int | None  # V
+    fc_norm: bool
+    fc_norm_added: bool
+    fc_norm_init: str | None  # "ones" | "calibrated" when added
+    norm_output: bool
+    norm_output_added: bool
+    norm_before_fc: bool
+    norm_before_residual: bool
+    norm_before_residual_origin: str
+    compute_dtype: str  # dtype of fc (and of added fc_norm weights)
+    cast_to: str | None  # --dtype: every float tensor is written in this dtype
+    function: str  # "preserved" | "approximate" | "warm-start" (before calibration figures)
+    changes: tuple[str, ...]  # one sentence per change of function
+    target: TargetInfo | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def target_has_weights(target: TargetInfo) -> bool:
+    folder = os.path.dirname(target.path)
+    return any(name.endswith(WEIGHT_SUFFIXES) for name in os.listdir(folder))
+
+
+def _aux(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None, k: int, warnings: list[str]) -> AuxChoice:
+    aux = spec.aux
+    source_ids: tuple[int, ...] | None = None
+    known = aux.convention_known
+    detail = aux.source
+    if aux.location != "default":
+        if aux.ids is not None:
+            source_ids = aux.ids
+        if aux.as_written is not None and opts.aux_convention is not None and opts.aux_layer_ids is None:
+            shift = 1 if opts.aux_convention == "output" else 0
+            source_ids = tuple(i + shift for i in aux.as_written)
+            known = True
+            detail = f"{aux.location}, written {list(aux.as_written)}, {opts.aux_convention}-of-layer (--aux-convention)"
+        elif aux.as_written is not None and aux.ids is None and opts.aux_layer_ids is None:
+            raise UsageError(f"{spec.path}: aux layer ids {list(aux.as_written)} are recorded but their convention is "
+                             "unknown (P16); pass --aux-convention input|output (or --aux-layer-ids)")
+
+    if opts.aux_layer_ids is not None:
+        shift = 1 if opts.aux_convention == "output" else 0
+        ids = tuple(i + shift for i in opts.aux_layer_ids)
+        conv = opts.aux_convention or "input"
+        origin, detail, known = "argument", f"--aux-layer-ids {list(opts.aux_layer_ids)} ({conv}-of-layer)", True
+        if source_ids is not None and tuple(sorted(source_ids)) != tuple(sorted(ids)):
+            warnings.append(f"--aux-layer-ids override the ids the source records ({list(source_ids)} in vLLM "
+                            f"convention)")
+    elif source_ids is not None:
+        ids, origin = source_ids, "source"
+        if not known:
+            warnings.append(f"aux layer id convention guessed by heuristic ({detail}); check with "
+                            "`eaglekit verify` or pass --aux-convention (P16)")
+    elif aux.location == "default" and aux.ids is not None:
+        ids, origin = aux.ids, "default"
+        if not known:
+            warnings.append(f"aux layer ids not recorded in the source: using the engine default {list(aux.ids)} "
+                            f"for the target's L={target.num_layers if target else '?'} (P17)")
+    else:
+        raise UsageError(f"{spec.path}: aux layer ids are not recorded in the checkpoint; pass --aux-layer-ids, or "
+                         "--target to use the engine default (2, L//2, L-3)")
+
+    if list(ids) != sorted(set(ids)):
+        if len(set(ids)) != len(ids):
+            raise UsageError(f"aux layer ids {list(ids)} have duplicates (P20)")
+        warnings.append(f"aux layer ids {list(ids)} written sorted: engines concatenate in ascending order (P20)")
+        ids = tuple(sorted(ids))
+    if len(ids) != k:
+        raise UsageError(f"{len(ids)} aux layer ids {list(ids)} but fc takes K={k} target states (fc in-features / T)")
+    if target is not None and max(ids) > target.num_layers:
+        raise UsageError(f"aux layer id {max(ids)} is beyond the target's {target.num_layers} layers "
+                         "(vLLM ids lie in [0, L])")
+    return AuxChoice(ids, origin, detail, known, source_ids)
+
+
+def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> Decisions:
+    warnings: list[str] = []
+    if "fc.weight" not in spec.tensors:
+        raise CheckpointError("no fc.weight: an EAGLE-1-style draft without aux hidden states cannot become "
+                              "EAGLE-3/3.1", spec.path)
+    k = spec.num_aux_hidden_states
+    t = spec.geometry.target_hidden_size
+    if not k or not t:
+        raise CheckpointError("cannot tell K: fc in-features are not a multiple of the target hidden size "
+                              "(pass --target, or write target_hidden_size)", spec.path)
+    if target is not None and t != target.hidden_size:
+        raise UsageError(f"draft expects target hidden size T={t}, the target has {target.hidden_size}")
+    if spec.attention == "mla" and opts.to == "speculators":
+        raise UsageError("MLA drafts cannot be written in the speculators layout (vLLM maps only llama and qwen3 "
+                         "there, P31): use --to vllm or --to sglang")
+    if spec.attention == "qwen3" and opts.to == "sglang":
+        raise UsageError("SGLang has no EAGLE-3 draft class with Qwen3 q/k norms: use --to vllm or --to speculators")
+
+    aux = _aux(spec, opts, target, k, warnings)
+    vocab_size = spec.vocab.vocab_size
+    if target is not None and vocab_size != target.vocab_size:
+        if spec.has_embed_tokens:
+            raise CheckpointError(f"draft embed_tokens has {vocab_size} rows, the target vocabulary has "
+                                  f"{target.vocab_size}", spec.path)
+        warnings.append(f"vocab_size {vocab_size} in the source config replaced by the target's {target.vocab_size} "
+                        "(P28)")
+        vocab_size = target.vocab_size
+
+    fc_norm_tensors = bool(spec.observations.get("fc_norm_tensor_ids"))
+    if spec.flags.fc_norm and not fc_norm_tensors:
+        raise CheckpointError("config says fc_norm: true but there are no fc_norm.* tensors (P3: a converter dropped "
+                              "the trained weights); refusing to invent them", spec.path)
+    if fc_norm_tensors and not spec.flags.fc_norm:
+        warnings.append("fc_norm.* tensors present while the config does not set fc_norm: the tensors win")
+    source_fc_norm = fc_norm_tensors
+    if source_fc_norm and not opts.fc_norm:
+        raise UsageError("the source is trained with fc_norm; removing it would change the function "
+                         "(drop --no-fc-norm)")
+    source_norm_output = spec.flags.norm_output and not spec.flags.norm_output_legacy_specforge
+    if spec.family == "specforge" and spec.observations.get("norm_output_written"):
+        warnings.append("SpecForge before PR #879 gave norm_output another meaning (P35): check the SpecForge "
+                        "version this draft was trained with")
+    if source_norm_output and not opts.norm_output:
+        raise UsageError("the source is trained with norm_output (post-norm feedback); removing it would change "
+                         "the function (drop --no-norm-output)")
+    norm_before_fc = spec.flags.norm_before_fc or "input_norm.weight" in spec.tensors
+    fc_norm_added = opts.fc_norm and not source_fc_norm
+    if fc_norm_added and norm_before_fc:
+        raise UsageError("the source uses norm_before_fc (one RMSNorm over the whole concatenation); it cannot be "
+                         "combined with fc_norm (P37): pass --no-fc-norm")
+    if norm_before_fc and spec.attention == "mla":
+        raise CheckpointError("norm_before_fc / input_norm is not supported by MLA drafts", spec.path)
+
+    init = None
+    if fc_norm_added:
+        init = opts.fc_norm_init
+        if init is None:
+            init = "calibrated" if target is not None and target_has_weights(target) else "ones"
+        elif init == "calibrated" and not target_has_weights(target):
+            raise UsageError(f"--fc-norm-init calibrated: no weights next to {target.path}")
+    elif opts.fc_norm_init is not None:
+        warnings.append("--fc-norm-init ignored: the source already has trained fc_norm weights")
+
+    nbr = spec.flags.norm_before_residual
+    if nbr is None:
+        default = spec.observations.get("norm_before_residual_default")
+        nbr = bool(default)
+        nbr_origin = (f"not written in the source; {spec.producer}'s consumer assumes {str(nbr).lower()} (P12)"
+                      if default is not None else "not written in the source; false (vLLM flat-config default, P12)")
+        if default:
+            warnings.append(f"norm_before_residual written as true: {spec.producer} drafts are served with it (P12)")
+    else:
+        nbr_origin = "as written in the source"
+
+    compute = spec.tensors["fc.weight"].dtype
+    cast = opts.dtype
+    if cast is not None and cast not in FLOAT_CASTABLE:
+        raise UsageError(f"--dtype {cast}: expected bf16, fp16 or fp32")
+    if cast is not None:
+        odd = sorted({r.dtype for r in spec.tensors.values()} - set(FLOAT_CASTABLE) - {"I64", "BOOL", "I32"})
+        if odd:
+            raise UsageError(f"--dtype: the draft holds {', '.join(odd)} tensors (quantised?); converting them is not "
+                             "supported")
+        compute = cast
+    if compute not in FLOAT_CASTABLE and fc_norm_added:
+        raise UsageError(f"fc.weight is {compute}: adding fc_norm to a quantised fc is not supported "
+                             "(pass --no-fc-norm)")
+
+    changes: list[str] = []
+    function = "preserved"
+
+    def worse(level: str, why: str) -> None:
+        nonlocal function
+        changes.append(why)
+        if FUNCTION_RANK[level] > FUNCTION_RANK[function]:
+            function = level
+
+    if fc_norm_added:
+        if init == "calibrated":
+            worse("approximate", "fc_norm added with calibrated weights: the first step's fc output approximates "
+                                 "the original")
+        else:
+            worse("warm-start", "fc_norm added with unit weights: RMSNorm is not the identity, the first step "
+                                "changes")
+    if opts.norm_output and not source_norm_output:
+        worse("warm-start", "norm_output switched on: every step after the first is fed the post-norm state")
+    if cast is not None:
+        lossy = sorted({r.dtype for r in spec.tensors.values() if r.dtype in FLOAT_CASTABLE
+                        and not is_exact_cast(r.dtype, cast)})
+        if lossy:
+            worse("approximate", f"--dtype {cast} rounds {', '.join(lossy)} weights")
+    if function == "warm-start":
+        warnings.append("the output is a warm start for EAGLE-3.1 fine-tuning, not a trained 3.1 draft (P36)")
+
+    if opts.to == "sglang" and nbr:
+        raise UsageError("--to sglang: this draft uses norm_before_residual true, and SGLang has no such switch "
+                         "(it always behaves as false): it cannot be served faithfully there (P12)")
+    if opts.to == "speculators" and (opts.fc_norm or opts.norm_output or source_fc_norm or source_norm_output):
+        warnings.append("the speculators layout carries the 3.1 flags only for vLLM >= 0.25.0 (P9)")
+
+    return Decisions(
+        dialect=opts.to,
+        attention=spec.attention,
+        num_aux=k,
+        target_hidden=t,
+        aux=aux,
+        vocab_size=vocab_size,
+        fc_norm=opts.fc_norm or source_fc_norm,
+        fc_norm_added=fc_norm_added,
+        fc_norm_init=init,
+        norm_output=opts.norm_output or source_norm_output,
+        norm_output_added=opts.norm_output and not source_norm_output,
+        norm_before_fc=norm_before_fc,
+        norm_before_residual=nbr,
+        norm_before_residual_origin=nbr_origin,
+        compute_dtype=compute,
+        cast_to=cast,
+        function=function,
+        changes=tuple(changes),
+        target=target,
+        warnings=warnings,
+    )

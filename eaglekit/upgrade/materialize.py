@@ -1,0 +1,78 @@
+"""Turn the plan's recipes into writer inputs: byte ranges for unchanged tensors, chunk streams for the rest."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from eaglekit.io.tensors import load_tensor
+from eaglekit.io.writer import READ_CHUNK, ByteRange, OutTensor, iter_file_chunks
+from eaglekit.spec import DraftSpec, TensorRef
+from eaglekit.upgrade.encode import cast_stream, decode, encode
+from eaglekit.upgrade.plan import TensorStep, UpgradePlan
+
+ARRAY_ENCODINGS = {"I64": "<i8", "BOOL": "?"}
+
+
+def _torch_bytes(spec: DraftSpec, name: str, cast_to: str | None = None) -> bytes:
+    """A tensor from a pickle checkpoint, as raw little-endian bytes (optionally cast by torch)."""
+    import torch
+
+    from eaglekit.io.dtypes import torch_dtype
+
+    tensor = load_tensor(spec, name)
+    if cast_to is not None:
+        tensor = tensor.to(torch_dtype(cast_to))
+    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _source_chunks(spec: DraftSpec, ref: TensorRef) -> Iterator[bytes]:
+    if ref.data_start < 0:
+        yield _torch_bytes(spec, ref.name)
+    else:
+        yield from iter_file_chunks(os.path.join(spec.path, ref.file), ref.data_start, ref.data_end)
+
+
+def _rows(spec: DraftSpec, ref: TensorRef, order: np.ndarray, cast_to: str | None) -> Iterator[bytes]:
+    """Rows of a 2-D tensor in `order`, a few MB at a time; the source tensor is read once."""
+    raw = b"".join(_source_chunks(spec, ref))
+    table = np.frombuffer(raw, dtype=np.uint8).reshape(ref.shape[0], -1)
+    step = max(1, READ_CHUNK // max(table.shape[1], 1))
+    for start in range(0, len(order), step):
+        block = table[order[start:start + step]].tobytes()
+        yield encode(decode(block, ref.dtype), cast_to) if cast_to else block
+
+
+def _array_bytes(values: np.ndarray, dtype: str) -> bytes:
+    if dtype in ARRAY_ENCODINGS:
+        return np.ascontiguousarray(values, dtype=ARRAY_ENCODINGS[dtype]).tobytes()
+    return encode(np.asarray(values, dtype=np.float32), dtype)
+
+
+def out_tensor(spec: DraftSpec, plan: UpgradePlan, step: TensorStep, arrays: dict[str, np.ndarray],
+               row_order: np.ndarray | None) -> OutTensor:
+    recipe = plan.recipes[step.name]
+    ref = spec.tensors.get(recipe.source) if recipe.source else None
+    if recipe.kind == "bytes":
+        if ref.data_start >= 0:
+            source = ByteRange(os.path.join(spec.path, ref.file), ref.data_start, ref.data_end)
+        else:
+            source = lambda ref=ref: [_torch_bytes(spec, ref.name)]  # noqa: E731
+    elif recipe.kind == "cast":
+        if ref.data_start >= 0:
+            source = lambda ref=ref: cast_stream(_source_chunks(spec, ref), ref.dtype, recipe.cast_to)  # noqa: E731
+        else:
+            source = lambda ref=ref: [_torch_bytes(spec, ref.name, recipe.cast_to)]  # noqa: E731
+    elif recipe.kind == "rows":
+        source = lambda ref=ref: _rows(spec, ref, row_order, recipe.cast_to)  # noqa: E731
+    else:
+        data = _array_bytes(arrays[recipe.array], step.dtype)
+        source = lambda data=data: [data]  # noqa: E731
+    return OutTensor(step.name, step.dtype, step.shape, source)
+
+
+def out_tensors(spec: DraftSpec, plan: UpgradePlan, arrays: dict[str, np.ndarray],
+                row_order: np.ndarray | None) -> list[OutTensor]:
+    return [out_tensor(spec, plan, step, arrays, row_order) for step in plan.written]

@@ -1,0 +1,67 @@
+"""What the caller asks of an upgrade; one object shared by the CLI and the Python API."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from eaglekit.errors import UsageError
+from eaglekit.spec import FAMILIES
+
+DIALECTS = ("vllm", "sglang", "speculators")
+FC_NORM_INITS = ("ones", "calibrated")
+DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # the Hugging Face default, "5GB"
+
+
+@dataclass(frozen=True)
+class UpgradeOptions:
+    source_family: str = "eagle3"  # "eagle3": detect the layout; else read the source as this family
+    target: str | None = None  # target model dir (or its config.json): L, T, V; weights for calibration
+    aux_layer_ids: tuple[int, ...] | None = None
+    aux_convention: str | None = None  # "input" | "output": how --aux-layer-ids (or unknown source ids) count
+    fc_norm: bool = True
+    norm_output: bool = True
+    fc_norm_init: str | None = None  # "ones" | "calibrated"; None: calibrated when the target has weights
+    calibration_file: str | None = None
+    calibration_tokens: int = 2048
+    to: str = "vllm"
+    dtype: str | None = None  # "BF16" | "F16" | "F32"; None: keep each tensor's dtype
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
+    dry_run: bool = False
+    force: bool = False
+    allow_pickle: bool = False
+    subfolder: str | None = None
+    revision: str | None = None
+    device: str = "cpu"  # where the target runs for calibration
+
+    def check(self) -> None:
+        if self.source_family != "eagle3" and self.source_family not in FAMILIES:
+            raise UsageError(f"--from {self.source_family!r}: expected eagle3 or one of {', '.join(FAMILIES)}")
+        if self.to not in DIALECTS:
+            raise UsageError(f"--to {self.to!r}: expected one of {', '.join(DIALECTS)}")
+        if self.aux_convention not in (None, "input", "output"):
+            raise UsageError(f"--aux-convention {self.aux_convention!r}: expected input or output")
+        if self.fc_norm_init not in (None, *FC_NORM_INITS):
+            raise UsageError(f"--fc-norm-init {self.fc_norm_init!r}: expected ones or calibrated")
+        if self.fc_norm_init == "calibrated" and not self.target:
+            raise UsageError("--fc-norm-init calibrated needs --target (the model whose hidden states it measures)")
+        if self.fc_norm_init is not None and not self.fc_norm:
+            raise UsageError("--fc-norm-init has no effect with --no-fc-norm")
+        if self.calibration_file and not self.target:
+            raise UsageError("--calibration-file needs --target")
+        if self.aux_layer_ids is not None:
+            if not self.aux_layer_ids or any(i < 0 for i in self.aux_layer_ids):
+                raise UsageError("--aux-layer-ids must be non-negative integers")
+            if len(set(self.aux_layer_ids)) != len(self.aux_layer_ids):
+                raise UsageError(f"--aux-layer-ids {list(self.aux_layer_ids)} has duplicates (P20)")
+        if self.max_shard_size <= 0:
+            raise UsageError("--max-shard-size must be positive")
+        if self.calibration_tokens < 64:
+            raise UsageError("calibration needs at least 64 tokens")
+
+    @property
+    def lossless(self) -> bool:
+        return not self.fc_norm and not self.norm_output
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,180 @@
+"""The plan: what every output tensor is made of, decided before a byte is written (printed by --dry-run).
+
+Actions: copy (same name, same bytes), rename (new name, same bytes), transform (new bytes from a source
+tensor: dtype cast, permuted rows, rebuilt map), add (new tensor), drop (source tensor not written).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from types import ModuleType
+from typing import Any
+
+from eaglekit.errors import CheckpointError
+from eaglekit.families.names import layer_index
+from eaglekit.spec import DraftSpec
+from eaglekit.upgrade.decide import Decisions
+from eaglekit.upgrade.encode import FLOAT_CASTABLE
+from eaglekit.upgrade.vocab import VocabPlan
+
+ACTIONS = ("copy", "rename", "transform", "add", "drop")
+
+LAYER_SUFFIXES = frozenset({
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.o_proj.bias",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "self_attn.q_a_proj.weight", "self_attn.q_a_layernorm.weight", "self_attn.q_b_proj.weight",
+    "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
+})
+TOP_LEVEL = frozenset({"fc.weight", "input_norm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight"})
+FC_NORM = re.compile(r"^fc_norm\.(\d+)\.weight$")
+ROTARY = re.compile(r"(^|\.)rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
+QUANT_SCALE = re.compile(r"\.(weight_scale|weight_scale_2|input_scale|k_scale|v_scale|q_scale|scale)$")
+
+
+@dataclass(frozen=True)
+class TensorStep:
+    """One line of the plan."""
+
+    name: str  # output name ("" for a drop)
+    action: str
+    dtype: str
+    shape: tuple[int, ...]
+    source: str | None  # source tensor name
+    source_file: str | None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["shape"] = list(self.shape)
+        return data
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the writer makes one output tensor's bytes."""
+
+    kind: str  # "bytes" (source bytes) | "cast" | "rows" (permuted rows, maybe cast) | "array" (computed)
+    source: str | None = None  # canonical source name
+    cast_to: str | None = None
+    array: str | None = None  # key into the computed arrays (fc_norm.{k}.weight, d2t, t2d)
+
+
+@dataclass
+class UpgradePlan:
+    steps: list[TensorStep]
+    recipes: dict[str, Recipe] = field(default_factory=dict)  # output name -> recipe
+
+    @property
+    def written(self) -> list[TensorStep]:
+        return [s for s in self.steps if s.action != "drop"]
+
+    def counts(self) -> dict[str, int]:
+        return {a: sum(1 for s in self.steps if s.action == a) for a in ACTIONS}
+
+    @property
+    def total_bytes(self) -> int:
+        from eaglekit.io.writer import tensor_nbytes
+
+        return sum(tensor_nbytes(s.dtype, s.shape) for s in self.written)
+
+
+def _known(name: str) -> bool:
+    if name in TOP_LEVEL or name in ("d2t", "t2d") or FC_NORM.match(name):
+        return True
+    i = layer_index(name)
+    if i is not None:
+        rest = name.split(".", 2)[2]
+        return rest in LAYER_SUFFIXES
+    return False
+
+
+def _is_quant_scale(name: str, spec: DraftSpec) -> bool:
+    return "quantization_config" in spec.config and bool(QUANT_SCALE.search(name))
+
+
+def build_plan(spec: DraftSpec, d: Decisions, vocab: VocabPlan, dialect: ModuleType) -> UpgradePlan:
+    unknown = sorted(n for n in spec.tensors if not _known(n) and not _is_quant_scale(n, spec)
+                     and not ROTARY.search(n))
+    if unknown:
+        shown = ", ".join(spec.tensors[n].source_name for n in unknown[:6])
+        more = f" and {len(unknown) - 6} more" if len(unknown) > 6 else ""
+        raise CheckpointError(f"tensors that no EAGLE-3 engine loads (P30): {shown}{more}; refusing to guess what "
+                              "they are", spec.path)
+    if vocab.row_order is not None and "lm_head.weight" not in spec.tensors:
+        raise CheckpointError("d2t is not the identity but there is no lm_head to reorder", spec.path)
+
+    steps: list[TensorStep] = []
+    recipes: dict[str, Recipe] = {}
+
+    def out_dtype(src_dtype: str) -> str:
+        return d.cast_to if d.cast_to and src_dtype in FLOAT_CASTABLE else src_dtype
+
+    def add_step(canonical: str, action: str, dtype: str, shape, source: str | None, note: str, recipe: Recipe):
+        ref = spec.tensors.get(source) if source else None
+        name = dialect.tensor_name(canonical, spec)
+        if action in ("copy", "rename"):
+            action = "copy" if ref is not None and ref.source_name == name else "rename"
+        steps.append(TensorStep(name, action, dtype, tuple(shape), ref.source_name if ref else None,
+                                ref.file if ref else None, note))
+        recipes[name] = recipe
+
+    def drop(source: str, note: str) -> None:
+        ref = spec.tensors[source]
+        steps.append(TensorStep("", "drop", ref.dtype, ref.shape, ref.source_name, ref.file, note))
+
+    for name in sorted(spec.tensors):
+        ref = spec.tensors[name]
+        if ROTARY.search(name):
+            drop(name, "rotary buffer: recomputed by every engine")
+            continue
+        if name in ("d2t", "t2d"):
+            continue  # below, from the vocabulary plan
+        dtype = out_dtype(ref.dtype)
+        note = ""
+        if ref.source_name != dialect.tensor_name(name, spec):
+            note = "canonical name"
+            if name.startswith("layers.") and "hidden_norm" in ref.source_name and "input_layernorm" in name:
+                note = "Megatron hidden_norm of a layer >= 1 is its input norm (P32)"
+        if name == "lm_head.weight" and vocab.row_order is not None:
+            add_step(name, "transform", dtype, ref.shape, name, "rows reordered with d2t into target-id order",
+                     Recipe("rows", name, cast_to=dtype if dtype != ref.dtype else None))
+        elif dtype != ref.dtype:
+            add_step(name, "transform", dtype, ref.shape, name, f"{ref.dtype} -> {dtype}", Recipe("cast", name, dtype))
+        else:
+            add_step(name, "copy", dtype, ref.shape, name, note, Recipe("bytes", name))
+
+    if d.fc_norm_added:
+        init = "least-squares fit on the target's hidden states" if d.fc_norm_init == "calibrated" else "unit weights"
+        for k, layer in enumerate(d.aux.ids):
+            key = f"fc_norm.{k}.weight"
+            add_step(key, "add", d.compute_dtype, (d.target_hidden,), None,
+                     f"EAGLE-3.1 norm of aux layer {layer}: {init}", Recipe("array", array=key))
+
+    if "d2t" in spec.tensors:
+        if vocab.d2t is None:
+            drop("d2t", vocab.detail)
+        elif vocab.d2t_from_source and spec.tensors["d2t"].dtype == "I64":
+            add_step("d2t", "copy", "I64", (vocab.draft_vocab_size,), "d2t", "",
+                     Recipe("bytes", "d2t"))
+        else:
+            note = "offsets of the sorted ids" if vocab.action == "sorted" else "written as int64"
+            add_step("d2t", "transform", "I64", (vocab.draft_vocab_size,), "d2t", note,
+                     Recipe("array", array="d2t"))
+    if vocab.t2d is not None:
+        if vocab.t2d_from_source and spec.tensors["t2d"].dtype == "BOOL":
+            add_step("t2d", "copy", "BOOL", (vocab.vocab_size,), "t2d", "", Recipe("bytes", "t2d"))
+        elif "t2d" in spec.tensors:
+            add_step("t2d", "transform", "BOOL", (vocab.vocab_size,), "t2d", "rebuilt from d2t",
+                     Recipe("array", array="t2d"))
+        else:
+            add_step("t2d", "add", "BOOL", (vocab.vocab_size,), None, "from d2t, for consumers that read it (P25)",
+                     Recipe("array", array="t2d"))
+    elif "t2d" in spec.tensors:
+        drop("t2d", vocab.detail)
+
+    steps.sort(key=lambda s: (s.action == "drop", s.name or (s.source or "")))
+    return UpgradePlan(steps, recipes)

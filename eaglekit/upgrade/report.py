@@ -1,0 +1,98 @@
+"""The result of an upgrade, as data: what was written, from what, and how much of the function survived."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from eaglekit.findings import Finding
+from eaglekit.upgrade.calibrate import Fidelity
+from eaglekit.upgrade.plan import TensorStep
+
+FUNCTION_SUMMARY = {
+    "preserved": "function-preserving: the output computes exactly what the source computes",
+    "approximate": "approximately preserving",
+    "warm-start": "warm start: the function changed and needs fine-tuning before serving",
+}
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    """fc output of the original vs the upgraded first step, on held-out calibration tokens."""
+
+    tokens: int
+    fit_tokens: int
+    text: str
+    relative_error: float
+    cosine: float
+    min_cosine: float
+    ones_relative_error: float  # the same tokens with unit fc_norm weights
+    ones_cosine: float
+
+    @classmethod
+    def of(cls, calibrated: Fidelity, ones: Fidelity, fit_tokens: int, text: str) -> "FidelityReport":
+        return cls(calibrated.tokens, fit_tokens, text, calibrated.relative_error, calibrated.cosine,
+                   calibrated.min_cosine, ones.relative_error, ones.cosine)
+
+
+@dataclass
+class UpgradeReport:
+    source: dict[str, Any]  # path, family, producer, eagle_version, files, total_bytes
+    output: dict[str, Any]  # path, dialect, eagle_version, files, total_bytes
+    dry_run: bool
+    function: str  # "preserved" | "approximate" | "warm-start"
+    summary: str
+    changes: list[str]
+    aux: dict[str, Any]
+    vocab: dict[str, Any]
+    flags: dict[str, Any]
+    tensors: list[TensorStep]
+    config: dict[str, Any]
+    fidelity: FidelityReport | None = None
+    findings: list[Finding] = field(default_factory=list)
+    validated: bool = False
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        from eaglekit.upgrade.plan import ACTIONS
+
+        return {a: sum(1 for s in self.tensors if s.action == a) for a in ACTIONS}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "output": self.output,
+            "dry_run": self.dry_run,
+            "function": self.function,
+            "summary": self.summary,
+            "changes": list(self.changes),
+            "aux": self.aux,
+            "vocab": self.vocab,
+            "flags": self.flags,
+            "fidelity": asdict(self.fidelity) if self.fidelity else None,
+            "counts": self.counts,
+            "tensors": [s.to_dict() for s in self.tensors],
+            "config": self.config,
+            "validated": self.validated,
+            "findings": [f.to_dict() for f in self.findings],
+            "warnings": list(self.warnings),
+            "timings": dict(self.timings),
+        }
+
+
+def summary_line(function: str, fidelity: FidelityReport | None, norm_output_added: bool) -> str:
+    """The one sentence the report leads with."""
+    if function == "approximate" and fidelity is not None:
+        return (f"approximately preserving: first-step fc output cosine {fidelity.cosine:.4f}, relative error "
+                f"{fidelity.relative_error:.4f} on {fidelity.tokens} held-out tokens")
+    if function == "warm-start":
+        parts = ["warm start: needs fine-tuning"]
+        if fidelity is not None:
+            parts.append(f"first-step fc output cosine {fidelity.cosine:.4f}, relative error "
+                         f"{fidelity.relative_error:.4f} after calibration")
+        if norm_output_added:
+            parts.append("norm_output changes every step after the first")
+        return "; ".join(parts)
+    return FUNCTION_SUMMARY[function]

@@ -1,0 +1,210 @@
+"""`upgrade`: read, decide, plan, (calibrate), stream into a staging directory, check, then publish atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from eaglekit import __version__
+from eaglekit.dialects import get_dialect
+from eaglekit.errors import OutputError, UsageError
+from eaglekit.families import load_draft
+from eaglekit.io.checkpoint import INDEX_NAME
+from eaglekit.io.tensors import read_array
+from eaglekit.io.writer import StagedDirectory, patch_header, write_checkpoint_weights, write_json
+from eaglekit.spec import DraftSpec
+from eaglekit.target import read_target
+from eaglekit.upgrade.decide import Decisions, decide
+from eaglekit.upgrade.materialize import out_tensors
+from eaglekit.upgrade.options import UpgradeOptions
+from eaglekit.upgrade.plan import UpgradePlan, build_plan
+from eaglekit.upgrade.provenance import SourceHashes
+from eaglekit.upgrade.report import FidelityReport, UpgradeReport, summary_line
+from eaglekit.upgrade.vocab import VocabPlan, plan_vocab
+
+CARRIED_FILES = ("hf_quant_config.json",)  # the draft's own quantisation description travels with its scales
+
+
+def _check_paths(src: str, dst: str) -> None:
+    s, d = os.path.realpath(src), os.path.realpath(dst)
+    if s == d or d.startswith(s + os.sep) or s.startswith(d + os.sep):
+        raise UsageError(f"output {dst} overlaps the source {src}: the source is never modified; choose another "
+                         "directory")
+
+
+def _source_files(spec: DraftSpec) -> list[str]:
+    files = list(spec.files) + ["config.json"]
+    if os.path.exists(os.path.join(spec.path, INDEX_NAME)):
+        files.append(INDEX_NAME)
+    return files
+
+
+def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions, vocab: VocabPlan,
+                hashes: dict[str, str], summary: str, fidelity: FidelityReport | None) -> dict[str, Any]:
+    block: dict[str, Any] = {
+        "version": __version__,
+        "command": "upgrade",
+        "source": source,
+        "source_family": spec.family,
+        "source_producer": spec.producer,
+        "source_eagle_version": spec.eagle_version,
+        "source_files": hashes,
+        "target": opts.target,
+        "options": {
+            "from": opts.source_family, "to": opts.to, "fc_norm": opts.fc_norm, "norm_output": opts.norm_output,
+            "fc_norm_init": d.fc_norm_init, "aux_layer_ids": list(opts.aux_layer_ids) if opts.aux_layer_ids else None,
+            "aux_convention": opts.aux_convention, "dtype": opts.dtype,
+        },
+        "function": d.function,
+        "summary": summary,
+        "aux_layer_ids_source": f"{d.aux.origin}: {d.aux.detail}",
+        "norm_before_residual_source": d.norm_before_residual_origin,
+        "conversion": list(d.changes) + [vocab.detail],
+    }
+    if opts.revision:
+        block["source_revision"] = opts.revision
+    if fidelity is not None:
+        block["fidelity"] = {"fc_output_cosine": round(fidelity.cosine, 6),
+                             "fc_output_relative_error": round(fidelity.relative_error, 6),
+                             "held_out_tokens": fidelity.tokens, "calibration_text": fidelity.text}
+    return block
+
+
+def _fc_norm_weights(spec: DraftSpec, opts: UpgradeOptions, d: Decisions) -> tuple[np.ndarray, FidelityReport | None]:
+    if d.fc_norm_init != "calibrated":
+        return np.ones((d.num_aux, d.target_hidden)), None
+    from eaglekit.upgrade.capture import calibrate_fc_norm
+
+    cal = calibrate_fc_norm(os.path.dirname(d.target.path), d.aux.ids, read_array(spec, "fc.weight", as_float32=True),
+                            eps=spec.geometry.rms_norm_eps, dtype=d.compute_dtype, text_file=opts.calibration_file,
+                            max_tokens=opts.calibration_tokens, device=opts.device)
+    return cal.weights, FidelityReport.of(cal.calibrated, cal.ones, cal.fit_tokens, cal.text_source)
+
+
+def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab: VocabPlan, plan: UpgradePlan,
+            config: dict[str, Any], opts: UpgradeOptions, fidelity: FidelityReport | None) -> UpgradeReport:
+    eagle = "3.1" if d.fc_norm and d.norm_output else ("3.1-partial" if d.fc_norm or d.norm_output else "3")
+    return UpgradeReport(
+        source={"path": spec.path, "given": source, "family": spec.family, "producer": spec.producer,
+                "eagle_version": spec.eagle_version, "files": list(spec.files), "total_bytes": spec.total_bytes},
+        output={"path": os.path.abspath(destination), "dialect": d.dialect, "eagle_version": eagle, "files": [],
+                "total_bytes": plan.total_bytes},
+        dry_run=opts.dry_run,
+        function=d.function,
+        summary=summary_line(d.function, fidelity, d.norm_output_added),
+        changes=list(d.changes),
+        aux={"ids": list(d.aux.ids), "origin": d.aux.origin, "detail": d.aux.detail,
+             "convention_known": d.aux.convention_known,
+             "source_ids": list(d.aux.source_ids) if d.aux.source_ids is not None else None,
+             "as_written": list(spec.aux.as_written) if spec.aux.as_written is not None else None},
+        vocab={"vocab_size": vocab.vocab_size, "draft_vocab_size": vocab.draft_vocab_size, "action": vocab.action,
+               "detail": vocab.detail},
+        flags={"fc_norm": d.fc_norm, "fc_norm_added": d.fc_norm_added, "fc_norm_init": d.fc_norm_init,
+               "norm_output": d.norm_output, "norm_output_added": d.norm_output_added,
+               "norm_before_fc": d.norm_before_fc, "norm_before_residual": d.norm_before_residual,
+               "norm_before_residual_origin": d.norm_before_residual_origin},
+        tensors=list(plan.steps),
+        config=config,
+        fidelity=fidelity,
+        warnings=list(d.warnings),
+    )
+
+
+def upgrade(source: str, destination: str, options: UpgradeOptions | None = None, *,
+            progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None
+            ) -> UpgradeReport:
+    """Write `source` as a vLLM-ready (or SGLang / speculators) EAGLE-3.1 or EAGLE-3 draft at `destination`.
+
+    `on_start(total_bytes)` is called once before streaming and `progress(nbytes)` as bytes are written.
+    """
+    opts = options or UpgradeOptions()
+    opts.check()
+    started = time.perf_counter()
+    target = read_target(opts.target) if opts.target else None
+    family = None if opts.source_family == "eagle3" else opts.source_family
+    spec = load_draft(source, subfolder=opts.subfolder, revision=opts.revision, allow_pickle=opts.allow_pickle,
+                      family=family, target=target)
+    _check_paths(spec.path, destination)
+    stage = StagedDirectory(destination, force=opts.force)
+    if opts.dry_run:
+        try:
+            stage.check()
+            refusal = None
+        except UsageError as exc:
+            refusal = str(exc)
+    else:
+        stage.check()
+
+    d = decide(spec, opts, target)
+    vocab = plan_vocab(spec, d.vocab_size)
+    dialect = get_dialect(opts.to)
+    plan = build_plan(spec, d, vocab, dialect)
+    config = dialect.config(spec, d, vocab)
+    if opts.dry_run:
+        report = _report(source, destination, spec, d, vocab, plan, config, opts, None)
+        if refusal:
+            report.warnings.append(f"a real run would stop here: {refusal}")
+        report.timings["total_s"] = time.perf_counter() - started
+        return report
+
+    files = _source_files(spec)
+    hashes = SourceHashes(spec.path, files).start()
+    t = time.perf_counter()
+    weights, fidelity = _fc_norm_weights(spec, opts, d) if d.fc_norm_added else (None, None)
+    calibrate_s = time.perf_counter() - t
+    report = _report(source, destination, spec, d, vocab, plan, config, opts, fidelity)
+    arrays: dict[str, np.ndarray] = {}
+    if weights is not None:
+        arrays.update({f"fc_norm.{k}.weight": weights[k] for k in range(d.num_aux)})
+    if vocab.d2t is not None:
+        arrays["d2t"] = vocab.d2t
+    if vocab.t2d is not None:
+        arrays["t2d"] = vocab.t2d
+    tensors = out_tensors(spec, plan, arrays, vocab.row_order)
+
+    def metadata(digests: dict[str, str]) -> dict[str, str]:
+        block = _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity)
+        return {"format": "pt", "eaglekit": json.dumps(block, sort_keys=True)}
+
+    with stage:
+        t = time.perf_counter()
+        if on_start:
+            on_start(plan.total_bytes)
+        written = write_checkpoint_weights(stage.path, tensors, metadata(SourceHashes.placeholders(files)),
+                                           opts.max_shard_size, progress, fsync=False)
+        digests = hashes.result()
+        for name, group in written.items():
+            patch_header(os.path.join(stage.path, name), group, metadata(digests))
+        config["eaglekit"] = _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity)
+        write_json(os.path.join(stage.path, "config.json"), config, fsync=False)
+        for extra in CARRIED_FILES:
+            if os.path.isfile(os.path.join(spec.path, extra)):
+                shutil.copyfile(os.path.join(spec.path, extra), os.path.join(stage.path, extra))
+        write_s = time.perf_counter() - t
+
+        from eaglekit.upgrade.check import check_output
+
+        t = time.perf_counter()
+        _, findings = check_output(stage.path, spec, plan, d, dialect, target)
+        report.findings = findings
+        report.validated = True
+        errors = [f for f in findings if f.severity == "error"]
+        if errors:
+            first = errors[0]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise OutputError(f"the upgraded draft fails validation, nothing was written: [{first.code}] "
+                              f"{first.message}{more}", os.path.abspath(destination))
+        validate_s = time.perf_counter() - t
+        stage.publish()
+
+    report.config = config
+    report.output["files"] = sorted(os.listdir(stage.dst))
+    report.timings.update(calibrate_s=calibrate_s, write_s=write_s, validate_s=validate_s,
+                          total_s=time.perf_counter() - started)
+    return report
