@@ -413,3 +413,35 @@ def make_target_config(path: str, *, layers: int = 12, hidden: int = 64, vocab: 
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(cfg, fh, indent=2)
     return path
+
+
+# ---------------------------------------------------------------- editing a written draft in place
+
+
+def edit_config(path: str, edit) -> str:
+    """Apply `edit(config_dict)` to a written draft's or target's config.json (nested keys included)."""
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as fh:
+        cfg = json.load(fh)
+    edit(cfg)
+    with open(cfg_path, "w") as fh:
+        json.dump(cfg, fh, indent=2)
+    return path
+
+
+def rewrite_tensors(path: str, edit, filename: str = "model.safetensors") -> str:
+    """Rewrite one safetensors file through `edit(tensors)`, where tensors maps name -> (dtype, shape, raw bytes).
+
+    Lets a test write what `make_draft` cannot: renamed tensors, odd dtypes (I32 d2t, F4), exact bytes.
+    """
+    file = os.path.join(path, filename)
+    with open(file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+        data = fh.read()
+    meta = header.pop("__metadata__", None)
+    tensors = {name: (info["dtype"], tuple(info["shape"]), data[info["data_offsets"][0]:info["data_offsets"][1]])
+               for name, info in header.items()}
+    tensors = edit(tensors) or tensors
+    write_safetensors(file, tensors, meta)
+    return path
