@@ -67,5 +67,9 @@ def claims_31(spec: DraftSpec) -> bool:
     return bool(spec.flags.fc_norm or spec.flags.norm_output)
 
 
+_NORM = re.compile(r"norm(\.\d+)?\.weight$")
+
+
 def is_norm(name: str) -> bool:
-    return name.endswith("norm.weight")
+    """RMSNorm weights: input_layernorm, hidden_norm, norm, q/k_norm, fc_norm.{k}, input_norm, ..."""
+    return bool(_NORM.search(name))

@@ -35,10 +35,10 @@ def _megatron_slot(ctx: RuleContext, name: str) -> bool:
 def layer_count(ctx: RuleContext):
     spec = ctx.spec
     written = spec.observations.get("config_num_layers")
-    held = len(spec.observations.get("tensor_layer_ids") or [])
-    key = layer_key(spec, "num_hidden_layers")
-    if not held:
+    if not spec.observations.get("tensor_layer_ids"):
         return
+    held = spec.geometry.num_layers  # highest layer index + 1: gaps are EK102's
+    key = layer_key(spec, "num_hidden_layers")
     if written is None:
         yield Hit(f"{key} is not written (HF defaults it to 32); the tensors hold {held} layer(s): write {held}", key=key)
     elif written != held:
