@@ -44,7 +44,8 @@ class PlainDraft:
     def __init__(self, weights: dict[str, np.ndarray], *, heads: int, kv_heads: int, head_dim: int, layers: int,
                  eps: float, theta: float, fc_norm: bool, norm_output: bool, norm_before_fc: bool,
                  norm_before_residual: bool, qwen3: bool = False, window: int | None = None,
-                 embed: torch.Tensor | None = None, head: torch.Tensor | None = None, vocab: int | None = None):
+                 embed: torch.Tensor | None = None, head: torch.Tensor | None = None, vocab: int | None = None,
+                 freqs: list[float] | None = None, magnitude: float = 1.0):
         self.w = {k: torch.from_numpy(np.asarray(v)).to(torch.float64) if v.dtype.kind == "f" else torch.from_numpy(v)
                   for k, v in weights.items()}
         if embed is not None:
@@ -53,6 +54,7 @@ class PlainDraft:
             self.w["lm_head.weight"] = head.to(torch.float64)
         self.heads, self.kv_heads, self.head_dim, self.layers = heads, kv_heads, head_dim, layers
         self.eps, self.theta, self.qwen3, self.window = eps, theta, qwen3, window
+        self.freqs, self.magnitude = freqs, magnitude  # scaled RoPE: frequencies and cos/sin factor given outright
         self.fc_norm, self.norm_output = fc_norm, norm_output
         self.norm_before_fc, self.norm_before_residual = norm_before_fc, norm_before_residual
         self.vocab = vocab or self.w["embed_tokens.weight"].shape[0]
@@ -71,10 +73,11 @@ class PlainDraft:
         d = x.shape[-1]
         out = x.clone()
         for i in range(d // 2):
-            angle = pos * self.theta ** (-2 * i / d)
+            angle = pos * (self.freqs[i] if self.freqs else self.theta ** (-2 * i / d))
+            cos, sin = math.cos(angle) * self.magnitude, math.sin(angle) * self.magnitude
             a, b = x[i], x[i + d // 2]
-            out[i] = a * math.cos(angle) - b * math.sin(angle)
-            out[i + d // 2] = b * math.cos(angle) + a * math.sin(angle)
+            out[i] = a * cos - b * sin
+            out[i + d // 2] = b * cos + a * sin
         return out
 
     def attention(self, layer: int, x: torch.Tensor, pos: int) -> tuple[torch.Tensor, float]:
@@ -230,7 +233,8 @@ def plain_for(path: str, recipe: Recipe, **changes) -> "callable":
     return lambda: PlainDraft(
         weights, heads=recipe.heads, kv_heads=recipe.kv_heads, head_dim=recipe.head_dim, layers=recipe.layers,
         eps=layer_cfg["rms_norm_eps"], theta=layer_cfg.get("rope_theta", 10000.0), qwen3=recipe.attention == "qwen3",
-        window=changes.get("window"), embed=changes.get("embed"), head=changes.get("head"), vocab=recipe.vocab, **flags)
+        window=changes.get("window"), embed=changes.get("embed"), head=changes.get("head"), vocab=recipe.vocab,
+        freqs=changes.get("freqs"), magnitude=changes.get("magnitude", 1.0), **flags)
 
 
 def write(tmp_path, name: str, layout: str = "vllm", **overrides) -> tuple[str, Recipe]:

@@ -51,9 +51,10 @@ def deepseek_yarn(rot: int, theta: float, scaling: dict | None) -> tuple[list[fl
 
 class PlainMla(PlainDraft):
     def __init__(self, weights, *, mla: dict, theta: float, scaling: dict | None, **kwargs):
-        super().__init__(weights, theta=theta, head_dim=0, kv_heads=kwargs["heads"], **kwargs)
+        freqs, magnitude, self.softmax_mult = deepseek_yarn(mla["qk_rope_head_dim"], theta, scaling)
+        super().__init__(weights, theta=theta, head_dim=0, kv_heads=kwargs["heads"], freqs=freqs, magnitude=magnitude,
+                         **kwargs)
         self.m = mla
-        self.freqs, self.magnitude, self.softmax_mult = deepseek_yarn(mla["qk_rope_head_dim"], theta, scaling)
 
     def rotate(self, x, pos):
         out = x.clone()
