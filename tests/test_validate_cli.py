@@ -1,0 +1,143 @@
+"""`eaglekit validate` through the real entry point: exit codes, JSON schema, strictness, bad input, no writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import click
+import jsonschema
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from eaglekit.cli.main import main
+from eaglekit.rules import all_rules
+from tests.factory import make_draft, make_target_config
+
+SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "schemas")
+REPORT = json.load(open(os.path.join(SCHEMAS, "validate-report.schema.json")))
+RULES = json.load(open(os.path.join(SCHEMAS, "validate-rules.schema.json")))
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.pass_context
+def entry(ctx):
+    """The console-script entry point, so tests see its error handling and exit codes."""
+    main(list(ctx.args))
+
+
+def run(*args):
+    return CliRunner().invoke(entry, ["validate", *args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory):
+    base = tmp_path_factory.mktemp("validate")
+    return {
+        "ready": make_draft(str(base / "ready"), "vllm", fc_norm=True, norm_output=True),
+        "mla": make_draft(str(base / "mla"), "vllm", attention="mla", fc_norm=True),
+        "specforge": make_draft(str(base / "specforge"), "specforge"),
+        "speculators": make_draft(str(base / "speculators"), "speculators", norm_before_residual=None),
+        "nan": make_draft(str(base / "nan"), "vllm", add={"norm.weight": np.full(64, np.nan, np.float32)}),
+        "target": make_target_config(str(base / "target")),
+    }
+
+
+def _json(result) -> dict:
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, REPORT)
+    return doc
+
+
+def test_healthy_draft_exits_0(drafts):
+    result = run(drafts["ready"], "--target", drafts["target"], "--deep", "--strict")
+    assert result.exit_code == 0, result.output
+    assert "PASSED" in result.stdout
+
+
+def test_errors_exit_1_and_still_print_the_report(drafts):
+    result = run(drafts["specforge"], "--format", "json")
+    assert result.exit_code == 1
+    doc = _json(result)
+    assert not doc["ok"] and doc["errors"] == 1
+    assert [f["code"] for f in doc["findings"] if f["severity"] == "error"] == ["EK307"]
+    human = run(drafts["specforge"])
+    assert human.exit_code == 1 and "EK307" in human.stdout and "FAILED" in human.stdout
+
+
+def test_strict_turns_warnings_into_failure(drafts):
+    lenient = run(drafts["speculators"], "--format", "json")
+    assert lenient.exit_code == 0 and _json(lenient)["warnings"] >= 1 and _json(lenient)["ok"]
+    strict = run(drafts["speculators"], "--format", "json", "--strict")
+    assert strict.exit_code == 1
+    doc = _json(strict)
+    assert not doc["ok"] and doc["strict"] and doc["errors"] == 0
+    assert "EK150" in {f["code"] for f in doc["findings"]}
+
+
+def test_deep_reads_values_only_when_asked(drafts):
+    assert run(drafts["nan"]).exit_code == 0
+    deep = run(drafts["nan"], "--deep", "--format", "json")
+    assert deep.exit_code == 1
+    assert [(f["code"], f["tensor"]) for f in _json(deep)["findings"]] == [("EK401", "norm.weight")]
+
+
+def test_engine_version_selects_the_rules(drafts):
+    assert run(drafts["mla"], "--engine-version", "0.23").exit_code == 0
+    old = run(drafts["mla"], "--engine-version", "0.22", "--format", "json")
+    assert old.exit_code == 1
+    doc = _json(old)
+    assert doc["engines"] == [{"engine": "vllm", "version": "0.22.0"}]
+    assert "EK311" in {f["code"] for f in doc["findings"]}
+
+
+def test_engine_all_and_sglang(drafts):
+    doc = _json(run(drafts["ready"], "--engine", "all", "--format", "json"))
+    assert [e["engine"] for e in doc["engines"]] == ["vllm", "sglang"]
+    assert {f["code"] for f in doc["findings"] if f["severity"] != "info"} == {"EK351"}
+    assert run(drafts["specforge"], "--engine", "sglang").exit_code == 0
+
+
+def test_list_rules(drafts):
+    human = run("--list-rules")
+    assert human.exit_code == 0 and "EK101" in human.stdout and "EK415" in human.stdout
+    doc = json.loads(run("--list-rules", "--format", "json").stdout)
+    jsonschema.validate(doc, RULES)
+    assert [r["code"] for r in doc["rules"]] == [r.code for r in all_rules()]
+
+
+@pytest.mark.parametrize("args, code, text", [
+    ([], 2, "PATH is required"),
+    (["{ready}", "--engine", "all", "--engine-version", "0.30"], 2, "needs a single --engine"),
+    (["{ready}", "--engine-version", "zero"], 2, "is not X.Y"),
+    (["{ready}", "--engine", "trtllm"], 2, "Invalid value"),
+    (["{missing}"], 1, "no such file or directory"),
+    (["{ready}", "--target", "{missing}"], 1, "target config not found"),
+])
+def test_bad_input_is_one_line(drafts, tmp_path, args, code, text):
+    args = [a.format(ready=drafts["ready"], missing=str(tmp_path / "nope")) for a in args]
+    result = run(*args)
+    assert result.exit_code == code
+    assert text in result.stderr and "Traceback" not in result.output
+
+
+def test_truncated_file_is_one_clear_line(tmp_path):
+    path = make_draft(str(tmp_path / "d"), "vllm")
+    weights = os.path.join(path, "model.safetensors")
+    with open(weights, "r+b") as fh:
+        fh.truncate(os.path.getsize(weights) - 100)
+    result = run(path, "--deep")
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model.safetensors" in lines[0] and "truncated" in lines[0]
+
+
+def test_validate_never_modifies_the_source(drafts):
+    def digest(path):
+        return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest() for f in sorted(os.listdir(path))}
+
+    before = digest(drafts["nan"])
+    run(drafts["nan"], "--deep", "--engine", "all", "--target", drafts["target"])
+    assert digest(drafts["nan"]) == before
