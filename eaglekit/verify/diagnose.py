@@ -1,0 +1,165 @@
+"""The target sweep (pitfalls.md): score the drafter under competing readings of its checkpoint.
+
+One captured target pass per prompt (every aux state the hypotheses need) is replayed through the same
+speculative loop for each hypothesis: aux ids as declared, shifted by +1 and -1, the engine default,
+norm_before_residual and norm_output flipped, and the other concatenation orders of an unsorted id list.
+When a reading other than the declared one wins clearly, the report names it and the fix.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+from eaglekit.verify.decode import Capture, ReplayVerifier, speculative_decode
+from eaglekit.verify.eagle import EagleProposer
+from eaglekit.verify.metrics import AcceptanceCounter
+
+MIN_GAIN_ABS = 0.2
+MIN_GAIN_REL = 0.1
+"""A hypothesis wins clearly when its τ beats the declared one by max(0.2, 10 %)."""
+MAX_PERMUTED_IDS = 4
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    name: str
+    kind: str  # declared | aux-shift | aux-default | aux-order | norm_before_residual | norm_output
+    aux_ids: tuple[int, ...]
+    overrides: tuple[tuple[str, bool], ...] = ()
+    aux_order: tuple[int, ...] | None = None  # concatenation order of the ascending states
+
+    @property
+    def declared(self) -> bool:
+        return self.kind == "declared"
+
+
+@dataclass
+class HypothesisResult:
+    hypothesis: Hypothesis
+    counter: AcceptanceCounter
+
+    def to_dict(self) -> dict:
+        h = self.hypothesis
+        return {
+            "name": h.name,
+            "kind": h.kind,
+            "declared": h.declared,
+            "aux_layer_ids": list(h.aux_ids),
+            "aux_order": list(h.aux_order) if h.aux_order is not None else None,
+            "overrides": dict(h.overrides),
+            "acceptance_length": self.counter.acceptance_length,
+            "per_position_acceptance": self.counter.per_position,
+        }
+
+
+@dataclass
+class Diagnosis:
+    verdict: str  # "declared" | "mismatch" | "broken"
+    best: str
+    message: str
+    fix: str | None = None
+    results: list[HypothesisResult] = field(default_factory=list)
+
+
+def hypotheses(aux_ids: Sequence[int], as_written: Sequence[int] | None, num_layers: int,
+               default_ids: Sequence[int], norm_before_residual: bool, norm_output: bool) -> list[Hypothesis]:
+    """The readings to compare, declared first; id sets that fall outside [0, L] are skipped."""
+    ids = tuple(sorted(aux_ids))
+    out = [Hypothesis("declared", "declared", ids)]
+    seen = {ids}
+    for shift in (1, -1):
+        shifted = tuple(i + shift for i in ids)
+        if all(0 <= i <= num_layers for i in shifted) and shifted not in seen:
+            out.append(Hypothesis(f"aux ids {shift:+d}", "aux-shift", shifted))
+            seen.add(shifted)
+    default = tuple(sorted(default_ids))
+    if default not in seen and len(default) == len(ids) and all(0 <= i <= num_layers for i in default):
+        out.append(Hypothesis("engine default ids", "aux-default", default))
+    out.append(Hypothesis(f"norm_before_residual={not norm_before_residual}", "norm_before_residual", ids,
+                          (("norm_before_residual", not norm_before_residual),)))
+    out.append(Hypothesis(f"norm_output={not norm_output}", "norm_output", ids, (("norm_output", not norm_output),)))
+    written = tuple(as_written) if as_written is not None else None
+    if written is not None and list(written) != sorted(written) and len(written) <= MAX_PERMUTED_IDS:
+        for order in itertools.permutations(range(len(ids))):
+            if order != tuple(range(len(ids))):
+                out.append(Hypothesis("fc blocks in order " + ",".join(str(ids[i]) for i in order), "aux-order",
+                                      ids, aux_order=order))
+    return out
+
+
+def needed_ids(hyps: Sequence[Hypothesis]) -> tuple[int, ...]:
+    return tuple(sorted({i for h in hyps for i in h.aux_ids}))
+
+
+class Sweep:
+    """Accumulates each hypothesis's acceptance over the prompts' captured passes."""
+
+    def __init__(self, hyps: Sequence[Hypothesis], make_drafter: Callable[[dict[str, bool]], object], *, k: int,
+                 max_new_tokens: int, eos_ids: Collection[int]):
+        self.hyps = list(hyps)
+        self.make_drafter = make_drafter
+        self.k, self.max_new_tokens, self.eos_ids = k, max_new_tokens, eos_ids
+        self.counters = [AcceptanceCounter(k) for _ in self.hyps]
+        self._drafters: dict[tuple, object] = {}
+
+    def _drafter(self, overrides: tuple[tuple[str, bool], ...]):
+        if overrides not in self._drafters:
+            self._drafters[overrides] = self.make_drafter(dict(overrides))
+        return self._drafters[overrides]
+
+    def add(self, capture: Capture) -> None:
+        prompt = capture.tokens[: capture.prompt_len]
+        for hyp, counter in zip(self.hyps, self.counters):
+            proposer = EagleProposer(self._drafter(hyp.overrides), hyp.aux_ids, aux_order=hyp.aux_order,
+                                     max_len=len(capture.tokens) + self.k + 2)
+            result = speculative_decode(ReplayVerifier(capture, hyp.aux_ids), proposer, prompt, k=self.k,
+                                        max_new_tokens=self.max_new_tokens, eos_ids=self.eos_ids)
+            counter.merge(result.counter)
+
+    def results(self) -> list[HypothesisResult]:
+        return [HypothesisResult(h, c) for h, c in zip(self.hyps, self.counters)]
+
+
+def _fix(h: Hypothesis) -> str | None:
+    if h.kind in ("aux-shift", "aux-default"):
+        ids = ",".join(str(i) for i in h.aux_ids)
+        return f"eaglekit upgrade DRAFT --aux-layer-ids {ids} --aux-convention input"
+    if h.kind in ("norm_before_residual", "norm_output"):
+        key, value = h.overrides[0]
+        return f"set \"{key}\": {str(value).lower()} in the draft's config.json"
+    return None
+
+
+def _explain(h: Hypothesis, declared_ids: Sequence[int]) -> str:
+    if h.kind == "aux-shift":
+        return (f"the aux layer ids look off by {h.name.split()[-1]}: {list(h.aux_ids)} fits the target better than the "
+                f"declared {list(declared_ids)} (P16)")
+    if h.kind == "aux-default":
+        return f"the engine default ids {list(h.aux_ids)} fit better than the declared {list(declared_ids)} (P17)"
+    if h.kind == "aux-order":
+        return (f"the fc column blocks follow the unsorted written id order ({h.name.split()[-1]}), while engines "
+                "concatenate in ascending id order (P20)")
+    if h.kind == "norm_before_residual":
+        return f"the draft was trained with {h.name} but its config says otherwise (P12)"
+    if h.kind == "norm_output":
+        return f"the draft was trained with {h.name}: its config flag has the other meaning (P35, P36)"
+    return h.name
+
+
+def conclude(results: Sequence[HypothesisResult]) -> Diagnosis:
+    declared = next(r for r in results if r.hypothesis.declared)
+    base = declared.counter.acceptance_length
+    best = max(results, key=lambda r: r.counter.acceptance_length)
+    gain = best.counter.acceptance_length - base
+    if not best.hypothesis.declared and gain >= max(MIN_GAIN_ABS, MIN_GAIN_REL * base):
+        h = best.hypothesis
+        message = (f"{_explain(h, declared.hypothesis.aux_ids)}: τ {best.counter.acceptance_length:.2f} "
+                   f"vs {base:.2f} as declared")
+        return Diagnosis("mismatch", h.name, message, _fix(h), list(results))
+    if best.counter.acceptance_length < 1.1:
+        return Diagnosis("broken", "declared", "τ ≈ 1 under every hypothesis: the weights, the head or the vocabulary "
+                         "map are likely broken (P1, P4, P5)", None, list(results))
+    return Diagnosis("declared", "declared", f"the declared configuration fits best (τ {base:.2f}); no other reading "
+                     "wins clearly", None, list(results))

@@ -1,0 +1,143 @@
+"""The verify report: what the CLI renders, `--save-report` writes and `push` puts in the model card.
+
+Its JSON form is described by schemas/verify-report.schema.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from eaglekit import __version__
+from eaglekit.verify.checks import Check
+from eaglekit.verify.decode import Clock
+from eaglekit.verify.diagnose import Diagnosis
+from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
+
+
+@dataclass
+class PromptOutcome:
+    name: str
+    prompt_tokens: int
+    generated_tokens: int
+    acceptance_length: float
+    identical: bool  # speculative output == target-only output, token for token
+    divergence: dict[str, Any] | None = None  # first differing position and how close the target's top-2 were
+
+
+@dataclass
+class VerifyReport:
+    draft: str
+    target: str
+    eagle_version: str
+    flags: dict[str, bool]
+    aux_layer_ids: list[int]
+    aux_layer_ids_source: str
+    num_speculative_tokens: int
+    max_new_tokens: int
+    dtype: str
+    device: str
+    prompts_name: str
+    context_tokens: int
+    chat_template: bool
+    checks: list[Check]
+    counter: AcceptanceCounter
+    drift: DriftStats
+    spec_clock: Clock
+    target_only_s: float
+    spec_tokens: int
+    target_tokens: int
+    outcomes: list[PromptOutcome]
+    tie_tolerance: float
+    diagnosis: Diagnosis | None = None
+    min_acceptance: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return all(o.identical for o in self.outcomes)
+
+    @property
+    def lossless(self) -> bool:
+        """Identical output, or a first divergence where the target's own top-2 logits were tied within tolerance."""
+        return all(o.identical or (o.divergence or {}).get("numerical_tie", False) for o in self.outcomes)
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.counter.acceptance_length
+
+    @property
+    def tokens_per_s_spec(self) -> float:
+        return self.spec_tokens / self.spec_clock.total_s if self.spec_clock.total_s else 0.0
+
+    @property
+    def tokens_per_s_target(self) -> float:
+        return self.target_tokens / self.target_only_s if self.target_only_s else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.lossless and (self.min_acceptance is None or self.acceptance_length >= self.min_acceptance)
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.counter
+        doc: dict[str, Any] = {
+            "eaglekit_version": __version__,
+            "draft": self.draft,
+            "target": self.target,
+            "passed": self.passed,
+            "lossless": self.lossless,
+            "exact_match": self.exact,
+            "acceptance_length": c.acceptance_length,
+            "per_position_acceptance": c.per_position,
+            "conditional_acceptance": c.conditional,
+            "draft_acceptance_rate": c.draft_acceptance_rate,
+            "num_speculative_tokens": c.k,
+            "num_drafts": c.drafts,
+            "num_draft_tokens": c.draft_tokens,
+            "num_accepted_tokens": c.accepted,
+            "min_acceptance": self.min_acceptance,
+            "tokens_per_s_spec": self.tokens_per_s_spec,
+            "tokens_per_s_target": self.tokens_per_s_target,
+            "speedup": self.tokens_per_s_spec / self.tokens_per_s_target if self.tokens_per_s_target else None,
+            "time_split": {
+                "spec_total_s": self.spec_clock.total_s,
+                "spec_draft_s": self.spec_clock.draft_s,
+                "spec_target_s": self.spec_clock.target_s,
+                "target_only_s": self.target_only_s,
+            },
+            "checks": [ch.to_dict() for ch in self.checks],
+            "drift": self.drift.rows(),
+            "eagle_version": self.eagle_version,
+            "flags": self.flags,
+            "aux_layer_ids": self.aux_layer_ids,
+            "aux_layer_ids_source": self.aux_layer_ids_source,
+            "prompts": {
+                "name": self.prompts_name,
+                "count": len(self.outcomes),
+                "context_tokens": self.context_tokens,
+                "chat_template": self.chat_template,
+                "mean_prompt_tokens": (sum(o.prompt_tokens for o in self.outcomes) / len(self.outcomes)
+                                       if self.outcomes else 0.0),
+            },
+            "max_new_tokens": self.max_new_tokens,
+            "dtype": self.dtype,
+            "device": self.device,
+            "tie_tolerance": self.tie_tolerance,
+            "per_prompt": [
+                {
+                    "name": o.name,
+                    "prompt_tokens": o.prompt_tokens,
+                    "generated_tokens": o.generated_tokens,
+                    "acceptance_length": o.acceptance_length,
+                    "identical": o.identical,
+                    "divergence": o.divergence,
+                }
+                for o in self.outcomes
+            ],
+            "notes": list(self.notes),
+        }
+        if self.diagnosis is not None:
+            d = self.diagnosis
+            doc["hypotheses"] = [r.to_dict() for r in d.results]
+            doc["diagnosis"] = {"verdict": d.verdict, "best": d.best, "message": d.message, "fix": d.fix}
+        return doc

@@ -1,0 +1,153 @@
+"""verify(): check compatibility, then decode every prompt twice (target alone, then speculatively) and compare."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from eaglekit.errors import UsageError
+from eaglekit.families import apply_target, load_draft
+from eaglekit.spec import DraftSpec
+from eaglekit.target import read_target
+from eaglekit.verify.checks import compatibility_checks, refuse_failures
+from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
+from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
+from eaglekit.verify.eagle import EagleProposer
+from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
+from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts
+from eaglekit.verify.report import PromptOutcome, VerifyReport
+from eaglekit.verify.target import TargetModel, load_target
+
+TIE_TOLERANCE = {"float32": 1e-2, "float16": 0.1, "bfloat16": 0.5}
+"""Top-1 minus top-2 logit of the target below which a divergence is a numerical tie: verifying k+1 rows at once
+and decoding one row at a time round differently, and on a near-tie either token is the target's greedy choice."""
+WARMUP_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    num_speculative_tokens: int = 3
+    max_new_tokens: int = 64
+    prompts_file: str | None = None
+    limit: int | None = None  # first N prompts only
+    context_tokens: int = 0
+    device: str = "cpu"
+    dtype: str = "auto"
+    aux_layer_ids: tuple[int, ...] | None = None  # override, vLLM convention
+    diagnose: bool = False
+    min_acceptance: float | None = None
+    warmup: bool = True
+
+    def check(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise UsageError("--num-speculative-tokens must be at least 1")
+        if self.max_new_tokens < 1:
+            raise UsageError("--max-new-tokens must be at least 1")
+        if self.limit is not None and self.limit < 1:
+            raise UsageError("--limit must be at least 1")
+        if self.context_tokens < 0:
+            raise UsageError("--context-tokens must not be negative")
+
+
+def resolve_aux_ids(spec: DraftSpec, override: Sequence[int] | None) -> tuple[tuple[int, ...] | None, str]:
+    """The ids to capture (vLLM convention, ascending) and where they came from."""
+    if override is not None:
+        return tuple(sorted(override)), "--aux-layer-ids (vLLM convention)"
+    if spec.aux.ids is None:
+        return None, spec.aux.source
+    return tuple(sorted(spec.aux.ids)), spec.aux.source
+
+
+def _prompt_set(options: VerifyOptions) -> PromptSet:
+    prompts = read_prompts(options.prompts_file) if options.prompts_file else bundled_prompts()
+    if options.limit is not None:
+        prompts = dataclasses.replace(prompts, prompts=prompts.prompts[: options.limit])
+    return prompts
+
+
+def _divergence(spec_tokens: list[int], target_tokens: list[int], margins: list[float], tolerance: float) -> dict | None:
+    n = min(len(spec_tokens), len(target_tokens))
+    first = next((i for i in range(n) if spec_tokens[i] != target_tokens[i]), n)
+    if first == n and len(spec_tokens) == len(target_tokens):
+        return None
+    margin = margins[first] if first < len(margins) else None
+    return {"position": first, "target_top2_margin": margin,
+            "numerical_tie": margin is not None and margin <= tolerance}
+
+
+def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
+           on_prompt: Callable[[int, int, str], None] | None = None) -> VerifyReport:
+    """Run `draft` against `target` on every prompt; raise before decoding if the two do not fit."""
+    options.check()
+    info = read_target(target)
+    raw = load_draft(draft)
+    spec = apply_target(raw, info)
+    aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
+    checks = compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states)
+    refuse_failures(checks, raw.path)
+    prompts = _prompt_set(options)
+
+    model = load_target(target, device=options.device, dtype=options.dtype)
+    dtype_name = str(model.dtype).replace("torch.", "")
+    tolerance = TIE_TOLERANCE.get(dtype_name, 0.0)
+
+    from eaglekit.drafter.model import Drafter
+
+    def make_drafter(overrides: dict[str, bool] | None = None):
+        return Drafter.from_spec(spec, device=model.device, dtype=model.dtype, embed_tokens=model.embed_tokens,
+                                 lm_head=model.lm_head, overrides=overrides or None)
+
+    drafter = make_drafter()
+    encoded = [encode(p, model.tokenizer, context_tokens=options.context_tokens, index=i)
+               for i, p in enumerate(prompts.prompts)]
+    k, eos = options.num_speculative_tokens, model.eos_token_ids
+    if options.warmup:
+        _warm_up(model, drafter, aux_ids, encoded[0], k)
+
+    sweep = None
+    if options.diagnose:
+        written_order = spec.aux.ids if options.aux_layer_ids is None else None
+        hyps = hypotheses(aux_ids, written_order, info.num_layers,
+                          info.default_aux_ids, bool(drafter.config.norm_before_residual), bool(drafter.config.norm_output))
+        sweep = Sweep(hyps, make_drafter, k=k, max_new_tokens=options.max_new_tokens, eos_ids=eos)
+
+    counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
+    target_s, spec_tokens, target_tokens, outcomes = 0.0, 0, 0, []
+    for index, (prompt, ids) in enumerate(zip(prompts.prompts, encoded)):
+        plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens, eos_ids=eos)
+        proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + options.max_new_tokens + k + 2, drift=drift)
+        spec_run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k,
+                                      max_new_tokens=options.max_new_tokens, eos_ids=eos)
+        counter.merge(spec_run.counter)
+        clock.merge(spec_run.clock)
+        target_s += plain.seconds
+        spec_tokens += len(spec_run.tokens)
+        target_tokens += len(plain.tokens)
+        divergence = _divergence(spec_run.tokens, plain.tokens, plain.margins, tolerance)
+        outcomes.append(PromptOutcome(prompt.name, len(ids), len(spec_run.tokens),
+                                      spec_run.counter.acceptance_length, divergence is None, divergence))
+        if sweep is not None:
+            sweep.add(capture_pass(model, ids, plain.tokens, needed_ids(sweep.hyps)))
+        if on_prompt is not None:
+            on_prompt(index + 1, len(encoded), prompt.name)
+
+    flags = {name: bool(getattr(drafter.config, name)) for name in ("fc_norm", "norm_output", "norm_before_fc",
+                                                                     "norm_before_residual")}
+    return VerifyReport(
+        draft=raw.path, target=target, eagle_version=spec.eagle_version, flags=flags, aux_layer_ids=list(aux_ids),
+        aux_layer_ids_source=aux_source, num_speculative_tokens=k, max_new_tokens=options.max_new_tokens,
+        dtype=dtype_name, device=str(model.device), prompts_name=prompts.name, context_tokens=options.context_tokens,
+        chat_template=bool(getattr(model.tokenizer, "chat_template", None)), checks=checks, counter=counter,
+        drift=drift, spec_clock=clock, target_only_s=target_s, spec_tokens=spec_tokens, target_tokens=target_tokens,
+        outcomes=outcomes, tie_tolerance=tolerance, diagnosis=conclude(sweep.results()) if sweep else None,
+        min_acceptance=options.min_acceptance,
+    )
+
+
+def _warm_up(model: TargetModel, drafter, aux_ids: Sequence[int], prompt: Sequence[int], k: int) -> None:
+    """One short untimed run of both paths: the first call of each shape pays one-off setup costs."""
+    head = list(prompt[: max(2, min(len(prompt), 16))])
+    greedy_decode(model, head, max_new_tokens=WARMUP_TOKENS)
+    proposer = EagleProposer(drafter, aux_ids, max_len=len(head) + WARMUP_TOKENS + k + 2)
+    speculative_decode(LiveVerifier(model, aux_ids), proposer, head, k=k, max_new_tokens=WARMUP_TOKENS)
