@@ -46,8 +46,8 @@ class PlainDraft:
                  norm_before_residual: bool, qwen3: bool = False, window: int | None = None,
                  embed: torch.Tensor | None = None, head: torch.Tensor | None = None, vocab: int | None = None,
                  freqs: list[float] | None = None, magnitude: float = 1.0):
-        self.w = {k: torch.from_numpy(np.asarray(v)).to(torch.float64) if v.dtype.kind == "f" else torch.from_numpy(v)
-                  for k, v in weights.items()}
+        self.w = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(v).to(torch.float64)
+                  if v.dtype.kind == "f" else torch.from_numpy(v) for k, v in weights.items()}
         if embed is not None:
             self.w["embed_tokens.weight"] = embed.to(torch.float64)
         if head is not None:
@@ -106,7 +106,7 @@ class PlainDraft:
             scores = torch.stack([qs[h] @ kk / math.sqrt(hd) for _, kk, _ in seen])
             probs = torch.softmax(scores, dim=0)
             if self.window is None or pos - self.past[layer][0][0] < self.window:
-                sink += float(probs[0]) / self.heads
+                sink += float(probs[0].detach()) / self.heads
             outs.append(sum(pr * vv for pr, (_, _, vv) in zip(probs, seen)))
         o = self.w[p + "o_proj.weight"] @ torch.cat(outs)
         if p + "o_proj.bias" in self.w:

@@ -85,7 +85,7 @@ class PlainMla(PlainDraft):
                 keys.append(torch.cat([kv[:dn], k_pe]))
                 values.append(kv[dn:])
             probs = torch.softmax(torch.stack([q_full @ k * scale for k in keys]), dim=0)
-            sink += float(probs[0]) / self.heads
+            sink += float(probs[0].detach()) / self.heads
             outs.append(sum(pr * v for pr, v in zip(probs, values)))
         return w[p + "o_proj.weight"] @ torch.cat(outs), sink
 

@@ -8,6 +8,7 @@ of earlier unroll steps stay valid for backward.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -130,10 +131,11 @@ class FusedLinear(nn.Module):
 
     The fused parameter lives at `<parent>.<name>.weight`; `state_dict` and `load_state_dict` use the
     canonical names `<parent>.<part>.weight` (and `.bias`) instead. The split rows are copies (so
-    safetensors can save them), or views of the parameter with `keep_vars=True`.
+    safetensors can save them), or views of the parameter with `keep_vars=True`. The parent module
+    must be passed in: loading filters keys by module prefix, so only the parent sees the part names.
     """
 
-    def __init__(self, name: str, in_features: int, parts: Mapping[str, int], bias: bool):
+    def __init__(self, parent: nn.Module, name: str, in_features: int, parts: Mapping[str, int], bias: bool):
         super().__init__()
         self.name = name
         self.parts = dict(parts)
@@ -141,7 +143,7 @@ class FusedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(rows, in_features))
         self.bias = nn.Parameter(torch.zeros(rows)) if bias else None
         self.register_state_dict_post_hook(_split_fused)
-        self.register_load_state_dict_pre_hook(_merge_fused)
+        parent.register_load_state_dict_pre_hook(partial(_merge_fused, self))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -161,12 +163,11 @@ def _split_fused(module: FusedLinear, state: dict, prefix: str, _meta) -> None:
             state[f"{parent}{part}.{suffix}"] = piece if isinstance(fused, nn.Parameter) else piece.clone()
 
 
-def _merge_fused(module: FusedLinear, state: dict, prefix: str, *_args) -> None:
-    parent = prefix[: -len(module.name) - 1]
+def _merge_fused(module: FusedLinear, _parent: nn.Module, state: dict, prefix: str, *_args) -> None:
     for suffix in ("weight", "bias"):
-        names = [f"{parent}{part}.{suffix}" for part in module.parts]
+        names = [f"{prefix}{part}.{suffix}" for part in module.parts]
         if all(n in state for n in names):
-            state[prefix + suffix] = torch.cat([state.pop(n) for n in names], dim=0)
+            state[f"{prefix}{module.name}.{suffix}"] = torch.cat([state.pop(n) for n in names], dim=0)
 
 
 class RmsNormWeight(nn.Module):
@@ -190,7 +191,7 @@ class GqaAttention(nn.Module):
             raise UsageError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         self.layer, self.heads, self.kv_heads, self.head_dim = layer, heads, kv_heads, head_dim
         self.window, self.eps = window, eps
-        self.qkv_proj = FusedLinear("qkv_proj", in_features, {
+        self.qkv_proj = FusedLinear(self, "qkv_proj", in_features, {
             "q_proj": heads * head_dim, "k_proj": kv_heads * head_dim, "v_proj": kv_heads * head_dim}, bias)
         self.o_proj = linear(heads * head_dim, hidden, bias=o_bias)
         self.q_norm = RmsNormWeight(head_dim) if qk_norm else None

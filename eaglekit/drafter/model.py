@@ -149,7 +149,7 @@ class GatedMlp(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_up_proj = FusedLinear("gate_up_proj", hidden, {"gate_proj": intermediate, "up_proj": intermediate}, False)
+        self.gate_up_proj = FusedLinear(self, "gate_up_proj", hidden, {"gate_proj": intermediate, "up_proj": intermediate}, False)
         self.down_proj = linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

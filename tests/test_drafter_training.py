@@ -1,0 +1,138 @@
+"""What a training script needs: gradients, training-time-test unrolling over earlier keys, canonical save/load."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eaglekit.drafter.model import Drafter, DrafterConfig
+from eaglekit.errors import UsageError
+from eaglekit.families import load_draft
+from tests.factory import Recipe, canonical_tensors, make_draft
+from tests.test_drafter import TINY, assert_close, plain_for, run_drafter, scenario
+
+DIRECT = ("fc.weight", "fc_norm.0.weight", "fc_norm.1.weight", "layers.0.hidden_norm.weight",
+          "layers.0.input_layernorm.weight", "layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight",
+          "layers.1.input_layernorm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight")
+
+
+def _draft(tmp_path, **overrides):
+    recipe = Recipe(**{**TINY, "fc_norm": True, "k": 2, "layers": 2, **overrides})
+    return make_draft(str(tmp_path / "d"), "vllm", recipe), recipe
+
+
+def test_gradients_match_the_plain_reference(tmp_path):
+    """Loss over a prefill and two fed-back steps (cache in graph mode); gradients of fc, fc_norm, norms, heads."""
+    path, recipe = _draft(tmp_path, norm_output=True)
+    drafter = Drafter.from_spec(load_draft(path))
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, batch=1, decode=2)
+    weights = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in canonical_tensors(recipe).items()
+               if v.dtype.kind == "f"}
+    probe = torch.randn(recipe.Vd, generator=torch.Generator().manual_seed(3))
+
+    cache = drafter.new_cache(1, 8)
+    prompt = scen["prompt"]
+    out = drafter(scen["ids"][:, :prompt], drafter.combine(scen["aux"]), torch.arange(prompt)[None], cache)
+    loss = (out.draft_logits * probe).sum()
+    for j in range(scen["decode"]):
+        out = drafter(scen["ids"][:, prompt + j:prompt + j + 1], out.feedback[:, -1:], torch.tensor([[prompt + j]]), cache)
+        loss = loss + (out.draft_logits * probe).sum()
+    loss.backward()
+
+    plain = plain_for(path, recipe, weights={**canonical_tensors(recipe), **weights})()
+    rows = [plain.step(int(scen["ids"][0, i]), plain.combine(scen["aux"][0, i]), i) for i in range(prompt)]
+    ref_loss = sum((r["draft_logits"] * probe.double()).sum() for r in rows)
+    feedback = rows[-1]["feedback"]
+    for j in range(scen["decode"]):
+        row = plain.step(int(scen["ids"][0, prompt + j]), feedback, prompt + j)
+        ref_loss, feedback = ref_loss + (row["draft_logits"] * probe.double()).sum(), row["feedback"]
+    ref_loss.backward()
+
+    assert float(loss.detach()) == pytest.approx(float(ref_loss.detach()), rel=1e-5)
+    params = dict(drafter.named_parameters())
+    for name in DIRECT:
+        assert_close(params[name].grad, weights[name].grad, f"grad {name}", rel=1e-4)
+    qkv = torch.cat([weights[f"layers.0.self_attn.{p}_proj.weight"].grad for p in "qkv"])
+    assert_close(params["layers.0.self_attn.qkv_proj.weight"].grad, qkv, "grad q|k|v", rel=1e-4)
+
+
+def test_training_time_test_unroll_attends_over_earlier_steps(tmp_path):
+    """Unroll step 2 re-uses step 1's positions; with attn_bias row i sees step-1 keys 0..i and its own key.
+
+    That is exactly a single-token step at position i after a cache holding step-1 rows 0..i, which is
+    how the expectation is computed here (with the default mask, independent of attn_bias).
+    """
+    path, recipe = _draft(tmp_path)
+    drafter = Drafter.from_spec(load_draft(path))
+    gen = torch.Generator().manual_seed(8)
+    s = 5
+    ids1, ids2 = torch.randint(0, recipe.vocab, (2, 1, s), generator=gen)
+    aux = torch.randn(1, s, recipe.k * recipe.T, generator=gen)
+    pos = torch.arange(s)[None]
+    cache = drafter.new_cache(1, 2 * s)
+    hidden = drafter.combine(aux)
+    first = drafter(ids1, hidden, pos, cache)
+    visible = torch.cat([torch.tril(torch.ones(s, s, dtype=torch.bool)), torch.eye(s, dtype=torch.bool)], dim=1)
+    bias = torch.zeros(1, 1, s, 2 * s).masked_fill(~visible, float("-inf"))
+    second = drafter(ids2, first.feedback, pos, cache, attn_bias=bias)
+    (first.draft_logits.sum() + second.draft_logits.pow(2).sum()).backward()  # graph-mode cache survives backward
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in drafter.parameters())
+
+    with torch.no_grad():
+        hidden = drafter.combine(aux)
+        for i in range(s):
+            fresh = drafter.new_cache(1, s)
+            drafter(ids1[:, : i + 1], hidden[:, : i + 1], pos[:, : i + 1], fresh)
+            row = drafter(ids2[:, i:i + 1], first.feedback[:, i:i + 1], pos[:, i:i + 1], fresh)
+            assert_close(second.feedback[:, i:i + 1], row.feedback, f"row {i} feedback")
+            assert_close(second.logits[:, i:i + 1], row.logits, f"row {i} logits")
+    with pytest.raises(UsageError, match="attn_bias"):
+        drafter(ids2, first.feedback, pos, drafter.new_cache(1, s), attn_bias=bias)
+
+
+def test_state_dict_uses_canonical_names_and_saves_as_a_checkpoint(tmp_path):
+    path, recipe = _draft(tmp_path, norm_output=True, draft_vocab=40)
+    spec = load_draft(path)
+    drafter = Drafter.from_spec(spec)
+    state = drafter.state_dict()
+    assert set(state) == set(spec.tensors) - {"t2d"}
+    out = tmp_path / "saved"
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(path, "config.json"), out / "config.json")
+    reloaded = Drafter.from_spec(load_draft(str(out)))
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, decode=2)
+    for got, want in zip(run_drafter(reloaded, scen), run_drafter(drafter, scen)):
+        assert torch.equal(got["logits"], want["logits"]) and torch.equal(got["feedback"], want["feedback"])
+
+    again = Drafter.from_state_dict(drafter.config, {**state, "t2d": torch.ones(recipe.vocab, dtype=torch.bool)})
+    fresh = Drafter(drafter.config)
+    fresh.load_state_dict(state)
+    for other in (again, fresh):
+        for got, want in zip(run_drafter(other, scen), run_drafter(drafter, scen)):
+            assert torch.equal(got["feedback"], want["feedback"])
+    with pytest.raises(UsageError, match="layers.0.mlp.gate.weight"):
+        Drafter.from_state_dict(drafter.config, {**state, "layers.0.mlp.gate.weight": torch.zeros(1)})
+
+
+def test_fresh_drafter_for_training_from_scratch():
+    """A drafter built from a hand-written config, borrowing the target's embedding, trains out of the box."""
+    config = DrafterConfig(hidden_size=32, target_hidden_size=24, intermediate_size=48, num_layers=1, num_heads=4,
+                           num_kv_heads=2, head_dim=8, num_aux_hidden_states=3, vocab_size=64, draft_vocab_size=16,
+                           fc_norm=True, norm_output=True)
+    embed = torch.randn(64, 32)
+    torch.manual_seed(0)
+    drafter = Drafter(config, embed_tokens=embed)
+    assert "embed_tokens.weight" not in drafter.state_dict()
+    assert {n for n, _ in drafter.named_parameters()} >= {"fc.weight", "lm_head.weight", "fc_norm.2.weight"}
+    assert float(drafter.fc.weight.detach().std()) == pytest.approx(0.02, rel=0.1)
+    assert torch.equal(drafter.norm.weight, torch.ones(32))
+    out = drafter(torch.randint(0, 64, (2, 3)), drafter.combine(torch.randn(2, 3, 72)), torch.arange(3).expand(2, 3))
+    assert out.logits.shape == (2, 3, 64) and int(torch.isfinite(out.logits[0, 0]).sum()) == 16
+    out.draft_logits.logsumexp(-1).mean().backward()
+    assert drafter.fc.weight.grad is not None and drafter.target_embed_tokens.grad is None
+
