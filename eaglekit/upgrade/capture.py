@@ -65,7 +65,7 @@ def calibrate_fc_norm(target_dir: str, aux_ids: tuple[int, ...], fc_weight: np.n
     test: list[list[np.ndarray]] = [[] for _ in aux_ids]
     for part, sink in ((fit_ids, None), (test_ids, test)):
         for seq in _sequences(part):
-            out = target.forward(torch.tensor([seq], dtype=torch.long), aux_ids)
+            out = target.forward(torch.tensor([seq], dtype=torch.long), aux_ids, logits_to_keep=1)
             chunks = [a[0, 1:].float().cpu().numpy() for a in out.aux]
             if sink is None:
                 fit.update(chunks)

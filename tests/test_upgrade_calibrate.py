@@ -1,0 +1,199 @@
+"""fc_norm calibration: the runtime's RMSNorm, the least-squares fit, fidelity, and a real target end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from eaglekit.upgrade import UpgradeOptions, upgrade
+from eaglekit.upgrade.calibrate import FcNormFit, apply_fc_norm, fc_fidelity, rms_normalize
+from eaglekit.upgrade.encode import round_to
+from tests.factory import make_draft
+
+torch = pytest.importorskip("torch")
+
+
+def runtime_fc_norm(x: np.ndarray, w: np.ndarray, eps: float, dtype) -> np.ndarray:
+    """vLLM's RMSNorm.forward_native on a `dtype` input: float32 math, cast, then the weight multiply."""
+    t = torch.from_numpy(x).to(dtype)
+    h = t.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h.to(dtype) * torch.from_numpy(w).to(dtype)).float().numpy()
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "BF16"), (torch.float16, "F16"), (torch.float32, "F32")])
+def test_fc_norm_matches_the_runtime(dtype, name):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((64, 96)) * rng.uniform(0.1, 30, size=(64, 1))).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, size=96).astype(np.float32)
+    x = round_to(x, name)  # the draft receives the aux state in its own dtype
+    ours = apply_fc_norm([x], w[None, :], 1e-5, name)[0]
+    ref = runtime_fc_norm(x, w, 1e-5, dtype)
+    # rsqrt vs 1/sqrt differ in float32's last bits; after rounding to 16 bits the results almost always agree
+    ulp = {"BF16": 2**-7, "F16": 2**-10, "F32": 2**-20}[name]
+    assert np.all(np.abs(ours - ref) <= ulp * np.abs(ref) + 1e-30)
+    if name != "F32":
+        assert np.mean(ours == ref) > 0.99
+
+
+def _scaled_tokens(rng, n, width, channel_scale):
+    """Tokens whose every row has RMS exactly 1 before the per-channel and per-token scales."""
+    u = rng.standard_normal((n, width))
+    u /= np.sqrt(np.mean(u * u, axis=1, keepdims=True))
+    return u, (u * channel_scale).astype(np.float32)
+
+
+def test_constant_scale_is_recovered_exactly():
+    rng = np.random.default_rng(1)
+    fit = FcNormFit(1, 32, eps=1e-12, dtype="F32")
+    _, x = _scaled_tokens(rng, 500, 32, 7.5)  # every token has RMS 7.5, so norm(x)*7.5 == x
+    fit.update([x])
+    np.testing.assert_allclose(fit.weights()[0], 7.5, rtol=1e-5)
+
+
+def test_the_fit_is_the_least_squares_optimum():
+    rng = np.random.default_rng(2)
+    width = 48
+    scale = rng.uniform(0.2, 5.0, size=width)
+    x = (rng.standard_normal((400, width)) * scale * rng.uniform(0.5, 3.0, size=(400, 1))).astype(np.float32)
+    fit = FcNormFit(1, width, eps=1e-6, dtype="F32")
+    fit.update([x[:150]])
+    fit.update([x[150:]])  # statistics accumulate across batches
+    w = fit.weights()[0]
+    n = rms_normalize(x, 1e-6, "F32").astype(np.float64)
+
+    def loss(weights):
+        return np.sum((n * weights - x) ** 2, axis=0)
+
+    base = loss(w)
+    for factor in (0.99, 1.01):
+        assert np.all(loss(w * factor) > base)
+    one_batch = FcNormFit(1, width, eps=1e-6, dtype="F32")
+    one_batch.update([x])
+    np.testing.assert_allclose(one_batch.weights(), fit.weights(), rtol=1e-10)
+
+
+def test_fidelity_measures_the_fc_output():
+    rng = np.random.default_rng(3)
+    chunks = [_scaled_tokens(rng, 200, 16, s)[1] for s in (3.0, 0.5, 12.0)]
+    fc = rng.standard_normal((8, 48)).astype(np.float32)
+    exact = fc_fidelity(fc, chunks, np.array([[3.0] * 16, [0.5] * 16, [12.0] * 16]), 1e-12, "F32")
+    assert exact.relative_error < 1e-5 and exact.cosine > 1 - 1e-6
+    ones = fc_fidelity(fc, chunks, np.ones((3, 16)), 1e-12, "F32")
+    assert ones.relative_error > 0.5  # unit weights shrink the 3.0 and 12.0 chunks
+    assert -1.0 <= ones.cosine <= 1.0 and ones.min_cosine <= ones.cosine
+
+
+# ---------------------------------------------------------------- a real (tiny) target model
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """A 4-layer Llama with its own byte-level BPE tokenizer, saved as an ordinary HF directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from eaglekit.upgrade.capture import calibration_text
+
+    path = str(tmp_path_factory.mktemp("tiny-target"))
+    text, _ = calibration_text(None)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=384, special_tokens=["<unk>", "<s>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>")
+    fast.save_pretrained(path)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # give the residual stream channel structure, as trained models have
+        model.model.embed_tokens.weight.mul_(torch.linspace(0.2, 40.0, 64))
+    model.save_pretrained(path)
+    return path, len(fast)
+
+
+def _fresh_text_fidelity(target_dir, draft_dir, ids, weights):
+    """fc fidelity on text the calibration never saw, with hidden states from HF's own output_hidden_states."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eaglekit.families import load_draft
+    from eaglekit.io.tensors import read_array
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    text = ("Tomorrow the library opens late because the heating failed; readers may return books at the side door. "
+            "def area(r):\n    return 3.14159 * r * r\n") * 3
+    with torch.no_grad():
+        hs = model(torch.tensor([tok(text)["input_ids"]]), output_hidden_states=True).hidden_states
+    chunks = [hs[i][0, 1:].numpy() for i in ids]
+    fc = read_array(load_draft(draft_dir), "fc.weight", as_float32=True)
+    return fc_fidelity(fc, chunks, weights, 1e-5, "BF16")
+
+
+def test_calibrated_fc_norm_beats_unit_weights_on_a_real_target(tiny_target, tmp_path):
+    target_dir, vocab = tiny_target
+    # specforge writes output-of-layer ids [0, 1, 2] for vLLM ids (1, 2, 3)
+    src = make_draft(str(tmp_path / "src"), "specforge", vocab=vocab, draft_vocab=200, aux_ids=(1, 2, 3),
+                     target_layers=4)
+    report = upgrade(src, str(tmp_path / "cal"), UpgradeOptions(target=target_dir))
+    assert report.flags["fc_norm_init"] == "calibrated" and report.function == "warm-start"
+    fid = report.fidelity
+    assert fid is not None and fid.tokens >= 64 and fid.fit_tokens > fid.tokens
+    assert fid.relative_error < 0.5 * fid.ones_relative_error
+    assert fid.cosine >= fid.ones_cosine - 1e-3
+    cfg = json.load(open(tmp_path / "cal" / "config.json"))
+    assert cfg["eaglekit"]["fidelity"]["fc_output_relative_error"] == pytest.approx(fid.relative_error, abs=1e-6)
+
+    from eaglekit.families import load_draft
+    from eaglekit.io.tensors import read_array
+
+    out = load_draft(str(tmp_path / "cal"))
+    weights = np.stack([read_array(out, f"fc_norm.{k}.weight", as_float32=True) for k in range(3)])
+    assert np.all(np.isfinite(weights)) and not np.allclose(weights, 1.0)
+    fresh = _fresh_text_fidelity(target_dir, src, (1, 2, 3), weights)
+    fresh_ones = _fresh_text_fidelity(target_dir, src, (1, 2, 3), np.ones_like(weights))
+    assert fresh.relative_error < fresh_ones.relative_error
+
+
+def test_calibration_with_only_fc_norm_is_approximately_preserving(tiny_target, tmp_path):
+    target_dir, vocab = tiny_target
+    src = make_draft(str(tmp_path / "src"), "vllm", vocab=vocab, draft_vocab=None, aux_ids=(1, 2, 4),
+                     target_layers=4)
+    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir, norm_output=False))
+    assert report.function == "approximate"
+    assert report.summary.startswith("approximately preserving: first-step fc output cosine")
+
+
+def test_ones_init_with_a_target_that_has_weights(tiny_target, tmp_path):
+    target_dir, vocab = tiny_target
+    src = make_draft(str(tmp_path / "src"), "vllm", vocab=vocab, draft_vocab=None, aux_ids=(1, 2, 3))
+    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir, fc_norm_init="ones"))
+    assert report.fidelity is None and report.flags["fc_norm_init"] == "ones"
+
+
+def test_calibration_text_from_a_file(tiny_target, tmp_path):
+    target_dir, vocab = tiny_target
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 80)
+    src = make_draft(str(tmp_path / "src"), "vllm", vocab=vocab, draft_vocab=None, aux_ids=(1, 2, 3))
+    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir, calibration_file=str(text)))
+    assert report.fidelity.text == str(text)
+
+
+@pytest.mark.slow
+def test_calibration_on_smollm2(tmp_path):
+    """SmolLM2-135M (L=30, T=576): a real trained target, its default aux layers (2, 15, 27)."""
+    pytest.importorskip("gguf")
+    from tests.test_target_smollm2 import smollm2_path
+
+    target_dir = smollm2_path()
+    src = make_draft(str(tmp_path / "src"), "specforge", hidden=576, heads=9, kv_heads=3, head_dim=64,
+                     intermediate=256, vocab=49152, draft_vocab=4096, aux_ids=(2, 15, 27), target_layers=30)
+    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir, calibration_tokens=1024))
+    fid = report.fidelity
+    assert fid.relative_error < fid.ones_relative_error
+    assert fid.cosine > fid.ones_cosine
+    assert json.load(open(os.path.join(tmp_path, "out", "config.json")))["eaglekit"]["fidelity"]
