@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -146,6 +147,8 @@ def test_calibrated_fc_norm_beats_unit_weights_on_a_real_target(tiny_target, tmp
     assert fid.cosine >= fid.ones_cosine - 1e-3
     cfg = json.load(open(tmp_path / "cal" / "config.json"))
     assert cfg["eaglekit"]["fidelity"]["fc_output_relative_error"] == pytest.approx(fid.relative_error, abs=1e-6)
+    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "upgrade-report.schema.json")))
+    jsonschema.validate(json.loads(json.dumps(report.to_dict())), schema)
 
     from eaglekit.families import load_draft
     from eaglekit.io.tensors import read_array

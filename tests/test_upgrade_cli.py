@@ -1,0 +1,202 @@
+"""`eaglekit upgrade` through the console entry point: output formats, exit codes, no torch, and a killed run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import click
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from eaglekit.cli.main import main
+from eaglekit.cli.upgrade import parse_size
+from eaglekit.errors import UsageError
+from eaglekit.families import load_draft
+from eaglekit.rules import run_rules
+from tests.factory import make_draft, make_target_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPORT = json.load(open(os.path.join(ROOT, "schemas", "upgrade-report.schema.json")))
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.pass_context
+def main_wrapper(ctx):
+    """The console-script entry point, so tests see its error handling and exit codes."""
+    main(list(ctx.args))
+
+
+def run(args):
+    return CliRunner().invoke(main_wrapper, args, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory):
+    base = tmp_path_factory.mktemp("drafts")
+    return {
+        "modelopt": make_draft(str(base / "modelopt"), "modelopt", frequency_ordered=True),
+        "sglang": make_draft(str(base / "sglang"), "sglang"),
+        "target": make_target_config(str(base / "target")),
+    }
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run"], ["--no-fc-norm", "--no-norm-output"], ["--to", "speculators"]])
+def test_json_report_validates_against_the_schema(drafts, tmp_path, extra):
+    result = run(["upgrade", "--from", "eagle3", drafts["modelopt"], str(tmp_path / "out"), "--target", drafts["target"],
+                  "--format", "json", *extra])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, REPORT)
+    assert doc["dry_run"] == ("--dry-run" in extra)
+    assert doc["validated"] == ("--dry-run" not in extra)
+    assert os.path.isdir(tmp_path / "out") != doc["dry_run"]
+
+
+def test_human_report_says_plainly_what_happened(drafts, tmp_path):
+    result = run(["upgrade", drafts["modelopt"], str(tmp_path / "out"), "--target", drafts["target"]])
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "warm start: needs fine-tuning" in text
+    assert "norm_output switched on" in text
+    assert "validated for vLLM" in text
+    lossless = run(["upgrade", drafts["modelopt"], str(tmp_path / "lossless"), "--no-fc-norm", "--no-norm-output"])
+    assert "function-preserving" in lossless.stdout
+
+
+def test_dry_run_prints_every_tensor(drafts, tmp_path):
+    result = run(["upgrade", drafts["modelopt"], str(tmp_path / "out"), "--target", drafts["target"], "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "Dry run: nothing was written." in result.stdout
+    for action in ("copy", "transform", "add"):
+        assert action in result.stdout
+    assert "fc_norm.2.weight" in result.stdout and "layers.0.self_attn.q_proj.weight" in result.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_ids_and_convention_on_the_command_line(drafts, tmp_path):
+    result = run(["upgrade", drafts["sglang"], str(tmp_path / "out"), "--aux-layer-ids", "1,5,8",
+                  "--aux-convention", "output", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["aux"]["ids"] == [2, 6, 9]
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--aux-layer-ids", "2,x,9"], 2, "--aux-layer-ids"),
+    (["--max-shard-size", "lots"], 2, "--max-shard-size"),
+    (["--fc-norm-init", "calibrated"], 2, "needs --target"),
+    (["--to", "speculators", "--from", "nonsense"], 2, "--from"),
+    ([], 2, "not recorded"),  # F2 without ids, no target
+])
+def test_usage_errors_exit_2_with_one_line(drafts, tmp_path, args, code, message):
+    result = run(["upgrade", drafts["sglang"], str(tmp_path / "out"), *args])
+    assert result.exit_code == code, result.output
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_output_exits_2_and_is_untouched(drafts, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x").write_text("keep")
+    result = run(["upgrade", drafts["modelopt"], str(tmp_path / "out")])
+    assert result.exit_code == 2 and "--force" in result.stderr
+    assert os.listdir(tmp_path / "out") == ["x"]
+
+
+def test_bad_checkpoints_exit_1(tmp_path):
+    missing = run(["upgrade", str(tmp_path / "nope"), str(tmp_path / "out")])
+    assert missing.exit_code == 1 and "no such file" in missing.stderr
+    src = make_draft(str(tmp_path / "src"), "vllm", drop=("d2t",))
+    broken = run(["upgrade", src, str(tmp_path / "out")])
+    assert broken.exit_code == 1 and "d2t" in broken.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_parse_size():
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30 and parse_size("1234") == 1234
+    assert parse_size("1.5 MB") == 1_500_000
+    with pytest.raises(UsageError):
+        parse_size("5 parsecs")
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_help_and_a_plain_upgrade_never_import_torch(drafts, tmp_path):
+    code = f"""
+import sys
+from eaglekit.cli.main import main
+for args in (["upgrade", "--help"], ["upgrade", {drafts['modelopt']!r}, {str(tmp_path / 'out')!r}, "--format", "json"]):
+    try:
+        main(args)
+    except SystemExit as exc:
+        assert not exc.code, exc.code
+print("TORCH", "torch" in sys.modules, "transformers" in sys.modules)
+"""
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert "TORCH False False" in proc.stdout
+    assert "--fc-norm-init" in proc.stdout
+
+
+# ---------------------------------------------------------------- killed mid-write
+
+
+@pytest.fixture(scope="module")
+def big_draft(tmp_path_factory):
+    """~70 MB of bf16 weights: slow enough to write (cast to fp32) that a kill lands mid-file."""
+    return make_draft(str(tmp_path_factory.mktemp("big") / "src"), "vllm", hidden=1024, heads=8, kv_heads=2,
+                      head_dim=128, intermediate=4096, vocab=32768, draft_vocab=16384)
+
+
+def _start(src: str, dst: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "eaglekit.cli", "upgrade", src, dst, "--dtype", "fp32",
+                             "--no-fc-norm", "--no-norm-output", "--format", "json"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_for_partial_weights(parent: str, proc: subprocess.Popen, deadline_s: float = 60.0) -> str:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and proc.poll() is None:
+        for name in os.listdir(parent):
+            if ".eaglekit-partial-" in name:
+                weights = os.path.join(parent, name, "model.safetensors")
+                if os.path.exists(weights) and os.path.getsize(weights) > 0:
+                    return weights
+        time.sleep(0.001)
+    raise AssertionError(f"the run never reached the copy (exit {proc.poll()})")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_run_killed_mid_write_leaves_no_output(big_draft, tmp_path, sig):
+    parent = tmp_path / "work"
+    parent.mkdir()
+    dst = str(parent / "out")
+    before = os.stat(os.path.join(big_draft, "model.safetensors"))
+    proc = _start(big_draft, dst)
+    weights = _wait_for_partial_weights(str(parent), proc)
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    assert not os.path.exists(dst)  # never half-written
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert os.listdir(parent) == []  # the handler removed the staging directory
+    else:
+        assert os.path.exists(weights)  # a hard kill leaves only the hidden staging folder
+    after = os.stat(os.path.join(big_draft, "model.safetensors"))
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+    # the next run completes, validates, and removes the dead run's leftovers
+    proc = _start(big_draft, dst)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert os.listdir(parent) == ["out"]
+    spec = load_draft(dst)
+    assert spec.dtype == "F32" and run_rules(spec).errors == 0
