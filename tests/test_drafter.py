@@ -533,3 +533,23 @@ def test_bf16_drafter_tracks_fp32(tmp_path):
     assert got[0]["feedback"].dtype == torch.bfloat16
     for g, w in zip(got, want):
         assert_close(g["draft_logits"], w["draft_logits"], "bf16 draft logits", rel=5e-2)
+
+
+@pytest.mark.parametrize("attention", ["llama", "qwen3", "mla"])
+def test_triton_kernel_path_matches_torch_path(tmp_path, monkeypatch, attention):
+    """The fused Triton kernels (interpreted on CPU here) slot into the step with the torch path's numerics."""
+    pytest.importorskip("triton")
+    if attention == "mla":
+        overrides = dict(attention="mla", target_hidden=None, draft_vocab=None, q_lora_rank=16, kv_lora_rank=12,
+                         qk_nope_head_dim=8, qk_rope_head_dim=6, v_head_dim=10, fc_norm=True)
+        path, recipe = write(tmp_path, "tr", "kimi", **overrides)
+    else:
+        path, recipe = write(tmp_path, "tr", attention=attention, fc_norm=True, norm_before_fc=attention == "qwen3",
+                             layers=2, norm_output=True)
+    scen = scenario(recipe.k, recipe.T, recipe.vocab, decode=2)
+    for dtype, rel in ((torch.float32, REL), (torch.bfloat16, 2e-2)):
+        drafter = Drafter.from_spec(load_draft(path), dtype=dtype)
+        monkeypatch.setenv("EAGLEKIT_KERNELS", "torch")
+        want = run_drafter(drafter, scen)
+        monkeypatch.setenv("EAGLEKIT_KERNELS", "triton")
+        assert_runs_match(run_drafter(drafter, scen), want, rel)
