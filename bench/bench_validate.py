@@ -19,9 +19,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.make_bench_drafter import write_bench_drafter  # noqa: E402
-from eaglekit.families import load_draft  # noqa: E402
-from eaglekit.rules import run_rules  # noqa: E402
+from bench.make_bench_drafter import write_bench_drafter
+from eaglekit.families import load_draft
+from eaglekit.rules import run_rules
 
 
 def drop_caches() -> bool:

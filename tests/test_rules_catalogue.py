@@ -6,9 +6,9 @@ its engine), so the twin must come out with no error and no warning from that gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -16,7 +16,14 @@ import pytest
 from eaglekit.families import load_draft
 from eaglekit.rules import all_rules, run_rules
 from eaglekit.target import read_target
-from tests.factory import Recipe, canonical_tensors, edit_config, make_draft, make_target_config, rewrite_tensors
+from tests.factory import (
+    Recipe,
+    canonical_tensors,
+    edit_config,
+    make_draft,
+    make_target_config,
+    rewrite_tensors,
+)
 
 RULES = {r.code: r for r in all_rules()}
 HYBRID = ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 3  # attention after ids 4, 8, 12
@@ -105,7 +112,7 @@ def _nan(a):
 
 
 def _d2t_as_i32(t):
-    dtype, shape, raw = t["d2t"]
+    _, shape, raw = t["d2t"]
     t["d2t"] = ("I32", shape, np.frombuffer(raw, dtype="<i8").astype("<i4").tobytes())
 
 

@@ -108,7 +108,7 @@ def test_serving_support_says_who_serves_it_as_is(tmp_path):
 
 
 VLLM_READY = [
-    dict(fc_norm=f, norm_output=n, attention=a, draft_vocab=v, layers=layers)
+    {"fc_norm": f, "norm_output": n, "attention": a, "draft_vocab": v, "layers": layers}
     for f, n, a, v, layers in itertools.product((False, True), (False, True), ("llama", "qwen3", "mla"), (128, None), (1, 2))
     if not (a == "mla" and layers > 1)
 ]
@@ -149,7 +149,7 @@ def test_engine_all_runs_both_engines_once_each(tmp_path):
 
 
 def test_header_groups_never_read_tensor_bytes(tmp_path, monkeypatch):
-    import eaglekit.rules.scan as scan
+    from eaglekit.rules import scan
 
     def refuse(*a, **k):
         raise AssertionError("tensor bytes read by a header-only group")

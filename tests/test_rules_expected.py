@@ -11,7 +11,8 @@ from eaglekit.rules import expected_tensors, tensor_expectations
 from tests.factory import LAYOUTS, Recipe, canonical_tensors, make_draft
 
 COMBOS = [
-    dict(fc_norm=fc_norm, norm_output=norm_output, attention=attention, draft_vocab=vocab, layers=layers, embed=embed)
+    {"fc_norm": fc_norm, "norm_output": norm_output, "attention": attention, "draft_vocab": vocab, "layers": layers,
+     "embed": embed}
     for fc_norm, norm_output, attention, vocab, layers, embed in itertools.product(
         (False, True), (False, True), ("llama", "qwen3", "mla"), (128, None), (1, 3), (False, True))
     if not (attention == "mla" and layers > 1)

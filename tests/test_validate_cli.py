@@ -17,8 +17,15 @@ from eaglekit.rules import all_rules
 from tests.factory import make_draft, make_target_config
 
 SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "schemas")
-REPORT = json.load(open(os.path.join(SCHEMAS, "validate-report.schema.json")))
-RULES = json.load(open(os.path.join(SCHEMAS, "validate-rules.schema.json")))
+
+
+def _schema(name: str) -> dict:
+    with open(os.path.join(SCHEMAS, name)) as fh:
+        return json.load(fh)
+
+
+REPORT = _schema("validate-report.schema.json")
+RULES = _schema("validate-rules.schema.json")
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})

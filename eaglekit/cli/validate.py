@@ -5,7 +5,13 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from eaglekit.cli.output import SEVERITY_STYLE, emit_json, findings_table, format_option, out
+from eaglekit.cli.output import (
+    SEVERITY_STYLE,
+    emit_json,
+    findings_table,
+    format_option,
+    out,
+)
 
 EXAMPLES = """
 \b

@@ -9,10 +9,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import eaglekit.rules.deep
+import eaglekit.rules.engine_sglang
+import eaglekit.rules.engine_vllm
+import eaglekit.rules.structure
+import eaglekit.rules.target  # noqa: F401 (importing a rule module registers its rules)
 from eaglekit.engines import ENGINES, LATEST, Version, format_version, parse_version
 from eaglekit.errors import UsageError
 from eaglekit.findings import Finding
-from eaglekit.rules import deep, engine_sglang, engine_vllm, structure, target  # noqa: F401 (registers rules)
 from eaglekit.rules.expected import expected_tensors, tensor_expectations
 from eaglekit.rules.registry import GROUPS, Rule, RuleContext, registered
 from eaglekit.spec import DraftSpec

@@ -4,8 +4,21 @@ from __future__ import annotations
 
 import re
 
-from eaglekit.engines import CLASS_ATTENTION, VLLM, VLLM_OLDEST_KNOWN, format_version, parse_version, vllm_requirements
-from eaglekit.rules.facts import eagle_config, examples, fmt_ids, layer_config, names_in_source
+from eaglekit.engines import (
+    CLASS_ATTENTION,
+    VLLM,
+    VLLM_OLDEST_KNOWN,
+    format_version,
+    parse_version,
+    vllm_requirements,
+)
+from eaglekit.rules.facts import (
+    eagle_config,
+    examples,
+    fmt_ids,
+    layer_config,
+    names_in_source,
+)
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 _MIDLAYER_MULTI = re.compile(r"^(model\.)?midlayer\.\d+\.")

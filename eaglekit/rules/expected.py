@@ -45,7 +45,7 @@ def tensor_expectations(spec: DraftSpec) -> list[TensorExpectation]:
     H = g.hidden_size
     T = g.target_hidden_size or H
     K = spec.num_aux_hidden_states
-    I = g.intermediate_size or None  # noqa: E741 (the reference's name)
+    I = g.intermediate_size or None
     nH, nKV, hd = g.num_heads or None, g.num_kv_heads or None, g.head_dim or None
     V, Vd = spec.vocab.vocab_size, spec.vocab.draft_vocab_size
     out: list[TensorExpectation] = []

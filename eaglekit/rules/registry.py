@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from eaglekit.engines import Version, VllmView, sglang_view, vllm_view
 from eaglekit.findings import SEVERITIES
@@ -40,7 +41,7 @@ class RuleContext:
     memo: dict = field(default_factory=dict)  # results several rules share (e.g. the d2t/t2d verdict)
 
     @cached_property
-    def expectations(self) -> list["TensorExpectation"]:
+    def expectations(self) -> list[TensorExpectation]:
         from eaglekit.rules.expected import tensor_expectations
 
         return tensor_expectations(self.spec)
@@ -50,11 +51,11 @@ class RuleContext:
         return vllm_view(self.spec, self.version)
 
     @cached_property
-    def sglang(self) -> "SglangView":
+    def sglang(self) -> SglangView:
         return sglang_view(self.spec, self.target)
 
     @cached_property
-    def stats(self) -> dict[str, "TensorStats"]:
+    def stats(self) -> dict[str, TensorStats]:
         from eaglekit.rules.scan import scan_draft
 
         return scan_draft(self.spec)

@@ -140,24 +140,25 @@ def scan_draft(spec: DraftSpec, chunk_bytes: int = CHUNK_BYTES) -> dict[str, Ten
                 _scan_one_array(spec, ref, out[ref.name])
             continue
         try:
-            fh = open(os.path.join(spec.path, rel), "rb")
-        except OSError as exc:
+            with open(os.path.join(spec.path, rel), "rb") as fh:
+                for ref in refs:
+                    _scan_one_raw(spec, fh, ref, buf, out[ref.name])
+        except OSError as exc:  # opening the file; per-tensor read errors are caught in _scan_one_raw
             for ref in refs:
-                out[ref.name].error = f"cannot open {rel}: {exc.strerror or exc}"
-            continue
-        with fh:
-            for ref in refs:
-                stats = out[ref.name]
-                try:
-                    if ref.dtype in BITS:
-                        _scan_raw(fh, ref, buf, stats)
-                    elif ref.dtype in NUMPY_DTYPES and ref.nbytes <= SMALL_TENSOR_BYTES:
-                        stats.values = read_array(spec, ref.name)
-                    else:
-                        stats.skipped = f"{ref.dtype} values are not checked"
-                except (CheckpointError, OSError, ValueError) as exc:
-                    stats.error = str(exc)
+                out[ref.name].error = out[ref.name].error or f"cannot read {rel}: {exc.strerror or exc}"
     return out
+
+
+def _scan_one_raw(spec: DraftSpec, fh, ref: TensorRef, buf: memoryview, stats: TensorStats) -> None:
+    try:
+        if ref.dtype in BITS:
+            _scan_raw(fh, ref, buf, stats)
+        elif ref.dtype in NUMPY_DTYPES and ref.nbytes <= SMALL_TENSOR_BYTES:
+            stats.values = read_array(spec, ref.name)
+        else:
+            stats.skipped = f"{ref.dtype} values are not checked"
+    except (CheckpointError, OSError, ValueError) as exc:
+        stats.error = str(exc)
 
 
 def _scan_one_array(spec: DraftSpec, ref: TensorRef, stats: TensorStats) -> None:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from eaglekit.families.names import layer_index
-from eaglekit.rules.expected import FLOAT_DTYPES, format_shape, shape_matches, tolerated_extra
+from eaglekit.rules.expected import (
+    FLOAT_DTYPES,
+    format_shape,
+    shape_matches,
+    tolerated_extra,
+)
 from eaglekit.rules.facts import (
     DEDICATED,
     DOUBLE_INDEX,
