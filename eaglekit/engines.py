@@ -269,13 +269,17 @@ def serving_support(spec: DraftSpec, target: TargetInfo | None = None) -> list[E
     for engine in ENGINES:
         report = run_rules(spec, target=target, engine=engine, groups=("structure", "target", "engine"))
         errors = [f for f in report.findings if f.severity == "error"]
+        warnings = [f for f in report.findings if f.severity == "warning"]
         if errors:
             more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
             out.append(EngineSupport(engine, None, False, f"{errors[0].code}: {errors[0].message}{more}"))
-        elif engine == VLLM:
+            continue
+        if engine == VLLM:
             floor, why = vllm_min_version(spec)
             reason = "; ".join(why) if why else f"plain EAGLE-3 layout (checked against {VLLM_OLDEST_KNOWN}..{LATEST[VLLM]})"
-            out.append(EngineSupport(engine, floor, True, reason))
         else:
-            out.append(EngineSupport(engine, LATEST[SGLANG], True, f"checked against SGLang {LATEST[SGLANG]} only"))
+            floor, reason = LATEST[SGLANG], f"checked against SGLang {LATEST[SGLANG]} only"
+        if warnings:
+            reason += f"; {len(warnings)} warning(s), first {warnings[0].code}: {warnings[0].message}"
+        out.append(EngineSupport(engine, floor, True, reason))
     return out

@@ -262,6 +262,7 @@ CASES = [
          lambda p: draft(p, "specforge"), label="torchspec-fork-names"),
     Case("EK355", lambda p: draft(p, "specforge", config_patch={"num_aux_hidden_states": 4}), lambda p: draft(p, "specforge")),
     Case("EK356", lambda p: draft(p, "specforge", add={"fc.bias": np.zeros(64, np.float32)}), lambda p: draft(p, "specforge")),
+    Case("EK357", lambda p: draft(p, "speculators"), lambda p: draft(p, "specforge")),
     # ---------------------------------------------------------------- deep
     Case("EK401", lambda p: draft(p, add=with_array("layers.0.mlp.down_proj.weight", _nan)), lambda p: draft(p)),
     Case("EK402", lambda p: draft(p, add=with_array("fc.weight", np.zeros_like)), lambda p: draft(p)),

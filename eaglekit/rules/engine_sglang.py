@@ -80,3 +80,11 @@ def fc_bias(ctx: RuleContext):
         yield Hit("fc.bias is present but config 'bias' is not true: SGLang skips it", tensor="fc.bias")
     elif wants and not has:
         yield Hit("config 'bias' is true but there is no fc.bias: SGLang keeps an uninitialised bias", key="bias")
+
+
+@rule("EK357", "warning", "engine", "P15", "speculators layout, which the SGLang facts do not cover", engine=SGLANG)
+def speculators_layout(ctx: RuleContext):
+    if ctx.spec.config_layout == "speculators":
+        yield Hit("speculators config layout: how SGLang 0.5.23 reads transformer_layer_config and its top-level ids "
+                  "is not established; serve SGLang the flat layout (eaglekit upgrade --to sglang)",
+                  key="speculators_config")
