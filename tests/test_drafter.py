@@ -164,9 +164,11 @@ def scenario(k: int, t: int, vocab: int, *, batch: int = 2, prompt: int = 5, dec
 
 def run_drafter(drafter: Drafter, scen: dict) -> list[dict]:
     """Prefill with combine(aux), then single-token steps fed back through the cache."""
+    device = drafter.norm.weight.device
+    scen = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in scen.items()}
     batch, prompt = scen["aux"].shape[:2]
     cache = drafter.new_cache(batch, prompt + scen["decode"])
-    pos = scen["start"][:, None] + torch.arange(prompt)[None]
+    pos = scen["start"][:, None] + torch.arange(prompt, device=device)[None]
     with torch.no_grad():
         out = drafter(scen["ids"][:, :prompt], drafter.combine(scen["aux"]), pos, cache, return_sink_attention=True)
         results = [out]
