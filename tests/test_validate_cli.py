@@ -62,6 +62,9 @@ def test_healthy_draft_exits_0(drafts):
     result = run(drafts["ready"], "--target", drafts["target"], "--deep", "--strict")
     assert result.exit_code == 0, result.output
     assert "PASSED" in result.stdout
+    with_target = _json(run(drafts["ready"], "--target", drafts["target"], "--deep", "--format", "json"))
+    assert with_target["groups"] == ["structure", "target", "engine", "deep"]
+    assert _json(run(drafts["ready"], "--format", "json"))["groups"] == ["structure", "engine"]
 
 
 def test_errors_exit_1_and_still_print_the_report(drafts):

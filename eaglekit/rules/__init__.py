@@ -129,4 +129,5 @@ def run_rules(
         for hit in r.check(ctx):
             findings.append(Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key))
     checked = {e: format_version(v) for e, v in versions.items()} if "engine" in selected else {}
-    return ValidationReport(spec.path, findings, selected, checked)
+    ran = tuple(g for g in selected if g != "target" or target is not None)
+    return ValidationReport(spec.path, findings, ran, checked)
