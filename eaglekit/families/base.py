@@ -129,6 +129,13 @@ def read_aux(obs: Observed, traits: Traits) -> tuple[AuxLayers, dict[str, Any]]:
     return AuxLayers(ids, written, convention, known, location, f"{location}, {convention}-of-layer ({how})"), notes
 
 
+def _number(key: str, value: Any, path: str) -> float:
+    """A config number as float; anything else is a one-line error naming the key (not a TypeError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"{key} must be a number, not {value!r}", path)
+    return float(value)
+
+
 def _flag(cfg: dict, key: str) -> bool:
     return bool(cfg.get(key, False))
 
@@ -234,8 +241,8 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         num_heads=n_heads,
         num_kv_heads=n_kv,
         head_dim=head_dim,
-        rms_norm_eps=float(lcfg.get("rms_norm_eps", 1e-6) or 1e-6),
-        rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+        rms_norm_eps=_number("rms_norm_eps", lcfg.get("rms_norm_eps") or 1e-6, files.config_path),
+        rope_theta=_number("rope_theta", rope_theta if rope_theta is not None else 10000.0, files.config_path),
         rope_scaling=rope_scaling,
         max_position_embeddings=_int(lcfg, "max_position_embeddings"),
         attention_bias=bool(lcfg.get("attention_bias", False)),
