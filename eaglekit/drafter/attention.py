@@ -68,25 +68,30 @@ class DraftCache:
         self.length += rows
 
 
-def key_positions(cache: DraftCache | None, positions: torch.Tensor) -> torch.Tensor:
-    """Positions of every key the current queries see: cached rows, then the new rows [B, L]."""
+def key_positions(cache: DraftCache | None, positions: torch.Tensor, windowed: bool) -> torch.Tensor | None:
+    """Positions of every key the current queries see (cached rows, then the new rows) [B, L].
+
+    Only sliding windows look at key positions; without one nothing is stored or returned.
+    """
+    if not windowed:
+        return None
     if cache is None:
         return positions
     return cache.extend(-1, "positions", positions)
 
 
-def attention_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, past: int, window: int | None,
+def attention_mask(query_pos: torch.Tensor, key_pos: torch.Tensor | None, past: int, window: int | None,
                    attn_bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """Additive mask [B, 1, S, L]: key j is visible to new row i iff j <= past + i (and within the window).
 
     `attn_bias`, when given, replaces this mask entirely. None means "everything visible".
     """
+    s = query_pos.shape[1]
+    total = past + s
     if attn_bias is not None:
-        s, total = query_pos.shape[1], key_pos.shape[1]
         if attn_bias.dim() != 4 or attn_bias.shape[-2:] != (s, total):
             raise UsageError(f"attn_bias must be [B, 1, {s}, {total}] (queries x cached+new keys), got {tuple(attn_bias.shape)}")
         return attn_bias.to(dtype)
-    s, total = query_pos.shape[1], key_pos.shape[1]
     if s == 1 and window is None:
         return None
     rows = torch.arange(s, device=query_pos.device).unsqueeze(1) + past
@@ -199,7 +204,7 @@ class GqaAttention(nn.Module):
         self.rotary = rope
         self.scale = head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, key_pos: torch.Tensor, cache: DraftCache | None,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, key_pos: torch.Tensor | None, cache: DraftCache | None,
                 attn_bias: torch.Tensor | None, want_sink: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, s, _ = x.shape
         n = batch * s

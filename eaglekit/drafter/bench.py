@@ -140,8 +140,7 @@ def bench_drafter_step(iters: int = 200, context: int = 1024, seed: int = 0) -> 
         outputs = {}
         for backend in ("triton", "torch"):
             with kernel_backend(backend):
-                outputs[backend] = {name: step().float() for name, step in (("first", first), ("later", later))}
-                reset()
+                outputs[backend] = {name: _once(step, reset) for name, step in (("first", first), ("later", later))}
         report["triton_vs_torch_max_rel"] = {
             name: _max_rel(outputs["triton"][name], outputs["torch"][name]) for name in ("first", "later")}
         for backend in ("triton", "torch"):
@@ -151,6 +150,12 @@ def bench_drafter_step(iters: int = 200, context: int = 1024, seed: int = 0) -> 
                                                      outputs[backend][name]))
     _print_table(report)
     return report
+
+
+def _once(step: Callable[[], torch.Tensor], reset: Callable[[], None]) -> torch.Tensor:
+    out = step().float()
+    reset()
+    return out
 
 
 def _time_step(backend: str, name: str, step: Callable[[], torch.Tensor], reset: Callable[[], None], iters: int,

@@ -46,7 +46,7 @@ class MlaAttention(nn.Module):
         order = torch.cat([torch.arange(0, self.rope_dim, 2), torch.arange(1, self.rope_dim, 2)])
         self.register_buffer("interleaved_to_halves", order, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, key_pos: torch.Tensor, cache: DraftCache | None,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, key_pos: torch.Tensor | None, cache: DraftCache | None,
                 attn_bias: torch.Tensor | None, want_sink: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, s, _ = x.shape
         n = batch * s

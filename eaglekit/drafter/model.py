@@ -181,7 +181,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RmsNormWeight(h)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, embeds: torch.Tensor, positions: torch.Tensor,
-                key_pos: torch.Tensor, cache: DraftCache | None, attn_bias: torch.Tensor | None,
+                key_pos: torch.Tensor | None, cache: DraftCache | None, attn_bias: torch.Tensor | None,
                 want_sink: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """x, residual, embeds: [N, H] rows; returns (mlp_out, residual, sink)."""
         batch, s = positions.shape
@@ -393,7 +393,7 @@ class Drafter(nn.Module):
         dtype = self.norm.weight.dtype
         embeds = F.embedding(input_ids.reshape(-1), self.embedding_weight).to(dtype)
         x, residual, sink = hidden.reshape(-1, c.hidden_size).to(dtype), None, None
-        key_pos = key_positions(cache, positions)
+        key_pos = key_positions(cache, positions, windowed=any(c.sliding_windows or ()))
         for layer in self.layers:
             x, residual, layer_sink = layer(x, residual, embeds, positions, key_pos, cache, attn_bias,
                                             return_sink_attention and layer.index == 0)

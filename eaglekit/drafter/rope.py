@@ -70,8 +70,9 @@ class Rope(nn.Module):
             raise CheckpointError(
                 f"RoPE scaling {self.kind!r} is not supported by the reference drafter "
                 f"(supported: {', '.join(SUPPORTED_KINDS)})", source)
-        # A plain fp32 attribute, not a buffer: Module.to(dtype) must never round the frequencies.
+        # Plain fp32 attributes, not buffers: Module.to(dtype) must never round the frequencies.
         self.inv_freq = inv_freq
+        self._doubled = torch.cat([inv_freq, inv_freq])  # NeoX layout: each frequency drives two dims
 
     def _yarn(self, base: torch.Tensor, theta: float, params: dict, source: str | None) -> torch.Tensor:
         factor = float(_need(params, "factor", source))
@@ -101,11 +102,10 @@ class Rope(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [N, rot] for flat positions [N], in fp32 unless `dtype` asks for the rounded table."""
-        if self.inv_freq.device != positions.device:
-            self.inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions.reshape(-1, 1).float() * self.inv_freq.unsqueeze(0)
-        freqs = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = freqs.cos(), freqs.sin()
+        if self._doubled.device != positions.device:
+            self._doubled = self._doubled.to(positions.device)
+        angles = positions.reshape(-1, 1).float() * self._doubled
+        cos, sin = angles.cos(), angles.sin()
         if self.magnitude != 1.0:
             cos, sin = cos * self.magnitude, sin * self.magnitude
         if dtype is not None:
