@@ -290,7 +290,8 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         family=traits.family,
         producer=traits.producer,
         attention=attention,
-        architectures=list(cfg.get("architectures") or []),
+        architectures=[a for a in cfg["architectures"] if isinstance(a, str)]
+        if isinstance(cfg.get("architectures"), list) else [],
         model_type=cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None,
         config_layout="speculators" if obs.speculators_layout else "flat",
         geometry=geometry,
