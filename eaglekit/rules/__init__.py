@@ -117,7 +117,7 @@ def run_rules(
     versions = _engines(engine, engine_version)
     target = target or _recorded_target(spec)
     neutral = RuleContext(spec, target, None, None)
-    contexts = {e: RuleContext(spec, target, e, v, engine_version is not None) for e, v in versions.items()}
+    contexts = {e: RuleContext(spec, target, e, v) for e, v in versions.items()}
 
     findings: list[Finding] = []
     for r in all_rules():

@@ -7,13 +7,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from eaglekit.engines import Version, VllmView, sglang_view, vllm_view
+from eaglekit.engines import SglangView, Version, VllmView, sglang_view, vllm_view
 from eaglekit.findings import SEVERITIES
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
 if TYPE_CHECKING:
-    from eaglekit.engines import SglangView
     from eaglekit.rules.expected import TensorExpectation
     from eaglekit.rules.scan import TensorStats
 
@@ -37,7 +36,6 @@ class RuleContext:
     target: TargetInfo | None
     engine: str | None
     version: Version | None  # the engine version checked (None for engine-independent rules)
-    version_explicit: bool = False
     memo: dict = field(default_factory=dict)  # results several rules share (e.g. the d2t/t2d verdict)
 
     @cached_property
