@@ -1,0 +1,143 @@
+"""`eaglekit inspect` through the real CLI entry point: flags, exit codes, JSON schema, no torch."""
+
+import json
+import os
+import subprocess
+import sys
+
+import click
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from eaglekit.cli.main import cli, main
+from tests.factory import make_draft, make_target_config
+
+SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "inspect-report.schema.json")))
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.pass_context
+def main_wrapper(ctx):
+    """The console-script entry point, so tests see its error handling and exit codes."""
+    main(list(ctx.args))
+
+
+def run(args):
+    return CliRunner().invoke(main_wrapper, args, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory):
+    base = tmp_path_factory.mktemp("drafts")
+    return {
+        "specforge": make_draft(str(base / "specforge"), "specforge"),
+        "vllm31": make_draft(str(base / "vllm31"), "vllm", fc_norm=True, norm_output=True),
+        "kimi": make_draft(str(base / "kimi"), "kimi", attention="mla", draft_vocab=None, embed=True),
+        "eagle": make_draft(str(base / "eagle"), "eagle"),
+        "target": make_target_config(str(base / "target")),
+    }
+
+
+@pytest.mark.parametrize("name", ["specforge", "vllm31", "kimi", "eagle"])
+def test_json_report_validates_against_schema(drafts, name):
+    result = run(["inspect", drafts[name], "--format", "json", "--tensors", "--target", drafts["target"]])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["aux_layer_ids"] == [2, 6, 9]
+    names = {t["name"] for t in doc["tensors"]}
+    assert {"fc.weight", "norm.weight", "layers.0.mlp.down_proj.weight"} <= names
+
+
+def test_json_facts_for_a_specforge_draft(drafts):
+    doc = json.loads(run(["inspect", drafts["specforge"], "--format", "json"]).stdout)
+    assert doc["family"] == "specforge"
+    assert doc["aux_layer_ids_as_written"] == [1, 5, 8] and doc["aux_layer_ids"] == [2, 6, 9]
+    assert doc["aux_layer_id_convention"] == "output"
+    assert doc["eagle_version"] == "3"
+    assert doc["has_d2t"] and doc["has_t2d"] and not doc["has_embed_tokens"]
+    assert "tensors" not in doc
+    assert doc["total_bytes"] == sum(os.path.getsize(os.path.join(drafts["specforge"], f)) for f in doc["files"]) - _header_bytes(drafts["specforge"], doc["files"])
+
+
+def _header_bytes(root, files):
+    import struct
+
+    total = 0
+    for f in files:
+        with open(os.path.join(root, f), "rb") as fh:
+            total += 8 + struct.unpack("<Q", fh.read(8))[0]
+    return total
+
+
+def test_human_output_names_the_essentials(drafts):
+    result = run(["inspect", drafts["vllm31"], "--target", drafts["target"]])
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    for needle in ("vllm", "3.1", "fc_norm=True", "[2, 6, 9]", "Serving as is"):
+        assert needle in text, needle
+
+
+def test_eagle_default_ids_need_the_target(drafts):
+    doc = json.loads(run(["inspect", drafts["eagle"], "--format", "json"]).stdout)
+    assert doc["aux_layer_ids"] is None
+    doc = json.loads(run(["inspect", drafts["eagle"], "--format", "json", "--target", drafts["target"]]).stdout)
+    assert doc["aux_layer_ids"] == [2, 6, 9] and doc["aux_layer_ids_source"].startswith("engine default")
+
+
+@pytest.mark.parametrize("case", ["missing", "no-config", "truncated", "unknown-layout", "pickle"])
+def test_bad_inputs_are_one_line_exit_1(tmp_path, case):
+    path = tmp_path / "d"
+    if case == "no-config":
+        path.mkdir()
+    elif case == "truncated":
+        make_draft(str(path), "vllm")
+        weights = path / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:200])
+    elif case == "unknown-layout":
+        make_draft(str(path), "vllm", config_patch={"architectures": ["Whatever"]})
+    elif case == "pickle":
+        path.mkdir()
+        (path / "config.json").write_text("{}")
+        (path / "pytorch_model.bin").write_bytes(b"not really a pickle")
+    result = run(["inspect", str(path)])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and str(path) in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_usage_errors_exit_2(drafts):
+    assert run(["inspect"]).exit_code == 2
+    assert run(["inspect", drafts["vllm31"], "--format", "xml"]).exit_code == 2
+
+
+def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLEKIT_DEBUG", "1")
+    with pytest.raises(Exception):
+        CliRunner().invoke(main_wrapper, ["inspect", str(tmp_path / "nope")], catch_exceptions=False)
+
+
+def test_help_and_inspect_never_import_torch(drafts):
+    code = (
+        "import sys\n"
+        "from eaglekit.cli.main import main\n"
+        "for args in (['--help'], ['inspect', sys.argv[1], '--format', 'json']):\n"
+        "    try:\n"
+        "        main(args)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print('clean')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, drafts["vllm31"]], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("clean")
+
+
+def test_every_command_is_listed_in_help():
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for name in ("inspect", "validate", "upgrade", "verify", "push"):
+        assert name in result.output
