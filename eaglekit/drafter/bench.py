@@ -6,7 +6,8 @@ V = 128256, bf16, fc_norm + norm_output, batch 1, after a prompt of `context` to
 timed: the first of a round (combine: fc_norm + fc, then the layer) and a later one (fed-back
 state). Each figure is the median of `iters` CUDA-event measurements after warm-up, eager and as a
 CUDA-graph replay, with the fused Triton kernels and with the plain torch path. The floor is the
-bytes the step must read (weights it touches, one embedding row, the KV cache) over 4.3e12 B/s.
+bytes the step must read (weights it touches, one embedding row, the KV cache) over 4.3e12 B/s; the
+step's weight matmuls alone are timed too, to show how much of the step is cuBLAS's.
 
     python -m eaglekit.drafter.bench [--iters 200] [--context 1024]
 """
@@ -143,6 +144,7 @@ def bench_drafter_step(iters: int = 200, context: int = 1024, seed: int = 0) -> 
                 outputs[backend] = {name: _once(step, reset) for name, step in (("first", first), ("later", later))}
         report["triton_vs_torch_max_rel"] = {
             name: _max_rel(outputs["triton"][name], outputs["torch"][name]) for name in ("first", "later")}
+        report["matmuls_only_us"] = _matmuls_only_us(drafter, iters)
         for backend in ("triton", "torch"):
             with kernel_backend(backend):
                 for name, step in (("first", first), ("later", later)):
@@ -150,6 +152,36 @@ def bench_drafter_step(iters: int = 200, context: int = 1024, seed: int = 0) -> 
                                                      outputs[backend][name]))
     _print_table(report)
     return report
+
+
+def _matmuls_only_us(drafter: Drafter, iters: int) -> dict:
+    """The step's weight matmuls alone, as one graph replay: the part of the step that is cuBLAS's."""
+    layer, h = drafter.layers[0], drafter.config.hidden_size
+    x = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
+    attn_in = torch.randn(1, 2 * h, device="cuda", dtype=torch.bfloat16)
+    inner = torch.randn(1, drafter.config.intermediate_size, device="cuda", dtype=torch.bfloat16)
+    heads = torch.randn(1, layer.self_attn.o_proj.in_features, device="cuda", dtype=torch.bfloat16)
+    aux = torch.randn(1, drafter.fc.in_features, device="cuda", dtype=torch.bfloat16)
+
+    def later() -> torch.Tensor:
+        layer.self_attn.qkv_proj(attn_in)
+        layer.self_attn.o_proj(heads)
+        layer.mlp.gate_up_proj(x)
+        layer.mlp.down_proj(inner)
+        return torch.nn.functional.linear(x, drafter.head_weight)
+
+    def first() -> torch.Tensor:
+        drafter.fc(aux)
+        return later()
+
+    def nothing() -> None:
+        return None
+
+    out = {}
+    for name, run in (("first", first), ("later", later)):
+        replay, _ = _graphed(run, nothing)
+        out[name] = _median_us(replay, iters, nothing)
+    return out
 
 
 def _once(step: Callable[[], torch.Tensor], reset: Callable[[], None]) -> torch.Tensor:
@@ -184,6 +216,8 @@ def _print_table(report: dict) -> None:
     print(f"drafter step on {report['device']}: 8B-class EAGLE-3.1 draft, bf16, batch 1, context {report['context']}, "
           f"median of {report['iters']}; floor = bytes read / {HBM_BYTES_PER_S / 1e12:.1f} TB/s; triton vs torch "
           f"logits max rel diff: first {rel['first']:.1e}, later {rel['later']:.1e}")
+    mm = report["matmuls_only_us"]
+    print(f"weight matmuls alone (graph): first {mm['first']:.1f} us, later {mm['later']:.1f} us")
     print(f"{'kernels':8} {'step':6} {'eager us':>9} {'graph us':>9} {'floor us':>9} {'graph/floor':>11}")
     for r in report["runs"]:
         graph = f"{r['graph_us']:9.1f}" if r["graph_us"] is not None else f"{'failed':>9}"
