@@ -214,7 +214,7 @@ class GqaAttention(nn.Module):
             q = kernels.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.eps).reshape(q.shape)
             k = kernels.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.eps).reshape(k.shape)
         cos, sin = self.rotary.cos_sin(positions, dtype=q.dtype)
-        q, k = kernels.apply_rope(q.contiguous(), k.contiguous(), cos, sin)
+        q, k = kernels.apply_rope(q, k, cos, sin)
         k = k.reshape(batch, s, self.kv_heads, self.head_dim)
         v = v.reshape(batch, s, self.kv_heads, self.head_dim)
         past = cache.length if cache is not None else 0

@@ -61,7 +61,7 @@ class MlaAttention(nn.Module):
         latent, k_pe = self.kv_a_proj_with_mqa(flat).split([self.kv_rank, self.rope_dim], dim=-1)
         latent = kernels.rms_norm(latent, self.kv_a_layernorm.weight, self.eps)
         cos, sin = self.rotary.cos_sin(positions)
-        q_pe, k_pe = kernels.apply_rope(q_pe.index_select(-1, self.interleaved_to_halves).contiguous(),
+        q_pe, k_pe = kernels.apply_rope(q_pe.index_select(-1, self.interleaved_to_halves),
                                         k_pe.index_select(-1, self.interleaved_to_halves).reshape(n, 1, -1),
                                         cos, sin)
         latent, k_pe = latent.reshape(batch, s, self.kv_rank), k_pe.reshape(batch, s, self.rope_dim)

@@ -14,8 +14,9 @@ names in `state_dict()`, so a trained drafter saves as a checkpoint directly.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -138,10 +139,18 @@ def _windows(layer_cfg: Mapping[str, Any], layers: int, window: int | None) -> t
 
 @dataclass(frozen=True)
 class DraftOutput:
-    logits: torch.Tensor  # [B, S, V]; -inf outside the draft vocabulary when Vd < V
+    """One step's results. `logits` (target-vocabulary wide) is built on first access: training and
+    greedy drafting need only `draft_logits`, and [B, S, V] is the largest tensor of the step."""
+
     draft_logits: torch.Tensor  # [B, S, Vd]
     feedback: torch.Tensor  # [B, S, H]: what the next step receives as its hidden state
     sink_attention: torch.Tensor | None  # [B, S]: layer-0 softmax mass on key row 0, mean over heads
+    to_target_vocab: Callable[[torch.Tensor], torch.Tensor] = field(repr=False, compare=False)
+
+    @cached_property
+    def logits(self) -> torch.Tensor:
+        """[B, S, V]: draft logits at columns arange(Vd) + d2t, -inf elsewhere (== draft_logits when Vd == V)."""
+        return self.to_target_vocab(self.draft_logits)
 
 
 class GatedMlp(nn.Module):
@@ -240,6 +249,7 @@ class Drafter(nn.Module):
         self.lm_head = None if borrow_head else linear(h, c.draft_vocab_size)
         if c.draft_vocab_size < c.vocab_size:
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("draft_ids", torch.arange(c.draft_vocab_size), persistent=False)
         else:
             self.d2t = None
 
@@ -406,19 +416,18 @@ class Drafter(nn.Module):
             draft_logits = draft_logits * c.logit_scale
         feedback = normed if c.norm_output else prenorm
         return DraftOutput(
-            logits=self._to_target_vocab(draft_logits).reshape(batch, s, -1),
             draft_logits=draft_logits.reshape(batch, s, -1),
             feedback=feedback.reshape(batch, s, c.hidden_size),
             sink_attention=sink,
+            to_target_vocab=self.to_target_vocab,
         )
 
-    def _to_target_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """Scatter [N, Vd] into -inf-filled [N, V] at columns arange(Vd) + d2t (vLLM compute_logits)."""
+    def to_target_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Scatter [..., Vd] into -inf-filled [..., V] at columns arange(Vd) + d2t (vLLM compute_logits)."""
         if self.d2t is None:
             return draft_logits
-        columns = torch.arange(self.config.draft_vocab_size, device=draft_logits.device) + self.d2t
-        full = draft_logits.new_full((draft_logits.shape[0], self.config.vocab_size), float("-inf"))
-        return full.index_copy(1, columns, draft_logits)
+        full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy(-1, self.draft_ids + self.d2t, draft_logits)
 
 
 def _unused(name: str) -> bool:
