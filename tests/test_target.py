@@ -16,8 +16,8 @@ from eaglekit.verify.target import load_target  # noqa: E402
 LAYERS = 4
 
 
-def make_tiny_target(path, *, layers=LAYERS, hidden=64, vocab=256, tied=False, seed=0) -> str:
-    """A real, randomly initialised LlamaForCausalLM saved as safetensors (no tokenizer)."""
+def make_tiny_target(path, *, layers=LAYERS, hidden=64, vocab=256, tied=False, seed=0, tokenizer_from=None) -> str:
+    """A real, randomly initialised LlamaForCausalLM saved as safetensors; a tokenizer only if `tokenizer_from`."""
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
         hidden_size=hidden, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
@@ -29,6 +29,8 @@ def make_tiny_target(path, *, layers=LAYERS, hidden=64, vocab=256, tied=False, s
     with torch.no_grad():
         model.model.norm.weight.uniform_(0.5, 1.5)
     model.save_pretrained(path)
+    if tokenizer_from is not None:
+        transformers.AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
     return str(path)
 
 

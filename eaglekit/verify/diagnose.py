@@ -74,7 +74,7 @@ def hypotheses(aux_ids: Sequence[int], as_written: Sequence[int] | None, num_lay
         if all(0 <= i <= num_layers for i in shifted) and shifted not in seen:
             out.append(Hypothesis(f"aux ids {shift:+d}", "aux-shift", shifted))
             seen.add(shifted)
-    default = tuple(sorted(default_ids))
+    default = tuple(sorted(set(default_ids)))
     if default not in seen and len(default) == len(ids) and all(0 <= i <= num_layers for i in default):
         out.append(Hypothesis("engine default ids", "aux-default", default))
     out.append(Hypothesis(f"norm_before_residual={not norm_before_residual}", "norm_before_residual", ids,

@@ -57,7 +57,8 @@ def _parse(record: Any, where: str, index: int) -> Prompt:
                           "or \"text\" (raw, no chat template)", where)
 
 
-def _read_jsonl(text: str, where: str) -> tuple[Prompt, ...]:
+def parse_jsonl(text: str, where: str) -> tuple[Prompt, ...]:
+    """Prompts from JSONL text; `where` names the source in error messages."""
     prompts = []
     for index, line in enumerate(text.splitlines()):
         if not line.strip():
@@ -75,7 +76,7 @@ def _read_jsonl(text: str, where: str) -> tuple[Prompt, ...]:
 def bundled_prompts() -> PromptSet:
     """The coding prompts shipped with eaglekit (in the spirit of SPEED-Bench's coding split)."""
     text = resources.files("eaglekit").joinpath("data", "prompts", "coding.jsonl").read_text(encoding="utf-8")
-    return PromptSet(BUNDLED_NAME, _read_jsonl(text, "eaglekit/data/prompts/coding.jsonl"))
+    return PromptSet(BUNDLED_NAME, parse_jsonl(text, "eaglekit/data/prompts/coding.jsonl"))
 
 
 def read_prompts(path: str) -> PromptSet:
@@ -87,7 +88,7 @@ def read_prompts(path: str) -> PromptSet:
         raise CheckpointError(f"cannot read prompts: {exc.strerror or exc}", path) from None
     except UnicodeDecodeError:
         raise CheckpointError("prompts file is not UTF-8 text", path) from None
-    return PromptSet(os.path.splitext(os.path.basename(path))[0], _read_jsonl(text, path))
+    return PromptSet(os.path.splitext(os.path.basename(path))[0], parse_jsonl(text, path))
 
 
 def source_context(tokenizer, num_tokens: int, index: int = 0) -> str:

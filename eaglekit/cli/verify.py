@@ -1,0 +1,192 @@
+"""`eaglekit verify`: a real greedy speculative decode of a draft against its target."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import click
+from rich.table import Table
+
+from eaglekit.cli.output import emit_json, err, format_option, key_value_table, out
+from eaglekit.errors import EaglekitError, OutputError, UsageError
+
+EXAMPLES = """
+\b
+Examples:
+  eaglekit verify ./draft --target ./SmolLM2-135M-Instruct
+  eaglekit verify ./draft --target ./Llama-3.1-8B-Instruct --device cuda -k 6 --diagnose
+  eaglekit verify ./draft --target ./target --context-tokens 2000 --min-acceptance 2.0 --save-report verify.json
+"""
+
+STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "info": "cyan"}
+
+
+def _ids(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        ids = tuple(int(v) for v in value.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise UsageError(f"--aux-layer-ids {value!r}: expected comma-separated integers") from None
+    if not ids or any(i < 0 for i in ids):
+        raise UsageError(f"--aux-layer-ids {value!r}: expected non-negative integers")
+    return ids
+
+
+@click.command("verify", epilog=EXAMPLES)
+@click.argument("draft")
+@click.option("--target", required=True, help="Target model directory (Hugging Face layout, safetensors).")
+@click.option("-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
+              help="Drafts per round (vLLM's num_speculative_tokens).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens generated per prompt.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
+              help="JSONL prompts: {\"prompt\": ...}, {\"messages\": [...]} or {\"text\": ...} per line "
+                   "(default: the bundled coding prompts).")
+@click.option("--limit", type=int, help="Use only the first N prompts.")
+@click.option("--context-tokens", type=int, default=0, show_default=True,
+              help="Long-context mode: prepend this many tokens of Python standard-library source to every prompt.")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
+@click.option("--aux-layer-ids", "aux_layer_ids", help="Override the aux ids (vLLM convention), e.g. 2,15,27.")
+@click.option("--diagnose", is_flag=True,
+              help="Also score the drafter under competing readings (aux ids +-1, engine default, flipped norm "
+                   "flags, fc block orders) on one captured target pass, and name a better one.")
+@click.option("--min-acceptance", type=float, help="Exit 1 when the mean acceptance length is below this.")
+@click.option("--save-report", type=click.Path(dir_okay=False), help="Also write the JSON report here (for push).")
+@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@format_option
+def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, context_tokens, device, dtype,
+                   aux_layer_ids, diagnose, min_acceptance, save_report, no_progress, output_format):
+    """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis."""
+    from eaglekit.verify.run import VerifyOptions, verify
+
+    options = VerifyOptions(
+        num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file, limit=limit,
+        context_tokens=context_tokens, device=device, dtype=dtype, aux_layer_ids=_ids(aux_layer_ids),
+        diagnose=diagnose, min_acceptance=min_acceptance,
+    )
+    if no_progress:
+        report = verify(draft, target, options)
+    else:
+        report = _with_progress(draft, target, options, verify)
+    doc = report.to_dict()
+    if save_report:
+        _write_json(save_report, doc)
+    if output_format == "json":
+        emit_json(doc)
+    else:
+        render(doc)
+    if not report.lossless:
+        bad = [p for p in doc["per_prompt"] if not p["identical"] and not p["divergence"]["numerical_tie"]]
+        first = bad[0]
+        raise EaglekitError(f"{draft}: speculative output differs from the target's own greedy output on "
+                            f"{len(bad)} prompt(s) (first: {first['name']!r} at token {first['divergence']['position']})")
+    if not report.passed:
+        raise EaglekitError(f"{draft}: mean acceptance length {report.acceptance_length:.2f} is below "
+                            f"--min-acceptance {min_acceptance}")
+
+
+def _with_progress(draft, target, options, verify):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=err, transient=True) as progress:
+        task = progress.add_task("loading", total=None)
+
+        def on_prompt(done: int, total: int, name: str) -> None:
+            progress.update(task, completed=done, total=total, description=name)
+
+        return verify(draft, target, options, on_prompt=on_prompt)
+
+
+def _write_json(path: str, doc: dict) -> None:
+    """Atomic: a temporary file in the same folder, renamed over `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".verify-", suffix=".json", dir=folder)
+    except OSError as exc:
+        raise OutputError(f"cannot write the report: {exc.strerror or exc}", path) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise OutputError(f"cannot write the report: {exc.strerror or exc}", path) from None
+
+
+def _rates(values) -> str:
+    return "  ".join(f"{v:.2f}" for v in values)
+
+
+def render(doc: dict) -> None:
+    prompts = doc["prompts"]
+    context = f", {prompts['context_tokens']} tokens of context" if prompts["context_tokens"] else ""
+    out.print(key_value_table([
+        ("draft", doc["draft"]),
+        ("target", doc["target"]),
+        ("EAGLE", f"{doc['eagle_version']}  ({', '.join(f'{k}={v}' for k, v in doc['flags'].items())})"),
+        ("aux ids", f"{doc['aux_layer_ids']}  [dim]{doc['aux_layer_ids_source']}[/]"),
+        ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, {doc['dtype']} on "
+                f"{doc['device']}"),
+        ("prompts", f"{prompts['name']} ({prompts['count']}, mean {prompts['mean_prompt_tokens']:.0f} tokens{context})"),
+    ], title="eaglekit verify"))
+    out.print()
+
+    checks = Table(title="Compatibility", title_justify="left")
+    checks.add_column("check", no_wrap=True)
+    checks.add_column("status", no_wrap=True)
+    checks.add_column("detail")
+    for c in doc["checks"]:
+        checks.add_row(c["name"], f"[{STATUS_STYLE[c['status']]}]{c['status']}[/]", c["message"])
+    out.print(checks)
+
+    lossless = "[green]yes[/]" if doc["lossless"] else "[bold red]NO[/]"
+    if doc["lossless"] and not doc["exact_match"]:
+        lossless += " [dim](differs only after numerical ties)[/]"
+    split = doc["time_split"]
+    speedup = f"{doc['speedup']:.2f}×" if doc["speedup"] is not None else "—"
+    out.print(key_value_table([
+        ("lossless", lossless),
+        ("acceptance length τ", f"[bold]{doc['acceptance_length']:.2f}[/] (max {doc['num_speculative_tokens'] + 1})"),
+        ("per position", _rates(doc["per_position_acceptance"])),
+        ("conditional", _rates(doc["conditional_acceptance"])),
+        ("tokens/s", f"{doc['tokens_per_s_spec']:.1f} with the draft vs {doc['tokens_per_s_target']:.1f} target alone "
+                     f"({speedup})"),
+        ("time", f"spec {split['spec_total_s']:.1f} s (draft {split['spec_draft_s']:.1f} s, target "
+                 f"{split['spec_target_s']:.1f} s); target alone {split['target_only_s']:.1f} s"),
+    ], title="Result"))
+    out.print()
+
+    drift = Table(title="Drift per draft depth", title_justify="left")
+    drift.add_column("depth", justify="right")
+    drift.add_column("hidden RMS", justify="right")
+    drift.add_column("sink attention", justify="right")
+    drift.add_column("acceptance", justify="right")
+    for row, rate in zip(doc["drift"], doc["per_position_acceptance"]):
+        rms = "—" if row["hidden_rms"] is None else f"{row['hidden_rms']:.3g}"
+        sink = "—" if row["sink_attention"] is None else f"{row['sink_attention']:.3f}"
+        drift.add_row(str(row["depth"]), rms, sink, f"{rate:.2f}")
+    out.print(drift)
+
+    if "hypotheses" in doc:
+        table = Table(title="Diagnosis: one target pass, competing readings", title_justify="left")
+        table.add_column("hypothesis")
+        table.add_column("aux ids")
+        table.add_column("τ", justify="right")
+        table.add_column("per position")
+        for h in doc["hypotheses"]:
+            name = f"[bold]{h['name']}[/]" if h["name"] == doc["diagnosis"]["best"] else h["name"]
+            table.add_row(name, str(h["aux_layer_ids"]), f"{h['acceptance_length']:.2f}",
+                          _rates(h["per_position_acceptance"]))
+        out.print(table)
+        d = doc["diagnosis"]
+        style = {"declared": "green", "mismatch": "bold yellow", "broken": "bold red"}[d["verdict"]]
+        out.print(f"[{style}]{d['message']}[/]")
+        if d["fix"]:
+            out.print(f"fix: [bold]{d['fix'].replace('DRAFT', doc['draft'])}[/]")

@@ -1,0 +1,168 @@
+"""`eaglekit verify` through the real entry point, on a tiny real target that carries SmolLM2's tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import click
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from eaglekit.cli.main import main  # noqa: E402
+from tests.factory import make_draft, make_target_config  # noqa: E402
+from tests.test_target import make_tiny_target  # noqa: E402
+from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+
+SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "verify-report.schema.json")))
+VOCAB = 49152  # SmolLM2's tokenizer
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.pass_context
+def main_wrapper(ctx):
+    main(list(ctx.args))
+
+
+def run(args):
+    return CliRunner().invoke(main_wrapper, args, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    base = tmp_path_factory.mktemp("verify-cli")
+    target = make_tiny_target(base / "target", vocab=VOCAB, tokenizer_from=smollm2_path())
+    draft = make_draft(str(base / "draft"), "specforge", hidden=64, vocab=VOCAB, draft_vocab=512, aux_ids=(1, 2, 3),
+                       target_layers=4)
+    return {"target": target, "draft": draft, "base": base}
+
+
+FAST = ["--limit", "2", "--max-new-tokens", "8", "--no-progress"]
+
+
+def test_json_report_is_schema_valid_and_lossless(env, tmp_path):
+    saved = tmp_path / "report.json"
+    result = run(["verify", env["draft"], "--target", env["target"], "--format", "json", "--save-report", str(saved),
+                  *FAST])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["lossless"] and doc["passed"]
+    assert doc["num_speculative_tokens"] == 3 and len(doc["per_position_acceptance"]) == 3
+    assert doc["acceptance_length"] == pytest.approx(1 + sum(doc["per_position_acceptance"]))
+    assert doc["prompts"] == {**doc["prompts"], "name": "eaglekit-coding", "count": 2, "context_tokens": 0}
+    assert {c["name"] for c in doc["checks"]} >= {"vocab_size", "target_hidden_size", "aux_layer_ids", "embed_tokens",
+                                                  "lm_head", "d2t"}
+    assert all(c["status"] == "pass" for c in doc["checks"])
+    assert doc["aux_layer_ids"] == [1, 2, 3]  # written as output-of-layer [0, 1, 2] by the SpecForge layout
+    assert [d["depth"] for d in doc["drift"]] == [1, 2, 3]
+    assert json.loads(saved.read_text()) == doc
+    assert "hypotheses" not in doc
+
+
+def test_human_output_names_the_verdict(env):
+    result = run(["verify", env["draft"], "--target", env["target"], *FAST, "-k", "2"])
+    assert result.exit_code == 0, result.output
+    for text in ("Compatibility", "lossless", "acceptance length", "Drift per draft depth", "(max 3)"):
+        assert text in result.stdout
+
+
+def test_diagnose_scores_every_hypothesis(env):
+    result = run(["verify", env["draft"], "--target", env["target"], "--diagnose", "--format", "json", *FAST])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    names = [h["name"] for h in doc["hypotheses"]]
+    assert names[0] == "declared" and doc["hypotheses"][0]["declared"]
+    assert {"aux ids +1", "aux ids -1", "norm_before_residual=True", "norm_output=True"} <= set(names)
+    assert {"aux ids +1": [2, 3, 4], "aux ids -1": [0, 1, 2]} == {
+        h["name"]: h["aux_layer_ids"] for h in doc["hypotheses"] if h["kind"] == "aux-shift"}
+    assert doc["diagnosis"]["verdict"] in ("declared", "mismatch", "broken")
+
+
+def test_context_tokens_lengthen_every_prompt(env):
+    short = json.loads(run(["verify", env["draft"], "--target", env["target"], "--format", "json", *FAST]).stdout)
+    long = json.loads(run(["verify", env["draft"], "--target", env["target"], "--format", "json", *FAST,
+                           "--context-tokens", "100"]).stdout)
+    assert long["prompts"]["context_tokens"] == 100
+    for a, b in zip(short["per_prompt"], long["per_prompt"]):
+        assert 100 <= b["prompt_tokens"] - a["prompt_tokens"] <= 130  # + the context template's own words
+
+
+def test_min_acceptance_fails_the_run_but_keeps_the_report(env, tmp_path):
+    saved = tmp_path / "r.json"
+    result = run(["verify", env["draft"], "--target", env["target"], *FAST, "--min-acceptance", "3.5",
+                  "--save-report", str(saved)])
+    assert result.exit_code == 1
+    assert "below --min-acceptance 3.5" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    doc = json.loads(saved.read_text())
+    assert doc["passed"] is False and doc["min_acceptance"] == 3.5
+
+
+def test_user_prompt_file(env, tmp_path):
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"name": "a", "prompt": "Say hi"}\n\n{"text": "def add(a, b):"}\n'
+                       '{"messages": [{"role": "user", "content": "Hello"}]}\n')
+    doc = json.loads(run(["verify", env["draft"], "--target", env["target"], "--format", "json", "--prompts",
+                          str(prompts), "--max-new-tokens", "4", "--no-progress"]).stdout)
+    assert doc["prompts"]["name"] == "mine" and doc["prompts"]["count"] == 3
+    assert [p["name"] for p in doc["per_prompt"]] == ["a", "3", "4"]  # unnamed: the line number
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3}\n')
+    result = run(["verify", env["draft"], "--target", env["target"], "--prompts", str(bad), "--no-progress"])
+    assert result.exit_code == 1 and "line 1: needs" in result.stderr
+
+
+def _refused(result, *fragments):
+    assert result.exit_code == 1, result.output
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in line
+    return line
+
+
+def test_vocab_mismatch_is_refused_before_any_weight_is_loaded(tmp_path):
+    # the target has only a config.json: reaching the decode would fail differently
+    target = make_target_config(str(tmp_path / "t"), layers=4, hidden=64, vocab=VOCAB)
+    draft = make_draft(str(tmp_path / "d"), "specforge", hidden=64, vocab=256, draft_vocab=128, aux_ids=(1, 2, 4),
+                       target_layers=4)
+    line = _refused(run(["verify", draft, "--target", target]), "draft vocabulary V=256, the target has V=49152")
+    assert line.startswith(f"Error: {draft}")
+
+
+def test_target_hidden_mismatch_is_refused(tmp_path):
+    target = make_target_config(str(tmp_path / "t"), layers=4, hidden=64, vocab=VOCAB)
+    draft = make_draft(str(tmp_path / "d"), "vllm", hidden=64, target_hidden=96, vocab=VOCAB, draft_vocab=128,
+                       aux_ids=(1, 2, 4), target_layers=4)
+    _refused(run(["verify", draft, "--target", target]), "T=96", "T=64")
+
+
+def test_aux_ids_outside_the_target_are_refused(env):
+    _refused(run(["verify", env["draft"], "--target", env["target"], "--aux-layer-ids", "1,2,9"]),
+             "[9] lie outside [0, L=4]")
+    _refused(run(["verify", env["draft"], "--target", env["target"], "--aux-layer-ids", "1,2"]),
+             "fc takes K=3")
+
+
+def test_usage_errors_exit_2(env):
+    result = run(["verify", env["draft"], "--target", env["target"], "--aux-layer-ids", "a,b"])
+    assert result.exit_code == 2 and "comma-separated integers" in result.stderr
+    result = run(["verify", env["draft"], "--target", env["target"], "-k", "0"])
+    assert result.exit_code == 2
+
+
+def test_missing_target_dir(env, tmp_path):
+    _refused(run(["verify", env["draft"], "--target", str(tmp_path / "nope")]), "target config not found")
+
+
+def test_cli_module_does_not_import_torch():
+    code = ("import sys, eaglekit.cli.verify, eaglekit.verify.run; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

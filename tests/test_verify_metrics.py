@@ -1,0 +1,62 @@
+"""Acceptance metrics follow vLLM's definitions; drift statistics average per depth."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
+
+
+def test_vllm_definitions_on_a_worked_example():
+    c = AcceptanceCounter(3)
+    for accepted in (3, 0, 1, 2):
+        c.record(accepted)
+    assert c.drafts == 4 and c.draft_tokens == 12 and c.accepted == 6
+    assert c.acceptance_length == pytest.approx(1 + 6 / 4)
+    assert c.per_position == pytest.approx([3 / 4, 2 / 4, 1 / 4])
+    assert c.conditional == pytest.approx([3 / 4, 2 / 3, 1 / 2])
+    assert c.draft_acceptance_rate == pytest.approx(6 / 12)
+
+
+@given(st.integers(1, 8), st.lists(st.integers(0, 100), max_size=200), st.integers(0, 2**32 - 1))
+def test_tau_is_one_plus_sum_of_unconditional_rates(k, raw, seed):
+    c = AcceptanceCounter(k)
+    for value in raw:
+        c.record(value % (k + 1))
+    assert c.acceptance_length == pytest.approx(1 + sum(c.per_position))
+    assert all(a >= b for a, b in zip(c.per_position, c.per_position[1:]))
+    assert 1.0 <= c.acceptance_length <= k + 1
+    # merging split counts gives the same totals
+    left, right = AcceptanceCounter(k), AcceptanceCounter(k)
+    rng = random.Random(seed)
+    for value in raw:
+        (left if rng.random() < 0.5 else right).record(value % (k + 1))
+    left.merge(right)
+    assert (left.drafts, left.accepted, left.accepted_at) == (c.drafts, c.accepted, c.accepted_at)
+
+
+def test_bounds_and_empty_counter():
+    c = AcceptanceCounter(2)
+    assert c.acceptance_length == 1.0 and c.per_position == [0.0, 0.0]
+    with pytest.raises(ValueError):
+        c.record(3)
+    with pytest.raises(ValueError):
+        c.merge(AcceptanceCounter(3))
+
+
+def test_drift_means_per_depth():
+    d = DriftStats(2)
+    d.record(1, 2.0, 0.5)
+    d.record(1, 4.0, None)
+    d.record(2, 8.0, 0.25)
+    rows = d.rows()
+    assert rows[0] == {"depth": 1, "hidden_rms": 3.0, "sink_attention": 0.5, "samples": 2}
+    assert rows[1] == {"depth": 2, "hidden_rms": 8.0, "sink_attention": 0.25, "samples": 1}
+    other = DriftStats(2)
+    other.record(2, 0.0, 0.75)
+    d.merge(other)
+    assert d.rows()[1]["hidden_rms"] == 4.0 and d.rows()[1]["sink_attention"] == 0.5
