@@ -99,8 +99,8 @@ class HfStyleDrafter(nn.Module):
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         groups = c.num_heads // c.num_kv_heads
-        k_all = k[:, :, None].expand(b, c.num_kv_heads, groups, k.shape[2], c.head_dim).reshape(b, c.num_heads, -1, c.head_dim)
-        v_all = v[:, :, None].expand(b, c.num_kv_heads, groups, v.shape[2], c.head_dim).reshape(b, c.num_heads, -1, c.head_dim)
+        k_all, v_all = (t[:, :, None].expand(b, c.num_kv_heads, groups, t.shape[2], c.head_dim)
+                        .reshape(b, c.num_heads, -1, c.head_dim) for t in (k, v))
         mask = None
         if s > 1:
             total = k.shape[2]
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     c = CONFIG
     drafter = Drafter(c).eval()
-    drafter.d2t.copy_(torch.randperm(c.vocab_size)[: c.draft_vocab_size].sort().values - torch.arange(c.draft_vocab_size))
+    kept = torch.randperm(c.vocab_size)[: c.draft_vocab_size].sort().values
+    drafter.d2t.copy_(kept - torch.arange(c.draft_vocab_size))
     with torch.no_grad():
         for module in (drafter.fc_norm, drafter.layers[0].input_layernorm, drafter.layers[0].hidden_norm, drafter.norm):
             for weight in module.parameters():
@@ -149,46 +150,48 @@ def main(argv: list[str] | None = None) -> int:
     baseline = HfStyleDrafter(drafter.state_dict(), c).eval()
 
     context, gen = 128, torch.Generator().manual_seed(1)
-    rows = []
     with torch.no_grad():
-        for batch in (1, 8):
-            aux = torch.randn(batch, context, 3 * c.target_hidden_size, generator=gen)
-            ids = torch.randint(0, c.vocab_size, (batch, context + 1), generator=gen)
-            pos = torch.arange(context + 1).expand(batch, -1)
-            cache = drafter.new_cache(batch, context + 1)
-            ours = drafter(ids[:, :context], drafter.combine(aux), pos[:, :context], cache)
-            logits, y, past = baseline(ids[:, :context], baseline.combine(aux), pos[:, :context], None)
-            _check(ours.logits, logits, "prefill logits")
-            step_hidden = ours.feedback[:, -1:]
-            step_ours = drafter(ids[:, context:], step_hidden, pos[:, context:], cache)
-            step_base = baseline(ids[:, context:], step_hidden, pos[:, context:], past)
-            _check(step_ours.logits, step_base[0], "decode logits")
-
-            def ours_prefill():
-                drafter(ids[:, :context], drafter.combine(aux), pos[:, :context], drafter.new_cache(batch, context + 1))
-
-            def base_prefill():
-                baseline(ids[:, :context], baseline.combine(aux), pos[:, :context], None)
-
-            def ours_step():
-                cache.truncate(context)
-                drafter(ids[:, context:], step_hidden, pos[:, context:], cache)
-
-            def base_step():
-                baseline(ids[:, context:], step_hidden, pos[:, context:], past)
-
-            for name, mine, theirs, repeats in ((f"prefill {context} tokens, batch {batch}", ours_prefill, base_prefill,
-                                                 max(5, args.repeats // 3)),
-                                                (f"decode step at context {context}, batch {batch}", ours_step, base_step,
-                                                 args.repeats)):
-                rows.append((name, *paired_medians(mine, theirs, repeats)))
-
+        rows = [row for batch in (1, 8) for row in compare(drafter, baseline, batch, context, args.repeats, gen)]
     print(f"CPU drafter step, SmolLM2-shaped EAGLE-3.1 draft (H=576, K=3, Vd=8192, V=49152), fp32, "
           f"{torch.get_num_threads()} threads, median wall clock")
     print(f"{'scenario':40} {'eaglekit ms':>12} {'HF-style ms':>12} {'HF / eaglekit':>14}")
     for name, mine, theirs in rows:
         print(f"{name:40} {mine:12.2f} {theirs:12.2f} {theirs / mine:14.2f}")
     return 0
+
+
+def compare(drafter: Drafter, baseline: HfStyleDrafter, batch: int, context: int, repeats: int,
+            gen: torch.Generator) -> list[tuple[str, float, float]]:
+    """Check that both agree, then time a prefill of `context` tokens and one decode step after it."""
+    c = drafter.config
+    aux = torch.randn(batch, context, c.num_aux_hidden_states * c.target_hidden_size, generator=gen)
+    ids = torch.randint(0, c.vocab_size, (batch, context + 1), generator=gen)
+    pos = torch.arange(context + 1).expand(batch, -1)
+    cache = drafter.new_cache(batch, context + 1)
+    ours = drafter(ids[:, :context], drafter.combine(aux), pos[:, :context], cache)
+    logits, _, past = baseline(ids[:, :context], baseline.combine(aux), pos[:, :context], None)
+    _check(ours.logits, logits, "prefill logits")
+    step_hidden = ours.feedback[:, -1:]
+    _check(drafter(ids[:, context:], step_hidden, pos[:, context:], cache).logits,
+           baseline(ids[:, context:], step_hidden, pos[:, context:], past)[0], "decode logits")
+
+    def ours_prefill():  # .logits: both sides build the target-vocabulary logits, as vLLM does
+        return drafter(ids[:, :context], drafter.combine(aux), pos[:, :context],
+                       drafter.new_cache(batch, context + 1)).logits
+
+    def base_prefill():
+        return baseline(ids[:, :context], baseline.combine(aux), pos[:, :context], None)
+
+    def ours_step():
+        cache.truncate(context)
+        return drafter(ids[:, context:], step_hidden, pos[:, context:], cache).logits
+
+    def base_step():
+        return baseline(ids[:, context:], step_hidden, pos[:, context:], past)
+
+    return [(f"prefill {context} tokens, batch {batch}", *paired_medians(ours_prefill, base_prefill,
+                                                                          max(5, repeats // 3))),
+            (f"decode step at context {context}, batch {batch}", *paired_medians(ours_step, base_step, repeats))]
 
 
 def _check(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:

@@ -115,7 +115,8 @@ class PlainDraft:
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         p = f"layers.{layer}.mlp."
-        return self.w[p + "down_proj.weight"] @ (silu(self.w[p + "gate_proj.weight"] @ x) * (self.w[p + "up_proj.weight"] @ x))
+        gate, up = self.w[p + "gate_proj.weight"] @ x, self.w[p + "up_proj.weight"] @ x
+        return self.w[p + "down_proj.weight"] @ (silu(gate) * up)
 
     def step(self, token: int, g: torch.Tensor, pos: int) -> dict:
         g = g.to(torch.float64)
@@ -195,11 +196,11 @@ def run_plain(make_plain, scen: dict) -> list[dict]:
             steps.append([row])
             feedback = row["feedback"]
         per_row.append(steps)
-    out = []
-    for s in range(len(per_row[0])):
-        out.append({key: torch.stack([torch.stack([torch.as_tensor(r[key]) for r in per_row[b][s]])
-                                      for b in range(batch)]) for key in ("logits", "draft_logits", "feedback", "sink")})
-    return out
+    def stacked(s: int, key: str) -> torch.Tensor:
+        return torch.stack([torch.stack([torch.as_tensor(r[key]) for r in per_row[b][s]]) for b in range(batch)])
+
+    return [{key: stacked(s, key) for key in ("logits", "draft_logits", "feedback", "sink")}
+            for s in range(len(per_row[0]))]
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, rel: float = REL) -> None:
@@ -219,7 +220,7 @@ def assert_runs_match(got: list[dict], want: list[dict], rel: float = REL) -> No
             assert_close(g[key], w[key], f"step {s} {key}", rel)
 
 
-def plain_for(path: str, recipe: Recipe, **changes) -> "callable":
+def plain_for(path: str, recipe: Recipe, **changes) -> callable:
     """A factory of PlainDraft instances reading geometry and flags from the written config.json."""
     with open(os.path.join(path, "config.json")) as fh:
         cfg = json.load(fh)
@@ -261,12 +262,11 @@ def _flag_cases() -> list[dict]:
     for bits in itertools.product((False, True), repeat=len(BOOL_FLAGS)):
         flags = dict(zip(BOOL_FLAGS, bits))
 
-        def gain(combo):
-            pairs = {(f, v, axis, x) for f, v in flags.items() for axis, x in zip(OTHER_AXES, combo)}
-            return (len(pairs - covered), -used.get(combo, 0))
+        def pairs(combo, flags=flags):
+            return {(f, v, axis, x) for f, v in flags.items() for axis, x in zip(OTHER_AXES, combo)}
 
-        best = max(combos, key=gain)
-        covered |= {(f, v, axis, x) for f, v in flags.items() for axis, x in zip(OTHER_AXES, best)}
+        best = max(combos, key=lambda combo: (len(pairs(combo) - covered), -used.get(combo, 0)))
+        covered |= pairs(best)
         used[best] = used.get(best, 0) + 1
         cases.append({**flags, **dict(zip(OTHER_AXES, best))})
     return cases

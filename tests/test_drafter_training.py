@@ -39,7 +39,8 @@ def test_gradients_match_the_plain_reference(tmp_path):
     out = drafter(scen["ids"][:, :prompt], drafter.combine(scen["aux"]), torch.arange(prompt)[None], cache)
     loss = (out.draft_logits * probe).sum()
     for j in range(scen["decode"]):
-        out = drafter(scen["ids"][:, prompt + j:prompt + j + 1], out.feedback[:, -1:], torch.tensor([[prompt + j]]), cache)
+        step_ids = scen["ids"][:, prompt + j:prompt + j + 1]
+        out = drafter(step_ids, out.feedback[:, -1:], torch.tensor([[prompt + j]]), cache)
         loss = loss + (out.draft_logits * probe).sum()
     loss.backward()
 
@@ -133,6 +134,10 @@ def test_fresh_drafter_for_training_from_scratch():
     assert torch.equal(drafter.norm.weight, torch.ones(32))
     out = drafter(torch.randint(0, 64, (2, 3)), drafter.combine(torch.randn(2, 3, 72)), torch.arange(3).expand(2, 3))
     assert out.logits.shape == (2, 3, 64) and int(torch.isfinite(out.logits[0, 0]).sum()) == 16
+    out.logits.logsumexp(-1).mean().backward(retain_graph=True)  # through the scatter into V: -inf columns add 0
+    via_target_vocab = drafter.fc.weight.grad.clone()
+    drafter.zero_grad()
     out.draft_logits.logsumexp(-1).mean().backward()
-    assert drafter.fc.weight.grad is not None and drafter.target_embed_tokens.grad is None
+    assert torch.allclose(via_target_vocab, drafter.fc.weight.grad, rtol=1e-5, atol=1e-9)
+    assert drafter.target_embed_tokens.grad is None
 

@@ -90,7 +90,8 @@ def attention_mask(query_pos: torch.Tensor, key_pos: torch.Tensor | None, past: 
     total = past + s
     if attn_bias is not None:
         if attn_bias.dim() != 4 or attn_bias.shape[-2:] != (s, total):
-            raise UsageError(f"attn_bias must be [B, 1, {s}, {total}] (queries x cached+new keys), got {tuple(attn_bias.shape)}")
+            raise UsageError(f"attn_bias must be [B, 1, {s}, {total}] (queries x cached+new keys), "
+                             f"got {tuple(attn_bias.shape)}")
         return attn_bias.to(dtype)
     if s == 1 and window is None:
         return None

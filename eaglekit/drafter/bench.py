@@ -133,7 +133,8 @@ def bench_drafter_step(iters: int = 200, context: int = 1024, seed: int = 0) -> 
     def reset() -> None:
         cache.truncate(context)
 
-    floors = {name: floor_bytes(drafter, context, name == "first") / HBM_BYTES_PER_S * 1e6 for name in ("first", "later")}
+    floors = {name: floor_bytes(drafter, context, name == "first") / HBM_BYTES_PER_S * 1e6
+              for name in ("first", "later")}
     report = {"measured": True, "device": torch.cuda.get_device_name(), "iters": iters, "context": context,
               "shape": {k: v for k, v in SHAPE.items() if k != "rope_scaling"}, "dtype": "bfloat16",
               "hbm_bytes_per_s": HBM_BYTES_PER_S, "floor_us": floors, "runs": []}

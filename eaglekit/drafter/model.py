@@ -68,15 +68,15 @@ class DrafterConfig:
 
     @classmethod
     def from_spec(cls, spec: DraftSpec, overrides: Mapping[str, bool] | None = None,
-                  vocab_size: int | None = None) -> "DrafterConfig":
+                  vocab_size: int | None = None) -> DrafterConfig:
         """The configuration vLLM derives from this checkpoint, with optional flag overrides."""
         g = spec.geometry
         layer_cfg = spec.config.get("transformer_layer_config") if spec.config_layout == "speculators" else None
         layer_cfg = layer_cfg if isinstance(layer_cfg, dict) else spec.config
         vocab = spec.vocab.vocab_size or vocab_size
         if vocab is None:
-            raise CheckpointError("vocabulary size unknown (no vocab_size, no embed_tokens): pass the target's embedding",
-                                  spec.path)
+            raise CheckpointError("vocabulary size unknown (no vocab_size, no embed_tokens): "
+                                  "pass the target's embedding", spec.path)
         target_hidden = g.target_hidden_size or g.hidden_size
         eagle_config = spec.config.get("eagle_config") if isinstance(spec.config.get("eagle_config"), dict) else {}
         use_aux = spec.attention == "mla" or bool(eagle_config.get("use_aux_hidden_state", True))
@@ -118,7 +118,7 @@ class DrafterConfig:
         )
         return config.with_overrides(overrides)
 
-    def with_overrides(self, overrides: Mapping[str, bool] | None) -> "DrafterConfig":
+    def with_overrides(self, overrides: Mapping[str, bool] | None) -> DrafterConfig:
         """Flip flags to test a hypothesis (e.g. "was this trained with norm_output?") without touching files."""
         if not overrides:
             return self
@@ -158,7 +158,8 @@ class GatedMlp(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_up_proj = FusedLinear(self, "gate_up_proj", hidden, {"gate_proj": intermediate, "up_proj": intermediate}, False)
+        self.gate_up_proj = FusedLinear(self, "gate_up_proj", hidden,
+                                        {"gate_proj": intermediate, "up_proj": intermediate}, bias=False)
         self.down_proj = linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -196,18 +197,19 @@ class DecoderLayer(nn.Module):
         batch, s = positions.shape
         h = x.shape[-1]
         if self.index == 0:
-            attn_in = kernels.dual_rms_norm_cat(embeds, x, self.input_layernorm.weight, self.hidden_norm.weight, self.eps)
+            attn_in = kernels.dual_rms_norm_cat(embeds, x, self.input_layernorm.weight, self.hidden_norm.weight,
+                                                self.eps)
             residual = attn_in[:, h:] if self.norm_before_residual else x
         else:
             attn_in, residual = kernels.fused_add_rms_norm(x, residual, self.input_layernorm.weight, self.eps)
         attn_out, sink = self.self_attn(attn_in.reshape(batch, s, -1), positions, key_pos, cache, attn_bias, want_sink)
-        x, residual = kernels.fused_add_rms_norm(attn_out.reshape(-1, h), residual, self.post_attention_layernorm.weight,
-                                                 self.eps)
+        x, residual = kernels.fused_add_rms_norm(attn_out.reshape(-1, h), residual,
+                                                 self.post_attention_layernorm.weight, self.eps)
         return self.mlp(x), residual, sink
 
 
 class Drafter(nn.Module):
-    """An EAGLE-3 / 3.1 draft model computing what vLLM 0.33 computes for it (llama_eagle3 / qwen3_eagle3 / deepseek_eagle3).
+    """An EAGLE-3 / 3.1 draft computing what vLLM 0.33 computes for it (llama/qwen3/deepseek_eagle3.py).
 
     `embed_tokens` / `lm_head` given to the constructor are the target's tensors, borrowed (not
     trained, not saved); otherwise the drafter owns its own. `initialize=False` leaves the matrices
@@ -215,7 +217,8 @@ class Drafter(nn.Module):
     """
 
     def __init__(self, config: DrafterConfig, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 embed_tokens: torch.Tensor | None = None, lm_head: torch.Tensor | None = None, initialize: bool = True):
+                 embed_tokens: torch.Tensor | None = None, lm_head: torch.Tensor | None = None,
+                 initialize: bool = True):
         super().__init__()
         self.config = config
         with torch.device(device):
@@ -256,7 +259,7 @@ class Drafter(nn.Module):
     @classmethod
     def from_spec(cls, spec: DraftSpec, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                   embed_tokens: torch.Tensor | None = None, lm_head: torch.Tensor | None = None,
-                  overrides: Mapping[str, bool] | None = None) -> "Drafter":
+                  overrides: Mapping[str, bool] | None = None) -> Drafter:
         """Load a draft checkpoint (any family) through its canonical description.
 
         `embed_tokens` [V, H] / `lm_head` [V, H] are the target's, used only when the draft ships none
@@ -269,12 +272,13 @@ class Drafter(nn.Module):
         config = DrafterConfig.from_spec(spec, overrides, vocab_size=vocab)
         own_embed, own_head = spec.has_embed_tokens, spec.has_lm_head
         if not own_embed and embed_tokens is None:
-            raise UsageError(f"{spec.path}: the draft has no embed_tokens.weight; pass the target's embedding (embed_tokens=)")
+            raise UsageError(f"{spec.path}: the draft has no embed_tokens.weight; "
+                             "pass the target's embedding (embed_tokens=)")
         if not own_head and lm_head is None:
             raise UsageError(f"{spec.path}: the draft has no lm_head.weight; pass the target's head (lm_head=)")
         if not own_head and config.draft_vocab_size != config.vocab_size:
-            raise CheckpointError(f"draft vocabulary {config.draft_vocab_size} < {config.vocab_size} needs the draft's own "
-                                  "lm_head.weight; the target's head cannot be shared", spec.path)
+            raise CheckpointError(f"draft vocabulary {config.draft_vocab_size} < {config.vocab_size} needs the "
+                                  "draft's own lm_head.weight; the target's head cannot be shared", spec.path)
         drafter = cls(config, device=device, dtype=dtype, embed_tokens=None if own_embed else embed_tokens,
                       lm_head=None if own_head else lm_head, initialize=False)
         drafter._fill(lambda name: load_tensor(spec, name) if name in spec.tensors else None)
@@ -283,7 +287,7 @@ class Drafter(nn.Module):
     @classmethod
     def from_state_dict(cls, config: DrafterConfig | DraftSpec, state_dict: Mapping[str, torch.Tensor], *,
                         device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                        embed_tokens: torch.Tensor | None = None, lm_head: torch.Tensor | None = None) -> "Drafter":
+                        embed_tokens: torch.Tensor | None = None, lm_head: torch.Tensor | None = None) -> Drafter:
         """Build from in-memory tensors under canonical names (training, tests).
 
         The drafter owns `embed_tokens` / `lm_head` exactly when `state_dict` holds them; otherwise the
@@ -367,7 +371,8 @@ class Drafter(nn.Module):
         dtype = self.norm.weight.dtype
         if not c.use_aux_hidden_state:
             if joined.shape[-1] != c.hidden_size:
-                raise UsageError(f"this draft takes the target state as is (width {c.hidden_size}), got {joined.shape[-1]}")
+                raise UsageError(f"this draft takes the target state as is (width {c.hidden_size}), "
+                                 f"got {joined.shape[-1]}")
             return joined.to(dtype)
         if joined.shape[-1] != width:
             raise UsageError(f"aux states have total width {joined.shape[-1]}, the draft expects "
@@ -427,7 +432,8 @@ class Drafter(nn.Module):
         if self.d2t is None:
             return draft_logits
         full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.index_copy(-1, self.draft_ids + self.d2t, draft_logits)
+        # In place into the fresh tensor (autograd allows it): the out-of-place form would copy [..., V] once more.
+        return full.index_copy_(-1, self.draft_ids + self.d2t, draft_logits)
 
 
 def _unused(name: str) -> bool:

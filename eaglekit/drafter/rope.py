@@ -95,7 +95,8 @@ class Rope(nn.Module):
         elif params.get("attention_factor") is not None:
             self.magnitude = float(params["attention_factor"])
         elif params.get("mscale") and params.get("mscale_all_dim"):
-            self.magnitude = yarn_mscale(factor, float(params["mscale"])) / yarn_mscale(factor, float(params["mscale_all_dim"]))
+            self.magnitude = (yarn_mscale(factor, float(params["mscale"]))
+                              / yarn_mscale(factor, float(params["mscale_all_dim"])))
         else:
             self.magnitude = yarn_mscale(factor) * float(params.get("attn_factor", 1))
         return (base / factor) * (1 - extrapolation) + base * extrapolation
@@ -128,7 +129,8 @@ def _llama3(base: torch.Tensor, params: dict, source: str | None) -> torch.Tenso
     wavelen = 2 * math.pi / base
     smooth = (original / wavelen - low_ff) / (high_ff - low_ff) if low_ff != high_ff else torch.zeros_like(base)
     blended = (1 - smooth) * base / factor + smooth * base
-    return torch.where(wavelen < original / high_ff, base, torch.where(wavelen > original / low_ff, base / factor, blended))
+    low_band = torch.where(wavelen > original / low_ff, base / factor, blended)
+    return torch.where(wavelen < original / high_ff, base, low_band)
 
 
 def _correction_range(beta_fast: float, beta_slow: float, dim: int, theta: float, original: float,
