@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import struct
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -210,7 +211,8 @@ def write_json(path: str, doc: dict, *, fsync: bool = True) -> None:
             os.fsync(fh.fileno())
 
 
-def _fsync_dir(path: str) -> None:
+def _fsync_path(path: str) -> None:
+    """fsync a file or a directory by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -243,6 +245,7 @@ class StagedDirectory:
         self.parent, self.base = os.path.split(self.dst)
         self.path = ""
         self.published = False
+        self._syncs: list[threading.Thread] = []
 
     def check(self) -> None:
         """Refuse early (before any work) what `publish` would refuse."""
@@ -274,18 +277,22 @@ class StagedDirectory:
             raise OutputError(f"cannot create a staging directory ({exc.strerror or exc})", self.parent) from None
         return self
 
+    def sync_later(self, name: str) -> None:
+        """Start flushing a finished file now, on a thread, so the disk works while the caller goes on."""
+        thread = threading.Thread(target=_fsync_path, args=(os.path.join(self.path, name),), daemon=True)
+        thread.start()
+        self._syncs.append(thread)
+
     def publish(self) -> None:
         """fsync everything, then rename into place (replacing `dst` only if allowed)."""
         self.check()
+        for thread in self._syncs:
+            thread.join()
         for name in os.listdir(self.path):
             full = os.path.join(self.path, name)
             if os.path.isfile(full):
-                fd = os.open(full, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        _fsync_dir(self.path)
+                _fsync_path(full)
+        _fsync_path(self.path)
         old = None
         if os.path.isdir(self.dst):
             if os.listdir(self.dst):
@@ -294,12 +301,14 @@ class StagedDirectory:
             else:
                 os.rmdir(self.dst)
         os.rename(self.path, self.dst)
-        _fsync_dir(self.parent)
+        _fsync_path(self.parent)
         self.published = True
         if old:
             shutil.rmtree(old, ignore_errors=True)
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        for thread in self._syncs:
+            thread.join()
         if not self.published and self.path and os.path.exists(self.path):
             shutil.rmtree(self.path, ignore_errors=True)
 

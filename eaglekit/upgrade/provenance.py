@@ -1,8 +1,8 @@
 """Where an output came from: source file hashes (computed beside the copy) and the options used.
 
-Hashing a gigabyte costs about as long as copying it, so it runs on its own thread while the main thread
-copies (hashlib releases the GIL on large buffers). Files in the Hugging Face cache are already named by
-their SHA-256 (LFS blobs), which is used as is.
+Hashing a gigabyte costs more than copying it; it runs on its own thread (hashlib releases the GIL) while the
+written files are flushed to disk. Files in the Hugging Face cache are already named by their SHA-256 (LFS
+blobs), which is used as is.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 
 from eaglekit.errors import CheckpointError
 
-HASH_CHUNK = 8 * 1024 * 1024
+HASH_BUFFER = 4 * 1024 * 1024
 _SHA256_BLOB = re.compile(r"^[0-9a-f]{64}$")
 PLACEHOLDER = "sha256:" + "0" * 64  # same length as a real digest: lets the header be patched in place
 
@@ -24,13 +24,15 @@ def sha256_file(path: str) -> str:
     if os.path.islink(path) and _SHA256_BLOB.match(blob):
         return "sha256:" + blob
     digest = hashlib.sha256()
+    buf = bytearray(HASH_BUFFER)  # one buffer for the whole file: no fresh pages to fault in per chunk
+    view = memoryview(buf)
     try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(HASH_CHUNK):
-                digest.update(chunk)
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                digest.update(view[:n])
+        return "sha256:" + digest.hexdigest()
     except OSError as exc:
         raise CheckpointError(f"cannot read for hashing: {exc.strerror or exc}", path) from None
-    return "sha256:" + digest.hexdigest()
 
 
 class SourceHashes:

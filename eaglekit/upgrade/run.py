@@ -154,7 +154,6 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
         return report
 
     files = _source_files(spec)
-    hashes = SourceHashes(spec.path, files).start()
     t = time.perf_counter()
     weights, fidelity = _fc_norm_weights(spec, opts, d) if d.fc_norm_added else (None, None)
     calibrate_s = time.perf_counter() - t
@@ -178,7 +177,11 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
             on_start(plan.total_bytes)
         written = write_checkpoint_weights(stage.path, tensors, metadata(SourceHashes.placeholders(files)),
                                            opts.max_shard_size, progress, fsync=False)
-        digests = hashes.result()
+        for name in written:
+            stage.sync_later(name)
+        # hashed after the copy, while the disk flushes: on a 2-core machine copying and hashing at the same
+        # time is slower than one after the other (they compete for the same cores and memory bandwidth)
+        digests = SourceHashes(spec.path, files).start().result()
         for name, group in written.items():
             patch_header(os.path.join(stage.path, name), group, metadata(digests))
         config["eaglekit"] = _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity)
