@@ -62,6 +62,8 @@ class PlainDraft:
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         a = aux.to(torch.float64)
+        if "fc.weight" not in self.w:  # eagle_config.use_aux_hidden_state false: the state goes in as is
+            return a
         if self.norm_before_fc:
             a = rms(a, self.w["input_norm.weight"], self.eps)
         if self.fc_norm:
@@ -385,6 +387,18 @@ def test_unknown_override_is_a_usage_error(tmp_path):
     path, _ = write(tmp_path, "u")
     with pytest.raises(UsageError, match="unknown drafter override"):
         Drafter.from_spec(load_draft(path), overrides={"norm_outptu": True})
+
+
+def test_draft_without_fc_takes_the_target_state_as_is(tmp_path):
+    """eagle_config.use_aux_hidden_state: false (EAGLE-1-style input): no fc, the last target state feeds layer 0."""
+    recipe = Recipe(**{**TINY, "target_hidden": None, "k": 1})
+    path = make_draft(str(tmp_path / "nofc"), "vllm", recipe, drop=("fc.weight",),
+                      config_patch={"eagle_config": {"use_aux_hidden_state": False}})
+    drafter = Drafter.from_spec(load_draft(path))
+    assert drafter.fc is None
+    weights = {k: v for k, v in canonical_tensors(recipe).items() if k != "fc.weight"}
+    scen = scenario(1, recipe.hidden, recipe.vocab, decode=2)
+    assert_runs_match(run_drafter(drafter, scen), run_plain(plain_for(path, recipe, weights=weights), scen))
 
 
 # ---------------------------------------------------------------- attention variants

@@ -79,7 +79,8 @@ class DrafterConfig:
                                   "pass the target's embedding", spec.path)
         target_hidden = g.target_hidden_size or g.hidden_size
         eagle_config = spec.config.get("eagle_config") if isinstance(spec.config.get("eagle_config"), dict) else {}
-        use_aux = spec.attention == "mla" or bool(eagle_config.get("use_aux_hidden_state", True))
+        mla = spec.attention == "mla"  # vLLM's MLA class always has fc and never input_norm
+        use_aux = mla or bool(eagle_config.get("use_aux_hidden_state", True))
         k = spec.num_aux_hidden_states
         fc = spec.tensors.get("fc.weight")
         if fc is not None and len(fc.shape) == 2:
@@ -110,7 +111,7 @@ class DrafterConfig:
             mla=g.mla,
             fc_norm=spec.flags.fc_norm,
             norm_output=spec.flags.norm_output,
-            norm_before_fc=spec.flags.norm_before_fc,
+            norm_before_fc=spec.flags.norm_before_fc and not mla,
             norm_before_residual=nbr,
             use_aux_hidden_state=use_aux,
             logit_scale=float(spec.config.get("logit_scale", 1.0) or 1.0),
@@ -176,8 +177,6 @@ class DecoderLayer(nn.Module):
         window = config.sliding_windows[index] if config.sliding_windows else None
         self.index, self.eps, self.norm_before_residual = index, config.rms_norm_eps, config.norm_before_residual
         if config.attention == "mla":
-            if config.mla is None:
-                raise CheckpointError("MLA draft without MLA dimensions in its config", config.source)
             self.self_attn: nn.Module = MlaAttention(layer=index, in_features=fan_in, hidden=h, heads=config.num_heads,
                                                      mla=config.mla, rope=rope, window=window, eps=self.eps)
         else:
