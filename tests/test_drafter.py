@@ -20,7 +20,7 @@ import torch
 from eaglekit.drafter.model import Drafter
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.families import load_draft
-from tests.factory import Recipe, canonical_tensors, make_draft
+from tests.factory import Recipe, canonical_tensors, encode, make_draft, write_safetensors
 
 REL = 1e-5
 TINY = dict(hidden=32, target_hidden=24, intermediate=48, heads=4, kv_heads=2, head_dim=8, vocab=64,
@@ -529,6 +529,19 @@ def test_missing_tensor_names_the_tensor(tmp_path):
     with pytest.raises(CheckpointError, match="layers.0.mlp.down_proj.weight") as err:
         Drafter.from_spec(load_draft(path))
     assert path in str(err.value)
+
+
+def test_quantised_draft_is_refused(tmp_path):
+    """FP8 weights need their scales applied; the reference drafter says so instead of computing garbage."""
+    recipe = Recipe(**TINY)
+    path = make_draft(str(tmp_path / "q"), "vllm", recipe)
+    tensors = {n: ("I64" if a.dtype == np.int64 else "BOOL" if a.dtype == bool else "F32", a.shape,
+                   encode(a, "I64" if a.dtype == np.int64 else "BOOL" if a.dtype == bool else "F32"))
+               for n, a in canonical_tensors(recipe).items()}
+    tensors["layers.0.mlp.down_proj.weight"] = ("F8_E4M3", (32, 48), bytes(32 * 48))
+    write_safetensors(os.path.join(path, "model.safetensors"), tensors, {"format": "pt"})
+    with pytest.raises(CheckpointError, match="F8_E4M3"):
+        Drafter.from_spec(load_draft(path))
 
 
 def test_combine_rejects_the_wrong_width(tmp_path):

@@ -35,6 +35,8 @@ __all__ = ["DraftCache", "DraftOutput", "Drafter", "DrafterConfig"]
 OVERRIDABLE_FLAGS = ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual")
 # Names a checkpoint may carry that the step never reads (vLLM skips or ignores them too).
 UNUSED_NAMES = ("t2d", "mask_hidden")
+# Stored dtypes the drafter reads as values; anything else (FP8, NVFP4 and their scales) needs dequantising.
+PLAIN_DTYPES = ("BF16", "F16", "F32", "F64", "I64", "BOOL")
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,10 @@ class Drafter(nn.Module):
         if not own_head and config.draft_vocab_size != config.vocab_size:
             raise CheckpointError(f"draft vocabulary {config.draft_vocab_size} < {config.vocab_size} needs the "
                                   "draft's own lm_head.weight; the target's head cannot be shared", spec.path)
+        quantised = sorted(n for n, ref in spec.tensors.items() if ref.dtype not in PLAIN_DTYPES)
+        if quantised:
+            raise CheckpointError(f"quantised tensors ({quantised[0]} is {spec.tensors[quantised[0]].dtype}) are not "
+                                  "supported by the reference drafter; use a bf16/fp16/fp32 export", spec.path)
         drafter = cls(config, device=device, dtype=dtype, embed_tokens=None if own_embed else embed_tokens,
                       lm_head=None if own_head else lm_head, initialize=False)
         drafter._fill(lambda name: load_tensor(spec, name) if name in spec.tensors else None)
