@@ -18,11 +18,17 @@ from eaglekit.upgrade.options import UpgradeOptions
 from eaglekit.upgrade.vocab import plan_vocab
 from tests.factory import Recipe, layout_files, make_draft, make_target_config
 
+
+def load_json(path) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "schemas")
 
 
 def schema(name: str) -> dict:
-    doc = json.load(open(os.path.join(SCHEMAS, f"{name}.schema.json")))
+    doc = load_json(os.path.join(SCHEMAS, f"{name}.schema.json"))
     jsonschema.Draft202012Validator.check_schema(doc)
     return doc
 

@@ -20,10 +20,16 @@ from eaglekit.target import read_target
 from eaglekit.upgrade import UpgradeOptions, upgrade
 from tests.factory import Recipe, canonical_tensors, make_draft, make_target_config
 
+
+def load_json(path) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "schemas")
-VLLM31 = json.load(open(os.path.join(SCHEMAS, "vllm-eagle31-config.schema.json")))
-SPECULATORS = json.load(open(os.path.join(SCHEMAS, "speculators-config.schema.json")))
-EAGLE3 = json.load(open(os.path.join(SCHEMAS, "eagle3-config.schema.json")))
+VLLM31 = load_json(os.path.join(SCHEMAS, "vllm-eagle31-config.schema.json"))
+SPECULATORS = load_json(os.path.join(SCHEMAS, "speculators-config.schema.json"))
+EAGLE3 = load_json(os.path.join(SCHEMAS, "eagle3-config.schema.json"))
 
 # (layout, recipe overrides): every published layout, each attention kind it is published with
 SOURCES = [
@@ -82,7 +88,7 @@ def test_every_family_becomes_a_vllm_ready_31_draft(sources, target, tmp_path, k
     assert tree_hash(src) == before  # the source is never modified
 
     out = str(tmp_path / "out")
-    cfg = json.load(open(os.path.join(out, "config.json")))
+    cfg = load_json(os.path.join(out, "config.json"))
     jsonschema.validate(cfg, VLLM31)
     spec = load_draft(out, target=read_target(target))
     assert spec.family == "vllm" and spec.eagle_version == "3.1"
@@ -105,9 +111,10 @@ def test_every_family_becomes_a_vllm_ready_31_draft(sources, target, tmp_path, k
 def test_source_file_hashes_are_the_real_sha256(sources, target, tmp_path):
     src = sources["specforge-llama"]
     upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target))
-    block = json.load(open(tmp_path / "out" / "config.json"))["eaglekit"]
+    block = load_json(tmp_path / "out" / "config.json")["eaglekit"]
     for rel in ("model.safetensors", "config.json"):
-        expected = hashlib.sha256(open(os.path.join(src, rel), "rb").read()).hexdigest()
+        with open(os.path.join(src, rel), "rb") as fh:
+            expected = hashlib.sha256(fh.read()).hexdigest()
         assert block["source_files"][rel] == "sha256:" + expected
 
 
@@ -118,11 +125,11 @@ def test_source_file_hashes_are_the_real_sha256(sources, target, tmp_path):
                                             ("speculators", [2, 6, 9]), ("vllm", [2, 6, 9])])
 def test_ids_are_converted_from_each_producers_convention(tmp_path, layout, written):
     src = make_draft(str(tmp_path / "src"), layout)
-    cfg_in = json.load(open(os.path.join(src, "config.json")))
+    cfg_in = load_json(os.path.join(src, "config.json"))
     assert written in (cfg_in.get("eagle_aux_hidden_state_layer_ids"),
                        cfg_in.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids"))
     report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(fc_norm=False, norm_output=False))
-    cfg = json.load(open(tmp_path / "out" / "config.json"))
+    cfg = load_json(tmp_path / "out" / "config.json")
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
     assert report.aux["origin"] == "source"
@@ -143,7 +150,7 @@ def test_explicit_ids_in_either_convention(tmp_path, convention, given):
     ids = tuple(int(i) for i in given.split(","))
     report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(aux_layer_ids=ids, aux_convention=convention))
     assert report.aux["origin"] == "argument"
-    assert json.load(open(tmp_path / "out" / "config.json"))["eagle_aux_hidden_state_layer_ids"] == [3, 7, 10]
+    assert load_json(tmp_path / "out" / "config.json")["eagle_aux_hidden_state_layer_ids"] == [3, 7, 10]
 
 
 def test_unknown_convention_is_refused_until_named(tmp_path):
@@ -183,7 +190,7 @@ def test_lossless_mode_keeps_every_tensor_byte_for_byte(sources, target, tmp_pat
             ref = next(r for r in out_spec.tensors.values() if r.source_name == step.name)
             assert read_bytes(out_spec.path, ref) == source_bytes[step.source], step.name
     assert not [s for s in report.tensors if s.action == "add" and s.name.startswith("fc_norm")]
-    cfg = json.load(open(tmp_path / "out" / "config.json"))
+    cfg = load_json(tmp_path / "out" / "config.json")
     assert cfg["fc_norm"] is False and cfg["norm_output"] is False
     jsonschema.validate(cfg, VLLM31)
 
@@ -232,7 +239,7 @@ def test_upgrading_an_upgraded_draft_changes_nothing_but_provenance(sources, tar
     assert report.function == "preserved"
     assert report.counts["add"] == report.counts["transform"] == report.counts["drop"] == 0
     assert raw_tensors(first) == raw_tensors(second)
-    a, b = (json.load(open(os.path.join(p, "config.json"))) for p in (first, second))
+    a, b = (load_json(os.path.join(p, "config.json")) for p in (first, second))
     assert a.pop("eaglekit") != b.pop("eaglekit")
     assert a == b
 
@@ -260,7 +267,7 @@ def test_dry_run_reports_that_a_real_run_would_refuse(sources, tmp_path):
 def test_sharded_output_has_a_correct_index(sources, target, tmp_path):
     out = str(tmp_path / "out")
     upgrade(sources["specforge-hf-llama"], out, UpgradeOptions(target=target, max_shard_size=20_000))
-    index = json.load(open(os.path.join(out, "model.safetensors.index.json")))
+    index = load_json(os.path.join(out, "model.safetensors.index.json"))
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1 and all(os.path.exists(os.path.join(out, s)) for s in shards)
     spec = load_draft(out)
@@ -281,7 +288,7 @@ def test_dtype_widening_is_exact_and_narrowing_is_reported(sources, tmp_path):
     a, b = tensors_of(src), tensors_of(str(tmp_path / "f32"))
     assert all(np.array_equal(a[n], b[n]) for n in a)
     assert load_draft(str(tmp_path / "f32")).dtype == "F32"
-    assert json.load(open(tmp_path / "f32" / "config.json"))["torch_dtype"] == "float32"
+    assert load_json(tmp_path / "f32" / "config.json")["torch_dtype"] == "float32"
     narrow = upgrade(str(tmp_path / "f32"), str(tmp_path / "f16"),
                      UpgradeOptions(fc_norm=False, norm_output=False, dtype="F16"))
     assert narrow.function == "approximate"
@@ -292,7 +299,7 @@ def test_dtype_widening_is_exact_and_narrowing_is_reported(sources, tmp_path):
 def test_sglang_dialect_writes_output_of_layer_ids_and_midlayer_names(sources, target, tmp_path):
     out = str(tmp_path / "out")
     upgrade(sources["specforge-llama"], out, UpgradeOptions(target=target, to="sglang"))
-    cfg = json.load(open(os.path.join(out, "config.json")))
+    cfg = load_json(os.path.join(out, "config.json"))
     jsonschema.validate(cfg, EAGLE3)
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 5, 8]
     assert "eagle_aux_hidden_state_layer_ids" not in cfg
@@ -304,19 +311,20 @@ def test_sglang_dialect_writes_output_of_layer_ids_and_midlayer_names(sources, t
 
 def test_sglang_dialect_keeps_vllm_ids_for_a_deepseek_target(sources, tmp_path):
     kimi_target = make_target_config(str(tmp_path / "kimi"))
-    cfg = json.load(open(os.path.join(kimi_target, "config.json")))
+    cfg = load_json(os.path.join(kimi_target, "config.json"))
     cfg.update(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"])
-    json.dump(cfg, open(os.path.join(kimi_target, "config.json"), "w"))
+    with open(os.path.join(kimi_target, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
     out = str(tmp_path / "out")
     upgrade(sources["kimi-mla"], out, UpgradeOptions(target=kimi_target, to="sglang"))
-    assert json.load(open(os.path.join(out, "config.json")))["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
+    assert load_json(os.path.join(out, "config.json"))["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
 
 
 @pytest.mark.parametrize("key", ["speculators-llama", "speculators-qwen3", "specforge-llama", "modelopt-megatron-llama"])
 def test_speculators_dialect(sources, target, tmp_path, key):
     out = str(tmp_path / "out")
     upgrade(sources[key], out, UpgradeOptions(target=target, to="speculators"))
-    cfg = json.load(open(os.path.join(out, "config.json")))
+    cfg = load_json(os.path.join(out, "config.json"))
     jsonschema.validate(cfg, SPECULATORS)
     assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 3  # P11
     assert isinstance(cfg["norm_before_residual"], bool)  # P12
@@ -326,9 +334,9 @@ def test_speculators_dialect(sources, target, tmp_path, key):
 
 def test_norm_before_residual_is_always_explicit(sources, target, tmp_path):
     upgrade(sources["modelopt-vllm-llama"], str(tmp_path / "a"), UpgradeOptions(target=target))
-    assert json.load(open(tmp_path / "a" / "config.json"))["norm_before_residual"] is True  # F6c is served with it
+    assert load_json(tmp_path / "a" / "config.json")["norm_before_residual"] is True  # F6c is served with it
     upgrade(sources["eagle-llama"], str(tmp_path / "b"), UpgradeOptions(target=target))
-    assert json.load(open(tmp_path / "b" / "config.json"))["norm_before_residual"] is False
+    assert load_json(tmp_path / "b" / "config.json")["norm_before_residual"] is False
 
 
 # ---------------------------------------------------------------- refusals
@@ -378,7 +386,7 @@ def test_norm_before_fc_cannot_gain_fc_norm(tmp_path):
     with pytest.raises(UsageError, match="P37"):
         upgrade(src, str(tmp_path / "a"))
     report = upgrade(src, str(tmp_path / "b"), UpgradeOptions(fc_norm=False))
-    assert json.load(open(tmp_path / "b" / "config.json"))["eagle_config"]["norm_before_fc"] is True
+    assert load_json(tmp_path / "b" / "config.json")["eagle_config"]["norm_before_fc"] is True
     assert report.flags["norm_before_fc"]
 
 

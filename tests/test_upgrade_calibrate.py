@@ -17,6 +17,11 @@ from tests.factory import make_draft
 torch = pytest.importorskip("torch")
 
 
+def load_json(path) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 def runtime_fc_norm(x: np.ndarray, w: np.ndarray, eps: float, dtype) -> np.ndarray:
     """vLLM's RMSNorm.forward_native on a `dtype` input: float32 math, cast, then the weight multiply."""
     t = torch.from_numpy(x).to(dtype)
@@ -145,9 +150,9 @@ def test_calibrated_fc_norm_beats_unit_weights_on_a_real_target(tiny_target, tmp
     assert fid is not None and fid.tokens >= 64 and fid.fit_tokens > fid.tokens
     assert fid.relative_error < 0.5 * fid.ones_relative_error
     assert fid.cosine >= fid.ones_cosine - 1e-3
-    cfg = json.load(open(tmp_path / "cal" / "config.json"))
+    cfg = load_json(tmp_path / "cal" / "config.json")
     assert cfg["eaglekit"]["fidelity"]["fc_output_relative_error"] == pytest.approx(fid.relative_error, abs=1e-6)
-    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "upgrade-report.schema.json")))
+    schema = load_json(os.path.join(os.path.dirname(__file__), "..", "schemas", "upgrade-report.schema.json"))
     jsonschema.validate(json.loads(json.dumps(report.to_dict())), schema)
 
     from eaglekit.families import load_draft
@@ -199,4 +204,4 @@ def test_calibration_on_smollm2(tmp_path):
     fid = report.fidelity
     assert fid.relative_error < fid.ones_relative_error
     assert fid.cosine > fid.ones_cosine
-    assert json.load(open(os.path.join(tmp_path, "out", "config.json")))["eaglekit"]["fidelity"]
+    assert load_json(os.path.join(tmp_path, "out", "config.json"))["eaglekit"]["fidelity"]

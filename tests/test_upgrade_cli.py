@@ -21,8 +21,14 @@ from eaglekit.families import load_draft
 from eaglekit.rules import run_rules
 from tests.factory import make_draft, make_target_config
 
+
+def load_json(path) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPORT = json.load(open(os.path.join(ROOT, "schemas", "upgrade-report.schema.json")))
+REPORT = load_json(os.path.join(ROOT, "schemas", "upgrade-report.schema.json"))
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
@@ -126,7 +132,8 @@ def test_parse_size():
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          check=False)
 
 
 def test_help_and_a_plain_upgrade_never_import_torch(drafts, tmp_path):
@@ -195,7 +202,7 @@ def test_a_run_killed_mid_write_leaves_no_output(big_draft, tmp_path, sig):
 
     # the next run completes, validates, and removes the dead run's leftovers
     proc = _start(big_draft, dst)
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert os.listdir(parent) == ["out"]
     spec = load_draft(dst)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,11 @@ from eaglekit.io.writer import (
     write_checkpoint_weights,
     write_safetensors,
 )
+
+
+def load_json(path) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def _source(tmp_path, arrays: dict[str, np.ndarray]) -> tuple[str, dict[str, ByteRange]]:
@@ -79,7 +85,9 @@ def test_header_is_padded_with_spaces_and_offsets_are_contiguous(arrays, tmp_pat
 def test_computed_chunks_may_have_any_size(tmp_path):
     values = np.arange(1000, dtype=np.float32)
     data = values.tobytes()
-    chunks = lambda: [data[:3], data[3:1001], data[1001:]]  # noqa: E731 (split mid-element)
+    def chunks():  # split mid-element
+        return [data[:3], data[3:1001], data[1001:]]
+
     out = str(tmp_path / "m.safetensors")
     write_safetensors(out, [OutTensor("x", "F32", (1000,), chunks)])
     with safe_open(out, framework="numpy") as fh:
@@ -129,7 +137,7 @@ def test_shards_and_index(tmp_path, arrays):
     limit = arrays["b"].nbytes  # each tensor alone: a is larger than the limit, b + c exceed it
     files = write_checkpoint_weights(str(tmp_path), tensors, {"format": "pt"}, max_shard_size=limit)
     assert list(files) == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
-    index = json.load(open(tmp_path / "model.safetensors.index.json"))
+    index = load_json(tmp_path / "model.safetensors.index.json")
     assert index["metadata"]["total_size"] == sum(a.nbytes for a in arrays.values())
     for name, arr in arrays.items():
         with safe_open(str(tmp_path / index["weight_map"][name]), framework="numpy") as fh:
@@ -137,7 +145,7 @@ def test_shards_and_index(tmp_path, arrays):
 
 
 def test_shard_groups_keep_order_and_respect_the_limit():
-    t = [OutTensor(str(i), "U8", (n,), lambda: []) for i, n in enumerate([5, 5, 11, 1, 4])]
+    t = [OutTensor(str(i), "U8", (n,), list) for i, n in enumerate([5, 5, 11, 1, 4])]
     groups = shard_groups(t, 10)
     assert [[x.name for x in g] for g in groups] == [["0", "1"], ["2"], ["3", "4"]]
     assert shard_groups(t, None) == [t]
@@ -162,7 +170,7 @@ def test_patch_header_rewrites_metadata_of_equal_length(tmp_path, arrays):
 def test_staged_directory_appears_only_on_publish(tmp_path):
     dst = tmp_path / "out"
     with StagedDirectory(str(dst)) as stage:
-        (open(os.path.join(stage.path, "f"), "w")).write("x")
+        Path(stage.path, "f").write_text("x")
         assert not dst.exists()
         assert os.path.basename(stage.path).startswith(".out.eaglekit-partial-")
         stage.publish()
@@ -174,7 +182,7 @@ def test_failure_leaves_nothing_behind(tmp_path):
     dst = tmp_path / "out"
     with pytest.raises(RuntimeError):
         with StagedDirectory(str(dst)) as stage:
-            open(os.path.join(stage.path, "f"), "w").write("x")
+            Path(stage.path, "f").write_text("x")
             raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
 
@@ -186,7 +194,7 @@ def test_existing_output_is_refused_without_force_and_replaced_with_it(tmp_path)
     with pytest.raises(UsageError, match="--force"):
         StagedDirectory(str(dst)).check()
     with StagedDirectory(str(dst), force=True) as stage:
-        open(os.path.join(stage.path, "new"), "w").write("new")
+        Path(stage.path, "new").write_text("new")
         stage.publish()
     assert sorted(p.name for p in dst.iterdir()) == ["new"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
@@ -196,7 +204,7 @@ def test_an_empty_existing_directory_is_fine(tmp_path):
     dst = tmp_path / "out"
     dst.mkdir()
     with StagedDirectory(str(dst)) as stage:
-        open(os.path.join(stage.path, "f"), "w").write("x")
+        Path(stage.path, "f").write_text("x")
         stage.publish()
     assert (dst / "f").exists()
 

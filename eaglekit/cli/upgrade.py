@@ -151,16 +151,18 @@ def render(doc: dict) -> None:
     no = "no"
     if flags["norm_output"]:
         no = "switched on" if flags["norm_output_added"] else "kept (trained)"
+    vocab = doc["vocab"]
+    residual = f"{str(flags['norm_before_residual']).lower()} ({flags['norm_before_residual_origin']})"
     rows = [
         ("source", f"{src['path']}\n{src['family']} — {src['producer']}, EAGLE-{src['eagle_version']}"),
         ("output", f"{dst['path']}\n{dst['dialect']} dialect, EAGLE-{dst['eagle_version']}, "
                    f"{human_bytes(dst['total_bytes'])}"),
         ("function", f"[{style}]{doc['summary']}[/]"),
         ("aux layer ids", _ids_line(doc["aux"])),
-        ("vocabulary", f"V={doc['vocab']['vocab_size']} Vd={doc['vocab']['draft_vocab_size']}: {doc['vocab']['detail']}"),
+        ("vocabulary", f"V={vocab['vocab_size']} Vd={vocab['draft_vocab_size']}: {vocab['detail']}"),
         ("fc_norm", fc),
         ("norm_output", no),
-        ("norm_before_residual", f"{str(flags['norm_before_residual']).lower()} ({flags['norm_before_residual_origin']})"),
+        ("norm_before_residual", residual),
     ]
     title = "[bold]eaglekit upgrade — dry run[/]" if doc["dry_run"] else "[bold]eaglekit upgrade[/]"
     out.print(Panel(key_value_table(rows), title=title, expand=False))

@@ -1,7 +1,8 @@
 """Engine dialects: each writes a config (and names tensors) out of the canonical description, never reads one.
 
-A dialect module provides NAME, ENGINE (what `eaglekit validate --engine` checks it against), READ_FAMILY
-(`read_family(spec, decisions)`: the family that reads its output back), `config(spec, decisions, vocab)` and `tensor_name(canonical, spec)`.
+A dialect module provides NAME, ENGINE (what `eaglekit validate --engine` checks it against),
+`read_family(spec, decisions)` (the family that reads its output back), `config(spec, decisions, vocab)` and
+`tensor_name(canonical, spec)`.
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ class StagedDirectory:
             if pid.isdigit() and not _pid_alive(int(pid)):
                 shutil.rmtree(os.path.join(self.parent, name), ignore_errors=True)
 
-    def __enter__(self) -> "StagedDirectory":
+    def __enter__(self) -> StagedDirectory:
         self.check()
         self._remove_stale()
         self.path = os.path.join(self.parent, f".{self.base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")

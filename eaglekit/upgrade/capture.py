@@ -40,7 +40,8 @@ def calibration_text(path: str | None) -> tuple[str, str]:
 
 
 def _sequences(ids: list[int]) -> list[list[int]]:
-    return [ids[i:i + SEQUENCE_LENGTH] for i in range(0, len(ids), SEQUENCE_LENGTH) if len(ids[i:i + SEQUENCE_LENGTH]) > 1]
+    chunks = (ids[i:i + SEQUENCE_LENGTH] for i in range(0, len(ids), SEQUENCE_LENGTH))
+    return [c for c in chunks if len(c) > 1]
 
 
 def calibrate_fc_norm(target_dir: str, aux_ids: tuple[int, ...], fc_weight: np.ndarray, *, eps: float, dtype: str,

@@ -69,7 +69,8 @@ def _aux(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None, k: in
             shift = 1 if opts.aux_convention == "output" else 0
             source_ids = tuple(i + shift for i in aux.as_written)
             known = True
-            detail = f"{aux.location}, written {list(aux.as_written)}, {opts.aux_convention}-of-layer (--aux-convention)"
+            detail = (f"{aux.location}, written {list(aux.as_written)}, {opts.aux_convention}-of-layer "
+                      "(--aux-convention)")
         elif aux.as_written is not None and aux.ids is None and opts.aux_layer_ids is None:
             raise UsageError(f"{spec.path}: aux layer ids {list(aux.as_written)} are recorded but their convention is "
                              "unknown (P16); pass --aux-convention input|output (or --aux-layer-ids)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 
@@ -45,6 +46,18 @@ def _rows(spec: DraftSpec, ref: TensorRef, order: np.ndarray, cast_to: str | Non
         yield encode(decode(block, ref.dtype), cast_to) if cast_to else block
 
 
+def _pickled(spec: DraftSpec, name: str, cast_to: str | None) -> list[bytes]:
+    return [_torch_bytes(spec, name, cast_to)]
+
+
+def _cast(spec: DraftSpec, ref: TensorRef, cast_to: str) -> Iterator[bytes]:
+    return cast_stream(_source_chunks(spec, ref), ref.dtype, cast_to)
+
+
+def _constant(data: bytes) -> list[bytes]:
+    return [data]
+
+
 def _array_bytes(values: np.ndarray, dtype: str) -> bytes:
     if dtype in ARRAY_ENCODINGS:
         return np.ascontiguousarray(values, dtype=ARRAY_ENCODINGS[dtype]).tobytes()
@@ -55,21 +68,17 @@ def out_tensor(spec: DraftSpec, plan: UpgradePlan, step: TensorStep, arrays: dic
                row_order: np.ndarray | None) -> OutTensor:
     recipe = plan.recipes[step.name]
     ref = spec.tensors.get(recipe.source) if recipe.source else None
-    if recipe.kind == "bytes":
-        if ref.data_start >= 0:
-            source = ByteRange(os.path.join(spec.path, ref.file), ref.data_start, ref.data_end)
-        else:
-            source = lambda ref=ref: [_torch_bytes(spec, ref.name)]  # noqa: E731
+    source: ByteRange | partial
+    if recipe.kind == "bytes" and ref.data_start >= 0:
+        source = ByteRange(os.path.join(spec.path, ref.file), ref.data_start, ref.data_end)
+    elif recipe.kind in ("bytes", "cast") and ref.data_start < 0:
+        source = partial(_pickled, spec, ref.name, recipe.cast_to)
     elif recipe.kind == "cast":
-        if ref.data_start >= 0:
-            source = lambda ref=ref: cast_stream(_source_chunks(spec, ref), ref.dtype, recipe.cast_to)  # noqa: E731
-        else:
-            source = lambda ref=ref: [_torch_bytes(spec, ref.name, recipe.cast_to)]  # noqa: E731
+        source = partial(_cast, spec, ref, recipe.cast_to)
     elif recipe.kind == "rows":
-        source = lambda ref=ref: _rows(spec, ref, row_order, recipe.cast_to)  # noqa: E731
+        source = partial(_rows, spec, ref, row_order, recipe.cast_to)
     else:
-        data = _array_bytes(arrays[recipe.array], step.dtype)
-        source = lambda data=data: [data]  # noqa: E731
+        source = partial(_constant, _array_bytes(arrays[recipe.array], step.dtype))
     return OutTensor(step.name, step.dtype, step.shape, source)
 
 

@@ -45,7 +45,7 @@ class SourceHashes:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="eaglekit-hash", daemon=True)
 
-    def start(self) -> "SourceHashes":
+    def start(self) -> SourceHashes:
         self._thread.start()
         return self
 

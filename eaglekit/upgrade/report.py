@@ -30,7 +30,7 @@ class FidelityReport:
     ones_cosine: float
 
     @classmethod
-    def of(cls, calibrated: Fidelity, ones: Fidelity, fit_tokens: int, text: str) -> "FidelityReport":
+    def of(cls, calibrated: Fidelity, ones: Fidelity, fit_tokens: int, text: str) -> FidelityReport:
         return cls(calibrated.tokens, fit_tokens, text, calibrated.relative_error, calibrated.cosine,
                    calibrated.min_cosine, ones.relative_error, ones.cosine)
 
