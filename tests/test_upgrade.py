@@ -403,6 +403,20 @@ def test_absolute_ids_in_d2t_are_recognised(tmp_path):
         upgrade(src, str(tmp_path / "out"))
 
 
+def test_quantised_drafts_keep_their_scales_and_quant_config(tmp_path):
+    scales = {"layers.0.self_attn.q_proj.weight_scale": np.ones(1, np.float32),
+              "layers.0.self_attn.q_proj.input_scale": np.ones(1, np.float32)}
+    src = make_draft(str(tmp_path / "src"), "modelopt", add=scales,
+                     config_patch={"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}})
+    (tmp_path / "src" / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "FP8"}}')
+    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(fc_norm=False, norm_output=False))
+    assert report.function == "preserved" and not [f for f in report.findings if f.severity == "error"]
+    out, before = raw_tensors(str(tmp_path / "out")), raw_tensors(src)
+    assert all(out[name] == data for name, data in before.items())  # scales included, byte for byte
+    assert load_json(tmp_path / "out" / "config.json")["quantization_config"]["quant_algo"] == "FP8"
+    assert (tmp_path / "out" / "hf_quant_config.json").read_text() == '{"quantization": {"quant_algo": "FP8"}}'
+
+
 def test_a_draft_failing_validation_is_not_published(tmp_path):
     # T != H without its own embed_tokens: nothing in the plan is wrong, but vLLM cannot serve it (P26)
     src = make_draft(str(tmp_path / "src"), "vllm", target_hidden=32)
