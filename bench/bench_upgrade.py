@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -26,26 +27,40 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.make_bench_drafter import tensor_table  # noqa: E402
 
 
+def _run(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """Run a command; return it and its own peak RSS in MB (via /usr/bin/time where installed)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if os.path.exists("/usr/bin/time"):
+        with tempfile.NamedTemporaryFile("r") as stat:
+            proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", stat.name, *argv], capture_output=True,
+                                  env=env, check=False)
+            text = stat.read().split()
+        return proc, int(text[-1]) / 1024 if proc.returncode == 0 and text else -1.0
+    # no GNU time: the child's ru_maxrss (an upper bound: it starts from this small process's size at fork)
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out, err = child.communicate()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return subprocess.CompletedProcess(argv, child.returncode, out, err), usage.ru_maxrss / 1024
+
+
 def timed(label: str, argv: list[str], out_dir: str, repeat: int, *, sync: bool = False,
           may_fail: bool = False) -> dict:
-    """Run a command `repeat` times under /usr/bin/time (its own peak RSS); sync and clear before each run."""
+    """Run a command `repeat` times, each in its own child; sync and clear the output before each run."""
     walls, rss, report = [], [], None
     for _ in range(repeat):
         shutil.rmtree(out_dir, ignore_errors=True)
         os.sync()
-        with tempfile.NamedTemporaryFile("r") as stat:
-            start = time.perf_counter()
-            proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", stat.name, *argv], capture_output=True,
-                                  env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False)
-            if sync:
-                os.sync()
-            walls.append(time.perf_counter() - start)
-            if proc.returncode != 0:
-                if may_fail:
-                    lines = [ln for ln in proc.stderr.decode().splitlines() if "Error" in ln] or ["failed"]
-                    return {"label": label, "failed": lines[-1].strip()[:90]}
-                raise SystemExit(f"{label} failed:\n{proc.stderr.decode()[-2000:]}")
-            rss.append(int(stat.read().split()[-1]) / 1024)
+        start = time.perf_counter()
+        proc, peak = _run(argv)
+        if sync:
+            os.sync()
+        walls.append(time.perf_counter() - start)
+        if proc.returncode != 0:
+            if may_fail:
+                lines = [ln for ln in proc.stderr.decode().splitlines() if "Error" in ln] or ["failed"]
+                return {"label": label, "failed": lines[-1].strip()[:90]}
+            raise SystemExit(f"{label} failed:\n{proc.stderr.decode()[-2000:]}")
+        rss.append(peak)
         if proc.stdout.strip().startswith(b"{"):
             report = json.loads(proc.stdout)
     return {"label": label, "wall": statistics.median(walls), "min": min(walls), "walls": walls, "rss": max(rss),
