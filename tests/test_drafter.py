@@ -474,6 +474,22 @@ def test_truncate_rolls_back_rejected_rows(tmp_path):
         drafter(ids[:, :1].repeat(2, 1), hidden[:, :1].repeat(2, 1, 1), pos[:, :1].repeat(2, 1), cache)
 
 
+def test_cache_survives_switching_between_inference_mode_and_no_grad(tmp_path):
+    path, recipe = write(tmp_path, "im")
+    drafter = Drafter.from_spec(load_draft(path))
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, recipe.vocab, (1, 6), generator=gen)
+    hidden = torch.randn(1, 6, recipe.hidden, generator=gen)
+    pos = torch.arange(6)[None]
+    cache = drafter.new_cache(1, 6)
+    with torch.inference_mode():
+        drafter(ids[:, :4], hidden[:, :4], pos[:, :4], cache)
+    with torch.no_grad():
+        tail = drafter(ids[:, 4:], hidden[:, 4:], pos[:, 4:], cache)
+        full = drafter(ids, hidden, pos)
+    assert_close(tail.feedback, full.feedback[:, 4:], "feedback after switching modes")
+
+
 # ---------------------------------------------------------------- the drift EAGLE-3.1 fixes
 
 

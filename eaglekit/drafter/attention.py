@@ -55,7 +55,9 @@ class DraftCache:
             full = new if buf is None or past == 0 else torch.cat([buf[:, :past], new], dim=1)
             self._tensors[key] = full
             return full
-        if buf is None or buf.shape[1] < end or buf.dtype != new.dtype or buf.device != new.device:
+        # An inference-mode tensor cannot be written outside inference mode: move to a fresh buffer then.
+        stale = buf is not None and buf.is_inference() and not torch.is_inference_mode_enabled()
+        if buf is None or stale or buf.shape[1] < end or buf.dtype != new.dtype or buf.device != new.device:
             grown = new.new_empty((self.batch, max(end, self.capacity, 2 * buf.shape[1] if buf is not None else 0),
                                    *new.shape[2:]))
             if buf is not None and past:
