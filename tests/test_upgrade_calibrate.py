@@ -200,7 +200,7 @@ def test_calibration_on_smollm2(tmp_path):
     target_dir = smollm2_path()
     src = make_draft(str(tmp_path / "src"), "specforge", hidden=576, heads=9, kv_heads=3, head_dim=64,
                      intermediate=256, vocab=49152, draft_vocab=4096, aux_ids=(2, 15, 27), target_layers=30)
-    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir, calibration_tokens=1024))
+    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir, calibration_tokens=512))
     fid = report.fidelity
     assert fid.relative_error < fid.ones_relative_error
     assert fid.cosine > fid.ones_cosine
