@@ -4,6 +4,7 @@ Each case runs in a child process (wall time and that child's own peak RSS), `--
 with `sync` and the previous output removed before every run. upgrade writes fsync'd files; cp does not, so
 `cp -r + sync` is shown as the like-for-like durable baseline too. With `--speculators PATH` (the
 `speculators` executable of a throwaway venv), `speculators convert` of the same input is timed as well.
+The `--dtype fp32` case computes every tensor in chunks (nothing is a raw copy): the streaming transform path.
 
     python bench/bench_upgrade.py [WORKDIR] [--repeat 3] [--speculators /tmp/specvenv/bin/speculators]
 """
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
         base = timed(f"cp -r ({name})", ["cp", "-r", src, out], out, args.repeat)
         durable = timed(f"cp -r + sync ({name})", ["cp", "-r", src, out], out, args.repeat, sync=True)
         rows += [(base, base), (durable, base)]
-        for label, extra in (("3.1, fc_norm ones", []), ("lossless", ["--no-fc-norm", "--no-norm-output"])):
+        for label, extra in (("3.1, fc_norm ones", []), ("lossless", ["--no-fc-norm", "--no-norm-output"]),
+                             ("lossless --dtype fp32", ["--no-fc-norm", "--no-norm-output", "--dtype", "fp32"])):
             rows.append((timed(f"upgrade {label} ({name})", cli + [src, out, "--format", "json", *extra], out,
                                args.repeat), base))
         if args.speculators:

@@ -40,7 +40,8 @@ SOURCES = [
     ("torchspec-vllm", {"attention": "mla", "draft_vocab": None}), ("angelslim", {}),
     ("kimi", {"attention": "mla", "draft_vocab": None}), ("vllm", {}), ("vllm", {"attention": "qwen3"}),
 ]
-IDS = [f"{layout}-{o.get('attention', 'llama')}" + ("-nbr" if o.get("norm_before_residual") else "") for layout, o in SOURCES]
+IDS = [f"{layout}-{o.get('attention', 'llama')}" + ("-nbr" if o.get("norm_before_residual") else "")
+       for layout, o in SOURCES]
 
 
 def tree_hash(path: str) -> str:
@@ -220,7 +221,8 @@ def test_lossless_mode_on_a_frequency_ordered_map_keeps_every_logit(tmp_path):
 def test_identity_map_with_full_vocab_is_dropped(tmp_path):
     # SpecForge writes an all-zero d2t and an all-ones t2d even when the vocabulary is not pruned (P23)
     zeros = np.zeros(256, dtype=np.int64)
-    src = make_draft(str(tmp_path / "src"), "specforge", draft_vocab=None, add={"d2t": zeros, "t2d": np.ones(256, bool)})
+    src = make_draft(str(tmp_path / "src"), "specforge", draft_vocab=None,
+                     add={"d2t": zeros, "t2d": np.ones(256, bool)})
     report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(fc_norm=False, norm_output=False))
     assert report.vocab["action"] == "identity-dropped"
     assert {s.source for s in report.tensors if s.action == "drop"} == {"d2t", "t2d"}
@@ -320,7 +322,8 @@ def test_sglang_dialect_keeps_vllm_ids_for_a_deepseek_target(sources, tmp_path):
     assert load_json(os.path.join(out, "config.json"))["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
 
 
-@pytest.mark.parametrize("key", ["speculators-llama", "speculators-qwen3", "specforge-llama", "modelopt-megatron-llama"])
+@pytest.mark.parametrize("key", ["speculators-llama", "speculators-qwen3", "specforge-llama",
+                                 "modelopt-megatron-llama"])
 def test_speculators_dialect(sources, target, tmp_path, key):
     out = str(tmp_path / "out")
     upgrade(sources[key], out, UpgradeOptions(target=target, to="speculators"))
@@ -441,3 +444,32 @@ def test_pickle_sources_need_allow_pickle(tmp_path):
         for name, tensor in state.items():
             canonical = name.replace("midlayer.", "layers.0.")
             assert torch.equal(fh.get_tensor(canonical), tensor)
+
+
+def test_a_hub_cache_source_is_hashed_by_its_blob_names(tmp_path, monkeypatch):
+    """A repo id read from the Hugging Face cache: LFS blobs are named by their SHA-256, which is reused."""
+    from huggingface_hub import constants
+
+    draft = make_draft(str(tmp_path / "draft"), "specforge")
+    repo = tmp_path / "hub" / "models--org--some-eagle3"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    digests = {}
+    for name in ("config.json", "model.safetensors"):
+        data = (tmp_path / "draft" / name).read_bytes()
+        digests[name] = hashlib.sha256(data).hexdigest()
+        (repo / "blobs" / digests[name]).write_bytes(data)
+        (snapshot / name).symlink_to(os.path.join("..", "..", "blobs", digests[name]))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    report = upgrade("org/some-eagle3", str(tmp_path / "out"), UpgradeOptions(fc_norm=False, norm_output=False))
+    block = load_json(tmp_path / "out" / "config.json")["eaglekit"]
+    assert block["source"] == "org/some-eagle3" and report.source["family"] == "specforge"
+    assert block["source_files"] == {name: "sha256:" + d for name, d in digests.items()}
+    src, out = load_draft(draft), load_draft(str(tmp_path / "out"))
+    assert {n: read_bytes(src.path, r) for n, r in src.tensors.items()} == {
+        n: read_bytes(out.path, r) for n, r in out.tensors.items()}

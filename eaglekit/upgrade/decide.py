@@ -66,6 +66,9 @@ def _aux(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None, k: in
         if aux.ids is not None:
             source_ids = aux.ids
         if aux.as_written is not None and opts.aux_convention is not None and opts.aux_layer_ids is None:
+            if aux.convention is not None and aux.convention != opts.aux_convention:
+                warnings.append(f"--aux-convention {opts.aux_convention} overrides the {aux.convention}-of-layer "
+                                f"convention of {spec.producer} for the recorded ids {list(aux.as_written)} (P16)")
             shift = 1 if opts.aux_convention == "output" else 0
             source_ids = tuple(i + shift for i in aux.as_written)
             known = True

@@ -8,6 +8,7 @@ from functools import partial
 
 import numpy as np
 
+from eaglekit.errors import CheckpointError
 from eaglekit.io.tensors import load_tensor
 from eaglekit.io.writer import READ_CHUNK, ByteRange, OutTensor, iter_file_chunks
 from eaglekit.spec import DraftSpec, TensorRef
@@ -36,10 +37,26 @@ def _source_chunks(spec: DraftSpec, ref: TensorRef) -> Iterator[bytes]:
         yield from iter_file_chunks(os.path.join(spec.path, ref.file), ref.data_start, ref.data_end)
 
 
+def _read_whole(spec: DraftSpec, ref: TensorRef) -> np.ndarray:
+    """A tensor's bytes in one buffer of exactly its size (no intermediate copies)."""
+    if ref.data_start < 0:
+        return np.frombuffer(_torch_bytes(spec, ref.name), dtype=np.uint8)
+    path = os.path.join(spec.path, ref.file)
+    buf = np.empty(ref.nbytes, dtype=np.uint8)
+    view, got = memoryview(buf), 0
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(ref.data_start)
+        while got < ref.nbytes:
+            n = fh.readinto(view[got:])
+            if not n:
+                raise CheckpointError(f"tensor {ref.source_name!r}: file truncated", path)
+            got += n
+    return buf
+
+
 def _rows(spec: DraftSpec, ref: TensorRef, order: np.ndarray, cast_to: str | None) -> Iterator[bytes]:
     """Rows of a 2-D tensor in `order`, a few MB at a time; the source tensor is read once."""
-    raw = b"".join(_source_chunks(spec, ref))
-    table = np.frombuffer(raw, dtype=np.uint8).reshape(ref.shape[0], -1)
+    table = _read_whole(spec, ref).reshape(ref.shape[0], -1)
     step = max(1, READ_CHUNK // max(table.shape[1], 1))
     for start in range(0, len(order), step):
         block = table[order[start:start + step]].tobytes()
