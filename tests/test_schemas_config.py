@@ -43,6 +43,10 @@ def valid(doc: dict, against: dict) -> bool:
     return jsonschema.Draft202012Validator(against).is_valid(doc)
 
 
+def errors(doc: dict, against: dict) -> list[str]:
+    return [e.message for e in jsonschema.Draft202012Validator(against).iter_errors(doc)]
+
+
 def config(layout: str, **overrides) -> dict:
     return layout_files(layout, Recipe(**overrides))[0]
 
@@ -72,7 +76,7 @@ def test_published_speculators_configs(layout, attention):
 def test_vllm_ready_configs(attention, flags):
     cfg = config("vllm", attention=attention, fc_norm=flags[0], norm_output=flags[1],
                  draft_vocab=None if attention == "mla" else 128)
-    assert valid(cfg, VLLM31), list(jsonschema.Draft202012Validator(VLLM31).iter_errors(cfg))
+    assert valid(cfg, VLLM31), errors(cfg, VLLM31)
     assert valid(cfg, EAGLE3)
 
 
@@ -124,7 +128,8 @@ BROKEN_VLLM31 = {
     "MLA without q_lora_rank (P31)": (_mla31, _set("q_lora_rank", None)),
     "MLA with an indexer key (P31)": (_mla31, _set("index_topk", 2048)),
     "MLA with the Llama class": (_mla31, _set("architectures", ["LlamaForCausalLMEagle3"])),
-    "MLA with norm_before_fc": (lambda: config("vllm", attention="mla", draft_vocab=None), _set("norm_before_fc", True)),
+    "MLA with norm_before_fc": (lambda: config("vllm", attention="mla", draft_vocab=None),
+                                _set("norm_before_fc", True)),
 }
 
 
@@ -185,7 +190,9 @@ def written(tmp_path_factory):
         over = {"attention": "mla", "draft_vocab": None} if layout == "kimi" else {}
         spec = load_draft(make_draft(str(base / layout), layout, **over), target=target)
         for to in ("vllm", "sglang", "speculators"):
-            if (to == "speculators" and spec.attention == "mla") or (to == "sglang" and spec.flags.norm_before_residual):
+            unsupported = (to == "speculators" and spec.attention == "mla") or (
+                to == "sglang" and spec.flags.norm_before_residual)
+            if unsupported:
                 continue
             for lossless in (False, True):
                 opts = UpgradeOptions(to=to, fc_norm=not lossless, norm_output=not lossless)
@@ -198,7 +205,7 @@ def test_vllm_dialect_configs_are_vllm_ready(written):
     cases = [k for k in written if k[1] == "vllm"]
     assert len(cases) == 2 * (len(FLAT) + len(SPECULATORS_LAYOUTS) + 1)
     for key in cases:
-        assert valid(written[key], VLLM31), (key, list(jsonschema.Draft202012Validator(VLLM31).iter_errors(written[key])))
+        assert valid(written[key], VLLM31), (key, errors(written[key], VLLM31))
 
 
 def test_sglang_dialect_configs_are_flat_eagle3_configs(written):
@@ -209,7 +216,7 @@ def test_sglang_dialect_configs_are_flat_eagle3_configs(written):
 
 def test_speculators_dialect_configs(written):
     for key in (k for k in written if k[1] == "speculators"):
-        assert valid(written[key], SPECULATORS), (key, list(jsonschema.Draft202012Validator(SPECULATORS).iter_errors(written[key])))
+        assert valid(written[key], SPECULATORS), (key, errors(written[key], SPECULATORS))
 
 
 def test_dialect_configs_do_not_mutate_the_source(tmp_path):

@@ -54,8 +54,8 @@ def drafts(tmp_path_factory):
 
 @pytest.mark.parametrize("extra", [[], ["--dry-run"], ["--no-fc-norm", "--no-norm-output"], ["--to", "speculators"]])
 def test_json_report_validates_against_the_schema(drafts, tmp_path, extra):
-    result = run(["upgrade", "--from", "eagle3", drafts["modelopt"], str(tmp_path / "out"), "--target", drafts["target"],
-                  "--format", "json", *extra])
+    result = run(["upgrade", "--from", "eagle3", drafts["modelopt"], str(tmp_path / "out"),
+                  "--target", drafts["target"], "--format", "json", *extra])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     jsonschema.validate(doc, REPORT)
