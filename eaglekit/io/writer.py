@@ -250,7 +250,7 @@ class StagedDirectory:
     def check(self) -> None:
         """Refuse early (before any work) what `publish` would refuse."""
         if os.path.isfile(self.dst) or os.path.islink(self.dst):
-            raise UsageError("output path exists and is not a directory", self.dst)
+            raise UsageError("output path exists and is a file or a symbolic link, not a directory", self.dst)
         if os.path.isdir(self.dst) and os.listdir(self.dst) and not self.force:
             raise UsageError("output directory exists and is not empty (pass --force to replace it)", self.dst)
         if not os.path.isdir(self.parent):

@@ -227,6 +227,9 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
     if function == "warm-start":
         warnings.append("the output is a warm start for EAGLE-3.1 fine-tuning, not a trained 3.1 draft (P36)")
 
+    if spec.geometry.max_position_embeddings is None and target is None:
+        warnings.append("max_position_embeddings is not in the source config: pass --target to take the target's "
+                        "(engines otherwise assume their own default)")
     if opts.to == "sglang" and nbr:
         raise UsageError("--to sglang: this draft uses norm_before_residual true, and SGLang has no such switch "
                          "(it always behaves as false): it cannot be served faithfully there (P12)")

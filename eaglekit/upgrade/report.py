@@ -82,11 +82,14 @@ class UpgradeReport:
         }
 
 
-def summary_line(function: str, fidelity: FidelityReport | None, norm_output_added: bool) -> str:
+def summary_line(function: str, fidelity: FidelityReport | None, norm_output_added: bool,
+                 changes: list[str] | tuple[str, ...] = ()) -> str:
     """The one sentence the report leads with."""
     if function == "approximate" and fidelity is not None:
         return (f"approximately preserving: first-step fc output cosine {fidelity.cosine:.4f}, relative error "
                 f"{fidelity.relative_error:.4f} on {fidelity.tokens} held-out tokens")
+    if function == "approximate":
+        return "approximately preserving: " + "; ".join(changes)
     if function == "warm-start":
         parts = ["warm start: needs fine-tuning"]
         if fidelity is not None:

@@ -97,7 +97,7 @@ def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab:
                 "total_bytes": plan.total_bytes},
         dry_run=opts.dry_run,
         function=d.function,
-        summary=summary_line(d.function, fidelity, d.norm_output_added),
+        summary=summary_line(d.function, fidelity, d.norm_output_added, d.changes),
         changes=list(d.changes),
         aux={"ids": list(d.aux.ids), "origin": d.aux.origin, "detail": d.aux.detail,
              "convention_known": d.aux.convention_known,
