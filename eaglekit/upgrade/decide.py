@@ -113,6 +113,107 @@ def _aux(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None, k: in
     return AuxChoice(ids, origin, detail, known, source_ids)
 
 
+def _vocab_size(spec: DraftSpec, target: TargetInfo | None, warnings: list[str]) -> int | None:
+    v = spec.vocab.vocab_size
+    if target is None or v == target.vocab_size:
+        return v
+    if spec.has_embed_tokens:
+        raise CheckpointError(f"draft embed_tokens has {v} rows, the target vocabulary has {target.vocab_size}",
+                              spec.path)
+    warnings.append(f"vocab_size {v} in the source config replaced by the target's {target.vocab_size} (P28)")
+    return target.vocab_size
+
+
+def _trained_flags(spec: DraftSpec, opts: UpgradeOptions, warnings: list[str]) -> tuple[bool, bool, bool]:
+    """(fc_norm, norm_output, norm_before_fc) as the source was trained; refuses to drop what was trained."""
+    fc_norm = bool(spec.observations.get("fc_norm_tensor_ids"))
+    if spec.flags.fc_norm and not fc_norm:
+        raise CheckpointError("config says fc_norm: true but there are no fc_norm.* tensors (P3: a converter dropped "
+                              "the trained weights); refusing to invent them", spec.path)
+    if fc_norm and not spec.flags.fc_norm:
+        warnings.append("fc_norm.* tensors present while the config does not set fc_norm: the tensors win")
+    if fc_norm and not opts.fc_norm:
+        raise UsageError("the source is trained with fc_norm; removing it would change the function "
+                         "(drop --no-fc-norm)")
+    norm_output = spec.flags.norm_output and not spec.flags.norm_output_legacy_specforge
+    if spec.family == "specforge" and spec.observations.get("norm_output_written"):
+        warnings.append("SpecForge before PR #879 gave norm_output another meaning (P35): check the SpecForge "
+                        "version this draft was trained with")
+    if norm_output and not opts.norm_output:
+        raise UsageError("the source is trained with norm_output (post-norm feedback); removing it would change "
+                         "the function (drop --no-norm-output)")
+    norm_before_fc = spec.flags.norm_before_fc or "input_norm.weight" in spec.tensors
+    if norm_before_fc and spec.attention == "mla":
+        raise CheckpointError("norm_before_fc / input_norm is not supported by MLA drafts", spec.path)
+    if opts.fc_norm and not fc_norm and norm_before_fc:
+        raise UsageError("the source uses norm_before_fc (one RMSNorm over the whole concatenation); it cannot be "
+                         "combined with fc_norm (P37): pass --no-fc-norm")
+    return fc_norm, norm_output, norm_before_fc
+
+
+def _fc_norm_init(opts: UpgradeOptions, target: TargetInfo | None, added: bool, warnings: list[str]) -> str | None:
+    if not added:
+        if opts.fc_norm_init is not None:
+            warnings.append("--fc-norm-init ignored: the source already has trained fc_norm weights")
+        return None
+    if opts.fc_norm_init is None:
+        return "calibrated" if target is not None and target_has_weights(target) else "ones"
+    if opts.fc_norm_init == "calibrated" and not target_has_weights(target):
+        raise UsageError(f"--fc-norm-init calibrated: no weights next to {target.path}")
+    return opts.fc_norm_init
+
+
+def _norm_before_residual(spec: DraftSpec, warnings: list[str]) -> tuple[bool, str]:
+    """As written; else what the source's consumer assumed (P12), said so."""
+    if spec.flags.norm_before_residual is not None:
+        return spec.flags.norm_before_residual, "as written in the source"
+    default = spec.observations.get("norm_before_residual_default")
+    if default is None:
+        return False, "not written in the source; false (vLLM flat-config default, P12)"
+    if default:
+        warnings.append(f"norm_before_residual written as true: {spec.producer} drafts are served with it (P12)")
+    return bool(default), f"not written in the source; {spec.producer}'s consumer assumes {str(default).lower()} (P12)"
+
+
+def _dtypes(spec: DraftSpec, opts: UpgradeOptions, fc_norm_added: bool) -> tuple[str, str | None]:
+    """(dtype of fc and of added fc_norm weights, --dtype cast or None)."""
+    cast = opts.dtype
+    if cast is not None:
+        if cast not in FLOAT_CASTABLE:
+            raise UsageError(f"--dtype {cast}: expected bf16, fp16 or fp32")
+        odd = sorted({r.dtype for r in spec.tensors.values()} - set(FLOAT_CASTABLE) - {"I64", "BOOL", "I32"})
+        if odd:
+            raise UsageError(f"--dtype: the draft holds {', '.join(odd)} tensors (quantised?); converting them is not "
+                             "supported")
+    compute = cast or spec.tensors["fc.weight"].dtype
+    if compute not in FLOAT_CASTABLE and fc_norm_added:
+        raise UsageError(f"fc.weight is {compute}: adding fc_norm to a quantised fc is not supported "
+                         "(pass --no-fc-norm)")
+    return compute, cast
+
+
+def _function(spec: DraftSpec, fc_norm_init: str | None, norm_output_added: bool,
+              cast: str | None) -> tuple[str, list[str]]:
+    """preserved / approximate / warm-start, with one sentence per change of the function."""
+    changes: list[tuple[str, str]] = []
+    if fc_norm_init == "calibrated":
+        changes.append(("approximate", "fc_norm added with calibrated weights: the first step's fc output "
+                                       "approximates the original"))
+    elif fc_norm_init == "ones":
+        changes.append(("warm-start", "fc_norm added with unit weights: RMSNorm is not the identity, the first "
+                                      "step changes"))
+    if norm_output_added:
+        changes.append(("warm-start", "norm_output switched on: every step after the first is fed the post-norm "
+                                      "state"))
+    if cast is not None:
+        lossy = sorted({r.dtype for r in spec.tensors.values()
+                        if r.dtype in FLOAT_CASTABLE and not is_exact_cast(r.dtype, cast)})
+        if lossy:
+            changes.append(("approximate", f"--dtype {cast} rounds {', '.join(lossy)} weights"))
+    level = max((lvl for lvl, _ in changes), key=FUNCTION_RANK.__getitem__, default="preserved")
+    return level, [why for _, why in changes]
+
+
 def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> Decisions:
     warnings: list[str] = []
     if "fc.weight" not in spec.tensors:
@@ -132,98 +233,14 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
         raise UsageError("SGLang has no EAGLE-3 draft class with Qwen3 q/k norms: use --to vllm or --to speculators")
 
     aux = _aux(spec, opts, target, k, warnings)
-    vocab_size = spec.vocab.vocab_size
-    if target is not None and vocab_size != target.vocab_size:
-        if spec.has_embed_tokens:
-            raise CheckpointError(f"draft embed_tokens has {vocab_size} rows, the target vocabulary has "
-                                  f"{target.vocab_size}", spec.path)
-        warnings.append(f"vocab_size {vocab_size} in the source config replaced by the target's {target.vocab_size} "
-                        "(P28)")
-        vocab_size = target.vocab_size
-
-    fc_norm_tensors = bool(spec.observations.get("fc_norm_tensor_ids"))
-    if spec.flags.fc_norm and not fc_norm_tensors:
-        raise CheckpointError("config says fc_norm: true but there are no fc_norm.* tensors (P3: a converter dropped "
-                              "the trained weights); refusing to invent them", spec.path)
-    if fc_norm_tensors and not spec.flags.fc_norm:
-        warnings.append("fc_norm.* tensors present while the config does not set fc_norm: the tensors win")
-    source_fc_norm = fc_norm_tensors
-    if source_fc_norm and not opts.fc_norm:
-        raise UsageError("the source is trained with fc_norm; removing it would change the function "
-                         "(drop --no-fc-norm)")
-    source_norm_output = spec.flags.norm_output and not spec.flags.norm_output_legacy_specforge
-    if spec.family == "specforge" and spec.observations.get("norm_output_written"):
-        warnings.append("SpecForge before PR #879 gave norm_output another meaning (P35): check the SpecForge "
-                        "version this draft was trained with")
-    if source_norm_output and not opts.norm_output:
-        raise UsageError("the source is trained with norm_output (post-norm feedback); removing it would change "
-                         "the function (drop --no-norm-output)")
-    norm_before_fc = spec.flags.norm_before_fc or "input_norm.weight" in spec.tensors
+    vocab_size = _vocab_size(spec, target, warnings)
+    source_fc_norm, source_norm_output, norm_before_fc = _trained_flags(spec, opts, warnings)
     fc_norm_added = opts.fc_norm and not source_fc_norm
-    if fc_norm_added and norm_before_fc:
-        raise UsageError("the source uses norm_before_fc (one RMSNorm over the whole concatenation); it cannot be "
-                         "combined with fc_norm (P37): pass --no-fc-norm")
-    if norm_before_fc and spec.attention == "mla":
-        raise CheckpointError("norm_before_fc / input_norm is not supported by MLA drafts", spec.path)
-
-    init = None
-    if fc_norm_added:
-        init = opts.fc_norm_init
-        if init is None:
-            init = "calibrated" if target is not None and target_has_weights(target) else "ones"
-        elif init == "calibrated" and not target_has_weights(target):
-            raise UsageError(f"--fc-norm-init calibrated: no weights next to {target.path}")
-    elif opts.fc_norm_init is not None:
-        warnings.append("--fc-norm-init ignored: the source already has trained fc_norm weights")
-
-    nbr = spec.flags.norm_before_residual
-    if nbr is None:
-        default = spec.observations.get("norm_before_residual_default")
-        nbr = bool(default)
-        nbr_origin = (f"not written in the source; {spec.producer}'s consumer assumes {str(nbr).lower()} (P12)"
-                      if default is not None else "not written in the source; false (vLLM flat-config default, P12)")
-        if default:
-            warnings.append(f"norm_before_residual written as true: {spec.producer} drafts are served with it (P12)")
-    else:
-        nbr_origin = "as written in the source"
-
-    compute = spec.tensors["fc.weight"].dtype
-    cast = opts.dtype
-    if cast is not None and cast not in FLOAT_CASTABLE:
-        raise UsageError(f"--dtype {cast}: expected bf16, fp16 or fp32")
-    if cast is not None:
-        odd = sorted({r.dtype for r in spec.tensors.values()} - set(FLOAT_CASTABLE) - {"I64", "BOOL", "I32"})
-        if odd:
-            raise UsageError(f"--dtype: the draft holds {', '.join(odd)} tensors (quantised?); converting them is not "
-                             "supported")
-        compute = cast
-    if compute not in FLOAT_CASTABLE and fc_norm_added:
-        raise UsageError(f"fc.weight is {compute}: adding fc_norm to a quantised fc is not supported "
-                             "(pass --no-fc-norm)")
-
-    changes: list[str] = []
-    function = "preserved"
-
-    def worse(level: str, why: str) -> None:
-        nonlocal function
-        changes.append(why)
-        if FUNCTION_RANK[level] > FUNCTION_RANK[function]:
-            function = level
-
-    if fc_norm_added:
-        if init == "calibrated":
-            worse("approximate", "fc_norm added with calibrated weights: the first step's fc output approximates "
-                                 "the original")
-        else:
-            worse("warm-start", "fc_norm added with unit weights: RMSNorm is not the identity, the first step "
-                                "changes")
-    if opts.norm_output and not source_norm_output:
-        worse("warm-start", "norm_output switched on: every step after the first is fed the post-norm state")
-    if cast is not None:
-        lossy = sorted({r.dtype for r in spec.tensors.values() if r.dtype in FLOAT_CASTABLE
-                        and not is_exact_cast(r.dtype, cast)})
-        if lossy:
-            worse("approximate", f"--dtype {cast} rounds {', '.join(lossy)} weights")
+    norm_output_added = opts.norm_output and not source_norm_output
+    init = _fc_norm_init(opts, target, fc_norm_added, warnings)
+    nbr, nbr_origin = _norm_before_residual(spec, warnings)
+    compute, cast = _dtypes(spec, opts, fc_norm_added)
+    function, changes = _function(spec, init, norm_output_added, cast)
     if function == "warm-start":
         warnings.append("the output is a warm start for EAGLE-3.1 fine-tuning, not a trained 3.1 draft (P36)")
 
@@ -247,7 +264,7 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
         fc_norm_added=fc_norm_added,
         fc_norm_init=init,
         norm_output=opts.norm_output or source_norm_output,
-        norm_output_added=opts.norm_output and not source_norm_output,
+        norm_output_added=norm_output_added,
         norm_before_fc=norm_before_fc,
         norm_before_residual=nbr,
         norm_before_residual_origin=nbr_origin,
