@@ -1,8 +1,7 @@
-"""Where an output came from: source file hashes (computed beside the copy) and the options used.
+"""Source file hashes for the provenance block.
 
-Hashing a gigabyte costs more than copying it; it runs on its own thread (hashlib releases the GIL) while the
-written files are flushed to disk. Files in the Hugging Face cache are already named by their SHA-256 (LFS
-blobs), which is used as is.
+Hashing a gigabyte costs more than copying it. Files in the Hugging Face cache are already named by their
+SHA-256 (LFS blobs), which is used as is.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import threading
 
 from eaglekit.errors import CheckpointError
 
@@ -35,33 +33,10 @@ def sha256_file(path: str) -> str:
         raise CheckpointError(f"cannot read for hashing: {exc.strerror or exc}", path) from None
 
 
-class SourceHashes:
-    """Hash the source files on a background thread; `result()` waits and re-raises a failure."""
+def hash_files(root: str, files: list[str]) -> dict[str, str]:
+    return {rel: sha256_file(os.path.join(root, rel)) for rel in files}
 
-    def __init__(self, root: str, files: list[str]):
-        self.root = root
-        self.files = list(files)
-        self._hashes: dict[str, str] = {}
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="eaglekit-hash", daemon=True)
 
-    def start(self) -> SourceHashes:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        try:
-            for rel in self.files:
-                self._hashes[rel] = sha256_file(os.path.join(self.root, rel))
-        except BaseException as exc:  # re-raised on the caller's thread
-            self._error = exc
-
-    def result(self) -> dict[str, str]:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return dict(self._hashes)
-
-    @staticmethod
-    def placeholders(files: list[str]) -> dict[str, str]:
-        return {rel: PLACEHOLDER for rel in files}
+def placeholders(files: list[str]) -> dict[str, str]:
+    """Digests of the final length, for a header written before the hashes are known."""
+    return {rel: PLACEHOLDER for rel in files}

@@ -17,14 +17,14 @@ from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.tensors import read_array
-from eaglekit.io.writer import StagedDirectory, patch_header, write_checkpoint_weights, write_json
+from eaglekit.io.writer import OutTensor, StagedDirectory, patch_header, write_checkpoint_weights, write_json
 from eaglekit.spec import DraftSpec
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import Decisions, decide
 from eaglekit.upgrade.materialize import out_tensors
 from eaglekit.upgrade.options import UpgradeOptions
 from eaglekit.upgrade.plan import UpgradePlan, build_plan
-from eaglekit.upgrade.provenance import SourceHashes
+from eaglekit.upgrade.provenance import hash_files, placeholders
 from eaglekit.upgrade.report import FidelityReport, UpgradeReport, summary_line
 from eaglekit.upgrade.vocab import VocabPlan, plan_vocab
 
@@ -84,6 +84,9 @@ def _fc_norm_weights(spec: DraftSpec, opts: UpgradeOptions, d: Decisions) -> tup
     cal = calibrate_fc_norm(os.path.dirname(d.target.path), d.aux.ids, read_array(spec, "fc.weight", as_float32=True),
                             eps=spec.geometry.rms_norm_eps, dtype=d.compute_dtype, text_file=opts.calibration_file,
                             max_tokens=opts.calibration_tokens, device=opts.device)
+    if not np.all(np.isfinite(cal.weights)):
+        raise OutputError("calibration produced non-finite fc_norm weights (are the target's hidden states finite?)",
+                          d.target.path)
     return cal.weights, FidelityReport.of(cal.calibrated, cal.ones, cal.fit_tokens, cal.text_source)
 
 
@@ -116,6 +119,43 @@ def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab:
     )
 
 
+def _arrays(d: Decisions, vocab: VocabPlan, weights: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The computed tensors' values, by the names the plan's recipes use."""
+    arrays: dict[str, np.ndarray] = {}
+    if weights is not None:
+        arrays.update({f"fc_norm.{k}.weight": weights[k] for k in range(d.num_aux)})
+    if vocab.d2t is not None:
+        arrays["d2t"] = vocab.d2t
+    if vocab.t2d is not None:
+        arrays["t2d"] = vocab.t2d
+    return arrays
+
+
+def _write(stage: StagedDirectory, spec: DraftSpec, tensors: list[OutTensor], config: dict[str, Any],
+           provenance: Callable[[dict[str, str]], dict[str, Any]], opts: UpgradeOptions,
+           progress: Callable[[int], None] | None) -> None:
+    """Weights (headers carry placeholder digests), then the real digests patched in, config, carried files."""
+    files = _source_files(spec)
+
+    def metadata(digests: dict[str, str]) -> dict[str, str]:
+        return {"format": "pt", "eaglekit": json.dumps(provenance(digests), sort_keys=True)}
+
+    written = write_checkpoint_weights(stage.path, tensors, metadata(placeholders(files)), opts.max_shard_size,
+                                       progress, fsync=False)
+    for name in written:
+        stage.sync_later(name)
+    # hashed after the copy, while the disk flushes: on a 2-core machine copying and hashing at the same
+    # time is slower than one after the other (they compete for the same cores and memory bandwidth)
+    digests = hash_files(spec.path, files)
+    for name, group in written.items():
+        patch_header(os.path.join(stage.path, name), group, metadata(digests))
+    config["eaglekit"] = provenance(digests)
+    write_json(os.path.join(stage.path, "config.json"), config, fsync=False)
+    for extra in CARRIED_FILES:
+        if os.path.isfile(os.path.join(spec.path, extra)):
+            shutil.copyfile(os.path.join(spec.path, extra), os.path.join(stage.path, extra))
+
+
 def upgrade(source: str, destination: str, options: UpgradeOptions | None = None, *,
             progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None
             ) -> UpgradeReport:
@@ -132,14 +172,13 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
                       family=family, target=target)
     _check_paths(spec.path, destination)
     stage = StagedDirectory(destination, force=opts.force)
-    if opts.dry_run:
-        try:
-            stage.check()
-            refusal = None
-        except UsageError as exc:
-            refusal = str(exc)
-    else:
+    refusal = None
+    try:
         stage.check()
+    except UsageError as exc:
+        if not opts.dry_run:
+            raise
+        refusal = str(exc)
 
     d = decide(spec, opts, target)
     vocab = plan_vocab(spec, d.vocab_size)
@@ -153,60 +192,34 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
         report.timings["total_s"] = time.perf_counter() - started
         return report
 
-    files = _source_files(spec)
     t = time.perf_counter()
     weights, fidelity = _fc_norm_weights(spec, opts, d) if d.fc_norm_added else (None, None)
     calibrate_s = time.perf_counter() - t
     report = _report(source, destination, spec, d, vocab, plan, config, opts, fidelity)
-    arrays: dict[str, np.ndarray] = {}
-    if weights is not None:
-        arrays.update({f"fc_norm.{k}.weight": weights[k] for k in range(d.num_aux)})
-    if vocab.d2t is not None:
-        arrays["d2t"] = vocab.d2t
-    if vocab.t2d is not None:
-        arrays["t2d"] = vocab.t2d
-    tensors = out_tensors(spec, plan, arrays, vocab.row_order)
+    tensors = out_tensors(spec, plan, _arrays(d, vocab, weights), vocab.row_order)
 
-    def metadata(digests: dict[str, str]) -> dict[str, str]:
-        block = _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity)
-        return {"format": "pt", "eaglekit": json.dumps(block, sort_keys=True)}
+    def provenance(digests: dict[str, str]) -> dict[str, Any]:
+        return _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity)
+
+    from eaglekit.upgrade.check import check_output
 
     with stage:
         t = time.perf_counter()
         if on_start:
             on_start(plan.total_bytes)
-        written = write_checkpoint_weights(stage.path, tensors, metadata(SourceHashes.placeholders(files)),
-                                           opts.max_shard_size, progress, fsync=False)
-        for name in written:
-            stage.sync_later(name)
-        # hashed after the copy, while the disk flushes: on a 2-core machine copying and hashing at the same
-        # time is slower than one after the other (they compete for the same cores and memory bandwidth)
-        digests = SourceHashes(spec.path, files).start().result()
-        for name, group in written.items():
-            patch_header(os.path.join(stage.path, name), group, metadata(digests))
-        config["eaglekit"] = _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity)
-        write_json(os.path.join(stage.path, "config.json"), config, fsync=False)
-        for extra in CARRIED_FILES:
-            if os.path.isfile(os.path.join(spec.path, extra)):
-                shutil.copyfile(os.path.join(spec.path, extra), os.path.join(stage.path, extra))
+        _write(stage, spec, tensors, config, provenance, opts, progress)
         write_s = time.perf_counter() - t
-
-        from eaglekit.upgrade.check import check_output
-
         t = time.perf_counter()
-        _, findings = check_output(stage.path, spec, plan, d, dialect, target)
-        report.findings = findings
+        _, report.findings = check_output(stage.path, spec, plan, d, dialect, target)
         report.validated = True
-        errors = [f for f in findings if f.severity == "error"]
+        errors = [f for f in report.findings if f.severity == "error"]
         if errors:
-            first = errors[0]
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            raise OutputError(f"the upgraded draft fails validation, nothing was written: [{first.code}] "
-                              f"{first.message}{more}", os.path.abspath(destination))
+            raise OutputError(f"the upgraded draft fails validation, nothing was written: [{errors[0].code}] "
+                              f"{errors[0].message}{more}", os.path.abspath(destination))
         validate_s = time.perf_counter() - t
         stage.publish()
 
-    report.config = config
     report.output["files"] = sorted(os.listdir(stage.dst))
     report.timings.update(calibrate_s=calibrate_s, write_s=write_s, validate_s=validate_s,
                           total_s=time.perf_counter() - started)
