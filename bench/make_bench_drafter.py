@@ -81,7 +81,7 @@ def kimi_config() -> dict:
                          "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096},
         "max_position_embeddings": 262144, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "fc_norm": True, "norm_output": True, "_torchspec_version": "0.3.0",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57], "use_aux_hidden_state": True},
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58], "use_aux_hidden_state": True},
     }
 
 
