@@ -5,26 +5,19 @@ import os
 import subprocess
 import sys
 
-import click
 import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from eaglekit.cli.main import cli, main
+from eaglekit.cli.main import cli
+from tests.cli import run_cli
 from tests.factory import make_draft, make_target_config
 
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "inspect-report.schema.json")))
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
-@click.pass_context
-def main_wrapper(ctx):
-    """The console-script entry point, so tests see its error handling and exit codes."""
-    main(list(ctx.args))
-
-
 def run(args):
-    return CliRunner().invoke(main_wrapper, args, catch_exceptions=False)
+    return run_cli(args)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +109,7 @@ def test_usage_errors_exit_2(drafts):
 def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLEKIT_DEBUG", "1")
     with pytest.raises(Exception):
-        CliRunner().invoke(main_wrapper, ["inspect", str(tmp_path / "nope")], catch_exceptions=False)
+        run_cli(["inspect", str(tmp_path / "nope")])
 
 
 def test_help_and_inspect_never_import_torch(drafts):

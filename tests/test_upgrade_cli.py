@@ -9,16 +9,14 @@ import subprocess
 import sys
 import time
 
-import click
 import jsonschema
 import pytest
-from click.testing import CliRunner
 
-from eaglekit.cli.main import main
 from eaglekit.cli.upgrade import parse_size
 from eaglekit.errors import UsageError
 from eaglekit.families import load_draft
 from eaglekit.rules import run_rules
+from tests.cli import run_cli
 from tests.factory import make_draft, make_target_config
 
 
@@ -31,15 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT = load_json(os.path.join(ROOT, "schemas", "upgrade-report.schema.json"))
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
-@click.pass_context
-def main_wrapper(ctx):
-    """The console-script entry point, so tests see its error handling and exit codes."""
-    main(list(ctx.args))
-
-
 def run(args):
-    return CliRunner().invoke(main_wrapper, args, catch_exceptions=False)
+    return run_cli(args)
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,12 @@ import hashlib
 import json
 import os
 
-import click
 import jsonschema
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from eaglekit.cli.main import main
 from eaglekit.rules import all_rules
+from tests.cli import run_cli
 from tests.factory import make_draft, make_target_config
 
 SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "schemas")
@@ -28,15 +26,8 @@ REPORT = _schema("validate-report.schema.json")
 RULES = _schema("validate-rules.schema.json")
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
-@click.pass_context
-def entry(ctx):
-    """The console-script entry point, so tests see its error handling and exit codes."""
-    main(list(ctx.args))
-
-
 def run(*args):
-    return CliRunner().invoke(entry, ["validate", *args], catch_exceptions=False)
+    return run_cli(["validate", *args])
 
 
 @pytest.fixture(scope="module")
