@@ -1,11 +1,38 @@
 """eaglekit: the tooling between EAGLE-3 training stacks and serving engines.
 
-Heavy dependencies (torch, transformers, triton) are imported only by the modules that compute.
+    import eaglekit
+    spec = eaglekit.load_draft("./draft")                      # canonical description, headers only
+    report = eaglekit.run_rules(spec, engine="vllm")           # validate
+    eaglekit.upgrade_draft("./draft", "./draft-vllm", eaglekit.UpgradeOptions(fc_norm=False, norm_output=False))
+
+Heavy dependencies (torch, transformers, triton) are imported only by the modules that compute, so the names
+below are resolved on first use. (`upgrade_draft` and `verify_draft` are `eaglekit.upgrade.upgrade` and
+`eaglekit.verify.run.verify`: the subpackages own the short names.)
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from eaglekit.errors import EaglekitError  # noqa: E402
-from eaglekit.families import load_draft  # noqa: E402
+_EXPORTS = {  # public name -> (module, attribute)
+    "EaglekitError": ("eaglekit.errors", "EaglekitError"),
+    "load_draft": ("eaglekit.families", "load_draft"),
+    "inspect_draft": ("eaglekit.report", "inspect_draft"),
+    "run_rules": ("eaglekit.rules", "run_rules"),
+    "upgrade_draft": ("eaglekit.upgrade", "upgrade"),
+    "UpgradeOptions": ("eaglekit.upgrade", "UpgradeOptions"),
+    "verify_draft": ("eaglekit.verify.run", "verify"),
+    "VerifyOptions": ("eaglekit.verify.run", "VerifyOptions"),
+    "push": ("eaglekit.hub.push", "push"),
+}
 
-__all__ = ["EaglekitError", "load_draft", "__version__"]
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        module, attribute = _EXPORTS[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module 'eaglekit' has no attribute {name!r}")
