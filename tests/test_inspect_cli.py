@@ -10,14 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from eaglekit.cli.main import cli
-from tests.cli import run_cli
+from tests.cli import run_cli as run
 from tests.factory import make_draft, make_target_config
 
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "inspect-report.schema.json")))
-
-
-def run(args):
-    return run_cli(args)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +105,7 @@ def test_usage_errors_exit_2(drafts):
 def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLEKIT_DEBUG", "1")
     with pytest.raises(Exception):
-        run_cli(["inspect", str(tmp_path / "nope")])
+        run(["inspect", str(tmp_path / "nope")])
 
 
 def test_help_and_inspect_never_import_torch(drafts):

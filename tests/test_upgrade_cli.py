@@ -16,7 +16,7 @@ from eaglekit.cli.upgrade import parse_size
 from eaglekit.errors import UsageError
 from eaglekit.families import load_draft
 from eaglekit.rules import run_rules
-from tests.cli import run_cli
+from tests.cli import run_cli as run
 from tests.factory import make_draft, make_target_config
 
 
@@ -27,10 +27,6 @@ def load_json(path) -> dict:
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT = load_json(os.path.join(ROOT, "schemas", "upgrade-report.schema.json"))
-
-
-def run(args):
-    return run_cli(args)
 
 
 @pytest.fixture(scope="module")

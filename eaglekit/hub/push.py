@@ -23,6 +23,7 @@ from eaglekit.errors import CheckpointError, EaglekitError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
 from eaglekit.hub.card import build_card, engine_requirements, provenance, recorded_target
+from eaglekit.io.jsonfile import load_json_object
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.spec import DraftSpec
 
@@ -77,15 +78,7 @@ class PushResult:
 
 def load_report(path: str) -> dict[str, Any]:
     """Read a verify report JSON for the card; one-line errors for unreadable or malformed files."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            report = json.load(fh)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read verify report: {exc.strerror or exc}", path) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"verify report is not valid JSON ({exc})".splitlines()[0], path) from None
-    if not isinstance(report, dict):
-        raise CheckpointError("verify report must be a JSON object", path)
+    report = load_json_object(path, "verify report")
     acceptance = report.get("per_position_acceptance")
     if acceptance is not None and not (
         isinstance(acceptance, list) and all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in acceptance)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.header import HeaderEntry, read_header
+from eaglekit.io.jsonfile import load_json_object
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
@@ -76,19 +76,6 @@ def _check_inside(path: str, allowed_root: str, display: str) -> None:
         raise CheckpointError("symlink points outside the checkpoint directory; refusing to follow it", display)
 
 
-def _load_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"invalid JSON ({exc})".splitlines()[0], path) from None
-    if not isinstance(doc, dict):
-        raise CheckpointError("expected a JSON object", path)
-    return doc
-
-
 def candidate_subfolders(root: str) -> list[str]:
     """Child folders that look like drafts of their own (config.json + weights), e.g. P48 repos."""
     found = []
@@ -117,7 +104,7 @@ def read_checkpoint(
             raise UsageError(f"no config.json here; drafts found in subfolders {subs}: pick one with --subfolder", root)
         raise CheckpointError("no config.json in the checkpoint directory", root)
     _check_inside(config_path, allowed, config_path)
-    config = _load_json(config_path)
+    config = load_json_object(config_path, "config.json")
 
     names = sorted(os.listdir(root))
     for name in names:
@@ -128,7 +115,7 @@ def read_checkpoint(
     index = None
     if INDEX_NAME in names:
         index_path = os.path.join(root, INDEX_NAME)
-        index = _load_json(index_path)
+        index = load_json_object(index_path, "index")
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError("index has no weight_map", index_path)
