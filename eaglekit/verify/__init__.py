@@ -1,1 +1,15 @@
-"""verify: run a draft against its target in a real speculative decode and report acceptance."""
+"""verify: run a draft against its target in a real speculative decode and report acceptance.
+
+    from eaglekit.verify import VerifyOptions, verify
+    report = verify("./draft", "./target", VerifyOptions(num_speculative_tokens=3, diagnose=True))
+    report.lossless, report.acceptance_length, report.to_dict()
+
+Importing this package does not import torch; the functions that compute do.
+"""
+
+from eaglekit.verify.report import VerifyReport
+from eaglekit.verify.run import VerifyOptions, verify
+from eaglekit.verify.smollm2 import materialize_smollm2
+from eaglekit.verify.target import TargetModel, TargetPass, load_target
+
+__all__ = ["TargetModel", "TargetPass", "VerifyOptions", "VerifyReport", "load_target", "materialize_smollm2", "verify"]
