@@ -157,3 +157,21 @@ def test_replay_refuses_a_different_prompt_and_uncaptured_ids(tiny):
         ReplayVerifier(capture, (3,))
     with pytest.raises(ValueError, match="differs"):
         ReplayVerifier(capture, (1,)).prefill(PROMPTS[1])
+
+
+def test_teacher_forced_first_drafts_match_the_proposer(tiny, drafter_and_spec):
+    from eaglekit.verify.diagnose import Hypothesis, first_draft_predictions
+
+    drafter, spec = drafter_and_spec
+    ids, prompt = spec.aux.ids, PROMPTS[1]
+    continuation = greedy_decode(tiny, prompt, max_new_tokens=NEW).tokens
+    capture = capture_pass(tiny, prompt, continuation)
+    predictions = first_draft_predictions(drafter, capture, Hypothesis("declared", "declared", ids))
+    assert len(predictions) == len(continuation) - 1
+    # walk the proposer along the target's path one token per round: its first draft is the prediction there
+    n = len(prompt)
+    proposer = EagleProposer(drafter, ids, max_len=64)
+    proposer.begin(prompt, [capture.states[i][:n] for i in ids], continuation[0])
+    for j in range(len(continuation) - 1):
+        assert proposer.propose(1)[0] == predictions[j]
+        proposer.advance([], continuation[j + 1], [capture.states[i][n + j : n + j + 1] for i in ids])

@@ -9,6 +9,7 @@ When a reading other than the declared one wins clearly, the report names it and
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -18,7 +19,10 @@ from eaglekit.verify.metrics import AcceptanceCounter
 
 MIN_GAIN_ABS = 0.2
 MIN_GAIN_REL = 0.1
-"""A hypothesis wins clearly when its τ beats the declared one by max(0.2, 10 %)."""
+"""A hypothesis wins clearly when its τ beats the declared one by max(0.2, 10 %), or when it is better and its
+first drafts are right significantly more often (paired over the same positions: z >= MIN_PAIRED_Z)."""
+MIN_PAIRED_Z = 3.0
+MIN_DISCORDANT = 10
 MAX_PERMUTED_IDS = 4
 
 
@@ -39,6 +43,18 @@ class Hypothesis:
 class HypothesisResult:
     hypothesis: Hypothesis
     counter: AcceptanceCounter
+    first_hits: list[bool] = field(default_factory=list)  # teacher-forced first draft right, per position
+
+    @property
+    def first_draft_accuracy(self) -> float:
+        return sum(self.first_hits) / len(self.first_hits) if self.first_hits else 0.0
+
+    def paired_z(self, declared: "HypothesisResult") -> tuple[float, int]:
+        """McNemar-style z of this reading's first-draft hits against the declared one's, and the discordant count."""
+        better = sum(1 for a, b in zip(self.first_hits, declared.first_hits) if a and not b)
+        worse = sum(1 for a, b in zip(self.first_hits, declared.first_hits) if b and not a)
+        n = better + worse
+        return ((better - worse) / math.sqrt(n) if n else 0.0), n
 
     def to_dict(self) -> dict:
         h = self.hypothesis
@@ -51,6 +67,8 @@ class HypothesisResult:
             "overrides": dict(h.overrides),
             "acceptance_length": self.counter.acceptance_length,
             "per_position_acceptance": self.counter.per_position,
+            "first_draft_accuracy": self.first_draft_accuracy,
+            "first_draft_samples": len(self.first_hits),
         }
 
 
@@ -102,6 +120,7 @@ class Sweep:
         self.make_drafter = make_drafter
         self.k, self.max_new_tokens, self.eos_ids = k, max_new_tokens, eos_ids
         self.counters = [AcceptanceCounter(k) for _ in self.hyps]
+        self.hits: list[list[bool]] = [[] for _ in self.hyps]
         self._drafters: dict[tuple, object] = {}
 
     def _drafter(self, overrides: tuple[tuple[str, bool], ...]):
@@ -111,15 +130,42 @@ class Sweep:
 
     def add(self, capture: Capture) -> None:
         prompt = capture.tokens[: capture.prompt_len]
-        for hyp, counter in zip(self.hyps, self.counters):
-            proposer = EagleProposer(self._drafter(hyp.overrides), hyp.aux_ids, aux_order=hyp.aux_order,
+        for hyp, counter, hits in zip(self.hyps, self.counters, self.hits):
+            drafter = self._drafter(hyp.overrides)
+            proposer = EagleProposer(drafter, hyp.aux_ids, aux_order=hyp.aux_order,
                                      max_len=len(capture.tokens) + self.k + 2)
             result = speculative_decode(ReplayVerifier(capture, hyp.aux_ids), proposer, prompt, k=self.k,
                                         max_new_tokens=self.max_new_tokens, eos_ids=self.eos_ids)
             counter.merge(result.counter)
+            predictions = first_draft_predictions(drafter, capture, hyp)
+            hits.extend(p == t for p, t in zip(predictions, capture.tokens[capture.prompt_len + 1 :]))
 
     def results(self) -> list[HypothesisResult]:
-        return [HypothesisResult(h, c) for h, c in zip(self.hyps, self.counters)]
+        return [HypothesisResult(h, c, hits) for h, c, hits in zip(self.hyps, self.counters, self.hits)]
+
+
+def first_draft_predictions(drafter, capture: Capture, hyp: Hypothesis) -> list[int]:
+    """Teacher-forced first drafts along the captured continuation, in one drafter pass: row i pairs state i
+    with token i+1 and predicts token i+2, the first draft of a round that has committed tokens up to i+1.
+    Entry j is the draft for token prompt_len + 1 + j."""
+    import torch
+
+    tokens, start = capture.tokens, capture.prompt_len - 1
+    rows = len(tokens) - 2
+    if rows <= start:
+        return []
+    states = [capture.states[i][:rows].unsqueeze(0) for i in hyp.aux_ids]
+    if hyp.aux_order is not None:
+        states = [states[i] for i in hyp.aux_order]
+    device = drafter.norm.weight.device
+    with torch.inference_mode():
+        hidden = drafter.combine([s.to(device) for s in states])
+        ids = torch.tensor([tokens[1 : rows + 1]], device=device)
+        out = drafter(ids, hidden, torch.arange(rows, device=device).unsqueeze(0))
+        index = out.draft_logits[0, start:].argmax(-1)
+        if drafter.d2t is not None:
+            index = index + drafter.d2t[index]
+    return index.tolist()
 
 
 def _fix(h: Hypothesis) -> str | None:
@@ -148,15 +194,25 @@ def _explain(h: Hypothesis, declared_ids: Sequence[int]) -> str:
     return h.name
 
 
+def _wins_clearly(result: HypothesisResult, declared: HypothesisResult) -> bool:
+    base = declared.counter.acceptance_length
+    gain = result.counter.acceptance_length - base
+    if gain >= max(MIN_GAIN_ABS, MIN_GAIN_REL * base):
+        return True
+    z, discordant = result.paired_z(declared)
+    return gain > 0 and discordant >= MIN_DISCORDANT and z >= MIN_PAIRED_Z
+
+
 def conclude(results: Sequence[HypothesisResult]) -> Diagnosis:
     declared = next(r for r in results if r.hypothesis.declared)
     base = declared.counter.acceptance_length
     best = max(results, key=lambda r: r.counter.acceptance_length)
-    gain = best.counter.acceptance_length - base
-    if not best.hypothesis.declared and gain >= max(MIN_GAIN_ABS, MIN_GAIN_REL * base):
-        h = best.hypothesis
-        message = (f"{_explain(h, declared.hypothesis.aux_ids)}: τ {best.counter.acceptance_length:.2f} "
-                   f"vs {base:.2f} as declared")
+    winners = [r for r in results if not r.hypothesis.declared and _wins_clearly(r, declared)]
+    if winners:
+        top = max(winners, key=lambda r: r.counter.acceptance_length)
+        h = top.hypothesis
+        message = (f"{_explain(h, declared.hypothesis.aux_ids)}: τ {top.counter.acceptance_length:.2f} vs {base:.2f} "
+                   f"as declared; first draft right {top.first_draft_accuracy:.1%} vs {declared.first_draft_accuracy:.1%}")
         return Diagnosis("mismatch", h.name, message, _fix(h), list(results))
     if best.counter.acceptance_length < 1.1:
         return Diagnosis("broken", "declared", "τ ≈ 1 under every hypothesis: the weights, the head or the vocabulary "
