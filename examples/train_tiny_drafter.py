@@ -68,7 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--code-chunk", type=int, default=512)
     p.add_argument("--draft-vocab", type=int, default=4096)
     p.add_argument("--intermediate", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=500)
     p.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--unroll", type=int, default=4)
     p.add_argument("--lr", type=float, default=2e-3)

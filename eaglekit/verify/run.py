@@ -108,8 +108,8 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
     sweep = None
     if options.diagnose:
         written_order = spec.aux.ids if options.aux_layer_ids is None else None
-        hyps = hypotheses(aux_ids, written_order, info.num_layers,
-                          info.default_aux_ids, bool(drafter.config.norm_before_residual), bool(drafter.config.norm_output))
+        hyps = hypotheses(aux_ids, written_order, info.num_layers, info.default_aux_ids,
+                          bool(drafter.config.norm_before_residual), bool(drafter.config.norm_output))
         sweep = Sweep(hyps, make_drafter, k=k, max_new_tokens=options.max_new_tokens, eos_ids=eos)
 
     counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()

@@ -134,7 +134,8 @@ class TargetModel:
         ids = tuple(sorted(set(int(i) for i in aux_ids)))
         bad = [i for i in ids if not 0 <= i <= self.num_layers]
         if bad:
-            raise UsageError(f"aux layer ids {bad} are outside [0, {self.num_layers}] for this target (L={self.num_layers})", self.path)
+            raise UsageError(f"aux layer ids {bad} are outside [0, {self.num_layers}] for this target "
+                             f"(L={self.num_layers})", self.path)
         return ids
 
     def forward(self, input_ids, aux_ids: Sequence[int] = (), past=None, *, logits_to_keep: int = 0) -> TargetPass:
