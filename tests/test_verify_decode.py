@@ -160,18 +160,28 @@ def test_replay_refuses_a_different_prompt_and_uncaptured_ids(tiny):
 
 
 def test_teacher_forced_first_drafts_match_the_proposer(tiny, drafter_and_spec):
-    from eaglekit.verify.diagnose import Hypothesis, first_draft_predictions
+    from eaglekit.verify.diagnose import Hypothesis, first_drafts
 
     drafter, spec = drafter_and_spec
     ids, prompt = spec.aux.ids, PROMPTS[1]
     continuation = greedy_decode(tiny, prompt, max_new_tokens=NEW).tokens
     capture = capture_pass(tiny, prompt, continuation)
-    predictions = first_draft_predictions(drafter, capture, Hypothesis("declared", "declared", ids))
-    assert len(predictions) == len(continuation) - 1
+    predictions, probs = first_drafts(drafter, capture, Hypothesis("declared", "declared", ids))
+    assert len(predictions) == len(probs) == len(continuation) - 1
     # walk the proposer along the target's path one token per round: its first draft is the prediction there
     n = len(prompt)
     proposer = EagleProposer(drafter, ids, max_len=64)
     proposer.begin(prompt, [capture.states[i][:n] for i in ids], continuation[0])
+    draft_to_target = (drafter.draft_ids + drafter.d2t).tolist()
+    scored = 0
     for j in range(len(continuation) - 1):
+        wanted = continuation[j + 1]
+        step_probs = proposer._last[0].float().softmax(-1)  # the logits the round's first draft reads
+        if wanted in draft_to_target:
+            assert probs[j] == pytest.approx(float(step_probs[draft_to_target.index(wanted)]), abs=1e-5)
+            scored += 1
+        else:
+            assert probs[j] == 0.0
         assert proposer.propose(1)[0] == predictions[j]
-        proposer.advance([], continuation[j + 1], [capture.states[i][n + j : n + j + 1] for i in ids])
+        proposer.advance([], wanted, [capture.states[i][n + j : n + j + 1] for i in ids])
+    assert scored > 0

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import statistics
+
+import pytest
+
 from eaglekit.verify.diagnose import Hypothesis, HypothesisResult, conclude, hypotheses
 from eaglekit.verify.metrics import AcceptanceCounter
 
@@ -31,40 +35,65 @@ def test_unsorted_written_ids_add_every_other_block_order():
     assert "fc blocks in order 15,2,27" in _names(hyps)
 
 
-def _result(name, kind, rounds, hits, ids=(2, 15, 27), overrides=()):
+def _result(name, kind, rounds, probs=(), ids=(2, 15, 27), overrides=()):
     counter = AcceptanceCounter(3)
     for accepted in rounds:
         counter.record(accepted)
-    return HypothesisResult(Hypothesis(name, kind, ids, overrides), counter, hits)
+    probs = list(probs)
+    return HypothesisResult(Hypothesis(name, kind, ids, overrides), counter, [p > 0.5 for p in probs], probs)
 
 
 def test_a_large_tau_gain_is_a_mismatch_with_a_fix():
-    declared = _result("declared", "declared", [0, 1, 0, 0], [False] * 20)
-    shifted = _result("aux ids -1", "aux-shift", [2, 3, 2, 1], [True] * 20, ids=(1, 14, 26))
+    declared = _result("declared", "declared", [0, 1, 0, 0], [0.1] * 20)
+    shifted = _result("aux ids -1", "aux-shift", [2, 3, 2, 1], [0.9] * 20, ids=(1, 14, 26))
     d = conclude([declared, shifted])
     assert d.verdict == "mismatch" and d.best == "aux ids -1"
     assert d.fix == "eaglekit upgrade DRAFT --aux-layer-ids 1,14,26 --aux-convention input"
-    assert "off by -1" in d.message
+    assert "off by -1" in d.message and "0.900 vs 0.100" in d.message
 
 
-def test_a_small_gain_counts_only_when_the_paired_first_drafts_are_significantly_better():
-    rounds = [1] * 50
-    declared = _result("declared", "declared", rounds, [True] * 50 + [False] * 50)
-    better = _result("aux ids +1", "aux-shift", rounds[:-1] + [2], [True] * 50 + [True] * 20 + [False] * 30,
-                     ids=(3, 16, 28))
-    assert conclude([declared, better]).verdict == "mismatch"  # 20 better, 0 worse: z = 4.5
-    noisy = _result("aux ids +1", "aux-shift", rounds[:-1] + [2], [True] * 45 + [False] * 5 + [True] * 8 + [False] * 42,
-                    ids=(3, 16, 28))
-    assert conclude([declared, noisy]).verdict == "declared"  # 8 better, 5 worse: not significant
+def _paired(gains, base=0.4):
+    """Target-token probabilities of a declared reading and of one whose per-position gain over it is `gains`."""
+    return [base] * len(gains), [base + g for g in gains]
+
+
+def test_a_small_tau_gain_counts_only_with_a_significant_paired_probability_gain():
+    rounds, better_rounds = [1] * 50, [1] * 49 + [2]
+    gains = [0.3, 0.1, 0.2, -0.05] * 10  # mean 0.1375, sd 0.13, n 40: z ≈ 6.7
+    p_declared, p_better = _paired(gains)
+    declared = _result("declared", "declared", rounds, p_declared)
+    better = _result("aux ids +1", "aux-shift", better_rounds, p_better, ids=(3, 16, 28))
+    z, n = better.paired_z(declared)
+    assert n == 40 and z == pytest.approx(statistics.mean(gains) / (statistics.stdev(gains) / 40 ** 0.5))
+    assert conclude([declared, better]).verdict == "mismatch"
+
+    noisy_gains = [0.5, -0.45] * 20  # mean 0.025 on a sd of 0.48: z ≈ 0.3
+    p_declared, p_noisy = _paired(noisy_gains)
+    noisy = _result("aux ids +1", "aux-shift", better_rounds, p_noisy, ids=(3, 16, 28))
+    assert conclude([_result("declared", "declared", rounds, p_declared), noisy]).verdict == "declared"
+
+    # a significant probability gain without any τ gain is not a win, nor is one on too few positions
+    same_tau = _result("aux ids +1", "aux-shift", rounds, p_better, ids=(3, 16, 28))
+    assert conclude([declared, same_tau]).verdict == "declared"
+    short_d, short_b = _paired(gains[:12])
+    few = _result("aux ids +1", "aux-shift", better_rounds, short_b, ids=(3, 16, 28))
+    assert conclude([_result("declared", "declared", rounds, short_d), few]).verdict == "declared"
+
+
+def test_identical_readings_pair_to_zero():
+    declared = _result("declared", "declared", [1, 2], [0.2, 0.0, 0.7])
+    same = _result("norm_output=True", "norm_output", [1, 2], [0.2, 0.0, 0.7], overrides=(("norm_output", True),))
+    assert same.paired_z(declared) == (0.0, 3)
+    assert declared.first_draft_prob == pytest.approx(0.3)
 
 
 def test_norm_flag_fix_names_the_config_key():
-    declared = _result("declared", "declared", [1, 0, 1, 0], [])
-    flipped = _result("norm_output=True", "norm_output", [3, 3, 2, 3], [], overrides=(("norm_output", True),))
+    declared = _result("declared", "declared", [1, 0, 1, 0])
+    flipped = _result("norm_output=True", "norm_output", [3, 3, 2, 3], overrides=(("norm_output", True),))
     d = conclude([declared, flipped])
     assert d.verdict == "mismatch" and d.fix == 'set "norm_output": true in the draft\'s config.json'
 
 
 def test_tau_near_one_everywhere_is_broken():
-    d = conclude([_result("declared", "declared", [0] * 10, []), _result("aux ids +1", "aux-shift", [0] * 10, [])])
+    d = conclude([_result("declared", "declared", [0] * 10), _result("aux ids +1", "aux-shift", [0] * 10)])
     assert d.verdict == "broken" and "P1" in d.message

@@ -19,10 +19,14 @@ from eaglekit.verify.metrics import AcceptanceCounter
 
 MIN_GAIN_ABS = 0.2
 MIN_GAIN_REL = 0.1
-"""A hypothesis wins clearly when its τ beats the declared one by max(0.2, 10 %), or when it is better and its
-first drafts are right significantly more often (paired over the same positions: z >= MIN_PAIRED_Z)."""
-MIN_PAIRED_Z = 3.0
-MIN_DISCORDANT = 10
+"""A hypothesis wins clearly when its τ beats the declared one by max(0.2, 10 %), or when its τ is higher and
+its teacher-forced first drafts give the target's tokens significantly more probability: a paired z over the
+same positions of at least MIN_PAIRED_Z, on at least MIN_PAIRED_SAMPLES positions. τ alone moves by chance on a
+few prompts; the probability of the target's token is the smooth quantity behind acceptance and separates a
+real misreading (say ids off by one layer, whose states differ little) from noise with far fewer tokens than
+τ or hit counts do."""
+MIN_PAIRED_Z = 4.0
+MIN_PAIRED_SAMPLES = 30
 MAX_PERMUTED_IDS = 4
 
 
@@ -44,17 +48,28 @@ class HypothesisResult:
     hypothesis: Hypothesis
     counter: AcceptanceCounter
     first_hits: list[bool] = field(default_factory=list)  # teacher-forced first draft right, per position
+    first_probs: list[float] = field(default_factory=list)  # p(target's token), 0 outside the draft vocab
 
     @property
     def first_draft_accuracy(self) -> float:
         return sum(self.first_hits) / len(self.first_hits) if self.first_hits else 0.0
 
+    @property
+    def first_draft_prob(self) -> float:
+        return sum(self.first_probs) / len(self.first_probs) if self.first_probs else 0.0
+
     def paired_z(self, declared: "HypothesisResult") -> tuple[float, int]:
-        """McNemar-style z of this reading's first-draft hits against the declared one's, and the discordant count."""
-        better = sum(1 for a, b in zip(self.first_hits, declared.first_hits) if a and not b)
-        worse = sum(1 for a, b in zip(self.first_hits, declared.first_hits) if b and not a)
-        n = better + worse
-        return ((better - worse) / math.sqrt(n) if n else 0.0), n
+        """z of the mean per-position gain in the target token's probability over the declared reading, and the
+        number of positions paired."""
+        gains = [a - b for a, b in zip(self.first_probs, declared.first_probs)]
+        n = len(gains)
+        if n < 2:
+            return 0.0, n
+        mean = sum(gains) / n
+        var = sum((g - mean) ** 2 for g in gains) / (n - 1)
+        if var == 0.0:
+            return (0.0 if mean == 0.0 else math.copysign(math.inf, mean)), n
+        return mean / math.sqrt(var / n), n
 
     def to_dict(self) -> dict:
         h = self.hypothesis
@@ -68,6 +83,7 @@ class HypothesisResult:
             "acceptance_length": self.counter.acceptance_length,
             "per_position_acceptance": self.counter.per_position,
             "first_draft_accuracy": self.first_draft_accuracy,
+            "first_draft_prob": self.first_draft_prob,
             "first_draft_samples": len(self.first_hits),
         }
 
@@ -121,6 +137,7 @@ class Sweep:
         self.k, self.max_new_tokens, self.eos_ids = k, max_new_tokens, eos_ids
         self.counters = [AcceptanceCounter(k) for _ in self.hyps]
         self.hits: list[list[bool]] = [[] for _ in self.hyps]
+        self.probs: list[list[float]] = [[] for _ in self.hyps]
         self._drafters: dict[tuple, object] = {}
 
     def _drafter(self, overrides: tuple[tuple[str, bool], ...]):
@@ -130,30 +147,34 @@ class Sweep:
 
     def add(self, capture: Capture) -> None:
         prompt = capture.tokens[: capture.prompt_len]
-        for hyp, counter, hits in zip(self.hyps, self.counters, self.hits):
+        targets = capture.tokens[capture.prompt_len + 1 :]
+        for hyp, counter, hits, probs in zip(self.hyps, self.counters, self.hits, self.probs):
             drafter = self._drafter(hyp.overrides)
             proposer = EagleProposer(drafter, hyp.aux_ids, aux_order=hyp.aux_order,
                                      max_len=len(capture.tokens) + self.k + 2)
             result = speculative_decode(ReplayVerifier(capture, hyp.aux_ids), proposer, prompt, k=self.k,
                                         max_new_tokens=self.max_new_tokens, eos_ids=self.eos_ids)
             counter.merge(result.counter)
-            predictions = first_draft_predictions(drafter, capture, hyp)
-            hits.extend(p == t for p, t in zip(predictions, capture.tokens[capture.prompt_len + 1 :]))
+            predictions, target_probs = first_drafts(drafter, capture, hyp)
+            hits.extend(p == t for p, t in zip(predictions, targets))
+            probs.extend(target_probs)
 
     def results(self) -> list[HypothesisResult]:
-        return [HypothesisResult(h, c, hits) for h, c, hits in zip(self.hyps, self.counters, self.hits)]
+        return [HypothesisResult(h, c, hits, probs)
+                for h, c, hits, probs in zip(self.hyps, self.counters, self.hits, self.probs)]
 
 
-def first_draft_predictions(drafter, capture: Capture, hyp: Hypothesis) -> list[int]:
+def first_drafts(drafter, capture: Capture, hyp: Hypothesis) -> tuple[list[int], list[float]]:
     """Teacher-forced first drafts along the captured continuation, in one drafter pass: row i pairs state i
     with token i+1 and predicts token i+2, the first draft of a round that has committed tokens up to i+1.
-    Entry j is the draft for token prompt_len + 1 + j."""
+    Entry j is about token prompt_len + 1 + j: the drafted token, and the probability the drafter gives the
+    target's actual token (0 when that token is outside the draft vocabulary)."""
     import torch
 
     tokens, start = capture.tokens, capture.prompt_len - 1
     rows = len(tokens) - 2
     if rows <= start:
-        return []
+        return [], []
     states = [capture.states[i][:rows].unsqueeze(0) for i in hyp.aux_ids]
     if hyp.aux_order is not None:
         states = [states[i] for i in hyp.aux_order]
@@ -162,10 +183,16 @@ def first_draft_predictions(drafter, capture: Capture, hyp: Hypothesis) -> list[
         hidden = drafter.combine([s.to(device) for s in states])
         ids = torch.tensor([tokens[1 : rows + 1]], device=device)
         out = drafter(ids, hidden, torch.arange(rows, device=device).unsqueeze(0))
-        index = out.draft_logits[0, start:].argmax(-1)
-        if drafter.d2t is not None:
-            index = index + drafter.d2t[index]
-    return index.tolist()
+        probs = out.draft_logits[0, start:].float().softmax(-1)
+        vd = probs.shape[-1]
+        draft_to_target = torch.arange(vd, device=device) if drafter.d2t is None else drafter.draft_ids + drafter.d2t
+        predictions = draft_to_target[probs.argmax(-1)]
+        wanted = torch.tensor(tokens[start + 2 : rows + 2], device=device)
+        target_to_draft = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long, device=device)
+        target_to_draft[draft_to_target] = torch.arange(vd, device=device)
+        column = target_to_draft[wanted]
+        picked = probs.gather(-1, column.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill(column < 0, 0.0)
+    return predictions.tolist(), picked.tolist()
 
 
 def _fix(h: Hypothesis) -> str | None:
@@ -199,8 +226,8 @@ def _wins_clearly(result: HypothesisResult, declared: HypothesisResult) -> bool:
     gain = result.counter.acceptance_length - base
     if gain >= max(MIN_GAIN_ABS, MIN_GAIN_REL * base):
         return True
-    z, discordant = result.paired_z(declared)
-    return gain > 0 and discordant >= MIN_DISCORDANT and z >= MIN_PAIRED_Z
+    z, paired = result.paired_z(declared)
+    return gain > 0 and paired >= MIN_PAIRED_SAMPLES and z >= MIN_PAIRED_Z
 
 
 def conclude(results: Sequence[HypothesisResult]) -> Diagnosis:
@@ -212,7 +239,8 @@ def conclude(results: Sequence[HypothesisResult]) -> Diagnosis:
         top = max(winners, key=lambda r: r.counter.acceptance_length)
         h = top.hypothesis
         message = (f"{_explain(h, declared.hypothesis.aux_ids)}: τ {top.counter.acceptance_length:.2f} vs {base:.2f} "
-                   f"as declared; first draft right {top.first_draft_accuracy:.1%} vs {declared.first_draft_accuracy:.1%}")
+                   f"as declared; first draft right {top.first_draft_accuracy:.1%} vs {declared.first_draft_accuracy:.1%}, "
+                   f"p(target token) {top.first_draft_prob:.3f} vs {declared.first_draft_prob:.3f}")
         return Diagnosis("mismatch", h.name, message, _fix(h), list(results))
     if best.counter.acceptance_length < 1.1:
         return Diagnosis("broken", "declared", "τ ≈ 1 under every hypothesis: the weights, the head or the vocabulary "

@@ -1,0 +1,104 @@
+"""verify against the real SmolLM2-135M-Instruct target with the bundled trained drafters.
+
+Bracket proposers (oracle τ = k+1, random τ ≈ 1), the trained EAGLE-3 and EAGLE-3.1 drafters (τ well above 1,
+lossless), and the same EAGLE-3 drafter with its aux ids shifted by one (lower τ, and --diagnose names the shift).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("torch")
+
+from eaglekit.verify.decode import (  # noqa: E402
+    LiveVerifier,
+    OracleProposer,
+    RandomProposer,
+    greedy_decode,
+    speculative_decode,
+)
+from eaglekit.verify.prompts import bundled_prompts, encode  # noqa: E402
+from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
+from tests.test_target_smollm2 import smollm2, smollm2_dir  # noqa: E402,F401
+
+DRAFTERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "drafters")
+EAGLE3 = os.path.join(DRAFTERS, "smollm2-135m-eagle3")
+EAGLE31 = os.path.join(DRAFTERS, "smollm2-135m-eagle3.1")
+PROMPTS = 8
+NEW = 64
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(smollm2):
+    return [encode(p, smollm2.tokenizer) for p in bundled_prompts().prompts[:2]]
+
+
+@pytest.mark.slow
+def test_oracle_and_random_bracket_the_metric(smollm2, prompt_ids):
+    k = 3
+    for ids in prompt_ids:
+        plain = greedy_decode(smollm2, ids, max_new_tokens=24)
+        reference = greedy_decode(smollm2, ids, max_new_tokens=24 + k + 1).tokens
+        oracle = speculative_decode(LiveVerifier(smollm2, ()), OracleProposer(reference), ids, k=k, max_new_tokens=24)
+        assert oracle.tokens == plain.tokens and oracle.counter.acceptance_length == k + 1
+        rand = speculative_decode(LiveVerifier(smollm2, ()), RandomProposer(smollm2.vocab_size), ids, k=k,
+                                  max_new_tokens=24)
+        assert rand.tokens == plain.tokens and rand.counter.acceptance_length < 1.05
+
+
+def _verify(draft, target, **kw):
+    options = VerifyOptions(limit=kw.pop("limit", PROMPTS), max_new_tokens=kw.pop("max_new_tokens", NEW), **kw)
+    return verify(draft, target, options)
+
+
+@pytest.fixture(scope="module")
+def eagle3_report(smollm2_dir):
+    return _verify(EAGLE3, smollm2_dir, diagnose=True)
+
+
+@pytest.mark.slow
+def test_trained_eagle3_drafter_is_lossless_and_accepts(eagle3_report):
+    report = eagle3_report
+    assert report.lossless and report.exact
+    assert report.acceptance_length >= 1.8, report.counter.per_position
+    rates = report.counter.per_position
+    assert rates[0] > 0.45 and rates == sorted(rates, reverse=True)
+    # read as published, no competing hypothesis beats the declared one
+    assert report.diagnosis.verdict == "declared", report.diagnosis.message
+
+
+@pytest.mark.slow
+def test_trained_eagle31_drafter_is_lossless_and_its_feedback_stays_normalised(smollm2_dir, eagle3_report):
+    report = _verify(EAGLE31, smollm2_dir, limit=4)
+    assert report.lossless and report.eagle_version == "3.1"
+    assert report.acceptance_length >= 1.6, report.counter.per_position
+    # EAGLE-3.1 feeds back the post-norm state; EAGLE-3 the pre-norm sum, whose RMS is an order larger here
+    rms31 = [row["hidden_rms"] for row in report.drift.rows()[1:]]
+    rms3 = [row["hidden_rms"] for row in eagle3_report.drift.rows()[1:]]
+    assert max(rms31) < 5 < min(rms3)
+
+
+@pytest.mark.slow
+def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_dir, eagle3_report, tmp_path):
+    shifted = tmp_path / "shifted"
+    shutil.copytree(EAGLE3, shifted)
+    config = json.loads((shifted / "config.json").read_text())
+    written = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in written]
+    (shifted / "config.json").write_text(json.dumps(config))
+
+    bad = _verify(str(shifted), smollm2_dir, diagnose=True)
+    assert bad.lossless
+    assert bad.acceptance_length <= eagle3_report.acceptance_length - 0.1
+    d = bad.diagnosis
+    assert d.verdict == "mismatch" and d.best == "aux ids -1", [r.to_dict() for r in d.results]
+    true_ids = ",".join(str(i + 1) for i in written)  # SpecForge writes output-of-layer ids
+    assert f"--aux-layer-ids {true_ids} " in d.fix
+    # the replayed readings reproduce the live runs: declared = the shifted run, "-1" = the original drafter
+    by_name = {r.hypothesis.name: r.counter.acceptance_length for r in d.results}
+    assert by_name["declared"] == pytest.approx(bad.acceptance_length, abs=0.1)
+    assert by_name["aux ids -1"] == pytest.approx(eagle3_report.acceptance_length, abs=0.1)
