@@ -1,7 +1,8 @@
 """verify against the real SmolLM2-135M-Instruct target with the bundled trained drafters.
 
 Bracket proposers (oracle τ = k+1, random τ ≈ 1), the trained EAGLE-3 and EAGLE-3.1 drafters (τ well above 1,
-lossless), and the same EAGLE-3 drafter with its aux ids shifted by one (lower τ, and --diagnose names the shift).
+lossless), and both with their aux ids shifted by one: EAGLE-3 loses τ, and --diagnose names the shift for
+both, while reading each drafter as published finds nothing wrong.
 """
 
 from __future__ import annotations
@@ -82,23 +83,36 @@ def test_trained_eagle31_drafter_is_lossless_and_its_feedback_stays_normalised(s
     assert max(rms31) < 5 < min(rms3)
 
 
-@pytest.mark.slow
-def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_dir, eagle3_report, tmp_path):
-    shifted = tmp_path / "shifted"
-    shutil.copytree(EAGLE3, shifted)
-    config = json.loads((shifted / "config.json").read_text())
+def _shifted_copy(source, dst) -> str:
+    """`source` with its written aux ids moved one layer deeper: the classic off-by-one."""
+    shutil.copytree(source, dst)
+    config = json.loads((dst / "config.json").read_text())
     written = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in written]
-    (shifted / "config.json").write_text(json.dumps(config))
+    (dst / "config.json").write_text(json.dumps(config))
+    return ",".join(str(i + 1) for i in written)  # SpecForge writes output-of-layer ids: input-of-layer = +1
 
-    bad = _verify(str(shifted), smollm2_dir, diagnose=True)
+
+@pytest.mark.slow
+def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_dir, eagle3_report, tmp_path):
+    true_ids = _shifted_copy(EAGLE3, tmp_path / "shifted")
+    bad = _verify(str(tmp_path / "shifted"), smollm2_dir, diagnose=True)
     assert bad.lossless
     assert bad.acceptance_length <= eagle3_report.acceptance_length - 0.1
     d = bad.diagnosis
     assert d.verdict == "mismatch" and d.best == "aux ids -1", [r.to_dict() for r in d.results]
-    true_ids = ",".join(str(i + 1) for i in written)  # SpecForge writes output-of-layer ids
     assert f"--aux-layer-ids {true_ids} " in d.fix
     # the replayed readings reproduce the live runs: declared = the shifted run, "-1" = the original drafter
     by_name = {r.hypothesis.name: r.counter.acceptance_length for r in d.results}
     assert by_name["declared"] == pytest.approx(bad.acceptance_length, abs=0.1)
     assert by_name["aux ids -1"] == pytest.approx(eagle3_report.acceptance_length, abs=0.1)
+
+
+@pytest.mark.slow
+def test_diagnose_names_a_shift_the_eagle31_drafter_barely_feels(smollm2_dir, tmp_path):
+    """fc_norm rescales each aux state, so one layer off costs the 3.1 drafter little τ; the paired first-draft
+    probabilities still separate the readings."""
+    true_ids = _shifted_copy(EAGLE31, tmp_path / "shifted")
+    d = _verify(str(tmp_path / "shifted"), smollm2_dir, diagnose=True).diagnosis
+    assert d.verdict == "mismatch" and d.best == "aux ids -1", [r.to_dict() for r in d.results]
+    assert f"--aux-layer-ids {true_ids} " in d.fix
