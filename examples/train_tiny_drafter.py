@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from eaglekit.drafter.model import Drafter, DrafterConfig
+from eaglekit.drafter.unroll import unrolled_steps
 from eaglekit.verify.prompts import Prompt, encode, parse_jsonl
 from eaglekit.verify.smollm2 import materialize_smollm2
 from eaglekit.verify.target import load_target
@@ -229,15 +230,6 @@ def draft_vocabulary(labels: torch.Tensor, vocab: int, size: int) -> torch.Tenso
 # ------------------------------------------------------------------ training
 
 
-def unroll_mask(batch: int, rows: int, step: int) -> torch.Tensor:
-    """[B, 1, S, (step+1)*S]: step-0 keys causally, later steps' keys only on the query's own row."""
-    r = torch.arange(rows)[:, None]
-    c = torch.arange((step + 1) * rows)[None, :]
-    visible = torch.where(c // rows == 0, c % rows <= r, c % rows == r)
-    mask = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
-    return mask[None, None].expand(batch, 1, rows, -1)
-
-
 def batches(offsets: torch.Tensor, batch_tokens: int, rng: random.Random):
     """Endless batches of similar-length sequences, about `batch_tokens` rows each."""
     lengths = (offsets[1:] - offsets[:-1]).tolist()
@@ -308,22 +300,16 @@ def train(args, data, variant: str, target, chosen: torch.Tensor) -> Drafter:
     for step in range(args.steps):
         ids, lab, hid, S = (t.to(device) if torch.is_tensor(t) else t
                             for t in make_batch(data, next(stream), args.unroll, to_draft))
-        B = ids.shape[0]
-        cache = drafter.new_cache(B, S * args.unroll)
-        positions = torch.arange(S, device=device).expand(B, S)
         loss, correct0 = 0.0, None
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            hidden = drafter.combine(hid)
-            for j in range(args.unroll):
-                out = drafter(ids[:, 1 + j : 1 + j + S], hidden, positions + j, cache,
-                              attn_bias=unroll_mask(B, S, j).to(device))
+            steps = unrolled_steps(drafter, ids[:, 1:], drafter.combine(hid), args.unroll)
+            for j, out in enumerate(steps):
                 target_ids = lab[:, 1 + j : 1 + j + S]
                 logits = out.draft_logits.float().reshape(-1, len(chosen))
                 loss = loss + F.cross_entropy(logits, target_ids.reshape(-1), ignore_index=-100) * 0.8**j
                 if j == 0:
                     valid = target_ids.reshape(-1) >= 0
                     correct0 = (logits.argmax(-1) == target_ids.reshape(-1))[valid].float().mean().item()
-                hidden = out.feedback
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

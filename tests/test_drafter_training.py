@@ -141,3 +141,33 @@ def test_fresh_drafter_for_training_from_scratch():
     assert torch.allclose(via_target_vocab, drafter.fc.weight.grad, rtol=1e-5, atol=1e-9)
     assert drafter.target_embed_tokens.grad is None
 
+
+
+@pytest.mark.parametrize("first_row", [0, 3])
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_unrolled_steps_equal_one_chain_per_row(tmp_path, first_row, norm_output):
+    """Step j of the unroll at row i == the j-th step of a chain drafted after committing rows 0..i through the
+    KV cache, one token at a time (teacher-forced tokens)."""
+    from eaglekit.drafter.unroll import unrolled_steps
+
+    path, recipe = _draft(tmp_path, norm_output=norm_output)
+    drafter = Drafter.from_spec(load_draft(path))
+    gen = torch.Generator().manual_seed(11)
+    s, depth = 7, 3
+    ids = torch.randint(0, recipe.vocab, (1, s + depth - 1), generator=gen)
+    aux = torch.randn(1, s, recipe.k * recipe.T, generator=gen)
+    with torch.no_grad():
+        hidden = drafter.combine(aux)
+        steps = list(unrolled_steps(drafter, ids, hidden, depth, first_row=first_row))
+        assert [o.draft_logits.shape[1] for o in steps] == [s] + [s - first_row] * (depth - 1)
+        for i in range(first_row, s):
+            cache = drafter.new_cache(1, s + depth)
+            out = drafter(ids[:, : i + 1], hidden[:, : i + 1], torch.arange(i + 1)[None], cache)
+            chain = [out.draft_logits[:, i:], out.feedback[:, i:]]
+            for j in range(depth):
+                if j:
+                    out = drafter(ids[:, i + j : i + j + 1], chain[1], torch.tensor([[i + j]]), cache)
+                    chain = [out.draft_logits, out.feedback]
+                row = i if j == 0 else i - first_row
+                assert_close(steps[j].draft_logits[:, row : row + 1], chain[0], f"row {i} step {j} logits")
+                assert_close(steps[j].feedback[:, row : row + 1], chain[1], f"row {i} step {j} feedback")

@@ -159,29 +159,41 @@ def test_replay_refuses_a_different_prompt_and_uncaptured_ids(tiny):
         ReplayVerifier(capture, (1,)).prefill(PROMPTS[1])
 
 
-def test_teacher_forced_first_drafts_match_the_proposer(tiny, drafter_and_spec):
-    from eaglekit.verify.diagnose import Hypothesis, first_drafts
+def test_teacher_forced_chains_match_the_proposer(tiny, drafter_and_spec):
+    """Along the target's own path, the proposer's first draft is the chain's first draft, and each depth's
+    probability is what a chain started there gives the target's token, teacher-forced."""
+    from eaglekit.verify.diagnose import Hypothesis, teacher_forced_chains
 
     drafter, spec = drafter_and_spec
-    ids, prompt = spec.aux.ids, PROMPTS[1]
+    ids, prompt, depth = spec.aux.ids, PROMPTS[1], 3
     continuation = greedy_decode(tiny, prompt, max_new_tokens=NEW).tokens
     capture = capture_pass(tiny, prompt, continuation)
-    predictions, probs = first_drafts(drafter, capture, Hypothesis("declared", "declared", ids))
-    assert len(predictions) == len(probs) == len(continuation) - 1
-    # walk the proposer along the target's path one token per round: its first draft is the prediction there
+    tokens = capture.tokens
+    predictions, chains = teacher_forced_chains(drafter, capture, Hypothesis("declared", "declared", ids), depth)
+    assert len(predictions) == len(chains) == len(continuation) - 1
+    draft_to_target = (drafter.draft_ids + drafter.d2t).tolist()
+
+    def prob(logits, token):
+        return float(logits.float().softmax(-1)[draft_to_target.index(token)]) if token in draft_to_target else 0.0
+
     n = len(prompt)
     proposer = EagleProposer(drafter, ids, max_len=64)
     proposer.begin(prompt, [capture.states[i][:n] for i in ids], continuation[0])
-    draft_to_target = (drafter.draft_ids + drafter.d2t).tolist()
-    scored = 0
     for j in range(len(continuation) - 1):
-        wanted = continuation[j + 1]
-        step_probs = proposer._last[0].float().softmax(-1)  # the logits the round's first draft reads
-        if wanted in draft_to_target:
-            assert probs[j] == pytest.approx(float(step_probs[draft_to_target.index(wanted)]), abs=1e-5)
-            scored += 1
-        else:
-            assert probs[j] == 0.0
+        assert chains[j][0] == pytest.approx(prob(proposer._last[0], continuation[j + 1]), abs=1e-5)
         assert proposer.propose(1)[0] == predictions[j]
-        proposer.advance([], wanted, [capture.states[i][n + j : n + j + 1] for i in ids])
-    assert scored > 0
+        proposer.advance([], continuation[j + 1], [capture.states[i][n + j : n + j + 1] for i in ids])
+
+    # deeper: a chain from committed position p (= row p-1) fed the target's tokens through the KV cache
+    with torch.no_grad():
+        states = drafter.combine([capture.states[i].unsqueeze(0) for i in ids])
+        for row in range(n - 1, len(tokens) - 2, 5):
+            cache = drafter.new_cache(1, len(tokens) + depth)
+            out = drafter(torch.tensor([tokens[1 : row + 2]]), states[:, : row + 1], torch.arange(row + 1)[None], cache)
+            logits, feedback = out.draft_logits[0, -1], out.feedback[:, -1:]
+            for d in range(depth):
+                if d:
+                    out = drafter(torch.tensor([[tokens[row + 1 + d]]]), feedback, torch.tensor([[row + d]]), cache)
+                    logits, feedback = out.draft_logits[0, -1], out.feedback
+                want = prob(logits, tokens[row + 2 + d]) if row + 2 + d < len(tokens) else 0.0
+                assert chains[row - (n - 1)][d] == pytest.approx(want, rel=1e-4, abs=1e-9), (row, d)

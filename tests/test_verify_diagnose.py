@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from eaglekit.verify.diagnose import Hypothesis, HypothesisResult, conclude, hypotheses
+from eaglekit.verify.diagnose import Hypothesis, HypothesisResult, conclude, expected_accepted, hypotheses
 from eaglekit.verify.metrics import AcceptanceCounter
 
 
@@ -36,11 +36,12 @@ def test_unsorted_written_ids_add_every_other_block_order():
 
 
 def _result(name, kind, rounds, probs=(), ids=(2, 15, 27), overrides=()):
+    """`probs`: per position, the chain's probabilities of the target's tokens by depth (a bare float = depth 1)."""
     counter = AcceptanceCounter(3)
     for accepted in rounds:
         counter.record(accepted)
-    probs = list(probs)
-    return HypothesisResult(Hypothesis(name, kind, ids, overrides), counter, [p > 0.5 for p in probs], probs)
+    chains = [list(p) if isinstance(p, (list, tuple)) else [p] for p in probs]
+    return HypothesisResult(Hypothesis(name, kind, ids, overrides), counter, [c[0] > 0.5 for c in chains], chains)
 
 
 def test_a_large_tau_gain_is_a_mismatch_with_a_fix():
@@ -49,15 +50,15 @@ def test_a_large_tau_gain_is_a_mismatch_with_a_fix():
     d = conclude([declared, shifted])
     assert d.verdict == "mismatch" and d.best == "aux ids -1"
     assert d.fix == "eaglekit upgrade DRAFT --aux-layer-ids 1,14,26 --aux-convention input"
-    assert "off by -1" in d.message and "0.900 vs 0.100" in d.message
+    assert "off by -1" in d.message and "teacher-forced τ 1.90 vs 1.10" in d.message
 
 
 def _paired(gains, base=0.4):
-    """Target-token probabilities of a declared reading and of one whose per-position gain over it is `gains`."""
+    """Depth-1 chains of a declared reading and of one whose per-position gain over it is `gains`."""
     return [base] * len(gains), [base + g for g in gains]
 
 
-def test_a_small_tau_gain_counts_only_with_a_significant_paired_probability_gain():
+def test_a_small_tau_gain_counts_only_with_a_significant_paired_chain_gain():
     rounds, better_rounds = [1] * 50, [1] * 49 + [2]
     gains = [0.3, 0.1, 0.2, -0.05] * 10  # mean 0.1375, sd 0.13, n 40: z ≈ 6.7
     p_declared, p_better = _paired(gains)
@@ -85,6 +86,27 @@ def test_identical_readings_pair_to_zero():
     same = _result("norm_output=True", "norm_output", [1, 2], [0.2, 0.0, 0.7], overrides=(("norm_output", True),))
     assert same.paired_z(declared) == (0.0, 3)
     assert declared.first_draft_prob == pytest.approx(0.3)
+
+
+def test_chains_score_the_drafts_a_round_expects_to_keep():
+    assert expected_accepted([0.5, 0.4, 1.0]) == pytest.approx(0.5 + 0.2 + 0.2)
+    assert expected_accepted([0.0, 0.9]) == 0.0 and expected_accepted([]) == 0.0
+    r = _result("declared", "declared", [1], [[0.5, 0.4, 1.0], [1.0, 1.0, 1.0]])
+    assert r.teacher_forced_acceptance_length == pytest.approx(1 + (0.9 + 3.0) / 2)
+    assert r.first_draft_prob == pytest.approx(0.75)
+
+
+def test_a_reading_that_only_changes_later_drafts_is_judged_on_them():
+    """norm_output flips leave every first draft alone; the deeper probabilities decide (P35)."""
+    rounds = [1] * 40
+    declared = _result("declared", "declared", rounds, [[0.6, 0.2 + 0.01 * (i % 5), 0.1] for i in range(40)])
+    flipped = _result("norm_output=True", "norm_output", rounds[:-1] + [2],
+                      [[0.6, 0.5 + 0.01 * (i % 7), 0.4] for i in range(40)], overrides=(("norm_output", True),))
+    assert flipped.first_draft_prob == declared.first_draft_prob
+    z, n = flipped.paired_z(declared)
+    assert n == 40 and z > 10
+    d = conclude([declared, flipped])
+    assert d.verdict == "mismatch" and d.fix == 'set "norm_output": true in the draft\'s config.json'
 
 
 def test_norm_flag_fix_names_the_config_key():

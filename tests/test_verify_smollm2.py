@@ -1,8 +1,8 @@
 """verify against the real SmolLM2-135M-Instruct target with the bundled trained drafters.
 
 Bracket proposers (oracle τ = k+1, random τ ≈ 1), the trained EAGLE-3 and EAGLE-3.1 drafters (τ well above 1,
-lossless), and both with their aux ids shifted by one: EAGLE-3 loses τ, and --diagnose names the shift for
-both, while reading each drafter as published finds nothing wrong.
+lossless), both with their aux ids shifted by one (EAGLE-3 loses τ; --diagnose names the shift for both), the
+3.1 drafter served without its norm_output flag (named), and each drafter as published (no finding).
 """
 
 from __future__ import annotations
@@ -116,3 +116,18 @@ def test_diagnose_names_a_shift_the_eagle31_drafter_barely_feels(smollm2_dir, tm
     d = _verify(str(tmp_path / "shifted"), smollm2_dir, diagnose=True).diagnosis
     assert d.verdict == "mismatch" and d.best == "aux ids -1", [r.to_dict() for r in d.results]
     assert f"--aux-layer-ids {true_ids} " in d.fix
+
+
+@pytest.mark.slow
+def test_diagnose_names_a_lost_norm_output_flag(smollm2_dir, tmp_path):
+    """The EAGLE-3.1 drafter with `norm_output: false`, as a runtime or converter that drops the flag serves it
+    (P9, P38): first drafts are unchanged, later ones suffer, and the sweep names the flag."""
+    draft = tmp_path / "lost-flag"
+    shutil.copytree(EAGLE31, draft)
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "norm_output": False}))
+    d = _verify(str(draft), smollm2_dir, diagnose=True).diagnosis
+    assert d.verdict == "mismatch" and d.best == "norm_output=True", [r.to_dict() for r in d.results]
+    assert d.fix == 'set "norm_output": true in the draft\'s config.json'
+    by_name = {r.hypothesis.name: r for r in d.results}
+    assert by_name["norm_output=True"].first_draft_prob == pytest.approx(by_name["declared"].first_draft_prob)

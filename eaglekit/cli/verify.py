@@ -181,12 +181,12 @@ def render(doc: dict) -> None:
         table.add_column("τ", justify="right")
         table.add_column("per position")
         table.add_column("first draft right", justify="right")
-        table.add_column("p(target token)", justify="right")
+        table.add_column("teacher-forced τ", justify="right")
         for h in doc["hypotheses"]:
             name = f"[bold]{h['name']}[/]" if h["name"] == doc["diagnosis"]["best"] else h["name"]
             table.add_row(name, str(h["aux_layer_ids"]), f"{h['acceptance_length']:.2f}",
                           _rates(h["per_position_acceptance"]), f"{h['first_draft_accuracy']:.1%}",
-                          f"{h['first_draft_prob']:.3f}")
+                          f"{h['teacher_forced_acceptance_length']:.2f}")
         out.print(table)
         d = doc["diagnosis"]
         style = {"declared": "green", "mismatch": "bold yellow", "broken": "bold red"}[d["verdict"]]

@@ -20,11 +20,11 @@ from eaglekit.verify.metrics import AcceptanceCounter
 MIN_GAIN_ABS = 0.2
 MIN_GAIN_REL = 0.1
 """A hypothesis wins clearly when its τ beats the declared one by max(0.2, 10 %), or when its τ is higher and
-its teacher-forced first drafts give the target's tokens significantly more probability: a paired z over the
-same positions of at least MIN_PAIRED_Z, on at least MIN_PAIRED_SAMPLES positions. τ alone moves by chance on a
-few prompts; the probability of the target's token is the smooth quantity behind acceptance and separates a
-real misreading (say ids off by one layer, whose states differ little) from noise with far fewer tokens than
-τ or hit counts do."""
+its teacher-forced chains accept significantly more: a paired z over the same positions of at least
+MIN_PAIRED_Z, on at least MIN_PAIRED_SAMPLES positions. τ alone moves by chance on a few prompts; the expected
+number of accepted drafts computed from the probabilities the chain gives the target's tokens is the smooth
+quantity behind τ and separates a real misreading (say ids off by one layer, whose states differ little, or a
+flipped norm_output, which only changes drafts after the first) from noise with far fewer tokens."""
 MIN_PAIRED_Z = 4.0
 MIN_PAIRED_SAMPLES = 30
 MAX_PERMUTED_IDS = 4
@@ -48,7 +48,7 @@ class HypothesisResult:
     hypothesis: Hypothesis
     counter: AcceptanceCounter
     first_hits: list[bool] = field(default_factory=list)  # teacher-forced first draft right, per position
-    first_probs: list[float] = field(default_factory=list)  # p(target's token), 0 outside the draft vocab
+    chain_probs: list[list[float]] = field(default_factory=list)  # per position, per depth: p(target's token)
 
     @property
     def first_draft_accuracy(self) -> float:
@@ -56,12 +56,22 @@ class HypothesisResult:
 
     @property
     def first_draft_prob(self) -> float:
-        return sum(self.first_probs) / len(self.first_probs) if self.first_probs else 0.0
+        return sum(c[0] for c in self.chain_probs) / len(self.chain_probs) if self.chain_probs else 0.0
+
+    @property
+    def expected_accepted(self) -> list[float]:
+        """Per position: sum over depths j of p_0 * ... * p_j, the drafts a round starting there expects to keep."""
+        return [expected_accepted(chain) for chain in self.chain_probs]
+
+    @property
+    def teacher_forced_acceptance_length(self) -> float:
+        scores = self.expected_accepted
+        return 1.0 + sum(scores) / len(scores) if scores else 1.0
 
     def paired_z(self, declared: "HypothesisResult") -> tuple[float, int]:
-        """z of the mean per-position gain in the target token's probability over the declared reading, and the
-        number of positions paired."""
-        gains = [a - b for a, b in zip(self.first_probs, declared.first_probs)]
+        """z of the mean per-position gain in expected accepted drafts over the declared reading, and the number
+        of positions paired."""
+        gains = [a - b for a, b in zip(self.expected_accepted, declared.expected_accepted)]
         n = len(gains)
         if n < 2:
             return 0.0, n
@@ -84,6 +94,7 @@ class HypothesisResult:
             "per_position_acceptance": self.counter.per_position,
             "first_draft_accuracy": self.first_draft_accuracy,
             "first_draft_prob": self.first_draft_prob,
+            "teacher_forced_acceptance_length": self.teacher_forced_acceptance_length,
             "first_draft_samples": len(self.first_hits),
         }
 
@@ -137,7 +148,7 @@ class Sweep:
         self.k, self.max_new_tokens, self.eos_ids = k, max_new_tokens, eos_ids
         self.counters = [AcceptanceCounter(k) for _ in self.hyps]
         self.hits: list[list[bool]] = [[] for _ in self.hyps]
-        self.probs: list[list[float]] = [[] for _ in self.hyps]
+        self.chains: list[list[list[float]]] = [[] for _ in self.hyps]
         self._drafters: dict[tuple, object] = {}
 
     def _drafter(self, overrides: tuple[tuple[str, bool], ...]):
@@ -148,28 +159,41 @@ class Sweep:
     def add(self, capture: Capture) -> None:
         prompt = capture.tokens[: capture.prompt_len]
         targets = capture.tokens[capture.prompt_len + 1 :]
-        for hyp, counter, hits, probs in zip(self.hyps, self.counters, self.hits, self.probs):
+        for hyp, counter, hits, chains in zip(self.hyps, self.counters, self.hits, self.chains):
             drafter = self._drafter(hyp.overrides)
             proposer = EagleProposer(drafter, hyp.aux_ids, aux_order=hyp.aux_order,
                                      max_len=len(capture.tokens) + self.k + 2)
             result = speculative_decode(ReplayVerifier(capture, hyp.aux_ids), proposer, prompt, k=self.k,
                                         max_new_tokens=self.max_new_tokens, eos_ids=self.eos_ids)
             counter.merge(result.counter)
-            predictions, target_probs = first_drafts(drafter, capture, hyp)
+            predictions, chain_probs = teacher_forced_chains(drafter, capture, hyp, self.k)
             hits.extend(p == t for p, t in zip(predictions, targets))
-            probs.extend(target_probs)
+            chains.extend(chain_probs)
 
     def results(self) -> list[HypothesisResult]:
-        return [HypothesisResult(h, c, hits, probs)
-                for h, c, hits, probs in zip(self.hyps, self.counters, self.hits, self.probs)]
+        return [HypothesisResult(h, c, hits, chains)
+                for h, c, hits, chains in zip(self.hyps, self.counters, self.hits, self.chains)]
 
 
-def first_drafts(drafter, capture: Capture, hyp: Hypothesis) -> tuple[list[int], list[float]]:
-    """Teacher-forced first drafts along the captured continuation, in one drafter pass: row i pairs state i
-    with token i+1 and predicts token i+2, the first draft of a round that has committed tokens up to i+1.
-    Entry j is about token prompt_len + 1 + j: the drafted token, and the probability the drafter gives the
-    target's actual token (0 when that token is outside the draft vocabulary)."""
+def expected_accepted(chain: Sequence[float]) -> float:
+    total, survive = 0.0, 1.0
+    for p in chain:
+        survive *= p
+        total += survive
+    return total
+
+
+def teacher_forced_chains(drafter, capture: Capture, hyp: Hypothesis, depth: int) -> tuple[list[int], list[list[float]]]:
+    """Teacher-forced draft chains along the captured continuation, unrolled as in training (one drafter pass
+    per depth): row i pairs state i with token i+1 and drafts tokens i+2, i+3, ... as a round that has committed
+    tokens up to i+1 would, had each earlier draft been the target's token.
+
+    Entry j is about the round drafting token prompt_len + 1 + j: its first drafted token, and per depth the
+    probability the drafter gives the target's actual token (0 outside the draft vocabulary or past the end of
+    the capture)."""
     import torch
+
+    from eaglekit.drafter.unroll import unrolled_steps
 
     tokens, start = capture.tokens, capture.prompt_len - 1
     rows = len(tokens) - 2
@@ -179,20 +203,26 @@ def first_drafts(drafter, capture: Capture, hyp: Hypothesis) -> tuple[list[int],
     if hyp.aux_order is not None:
         states = [states[i] for i in hyp.aux_order]
     device = drafter.norm.weight.device
+    known = torch.tensor(tokens, device=device)
     with torch.inference_mode():
         hidden = drafter.combine([s.to(device) for s in states])
-        ids = torch.tensor([tokens[1 : rows + 1]], device=device)
-        out = drafter(ids, hidden, torch.arange(rows, device=device).unsqueeze(0))
-        probs = out.draft_logits[0, start:].float().softmax(-1)
-        vd = probs.shape[-1]
+        ids = torch.tensor([(tokens[1:] + [0] * depth)[: rows + depth - 1]], device=device)
+        vd = drafter.config.draft_vocab_size
         draft_to_target = torch.arange(vd, device=device) if drafter.d2t is None else drafter.draft_ids + drafter.d2t
-        predictions = draft_to_target[probs.argmax(-1)]
-        wanted = torch.tensor(tokens[start + 2 : rows + 2], device=device)
         target_to_draft = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long, device=device)
         target_to_draft[draft_to_target] = torch.arange(vd, device=device)
-        column = target_to_draft[wanted]
-        picked = probs.gather(-1, column.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill(column < 0, 0.0)
-    return predictions.tolist(), picked.tolist()
+        per_depth, first = [], None
+        for j, out in enumerate(unrolled_steps(drafter, ids, hidden, depth, first_row=start)):
+            logits = out.draft_logits[0, start:] if j == 0 else out.draft_logits[0]
+            probs = logits.float().softmax(-1)
+            if j == 0:
+                first = draft_to_target[probs.argmax(-1)]
+            wanted = torch.arange(start, rows, device=device) + 2 + j
+            inside = wanted < len(tokens)
+            column = target_to_draft[known[wanted.clamp(max=len(tokens) - 1)]]
+            picked = probs.gather(-1, column.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            per_depth.append(picked.masked_fill((column < 0) | ~inside, 0.0))
+    return first.tolist(), torch.stack(per_depth, -1).tolist()
 
 
 def _fix(h: Hypothesis) -> str | None:
@@ -217,7 +247,8 @@ def _explain(h: Hypothesis, declared_ids: Sequence[int]) -> str:
     if h.kind == "norm_before_residual":
         return f"the draft was trained with {h.name} but its config says otherwise (P12)"
     if h.kind == "norm_output":
-        return f"the draft was trained with {h.name}: its config flag has the other meaning (P35, P36)"
+        return (f"the draft was trained with {h.name} but its config says otherwise: the flag was lost on the way "
+                "(P9, P38) or meant something else to its producer (P35)")
     return h.name
 
 
@@ -240,7 +271,8 @@ def conclude(results: Sequence[HypothesisResult]) -> Diagnosis:
         h = top.hypothesis
         message = (f"{_explain(h, declared.hypothesis.aux_ids)}: τ {top.counter.acceptance_length:.2f} vs {base:.2f} "
                    f"as declared; first draft right {top.first_draft_accuracy:.1%} vs {declared.first_draft_accuracy:.1%}, "
-                   f"p(target token) {top.first_draft_prob:.3f} vs {declared.first_draft_prob:.3f}")
+                   f"teacher-forced τ {top.teacher_forced_acceptance_length:.2f} vs "
+                   f"{declared.teacher_forced_acceptance_length:.2f}")
         return Diagnosis("mismatch", h.name, message, _fix(h), list(results))
     if best.counter.acceptance_length < 1.1:
         return Diagnosis("broken", "declared", "τ ≈ 1 under every hypothesis: the weights, the head or the vocabulary "
