@@ -120,8 +120,8 @@ def _write_json(path: str, doc: dict) -> None:
         raise OutputError(f"cannot write the report: {exc.strerror or exc}", path) from None
 
 
-def _rates(values) -> str:
-    return "  ".join(f"{v:.2f}" for v in values)
+def _rates(values, sep: str = "  ") -> str:
+    return sep.join(f"{v:.2f}" for v in values)
 
 
 def render(doc: dict) -> None:
@@ -175,18 +175,19 @@ def render(doc: dict) -> None:
     out.print(drift)
 
     if "hypotheses" in doc:
-        table = Table(title="Diagnosis: one target pass, competing readings", title_justify="left")
-        table.add_column("hypothesis")
-        table.add_column("aux ids")
+        table = Table(title="Diagnosis: one target pass, competing readings", title_justify="left",
+                      caption="TF: teacher-forced along the target's continuation", caption_justify="left")
+        table.add_column("hypothesis", no_wrap=True)
+        table.add_column("aux ids", no_wrap=True)
         table.add_column("τ", justify="right")
-        table.add_column("per position")
-        table.add_column("first draft right", justify="right")
-        table.add_column("teacher-forced τ", justify="right")
+        table.add_column("per position", no_wrap=True)
+        table.add_column("TF τ", justify="right")
+        table.add_column("TF 1st ok", justify="right")
         for h in doc["hypotheses"]:
             name = f"[bold]{h['name']}[/]" if h["name"] == doc["diagnosis"]["best"] else h["name"]
-            table.add_row(name, str(h["aux_layer_ids"]), f"{h['acceptance_length']:.2f}",
-                          _rates(h["per_position_acceptance"]), f"{h['first_draft_accuracy']:.1%}",
-                          f"{h['teacher_forced_acceptance_length']:.2f}")
+            table.add_row(name, ",".join(map(str, h["aux_layer_ids"])), f"{h['acceptance_length']:.2f}",
+                          _rates(h["per_position_acceptance"], " "), f"{h['teacher_forced_acceptance_length']:.2f}",
+                          f"{h['first_draft_accuracy']:.0%}")
         out.print(table)
         d = doc["diagnosis"]
         style = {"declared": "green", "mismatch": "bold yellow", "broken": "bold red"}[d["verdict"]]
