@@ -3,7 +3,9 @@
 One captured target pass per prompt (every aux state the hypotheses need) is replayed through the same
 speculative loop for each hypothesis: aux ids as declared, shifted by +1 and -1, the engine default,
 norm_before_residual and norm_output flipped, and the other concatenation orders of an unsorted id list.
-When a reading other than the declared one wins clearly, the report names it and the fix.
+Each reading is also scored teacher-forced on the same positions (draft chains unrolled as in training), which
+pairs the readings position by position. When a reading other than the declared one wins clearly, the report
+names it and the fix.
 """
 
 from __future__ import annotations
