@@ -432,13 +432,19 @@ class Drafter(nn.Module):
             to_target_vocab=self.to_target_vocab,
         )
 
+    def target_token_ids(self) -> torch.Tensor:
+        """[Vd]: the target-vocabulary id of each draft-vocabulary column, arange(Vd) + d2t (identity when Vd == V)."""
+        if self.d2t is None:
+            return torch.arange(self.config.draft_vocab_size, device=self.norm.weight.device)
+        return self.draft_ids + self.d2t
+
     def to_target_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Scatter [..., Vd] into -inf-filled [..., V] at columns arange(Vd) + d2t (vLLM compute_logits)."""
         if self.d2t is None:
             return draft_logits
         full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"))
         # In place into the fresh tensor (autograd allows it): the out-of-place form would copy [..., V] once more.
-        return full.index_copy_(-1, self.draft_ids + self.d2t, draft_logits)
+        return full.index_copy_(-1, self.target_token_ids(), draft_logits)
 
 
 def _unused(name: str) -> bool:

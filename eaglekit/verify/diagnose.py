@@ -209,10 +209,9 @@ def teacher_forced_chains(drafter, capture: Capture, hyp: Hypothesis, depth: int
     with torch.inference_mode():
         hidden = drafter.combine([s.to(device) for s in states])
         ids = torch.tensor([(tokens[1:] + [0] * depth)[: rows + depth - 1]], device=device)
-        vd = drafter.config.draft_vocab_size
-        draft_to_target = torch.arange(vd, device=device) if drafter.d2t is None else drafter.draft_ids + drafter.d2t
+        draft_to_target = drafter.target_token_ids()
         target_to_draft = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long, device=device)
-        target_to_draft[draft_to_target] = torch.arange(vd, device=device)
+        target_to_draft[draft_to_target] = torch.arange(len(draft_to_target), device=device)
         per_depth, first = [], None
         for j, out in enumerate(unrolled_steps(drafter, ids, hidden, depth, first_row=start)):
             logits = out.draft_logits[0, start:] if j == 0 else out.draft_logits[0]

@@ -21,16 +21,13 @@ class EagleProposer:
                  drift: DriftStats | None = None):
         """`aux_order` concatenates the (ascending) target states in another order: a hypothesis about
         checkpoints whose fc columns follow an unsorted id list. `max_len` sizes the draft cache."""
-        import torch
-
         self.drafter = drafter
         self.aux_ids = tuple(sorted(set(aux_ids)))
         self.order = tuple(aux_order) if aux_order is not None else None
         self.max_len = max_len
         self.drift = drift
         self.device = drafter.norm.weight.device
-        d2t = drafter.d2t
-        self._to_target = (torch.arange(d2t.shape[0], device=d2t.device) + d2t).tolist() if d2t is not None else None
+        self._to_target = drafter.target_token_ids().tolist() if drafter.d2t is not None else None
         self.cache = None
         self.committed = 0
         self._last: tuple[Any, Any, Any, Any] | None = None  # draft logits, feedback, hidden fed in, sink
