@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -119,3 +120,18 @@ def test_norm_flag_fix_names_the_config_key():
 def test_tau_near_one_everywhere_is_broken():
     d = conclude([_result("declared", "declared", [0] * 10), _result("aux ids +1", "aux-shift", [0] * 10)])
     assert d.verdict == "broken" and "P1" in d.message
+
+
+def test_rows_carry_the_paired_z_against_the_declared_reading():
+    gains = [0.3, 0.1, 0.2, -0.05] * 10
+    p_declared, p_better = _paired(gains)
+    declared = _result("declared", "declared", [1] * 50, p_declared)
+    better = _result("aux ids +1", "aux-shift", [1] * 49 + [2], p_better, ids=(3, 16, 28))
+    rows = conclude([declared, better]).result_rows()
+    assert (rows[0]["paired_z"], rows[0]["paired_positions"]) == (None, 0)
+    assert rows[1]["paired_z"] == pytest.approx(better.paired_z(declared)[0]) and rows[1]["paired_positions"] == 40
+    # every position gains exactly the same: z is infinite, which JSON cannot carry
+    flat = _result("declared", "declared", [1] * 50, [0.25] * 40)
+    constant = _result("aux ids -1", "aux-shift", [1] * 50, [0.5] * 40, ids=(1, 14, 26))
+    assert constant.paired_z(flat)[0] == math.inf
+    assert conclude([flat, constant]).result_rows()[1]["paired_z"] is None

@@ -176,18 +176,18 @@ def render(doc: dict) -> None:
 
     if "hypotheses" in doc:
         table = Table(title="Diagnosis: one target pass, competing readings", title_justify="left",
-                      caption="TF: teacher-forced along the target's continuation", caption_justify="left")
+                      caption="TF: teacher-forced along the target's continuation; z: paired against the declared reading", caption_justify="left")
         table.add_column("hypothesis", no_wrap=True)
         table.add_column("aux ids", no_wrap=True)
         table.add_column("τ", justify="right")
         table.add_column("per position", no_wrap=True)
         table.add_column("TF τ", justify="right")
-        table.add_column("TF 1st ok", justify="right")
+        table.add_column("z", justify="right")
         for h in doc["hypotheses"]:
             name = f"[bold]{h['name']}[/]" if h["name"] == doc["diagnosis"]["best"] else h["name"]
             table.add_row(name, ",".join(map(str, h["aux_layer_ids"])), f"{h['acceptance_length']:.2f}",
                           _rates(h["per_position_acceptance"], " "), f"{h['teacher_forced_acceptance_length']:.2f}",
-                          f"{h['first_draft_accuracy']:.0%}")
+                          "—" if h["paired_z"] is None else f"{h['paired_z']:+.1f}")
         out.print(table)
         d = doc["diagnosis"]
         style = {"declared": "green", "mismatch": "bold yellow", "broken": "bold red"}[d["verdict"]]

@@ -83,8 +83,10 @@ class HypothesisResult:
             return (0.0 if mean == 0.0 else math.copysign(math.inf, mean)), n
         return mean / math.sqrt(var / n), n
 
-    def to_dict(self) -> dict:
+    def to_dict(self, declared: "HypothesisResult | None" = None) -> dict:
+        """The JSON row; against `declared` it carries the paired z the verdict used (null when not finite)."""
         h = self.hypothesis
+        z, paired = self.paired_z(declared) if declared is not None else (None, 0)
         return {
             "name": h.name,
             "kind": h.kind,
@@ -98,6 +100,8 @@ class HypothesisResult:
             "first_draft_prob": self.first_draft_prob,
             "teacher_forced_acceptance_length": self.teacher_forced_acceptance_length,
             "first_draft_samples": len(self.first_hits),
+            "paired_z": z if z is not None and math.isfinite(z) else None,
+            "paired_positions": paired,
         }
 
 
@@ -108,6 +112,11 @@ class Diagnosis:
     message: str
     fix: str | None = None
     results: list[HypothesisResult] = field(default_factory=list)
+
+    def result_rows(self) -> list[dict]:
+        """Every hypothesis as JSON, each other reading paired against the declared one."""
+        declared = next(r for r in self.results if r.hypothesis.declared)
+        return [r.to_dict(None if r is declared else declared) for r in self.results]
 
 
 def hypotheses(aux_ids: Sequence[int], as_written: Sequence[int] | None, num_layers: int,

@@ -138,6 +138,6 @@ class VerifyReport:
         }
         if self.diagnosis is not None:
             d = self.diagnosis
-            doc["hypotheses"] = [r.to_dict() for r in d.results]
+            doc["hypotheses"] = d.result_rows()
             doc["diagnosis"] = {"verdict": d.verdict, "best": d.best, "message": d.message, "fix": d.fix}
         return doc
