@@ -28,21 +28,20 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
-import random
 import shlex
 import sys
 import time
 from importlib import resources
+from types import SimpleNamespace
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from eaglekit.drafter.model import Drafter, DrafterConfig
-from eaglekit.drafter.unroll import unrolled_steps
+from eaglekit.finetune.train import TrainOptions
+from eaglekit.finetune.train import train as run_training
 from eaglekit.verify.prompts import Prompt, encode, parse_jsonl
 from eaglekit.verify.smollm2 import materialize_smollm2
 from eaglekit.verify.target import load_target
@@ -230,40 +229,9 @@ def draft_vocabulary(labels: torch.Tensor, vocab: int, size: int) -> torch.Tenso
 # ------------------------------------------------------------------ training
 
 
-def batches(offsets: torch.Tensor, batch_tokens: int, rng: random.Random):
-    """Endless batches of similar-length sequences, about `batch_tokens` rows each."""
-    lengths = (offsets[1:] - offsets[:-1]).tolist()
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups, start = [], 0
-    while start < len(order):
-        width = lengths[order[min(len(order) - 1, start)]]
-        size = max(1, batch_tokens // max(width, 1))
-        groups.append(order[start : start + size])
-        start += size
-    while True:
-        rng.shuffle(groups)
-        yield from groups
-
-
-def make_batch(data, seqs: list[int], unroll: int, to_draft: torch.Tensor):
-    offsets, tokens, labels, aux = data["offsets"], data["tokens"], data["labels"], data["aux"]
-    lens = [int(offsets[i + 1] - offsets[i]) for i in seqs]
-    width = max(lens)
-    B = len(seqs)
-    ids = torch.zeros((B, width + unroll), dtype=torch.long)
-    lab = torch.full((B, width + unroll), -100, dtype=torch.long)
-    hid = torch.zeros((B, width, aux.shape[1]), dtype=torch.float32)
-    for row, (i, n) in enumerate(zip(seqs, lens)):
-        lo = int(offsets[i])
-        ids[row, :n] = tokens[lo : lo + n]
-        lab[row, :n] = to_draft[labels[lo : lo + n]]
-        hid[row, :n] = aux[lo : lo + n].float()
-    return ids, lab, hid, width
-
-
 def train(args, data, variant: str, target, chosen: torch.Tensor) -> Drafter:
+    """A fresh drafter warm-started from the target's head, trained by eaglekit's training-time-test loop."""
     torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
     cfg = target.model.config
     config = DrafterConfig(
         hidden_size=cfg.hidden_size, target_hidden_size=cfg.hidden_size, intermediate_size=args.intermediate,
@@ -283,45 +251,16 @@ def train(args, data, variant: str, target, chosen: torch.Tensor) -> Drafter:
         drafter.norm.weight.copy_(target.model.model.norm.weight)
         drafter.fc.weight.zero_()
         drafter.fc.weight[:, -H:].copy_(torch.eye(H, device=device))
-    to_draft = torch.full((target.vocab_size,), -100, dtype=torch.long)
-    to_draft[chosen] = torch.arange(len(chosen))
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    warmup = max(1, args.steps // 20)
+    opts = TrainOptions(steps=args.steps, batch_tokens=args.batch_tokens, depth=args.unroll, lr=args.lr,
+                        seed=args.seed, log_every=25)
+    began = time.time()
 
-    def lr_at(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, args.steps - warmup)))
+    def report(done, record, live):
+        if record is not None:
+            print(f"  {variant} step {done}/{args.steps}: loss {record.loss:.3f}, step-0 top-1 "
+                  f"{record.accuracy[0]:.1%}, {time.time() - began:.0f} s", flush=True)
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    stream = batches(data["offsets"], args.batch_tokens, rng)
-    start, window = time.time(), []
-    for step in range(args.steps):
-        ids, lab, hid, S = (t.to(device) if torch.is_tensor(t) else t
-                            for t in make_batch(data, next(stream), args.unroll, to_draft))
-        loss, correct0 = 0.0, None
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            steps = unrolled_steps(drafter, ids[:, 1:], drafter.combine(hid), args.unroll)
-            for j, out in enumerate(steps):
-                target_ids = lab[:, 1 + j : 1 + j + S]
-                logits = out.draft_logits.float().reshape(-1, len(chosen))
-                loss = loss + F.cross_entropy(logits, target_ids.reshape(-1), ignore_index=-100) * 0.8**j
-                if j == 0:
-                    valid = target_ids.reshape(-1) >= 0
-                    correct0 = (logits.argmax(-1) == target_ids.reshape(-1))[valid].float().mean().item()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        window.append((loss.item(), correct0))
-        if (step + 1) % 25 == 0 or step + 1 == args.steps:
-            mean_loss = sum(w[0] for w in window) / len(window)
-            mean_acc = sum(w[1] for w in window) / len(window)
-            print(f"  {variant} step {step + 1}/{args.steps}: loss {mean_loss:.3f}, step-0 top-1 {mean_acc:.1%}, "
-                  f"{time.time() - start:.0f} s", flush=True)
-            window = []
+    run_training(drafter, SimpleNamespace(**data), opts, on_step=report)
     return drafter
 
 

@@ -11,6 +11,7 @@ import importlib
 import inspect
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -91,11 +92,11 @@ def read_prompts(path: str) -> PromptSet:
     return PromptSet(os.path.splitext(os.path.basename(path))[0], parse_jsonl(text, path))
 
 
-def source_context(tokenizer, num_tokens: int, index: int = 0) -> str:
+def source_context(tokenizer, num_tokens: int, index: int = 0, modules: Sequence[str] = CONTEXT_MODULES) -> str:
     """Exactly `num_tokens` target tokens of standard-library source (module chosen by `index`)."""
     pieces: list[int] = []
-    for step in range(len(CONTEXT_MODULES)):
-        module = importlib.import_module(CONTEXT_MODULES[(index + step) % len(CONTEXT_MODULES)])
+    for step in range(len(modules)):
+        module = importlib.import_module(modules[(index + step) % len(modules)])
         pieces += tokenizer.encode(inspect.getsource(module), add_special_tokens=False)
         if len(pieces) >= num_tokens:
             break
@@ -104,11 +105,14 @@ def source_context(tokenizer, num_tokens: int, index: int = 0) -> str:
     return tokenizer.decode(pieces[:num_tokens])
 
 
-def encode(prompt: Prompt, tokenizer, *, context_tokens: int = 0, index: int = 0) -> list[int]:
-    """Token ids for one prompt (chat template applied to messages), with optional long context prepended."""
+def encode(prompt: Prompt, tokenizer, *, context_tokens: int = 0, index: int = 0,
+           modules: Sequence[str] = CONTEXT_MODULES) -> list[int]:
+    """Token ids for one prompt (chat template applied to messages), with optional long context prepended.
+
+    `modules` are the standard-library modules the context is cut from (training uses others than verify)."""
     if tokenizer is None:
-        raise UsageError("the target has no tokenizer: verify needs one to encode the prompts")
-    context = source_context(tokenizer, context_tokens, index) if context_tokens > 0 else None
+        raise UsageError("the target has no tokenizer: it is needed to encode the prompts")
+    context = source_context(tokenizer, context_tokens, index, modules) if context_tokens > 0 else None
     if prompt.messages is not None and getattr(tokenizer, "chat_template", None):
         messages = [dict(m) for m in prompt.messages]
         if context is not None:

@@ -1,0 +1,243 @@
+"""`eaglekit finetune`: train a draft (typically an upgrade's EAGLE-3.1 warm start) against its target."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import click
+
+from eaglekit.cli.output import emit_json, err, findings_table, format_option, key_value_table, out
+from eaglekit.cli.upgrade import _terminate_cleanly, parse_ids
+from eaglekit.errors import UsageError
+
+EXAMPLES = """
+\b
+Examples:
+  eaglekit upgrade ./eagle3-draft ./draft-31 --target ./SmolLM2-135M-Instruct
+  eaglekit finetune ./draft-31 ./draft-31-tuned --target ./SmolLM2-135M-Instruct --generate 96 --plot
+  eaglekit finetune ./draft-31 ./tuned --target ./Llama-3.1-8B-Instruct --data chats.jsonl --device cuda \\
+      --steps 2000 --checkpoint-every 200
+  torchrun --nproc-per-node 4 -m eaglekit finetune ./draft-31 ./tuned --target ./target --device cuda
+  eaglekit finetune ./draft-31 ./tuned --target ./Kimi-K2.6 --hidden-states ./captured --captured-ids 2,30,58,61
+"""
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise UsageError(f"--eval-context-tokens {text!r}: expected integers such as 0,1024") from None
+    if not values or any(v < 0 for v in values):
+        raise UsageError(f"--eval-context-tokens {text!r}: expected non-negative integers such as 0,1024")
+    return values
+
+
+def _freeze(text: str) -> tuple[str, ...]:
+    return () if text.strip() == "none" else tuple(v for v in text.replace(" ", "").split(",") if v)
+
+
+class _Progress:
+    """A rich bar on a terminal (stage, loss, accuracy, tokens/s, ETA); timestamped log lines otherwise."""
+
+    def __init__(self, enabled: bool, tty: bool, steps: int):
+        self.enabled, self.tty, self.steps = enabled, tty, steps
+        self.bar = self.task = None
+        self.stage = None
+        self.last_line = 0.0
+
+    def __enter__(self):
+        if self.enabled and self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+                TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err,
+                                transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("loading the target", total=None)
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def _log(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last_line >= 10:
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {text}", err=True)
+            self.last_line = now
+
+    def on_stage(self, what: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, description=what, completed=done, total=total or None)
+        else:
+            self._log(f"{what}: {done}/{total}", force=what != self.stage or done == total)
+        self.stage = what
+
+    def on_step(self, done: int, record, live: dict) -> None:
+        if not self.enabled:
+            return
+        text = (f"training: loss {live['loss']:.3f}, depth-0 top-1 {live['accuracy']:.1%}, "
+                f"{live['tokens_per_s']:.0f} tok/s")
+        if self.bar is not None:
+            self.bar.update(self.task, description=text, completed=done, total=self.steps)
+        elif record is not None:
+            acc = " ".join(f"{a:.2f}" for a in record.accuracy)
+            self._log(f"step {done}/{self.steps}: loss {record.loss:.3f}, top-1 by depth {acc}, "
+                      f"{record.tokens_per_s:.0f} tok/s", force=True)
+        self.stage = "training"
+
+
+@click.command("finetune", epilog=EXAMPLES)
+@click.argument("draft")
+@click.argument("out_dir", metavar="OUT")
+@click.option("--target", required=True, help="Target model directory (Hugging Face layout, safetensors).")
+@click.option("--data", "data_file", type=click.Path(dir_okay=False),
+              help="JSONL training text: {\"prompt\"}, {\"messages\"} or {\"text\"} per line (default: the bundled "
+                   "training prompts, disjoint from verify's).")
+@click.option("--data-limit", type=int, help="Use only the first N records.")
+@click.option("--generate", type=int, default=0, show_default=True,
+              help="Append the target's own greedy answer (up to N tokens) to each prompt before capturing.")
+@click.option("--context-tokens", type=int, default=0, show_default=True,
+              help="Prepend this many tokens of standard-library source to every --context-every-th prompt.")
+@click.option("--context-every", type=int, default=4, show_default=True)
+@click.option("--max-length", type=int, default=2048, show_default=True, help="Cut longer sequences.")
+@click.option("--hidden-states", type=click.Path(file_okay=False),
+              help="Aux states captured by vLLM's extract_hidden_states method (a target too big for this process).")
+@click.option("--captured-ids", help="The eagle_aux_hidden_state_layer_ids vLLM captured into --hidden-states "
+                                     "(default: the draft's ids).")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Where captured data is cached (default: ~/.cache/eaglekit/finetune).")
+@click.option("--steps", type=int, default=100, show_default=True)
+@click.option("--batch-tokens", type=int, default=2048, show_default=True, help="Rows per step (global batch).")
+@click.option("--depth", type=int, default=4, show_default=True, help="Unrolled draft steps (training-time test).")
+@click.option("--lr", type=float, default=5e-4, show_default=True, help="Peak learning rate (AdamW).")
+@click.option("--warmup-steps", type=int, help="Linear warm-up steps [default: steps / 20].")
+@click.option("--depth-decay", type=float, default=0.8, show_default=True, help="Loss weight of depth j: decay^j.")
+@click.option("--freeze", default="embed", show_default=True,
+              help="Comma list of groups kept fixed: fc, fc_norm, input_norm, layers, head, embed (or none).")
+@click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
+              help="bf16: autocast compute with fp32 master weights.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N] (under torchrun: one GPU per rank).")
+@click.option("--target-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Target dtype for capture and evaluation.")
+@click.option("--checkpoint-every", type=int, default=0, show_default=True,
+              help="Save a resumable checkpoint every N steps (Ctrl-C always saves one).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+              help="Checkpoint folder [default: OUT.checkpoint, removed after a successful run].")
+@click.option("--resume", is_flag=True, help="Continue from the newest checkpoint of the same run.")
+@click.option("--eval-prompts", type=click.Path(dir_okay=False),
+              help="Held-out prompts for τ before/after (default: verify's bundled coding prompts).")
+@click.option("--eval-limit", type=int, default=8, show_default=True)
+@click.option("--eval-max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--eval-context-tokens", default="0,1024", show_default=True,
+              help="Context settings of the held-out evaluation (comma list; 0 = prompts as they are).")
+@click.option("-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True)
+@click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation.")
+@click.option("--plot", is_flag=False, flag_value="auto", default=None,
+              help="Write a PNG of loss and per-depth accuracy (--plot alone: OUT-finetune.png beside OUT).")
+@click.option("--force", is_flag=True, help="Replace a non-empty OUT (only once the new output is complete).")
+@click.option("--no-progress", is_flag=True, help="No progress on stderr.")
+@format_option
+def finetune_command(draft, out_dir, target, data_file, data_limit, generate, context_tokens, context_every,
+                     max_length, hidden_states, captured_ids, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
+                     depth_decay, freeze, precision, seed, device, target_dtype, checkpoint_every, checkpoint_dir,
+                     resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_context_tokens, k, no_eval, plot,
+                     force, no_progress, output_format):
+    """Fine-tune DRAFT against its target with EAGLE-3's training-time test; write a vLLM-ready draft to OUT.
+
+    Self-distillation: the labels are the target's own greedy tokens, the inputs its aux hidden states (captured
+    once and cached). τ on held-out prompts is measured before and after, short and long context. OUT appears
+    only when complete and validated; the source is never modified.
+    """
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError("finetune needs torch and transformers: pip install 'eaglekit[torch]'") from None
+    from eaglekit.finetune.data import DataOptions
+    from eaglekit.finetune.evaluate import EvalOptions
+    from eaglekit.finetune.run import FinetuneOptions, finetune
+    from eaglekit.finetune.train import TrainOptions
+
+    if plot == "auto":
+        plot = out_dir.rstrip("/\\") + "-finetune.png"
+    if eval_limit < 1 or eval_max_new_tokens < 1 or k < 1:
+        raise UsageError("--eval-limit, --eval-max-new-tokens and -k must be at least 1")
+    opts = FinetuneOptions(
+        target=target,
+        data=DataOptions(data_file=data_file, limit=data_limit, generate=generate, context_tokens=context_tokens,
+                         context_every=context_every, max_length=max_length, hidden_states=hidden_states,
+                         captured_ids=parse_ids(captured_ids), cache_dir=cache_dir),
+        train=TrainOptions(steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps,
+                           depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed),
+        eval=None if no_eval else EvalOptions(prompts_file=eval_prompts, limit=eval_limit,
+                                              max_new_tokens=eval_max_new_tokens, k=k,
+                                              context_tokens=_contexts(eval_context_tokens)),
+        device=device, target_dtype=target_dtype, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+        resume=resume, force=force, plot=plot,
+    )
+    main_rank = os.environ.get("RANK", "0") == "0"
+    with _terminate_cleanly(), _Progress(not no_progress and main_rank, sys.stderr.isatty(), steps) as progress:
+        report = finetune(draft, out_dir, opts, on_stage=progress.on_stage, on_step=progress.on_step)
+    if report.rank:
+        return
+    doc = report.to_dict()
+    if output_format == "json":
+        emit_json(doc)
+    else:
+        render(doc)
+
+
+def _tau(entry: dict) -> str:
+    rates = " ".join(f"{r:.2f}" for r in entry["per_position_acceptance"])
+    return f"{entry['acceptance_length']:.3f}  ({rates})"
+
+
+def render(doc: dict) -> None:
+    training, data = doc["training"], doc["data"]
+    last = training["history"][-1] if training["history"] else None
+    resumed = f", resumed at step {training['resumed_from']}" if training["resumed_from"] is not None else ""
+    rows = [
+        ("source", f"{doc['source']['path']}  (EAGLE-{doc['source']['eagle_version']})"),
+        ("output", doc["output"]["path"]),
+        ("target", doc["target"]),
+        ("data", f"{data['sequences']} sequences, {data['positions']} positions — {data['source']}"
+                 + ("  [dim](cached)[/]" if data["reused"] else "")),
+        ("training", f"{training['steps']} steps in {training['seconds']:.0f} s on {training['world_size']} "
+                     f"process(es){resumed}"),
+    ]
+    if last:
+        rows.append(("final", f"loss {last['loss']:.3f}, top-1 by depth "
+                              + " ".join(f"{a:.2f}" for a in last["accuracy"])
+                              + f", {last['tokens_per_s']:.0f} tok/s"))
+    out.print(key_value_table(rows, title="eaglekit finetune"))
+    evaluation = doc["evaluation"]
+    if evaluation.get("after"):
+        from rich.table import Table
+
+        out.print()
+        table = Table(title=f"Held-out τ: {evaluation['prompts']}", title_justify="left")
+        table.add_column("context", justify="right", no_wrap=True)
+        table.add_column("before", no_wrap=True)
+        table.add_column("after", no_wrap=True)
+        table.add_column("gain", justify="right", no_wrap=True)
+        before = {e["context_tokens"]: e for e in evaluation["before"]}
+        gains = {g["context_tokens"]: g["acceptance_length_gain"] for g in evaluation["gain"]}
+        for entry in evaluation["after"]:
+            c = entry["context_tokens"]
+            style = "green" if gains[c] > 0 else "red"
+            table.add_row(str(c), _tau(before[c]), _tau(entry), f"[{style}]{gains[c]:+.3f}[/]")
+        out.print(table)
+    warnings = [f for f in doc["findings"] if f["severity"] != "info"]
+    if warnings:
+        out.print(findings_table(warnings))
+    for note in doc["notes"]:
+        out.print(f"note: {note}")
+    if doc["plot"]:
+        out.print(f"plot: {doc['plot']}")
+    out.print(f"next: [bold]eaglekit verify {doc['output']['path']} --target {doc['target']}[/]")

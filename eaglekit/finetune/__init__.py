@@ -1,0 +1,1 @@
+"""Recovery fine-tuning of a draft against its target (training-time test)."""

@@ -1,0 +1,268 @@
+"""Self-distillation data: token sequences, the target's greedy token at every position, and its aux states.
+
+One target forward per sequence gives everything training needs: the aux hidden states the draft reads (vLLM
+convention, captured by the target adapter's hooks) and the target's own greedy prediction after each
+position, which is the label. `--generate` first appends the target's greedy answer to each prompt, so the
+text is the target's own (what a served draft sees after the prompt). Captured data is cached on disk under
+a content address (target bytes, aux ids, token ids, options); a cache file is written under a temporary
+name and renamed, so a partial one is never read as complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.verify.prompts import CONTEXT_MODULES, Prompt, encode, parse_jsonl, read_prompts
+
+DATA_FORMAT = "1"
+BUNDLED_DATA = "eaglekit/data/prompts/train.jsonl"
+TRAINING_CONTEXT_MODULES = ("shutil", "tempfile", "logging", "glob", "fnmatch", "locale", "gettext", "tokenize",
+                            "zipfile", "tarfile", "configparser", "optparse", "random", "timeit", "traceback", "copy")
+"""Long-context text for training: never the modules verify's held-out long-context prompts use."""
+assert not set(TRAINING_CONTEXT_MODULES) & set(CONTEXT_MODULES)
+
+Stage = Callable[[str, int, int], None]
+"""on_stage(what, done, total): progress of a long data step."""
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    data_file: str | None = None  # JSONL prompts (verify's format); None: the bundled training prompts
+    limit: int | None = None  # first N records only
+    generate: int = 0  # append the target's greedy answer, up to this many tokens (0: the text as is)
+    context_tokens: int = 0  # long context prepended to every `context_every`-th prompt
+    context_every: int = 4
+    max_length: int = 2048  # longer sequences are cut
+    hidden_states: str | None = None  # states captured elsewhere (vLLM extract_hidden_states files)
+    captured_ids: tuple[int, ...] | None = None  # the layer ids vLLM captured into those files (default: the draft's)
+    cache_dir: str | None = None  # default: $EAGLEKIT_CACHE/finetune or ~/.cache/eaglekit/finetune
+
+    def check(self) -> None:
+        for name in ("generate", "context_tokens"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name.replace('_', '-')} must not be negative")
+        if self.context_every < 1:
+            raise UsageError("--context-every must be at least 1")
+        if self.max_length < 2:
+            raise UsageError("--max-length must be at least 2")
+        if self.limit is not None and self.limit < 1:
+            raise UsageError("--data-limit must be at least 1")
+        if self.hidden_states and (self.data_file or self.generate or self.context_tokens):
+            raise UsageError("--hidden-states brings its own sequences: it cannot be combined with --data, "
+                             "--generate or --context-tokens")
+
+
+@dataclass
+class TrainingData:
+    """Rows of every sequence, concatenated: tokens [N], labels [N], aux [N, K*T] (bf16), offsets [S+1]."""
+
+    tokens: Any
+    labels: Any
+    aux: Any
+    offsets: Any
+    digest: str
+    source: str
+    cache_path: str | None = None
+    reused: bool = False
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def sequences(self) -> int:
+        return int(self.offsets.numel()) - 1
+
+    @property
+    def positions(self) -> int:
+        return int(self.tokens.numel())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "sequences": self.sequences, "positions": self.positions,
+                "sha256": self.digest, "cache": self.cache_path, "reused": self.reused,
+                "seconds": round(self.seconds, 3), "notes": list(self.notes)}
+
+
+def default_cache_dir() -> str:
+    root = os.environ.get("EAGLEKIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "eaglekit")
+    return os.path.join(root, "finetune")
+
+
+def training_prompts(opts: DataOptions) -> tuple[str, tuple[Prompt, ...]]:
+    """(name, prompts) from --data or the bundled training prompts (disjoint from verify's held-out prompts)."""
+    if opts.data_file:
+        prompts = read_prompts(opts.data_file).prompts
+        name = os.path.abspath(opts.data_file)
+    else:
+        text = resources.files("eaglekit").joinpath("data", "prompts", "train.jsonl").read_text(encoding="utf-8")
+        prompts, name = parse_jsonl(text, BUNDLED_DATA), BUNDLED_DATA
+    return name, prompts[: opts.limit] if opts.limit else prompts
+
+
+def encode_all(prompts: Sequence[Prompt], tokenizer, opts: DataOptions, where: str) -> list[list[int]]:
+    """Token ids per prompt; every `context_every`-th one (from the first) gets long context."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        context = opts.context_tokens if opts.context_tokens and i % opts.context_every == 0 else 0
+        ids = encode(prompt, tokenizer, context_tokens=context, index=i, modules=TRAINING_CONTEXT_MODULES)
+        if len(ids) < 2:
+            raise CheckpointError(f"record {i + 1} ({prompt.name!r}) encodes to {len(ids)} token(s); "
+                                  "training needs at least 2", where)
+        out.append(ids[: opts.max_length])
+    return out
+
+
+def target_identity(target_dir: str) -> dict[str, str]:
+    """SHA-256 of the target's config and weight files: what the captured states depend on."""
+    from eaglekit.upgrade.provenance import sha256_file
+
+    names = sorted(n for n in os.listdir(target_dir) if n == "config.json" or n.endswith(".safetensors"))
+    return {n: sha256_file(os.path.join(target_dir, n)) for n in names}
+
+
+def content_address(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def generate_answers(target, prompts: list[list[int]], max_new_tokens: int, *, batch_tokens: int = 8192,
+                     on_stage: Stage | None = None) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (left-padded batches of similar length)."""
+    import torch
+
+    eos = sorted(target.eos_token_ids)
+    pad = eos[0] if eos else 0
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    answers: list[list[int]] = [[] for _ in prompts]
+    done = 0
+    while done < len(order):
+        width = len(prompts[order[done]]) + max_new_tokens
+        size = max(1, batch_tokens // width)
+        idx = order[done : done + size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]):] = 1
+        with torch.inference_mode():
+            out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                                        max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+                                        eos_token_id=eos or None, temperature=None, top_p=None, top_k=None)
+        for row, i in enumerate(idx):
+            tokens = out[row, width:].tolist()
+            stop = next((n for n, t in enumerate(tokens) if t in eos), None)
+            answers[i] = tokens if stop is None else tokens[: stop + 1]
+        done += len(idx)
+        if on_stage:
+            on_stage("generating answers", done, len(order))
+    return answers
+
+
+def capture(target, sequences: list[list[int]], aux_ids: Sequence[int], *,
+            on_stage: Stage | None = None) -> dict[str, Any]:
+    """One target pass per sequence: labels (greedy next token at every position) and aux states (bf16)."""
+    import torch
+
+    ids = tuple(sorted(aux_ids))
+    tokens, labels, aux, offsets = [], [], [], [0]
+    for i, seq in enumerate(sequences):
+        result = target.forward(torch.tensor([seq]), ids)
+        tokens.append(torch.tensor(seq, dtype=torch.long))
+        labels.append(result.logits[0].argmax(-1).to("cpu", torch.long))
+        aux.append(torch.cat([a[0] for a in result.aux], -1).to("cpu", torch.bfloat16))
+        offsets.append(offsets[-1] + len(seq))
+        if on_stage:
+            on_stage("capturing target states", i + 1, len(sequences))
+    return {"tokens": torch.cat(tokens), "labels": torch.cat(labels), "aux": torch.cat(aux),
+            "offsets": torch.tensor(offsets, dtype=torch.long)}
+
+
+def _digest(data: dict[str, Any]) -> str:
+    """SHA-256 of the sequences' bytes (tokens, labels, boundaries) of data read from elsewhere."""
+    digest = hashlib.sha256()
+    for key in ("tokens", "labels", "offsets"):
+        digest.update(data[key].contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _load_cached(path: str, digest: str) -> dict[str, Any] | None:
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
+
+    if not os.path.isfile(path):
+        return None
+    try:
+        with safe_open(path, "pt") as fh:
+            meta = fh.metadata() or {}
+        if meta.get("eaglekit_data") != DATA_FORMAT or meta.get("sha256") != digest:
+            return None
+        data = load_file(path)
+    except (SafetensorError, OSError, ValueError):
+        return None  # unreadable: rebuilt and replaced below
+    if set(data) != {"tokens", "labels", "aux", "offsets"}:
+        return None
+    return data
+
+
+def _save_cached(path: str, digest: str, data: dict[str, Any]) -> None:
+    """Write under a temporary name, then rename: a killed run leaves no file that looks complete."""
+    from safetensors.torch import save_file
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.partial-{os.getpid()}"
+    try:
+        save_file({k: v.contiguous() for k, v in data.items()}, tmp,
+                  metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest})
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOptions, *,
+               on_stage: Stage | None = None) -> TrainingData:
+    """Captured training data for `aux_ids` (vLLM convention), from the cache when the same data was built."""
+    opts.check()
+    started = time.perf_counter()
+    if opts.hidden_states:
+        from eaglekit.finetune.hidden_states import read_captured_states
+
+        data = read_captured_states(opts.hidden_states, aux_ids, captured_ids=opts.captured_ids)
+        return TrainingData(**data, digest=_digest(data), source=os.path.abspath(opts.hidden_states),
+                            seconds=time.perf_counter() - started)
+
+    name, prompts = training_prompts(opts)
+    if on_stage:
+        on_stage("encoding prompts", 0, len(prompts))
+    sequences = encode_all(prompts, target.tokenizer, opts, name)
+    digest = content_address({
+        "format": DATA_FORMAT, "target": target_identity(target_dir), "dtype": str(target.dtype),
+        "aux_ids": sorted(int(i) for i in aux_ids), "generate": opts.generate, "max_length": opts.max_length,
+        "sequences": hashlib.sha256(json.dumps(sequences).encode()).hexdigest(),
+    })
+    cache_dir = opts.cache_dir or default_cache_dir()
+    path = os.path.join(cache_dir, f"{digest}.safetensors")
+    data = _load_cached(path, digest)
+    reused, notes = data is not None, []
+    if data is None:
+        if opts.generate:
+            answers = generate_answers(target, sequences, opts.generate, on_stage=on_stage)
+            sequences = [(p + a)[: opts.max_length] for p, a in zip(sequences, answers)]
+        data = capture(target, sequences, aux_ids, on_stage=on_stage)
+        try:
+            _save_cached(path, digest, data)
+        except OSError as exc:  # training goes on without a cache
+            notes.append(f"captured data not cached ({exc.strerror or exc})")
+            path = None
+    source = name + (f", target answers up to {opts.generate} tokens" if opts.generate else "")
+    if opts.context_tokens:
+        source += f", {opts.context_tokens} tokens of context on every {opts.context_every}th"
+    return TrainingData(**data, digest=digest, source=source, cache_path=path, reused=reused,
+                        seconds=time.perf_counter() - started, notes=notes)

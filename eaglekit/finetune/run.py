@@ -1,0 +1,338 @@
+"""`finetune`: capture (or reuse) self-distillation data, evaluate, train, evaluate, write a vLLM-ready draft.
+
+The output keeps the source's layout, config and every tensor that was not trained byte for byte; trained
+tensors are written in their source dtype. It is built in a staging directory, validated as vLLM will read
+it, and only then moved into place, so a failed or killed run leaves no output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from eaglekit import __version__
+from eaglekit.errors import CheckpointError, OutputError, UsageError
+from eaglekit.families import apply_target, load_draft
+from eaglekit.finetune.data import DataOptions, TrainingData, build_data, target_identity
+from eaglekit.finetune.evaluate import Acceptance, EvalOptions, acceptance, held_out_prompts
+from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo, read_target
+
+Stage = Callable[[str, int, int], None]
+WRITABLE_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+@dataclass(frozen=True)
+class FinetuneOptions:
+    target: str
+    data: DataOptions = DataOptions()
+    train: Any = None  # eaglekit.finetune.train.TrainOptions (imported lazily: it needs torch)
+    eval: EvalOptions | None = EvalOptions()
+    device: str = "cpu"
+    target_dtype: str = "float32"  # the target's dtype for capture and evaluation
+    checkpoint_dir: str | None = None  # default: DST + ".checkpoint" (removed after a successful run)
+    checkpoint_every: int = 0
+    resume: bool = False
+    force: bool = False
+    plot: str | None = None  # PNG path of the loss and per-depth accuracy curves
+
+
+@dataclass
+class FinetuneReport:
+    source: dict[str, Any]
+    output: dict[str, Any]
+    target: str
+    data: dict[str, Any]
+    training: dict[str, Any]
+    options: dict[str, Any]
+    evaluation: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    evaluation_prompts: str | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    plot: str | None = None
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    rank: int = 0  # under torchrun only rank 0 evaluates, writes and reports
+
+    def gains(self) -> list[dict[str, Any]]:
+        """τ after minus τ before, per context setting."""
+        before = {e["context_tokens"]: e for e in self.evaluation.get("before", [])}
+        return [{"context_tokens": a["context_tokens"],
+                 "acceptance_length_gain": round(a["acceptance_length"] - before[a["context_tokens"]]["acceptance_length"], 4)}
+                for a in self.evaluation.get("after", []) if a["context_tokens"] in before]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "eaglekit_version": __version__, "source": self.source, "output": self.output, "target": self.target,
+            "data": self.data, "training": self.training, "options": self.options,
+            "evaluation": {**self.evaluation, "prompts": self.evaluation_prompts, "gain": self.gains()},
+            "findings": self.findings, "plot": self.plot, "notes": self.notes,
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+        }
+
+
+def _check_paths(src: str, dst: str) -> None:
+    s, d = os.path.realpath(src), os.path.realpath(dst)
+    if s == d or d.startswith(s + os.sep) or s.startswith(d + os.sep):
+        raise UsageError(f"output {dst} overlaps the source {src}: the source is never modified; choose another "
+                         "directory")
+
+
+def _source_spec(source: str, info: TargetInfo) -> DraftSpec:
+    spec = load_draft(source, target=info)
+    if spec.family != "vllm":
+        raise UsageError(f"finetune trains drafts in vLLM's layout; this one reads as {spec.family}: run "
+                         f"`eaglekit upgrade {source} DIR` first and fine-tune DIR", spec.path)
+    spec = apply_target(spec, info)
+    if spec.aux.ids is None:
+        raise CheckpointError("the draft records no aux layer ids, so the states to train on are unknown", spec.path)
+    odd = sorted({r.dtype for r in spec.tensors.values() if r.dtype not in WRITABLE_DTYPES and r.dtype[0] == "F"})
+    if odd:
+        raise CheckpointError(f"{odd[0]} tensors cannot be fine-tuned (only F32 / BF16 / F16 drafts)", spec.path)
+    return spec
+
+
+def _target_tensor(target_dir: str, names: tuple[str, ...]):
+    """One tensor straight from the target's safetensors (the embedding a draft borrows), without the model."""
+    from safetensors import safe_open
+
+    index = os.path.join(target_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as fh:
+            weight_map = json.load(fh).get("weight_map", {})
+    else:
+        weight_map = {n: "model.safetensors" for n in names}
+    for name in names:
+        path = os.path.join(target_dir, str(weight_map.get(name, "")))
+        if os.path.isfile(path):
+            with safe_open(path, "pt") as fh:
+                if name in fh.keys():
+                    return fh.get_tensor(name)
+    raise CheckpointError(f"the target has none of {', '.join(names)}", target_dir)
+
+
+def _fingerprint(spec: DraftSpec, data: TrainingData, opts: FinetuneOptions) -> str:
+    from dataclasses import asdict
+
+    from eaglekit.finetune.data import content_address
+    from eaglekit.upgrade.provenance import hash_files
+
+    return content_address({"source": hash_files(spec.path, list(spec.files) + ["config.json"]),
+                            "data": data.digest, "train": asdict(opts.train)})
+
+
+def _evaluate(target, drafter, aux_ids, opts: EvalOptions, label: str, on_stage: Stage | None) -> list[Acceptance]:
+    _, prompts = held_out_prompts(opts)
+    results = []
+    for context in opts.context_tokens:
+        what = f"held-out τ {label}" + (f", +{context} tokens of context" if context else "")
+        results.append(acceptance(target, drafter, aux_ids, prompts, opts, context,
+                                  on_prompt=(lambda d, n, w=what: on_stage(w, d, n)) if on_stage else None))
+    return results
+
+
+def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: TrainingData, result,
+                hashes: dict[str, str], target_files: dict[str, str] | None) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    previous = spec.config.get("eaglekit")
+    last = result.history[-1] if result.history else None
+    return {
+        "version": __version__, "command": "finetune", "function": "trained", "source": source,
+        "source_eagle_version": spec.eagle_version, "source_files": hashes,
+        "source_provenance": previous if isinstance(previous, dict) else None,
+        "target": opts.target, "target_files": target_files,
+        "data": {"source": data.source, "sha256": data.digest, "sequences": data.sequences,
+                 "positions": data.positions},
+        "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts.train).items()},
+        "steps": result.steps, "trained_tensors": list(result.trained), "world_size": result.world_size,
+        "final_loss": round(last.loss, 6) if last else None,
+        "final_accuracy": [round(a, 4) for a in last.accuracy] if last else None,
+    }
+
+
+def _out_tensors(spec: DraftSpec, drafter, trained: set[str]):
+    """Every source tensor under its source name: trained ones from the drafter, the rest copied verbatim."""
+    import torch
+
+    from eaglekit.io.writer import ByteRange, OutTensor
+
+    params = dict(drafter.named_parameters())
+    tensors = []
+    for name, ref in sorted(spec.tensors.items(), key=lambda kv: kv[1].source_name):
+        if name in trained:
+            value = params[name].detach().to("cpu", getattr(torch, WRITABLE_DTYPES[ref.dtype]))
+            if not bool(torch.isfinite(value).all()):
+                raise OutputError(f"trained {name} has values that overflow {ref.dtype} (or are not finite): "
+                                  "lower --lr or train in fp32", spec.path)
+
+            def chunks(v=value):
+                yield v.contiguous().view(torch.uint8).numpy().tobytes()
+
+            tensors.append(OutTensor(ref.source_name, ref.dtype, tuple(ref.shape), chunks))
+        else:
+            tensors.append(OutTensor(ref.source_name, ref.dtype, tuple(ref.shape),
+                                     ByteRange(os.path.join(spec.path, ref.file), ref.data_start, ref.data_end)))
+    return tensors
+
+
+def _check_output(path: str, spec: DraftSpec, info: TargetInfo) -> list[dict[str, Any]]:
+    """The written draft read back: same flags, ids and tensor set as the source, and vLLM's rules pass."""
+    from eaglekit.rules import run_rules
+
+    out = apply_target(load_draft(path, target=info), info)
+    problems = []
+    if out.aux.ids != spec.aux.ids:
+        problems.append(f"aux ids read back as {out.aux.ids}, the source has {spec.aux.ids}")
+    if out.flags != spec.flags:
+        problems.append(f"flags read back as {out.flags}, the source has {spec.flags}")
+    if set(out.tensors) != set(spec.tensors):
+        problems.append("the tensor set differs from the source's")
+    if problems:
+        raise OutputError(f"the fine-tuned draft does not read back as written, nothing was written: {problems[0]}",
+                          path)
+    findings = [f.to_dict() for f in run_rules(out, target=info, engine="vllm").findings]
+    errors = [f for f in findings if f["severity"] == "error"]
+    if errors:
+        raise OutputError(f"the fine-tuned draft fails validation, nothing was written: [{errors[0]['code']}] "
+                          f"{errors[0]['message']}", path)
+    return findings
+
+
+def _write(destination: str, spec: DraftSpec, drafter, trained: set[str], provenance: dict[str, Any],
+           info: TargetInfo, force: bool) -> tuple[list[str], list[dict[str, Any]]]:
+    from eaglekit.io.writer import StagedDirectory, write_checkpoint_weights, write_json
+
+    metadata = {"format": "pt", "eaglekit": json.dumps(provenance, sort_keys=True)}
+    config = {**spec.config, "eaglekit": provenance}
+    stage = StagedDirectory(destination, force=force)
+    with stage:
+        write_checkpoint_weights(stage.path, _out_tensors(spec, drafter, trained), metadata)
+        write_json(os.path.join(stage.path, "config.json"), config)
+        findings = _check_output(stage.path, spec, info)
+        stage.publish()
+    return sorted(os.listdir(stage.dst)), findings
+
+
+def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: Stage | None = None,
+             on_step=None) -> FinetuneReport:
+    """Fine-tune `source` against `opts.target` with the training-time test; write the result to `destination`."""
+    import torch
+
+    from eaglekit.drafter.model import Drafter
+    from eaglekit.finetune.train import Checkpoints, TrainOptions, barrier, init_distributed, train
+    from eaglekit.io.writer import StagedDirectory
+    from eaglekit.upgrade.provenance import hash_files
+    from eaglekit.verify.target import load_target, resolve_device
+
+    started = time.perf_counter()
+    train_opts = opts.train or TrainOptions()
+    opts = FinetuneOptions(**{**opts.__dict__, "train": train_opts})
+    train_opts.check()
+    opts.data.check()
+    info = read_target(opts.target)
+    spec = _source_spec(source, info)
+    _check_paths(spec.path, destination)
+    StagedDirectory(destination, force=opts.force).check()
+    device = torch.device(resolve_device(opts.device))
+    ranks = init_distributed(device)
+    if ranks.world > 1 and device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", ranks.rank)))
+    timings: dict[str, float] = {}
+    notes: list[str] = []
+
+    t = time.perf_counter()
+    hidden_states_mode = bool(opts.data.hidden_states)
+    target = None if hidden_states_mode else load_target(opts.target, device=str(device), dtype=opts.target_dtype)
+    if target is not None and target.num_layers != info.num_layers:
+        raise CheckpointError(f"target has {target.num_layers} layers, its config says {info.num_layers}", opts.target)
+    aux_ids = tuple(sorted(spec.aux.ids))
+    if ranks.main:
+        data = build_data(target, opts.target, aux_ids, opts.data, on_stage=on_stage)
+    barrier(ranks)
+    if not ranks.main:  # the main rank has just cached it
+        data = build_data(target, opts.target, aux_ids, opts.data)
+    timings["data_s"] = time.perf_counter() - t
+    k_t = data.aux.shape[1]
+    if k_t != len(aux_ids) * info.hidden_size:
+        raise CheckpointError(f"captured states are {k_t} wide, the draft reads {len(aux_ids)} × {info.hidden_size}",
+                              opts.data.hidden_states or opts.target)
+
+    if target is not None:
+        embed, head = target.embed_tokens, target.lm_head
+    else:
+        embed = None if spec.has_embed_tokens else _target_tensor(opts.target, ("model.embed_tokens.weight",))
+        head = None if spec.has_lm_head else _target_tensor(opts.target, ("lm_head.weight",))
+    drafter = Drafter.from_spec(spec, device=device, dtype=torch.float32, embed_tokens=embed, lm_head=head)
+
+    evaluation: dict[str, list[dict[str, Any]]] = {}
+    eval_opts = opts.eval if target is not None else None
+    if opts.eval is not None and target is None:
+        notes.append(f"held-out evaluation skipped (--hidden-states: the target is not loaded); measure with "
+                     f"`eaglekit verify {destination} --target {opts.target}`")
+    if eval_opts is not None and ranks.main:
+        t = time.perf_counter()
+        evaluation["before"] = [a.to_dict() for a in _evaluate(target, drafter, aux_ids, eval_opts, "before", on_stage)]
+        timings["eval_before_s"] = time.perf_counter() - t
+
+    checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
+    checkpoints = Checkpoints(checkpoint_dir, opts.checkpoint_every, _fingerprint(spec, data, opts))
+    t = time.perf_counter()
+    drafter.train()
+    result = train(drafter, data, train_opts, ranks=ranks, checkpoints=checkpoints, resume=opts.resume,
+                   on_step=on_step)
+    drafter.eval()
+    timings["train_s"] = time.perf_counter() - t
+    report = FinetuneReport(
+        source={"path": spec.path, "given": source, "family": spec.family, "eagle_version": spec.eagle_version},
+        output={"path": os.path.abspath(destination), "files": []}, target=opts.target, data=data.to_dict(),
+        training=result.to_dict(), options=_options_dict(opts), notes=notes + list(data.notes), rank=ranks.rank)
+    if not ranks.main:
+        return report
+
+    if eval_opts is not None:
+        t = time.perf_counter()
+        evaluation["after"] = [a.to_dict() for a in _evaluate(target, drafter, aux_ids, eval_opts, "after", on_stage)]
+        timings["eval_after_s"] = time.perf_counter() - t
+        _, prompts = held_out_prompts(eval_opts)
+        report.evaluation_prompts = f"{held_out_prompts(eval_opts)[0]} ({len(prompts)} prompts, k={eval_opts.k}, " \
+                                    f"{eval_opts.max_new_tokens} new tokens)"
+    report.evaluation = evaluation
+
+    t = time.perf_counter()
+    if on_stage:
+        on_stage("writing and validating the output", 0, 1)
+    hashes = hash_files(spec.path, list(spec.files) + ["config.json"])
+    target_files = None if hidden_states_mode else target_identity(opts.target)
+    provenance = _provenance(source, spec, opts, data, result, hashes, target_files)
+    report.output["files"], report.findings = _write(destination, spec, drafter, set(result.trained), provenance,
+                                                     info, opts.force)
+    timings["write_s"] = time.perf_counter() - t
+    if opts.plot:
+        from eaglekit.finetune.plot import plot_history
+
+        report.plot = plot_history(result.history, opts.plot, title=os.path.basename(os.path.abspath(destination)))
+    if not opts.checkpoint_dir:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    timings["total_s"] = time.perf_counter() - started
+    report.timings = timings
+    return report
+
+
+def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    def plain(v):
+        return list(v) if isinstance(v, tuple) else v
+
+    return {
+        "data": {k: plain(v) for k, v in asdict(opts.data).items()},
+        "train": {k: plain(v) for k, v in asdict(opts.train).items()},
+        "eval": {k: plain(v) for k, v in asdict(opts.eval).items()} if opts.eval else None,
+        "device": opts.device, "target_dtype": opts.target_dtype, "checkpoint_every": opts.checkpoint_every,
+        "resume": opts.resume,
+    }

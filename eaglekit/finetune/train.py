@@ -1,0 +1,435 @@
+"""EAGLE-3's training-time test as a training loop: unrolled objective, AdamW, checkpoints, data parallel.
+
+Each batch is unrolled `depth` steps (eaglekit.drafter.unroll): step 0 reads the target's states, step j the
+drafter's own fed-back state of step j-1 at the same row, so the drafter learns the function it runs at
+inference, including EAGLE-3.1's norm_output recurrence. The loss of depth j is the cross-entropy against the
+target's greedy token over the draft vocabulary, weighted `depth_decay**j`.
+
+Data parallel runs under `torchrun` with `torch.distributed` (gloo on CPU, NCCL on CUDA) and
+DistributedDataParallel: every rank draws the same global batch and takes its share of the sequences; each
+depth's loss is normalised by the global count of labelled rows, so N processes step exactly as one process
+would on the whole batch. Checkpoints are safetensors plus JSON (nothing is pickled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglekit.drafter.model import Drafter
+from eaglekit.drafter.unroll import unrolled_steps
+from eaglekit.errors import CheckpointError, EaglekitError, UsageError
+
+IGNORE = -100
+CHECKPOINT_FORMAT = "1"
+FREEZE_GROUPS: dict[str, tuple[str, ...]] = {
+    "fc": ("fc.",),
+    "fc_norm": ("fc_norm.",),
+    "input_norm": ("input_norm.",),
+    "layers": ("layers.",),
+    "head": ("lm_head.", "norm."),
+    "embed": ("embed_tokens.",),
+}
+"""--freeze groups by canonical tensor-name prefix. A borrowed target embedding or head is never trained."""
+PRECISIONS = ("bf16", "fp32")
+
+
+class TrainingInterrupted(EaglekitError):
+    """Ctrl-C during training: the last finished step was saved as a resumable checkpoint."""
+
+    exit_code = 130
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    steps: int = 100
+    batch_tokens: int = 2048
+    depth: int = 4  # unrolled draft steps per batch (training-time test length)
+    lr: float = 5e-4
+    warmup_steps: int | None = None  # default: steps // 20 (at least 1)
+    min_lr_ratio: float = 0.1  # the cosine ends at lr * this
+    depth_decay: float = 0.8  # loss weight of depth j
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    max_grad_norm: float = 1.0
+    freeze: tuple[str, ...] = ("embed",)  # a draft's own embedding stays as the target's copy, as EAGLE trains it
+    precision: str = "bf16"  # bf16: autocast compute, fp32 master weights; fp32: everything fp32
+    seed: int = 0
+    log_every: int = 10
+
+    def check(self) -> None:
+        positive = {"steps": self.steps, "batch_tokens": self.batch_tokens, "depth": self.depth,
+                    "log_every": self.log_every}
+        for name, value in positive.items():
+            if value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise UsageError("--lr must be a positive number")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        unknown = sorted(set(self.freeze) - set(FREEZE_GROUPS))
+        if unknown:
+            raise UsageError(f"--freeze {','.join(unknown)}: unknown group; known: {', '.join(FREEZE_GROUPS)}")
+        if self.warmup_steps is not None and not 0 <= self.warmup_steps <= self.steps:
+            raise UsageError("--warmup-steps must lie between 0 and --steps")
+
+    @property
+    def warmup(self) -> int:
+        return max(1, self.steps // 20) if self.warmup_steps is None else max(1, self.warmup_steps)
+
+    def lr_factor(self, step: int) -> float:
+        """Linear warm-up, then a cosine from 1 down to min_lr_ratio over the remaining steps."""
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass
+class StepRecord:
+    step: int  # steps done
+    loss: float
+    accuracy: list[float]  # teacher-forced top-1 per depth, over the last `log_every` steps
+    lr: float
+    tokens_per_s: float
+    seconds: float
+
+
+@dataclass
+class TrainResult:
+    history: list[StepRecord]
+    steps: int
+    resumed_from: int | None
+    trained: list[str]  # canonical names of the tensors that were trained
+    world_size: int
+    seconds: float
+    positions_seen: int = 0
+    label_coverage: float = 1.0  # share of the target's greedy tokens inside the draft vocabulary
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "resumed_from": self.resumed_from, "trained_tensors": list(self.trained),
+                "world_size": self.world_size, "seconds": round(self.seconds, 3),
+                "positions_seen": self.positions_seen, "label_coverage": round(self.label_coverage, 4),
+                "history": [asdict(r) for r in self.history]}
+
+
+# ------------------------------------------------------------------ batches
+
+
+def batch_groups(offsets: torch.Tensor, batch_tokens: int, rng: random.Random) -> Iterator[list[int]]:
+    """Endless global batches of similar-length sequences, about `batch_tokens` rows each, reshuffled per epoch."""
+    lengths = (offsets[1:] - offsets[:-1]).tolist()
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups, start = [], 0
+    while start < len(order):
+        width = lengths[order[min(len(order) - 1, start)]]
+        size = max(1, batch_tokens // max(width, 1))
+        groups.append(order[start : start + size])
+        start += size
+    while True:
+        rng.shuffle(groups)
+        yield from groups
+
+
+def make_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor, *, mask_labels: bool = False):
+    """(input ids [B, W+depth], draft-vocab labels [B, W+depth], aux [B, W, K*T] fp32, W), right-padded."""
+    offsets, tokens, labels, aux = data.offsets, data.tokens, data.labels, data.aux
+    lens = [int(offsets[i + 1] - offsets[i]) for i in seqs]
+    width = max(lens)
+    ids = torch.zeros((len(seqs), width + depth), dtype=torch.long)
+    lab = torch.full((len(seqs), width + depth), IGNORE, dtype=torch.long)
+    hid = torch.zeros((len(seqs), width, aux.shape[1]), dtype=torch.float32)
+    for row, (i, n) in enumerate(zip(seqs, lens)):
+        lo = int(offsets[i])
+        ids[row, :n] = tokens[lo : lo + n]
+        if not mask_labels:
+            lab[row, :n] = to_draft[labels[lo : lo + n]]
+        hid[row, :n] = aux[lo : lo + n].float()
+    return ids, lab, hid, width
+
+
+def draft_label_map(drafter: Drafter) -> torch.Tensor:
+    """Target id -> draft id (IGNORE for tokens outside the draft vocabulary)."""
+    to_target = drafter.target_token_ids().cpu()
+    to_draft = torch.full((drafter.config.vocab_size,), IGNORE, dtype=torch.long)
+    to_draft[to_target] = torch.arange(len(to_target))
+    return to_draft
+
+
+def label_counts(labels: torch.Tensor, depth: int, width: int) -> torch.Tensor:
+    """Labelled rows per depth (step j at row i is scored against labels[i + 1 + j])."""
+    return torch.stack([(labels[:, 1 + j : 1 + j + width] != IGNORE).sum() for j in range(depth)])
+
+
+class UnrolledObjective(nn.Module):
+    """One forward = the whole unrolled training-time test of a batch (so DDP sees one forward per backward)."""
+
+    def __init__(self, drafter: Drafter, depth: int, depth_decay: float):
+        super().__init__()
+        self.drafter = drafter
+        self.depth = depth
+        self.depth_decay = depth_decay
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor):
+        """loss (each depth's CE summed over rows / `counts[j]`, weighted) and correct top-1 counts per depth."""
+        width = aux.shape[1]
+        vd = self.drafter.config.draft_vocab_size
+        loss = aux.new_zeros((), dtype=torch.float32)
+        correct = []
+        steps = unrolled_steps(self.drafter, ids[:, 1:], self.drafter.combine(aux), self.depth)
+        for j, out in enumerate(steps):
+            target = labels[:, 1 + j : 1 + j + width].reshape(-1)
+            logits = out.draft_logits.float().reshape(-1, vd)
+            ce = F.cross_entropy(logits, target, ignore_index=IGNORE, reduction="sum")
+            loss = loss + ce / counts[j].clamp_min(1) * self.depth_decay**j
+            correct.append(((logits.argmax(-1) == target) & (target != IGNORE)).sum())
+        return loss, torch.stack(correct)
+
+
+# ------------------------------------------------------------------ distributed
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: torch.device) -> Ranks:
+    """Join the process group torchrun describes (WORLD_SIZE > 1); a single process otherwise."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Ranks()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Ranks(dist.get_rank(), dist.get_world_size())
+
+
+def _all_reduce(tensor: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    if ranks.world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def barrier(ranks: Ranks) -> None:
+    if ranks.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    directory: str | None
+    every: int = 0  # 0: only on Ctrl-C
+    fingerprint: str = ""  # source, data and options: a checkpoint of another run is refused
+
+
+def _latest(directory: str) -> str | None:
+    if not os.path.isdir(directory):
+        return None
+    steps = sorted((int(n[5:]), n) for n in os.listdir(directory) if n.startswith("step-") and n[5:].isdigit())
+    return os.path.join(directory, steps[-1][1]) if steps else None
+
+
+def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
+                    history: list[StepRecord]) -> str:
+    """step-N/ with trainable weights, AdamW moments and state.json; written aside, renamed, older ones removed."""
+    from safetensors.torch import save_file
+
+    assert ck.directory is not None
+    os.makedirs(ck.directory, exist_ok=True)
+    final = os.path.join(ck.directory, f"step-{step:07d}")
+    tmp = f"{final}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    moments: dict[str, torch.Tensor] = {}
+    for name, p in params.items():
+        for key, value in optimizer.state.get(p, {}).items():
+            moments[f"{name}::{key}"] = value.detach().reshape(value.shape).to("cpu").contiguous()
+    save_file({n: p.detach().to("cpu").contiguous() for n, p in params.items()}, os.path.join(tmp, "weights.safetensors"))
+    save_file(moments, os.path.join(tmp, "optimizer.safetensors"))
+    with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as fh:
+        json.dump({"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": ck.fingerprint,
+                   "history": [asdict(r) for r in history]}, fh, indent=1)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    for name in os.listdir(ck.directory):
+        path = os.path.join(ck.directory, name)
+        if name.startswith("step-") and path != final:
+            shutil.rmtree(path, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer
+                    ) -> tuple[int, list[StepRecord]]:
+    """Restore the newest checkpoint in place; (step, history). Refuses one written for another run."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = _latest(ck.directory) if ck.directory else None
+    if path is None:
+        raise UsageError("--resume: no checkpoint to resume from", ck.directory)
+    try:
+        with open(os.path.join(path, "state.json"), encoding="utf-8") as fh:
+            state = json.load(fh)
+        weights = load_file(os.path.join(path, "weights.safetensors"))
+        moments = load_file(os.path.join(path, "optimizer.safetensors"))
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise CheckpointError(f"unreadable checkpoint ({exc})".splitlines()[0], path) from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError("not an eaglekit finetune checkpoint", path)
+    if state.get("fingerprint") != ck.fingerprint:
+        raise UsageError("--resume: this checkpoint belongs to another run (different source draft, data or "
+                         "training options); rerun with the same ones or choose another --checkpoint-dir", path)
+    if set(weights) != set(params):
+        raise CheckpointError("checkpoint holds other tensors than this run trains", path)
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(weights[name])
+            state_p = {key.split("::", 1)[1]: value.to(p.device) for key, value in moments.items()
+                       if key.split("::", 1)[0] == name}
+            if state_p:
+                optimizer.state[p] = state_p
+    history = [StepRecord(**r) for r in state.get("history", [])]
+    return int(state["step"]), history
+
+
+# ------------------------------------------------------------------ the loop
+
+
+class _Window:
+    """Running means over the steps since the last history record."""
+
+    def __init__(self, depth: int):
+        self.hits = torch.zeros(depth, dtype=torch.float64)
+        self.labelled = torch.zeros(depth, dtype=torch.float64)
+        self.loss, self.rows, self.seconds, self.steps = 0.0, 0, 0.0, 0
+
+    def add(self, loss: float, hits: torch.Tensor, labelled: torch.Tensor, rows: int, seconds: float) -> None:
+        self.hits += hits
+        self.labelled += labelled
+        self.loss, self.rows = self.loss + loss, self.rows + rows
+        self.seconds, self.steps = self.seconds + seconds, self.steps + 1
+
+    def record(self, step: int, lr: float, elapsed: float) -> StepRecord:
+        return StepRecord(step=step, loss=self.loss / self.steps,
+                          accuracy=[float(v) for v in self.hits / self.labelled.clamp_min(1)], lr=lr,
+                          tokens_per_s=self.rows / self.seconds, seconds=elapsed)
+
+
+def trainable_parameters(drafter: Drafter, freeze: Sequence[str]) -> dict[str, nn.Parameter]:
+    """Parameters left trainable after --freeze (the others get requires_grad=False)."""
+    prefixes = tuple(p for group in freeze for p in FREEZE_GROUPS[group])
+    params = {}
+    for name, p in drafter.named_parameters():
+        p.requires_grad_(not name.startswith(prefixes))
+        if p.requires_grad:
+            params[name] = p
+    if not params:
+        raise UsageError(f"--freeze {','.join(freeze)} leaves nothing to train")
+    return params
+
+
+def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
+          checkpoints: Checkpoints = Checkpoints(None), resume: bool = False,
+          on_step: Callable[[int, StepRecord | None, dict[str, float]], None] | None = None) -> TrainResult:
+    """Train `drafter` in place on `data` (eaglekit.finetune.data.TrainingData); returns the loss history.
+
+    `on_step(done, record_or_None, live)` is called after every step; `live` holds the step's loss, first-depth
+    accuracy and tokens/s (for a progress bar), `record` is set every `log_every` steps and at the end."""
+    opts.check()
+    torch.manual_seed(opts.seed)
+    rng = random.Random(opts.seed)
+    device = drafter.norm.weight.device
+    params = trainable_parameters(drafter, opts.freeze)
+    optimizer = torch.optim.AdamW(list(params.values()), lr=opts.lr, weight_decay=opts.weight_decay,
+                                  betas=opts.betas)
+    objective: nn.Module = UnrolledObjective(drafter, opts.depth, opts.depth_decay)
+    if ranks.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        objective = DistributedDataParallel(objective, broadcast_buffers=False,
+                                            device_ids=[device.index] if device.type == "cuda" else None)
+    to_draft = draft_label_map(drafter)
+    coverage = float((to_draft[data.labels] != IGNORE).double().mean())
+    if coverage == 0:
+        raise CheckpointError("none of the target's greedy tokens in the data is in the draft vocabulary: this "
+                              "draft was not made for this target (or its d2t is wrong)", drafter.config.source)
+    stream = batch_groups(data.offsets, opts.batch_tokens, rng)
+    history: list[StepRecord] = []
+    start, resumed_from = 0, None
+    if resume:
+        start, history = load_checkpoint(checkpoints, params, optimizer)
+        resumed_from = start
+        for _ in range(start):  # the batch order of the steps already done
+            next(stream)
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if opts.precision == "bf16"
+                else contextlib.nullcontext())
+    began = time.perf_counter()
+    window = _Window(opts.depth)
+    done, positions = start, 0
+    try:
+        for step in range(start, opts.steps):
+            t0 = time.perf_counter()
+            group = next(stream)
+            share = group[ranks.rank :: ranks.world]
+            ids, labels, aux, width = make_batch(data, share or group[:1], opts.depth, to_draft,
+                                                 mask_labels=not share)
+            rows = sum(int(data.offsets[i + 1] - data.offsets[i]) for i in group)
+            counts = _all_reduce(label_counts(labels, opts.depth, width).to(device), ranks)
+            for g in optimizer.param_groups:
+                g["lr"] = opts.lr * opts.lr_factor(step)
+            with autocast:
+                loss, correct = objective(ids.to(device), labels.to(device), aux.to(device), counts)
+            optimizer.zero_grad(set_to_none=True)
+            (loss * ranks.world).backward()  # DDP averages gradients over ranks; the loss is already global
+            torch.nn.utils.clip_grad_norm_(list(params.values()), opts.max_grad_norm)
+            optimizer.step()
+            stats = _all_reduce(torch.cat([correct.double(), loss.detach().double()[None]]), ranks)
+            done, positions = step + 1, positions + rows
+            seconds = time.perf_counter() - t0
+            step_loss, hits, n = float(stats[-1]), stats[:-1].cpu(), counts.double().cpu()
+            window.add(step_loss, hits, n, rows, seconds)
+            live = {"loss": step_loss, "accuracy": float(hits[0] / n[0].clamp_min(1)), "tokens_per_s": rows / seconds}
+            record = None
+            if done % opts.log_every == 0 or done == opts.steps:
+                record = window.record(done, opts.lr * opts.lr_factor(step), time.perf_counter() - began)
+                history.append(record)
+                window = _Window(opts.depth)
+            if ranks.main and checkpoints.directory and checkpoints.every and done % checkpoints.every == 0 \
+                    and done < opts.steps:
+                save_checkpoint(checkpoints, done, params, optimizer, history)
+            if on_step is not None:
+                on_step(done, record, live)
+    except KeyboardInterrupt:
+        if ranks.main and checkpoints.directory and done > start:
+            path = save_checkpoint(checkpoints, done, params, optimizer, history)
+            raise TrainingInterrupted(f"interrupted after step {done}/{opts.steps}; checkpoint saved; rerun the "
+                                      "same command with --resume to continue", path) from None
+        raise TrainingInterrupted(f"interrupted after step {done}/{opts.steps}; nothing was saved") from None
+    return TrainResult(history=history, steps=done, resumed_from=resumed_from, trained=list(params),
+                       world_size=ranks.world, seconds=time.perf_counter() - began, positions_seen=positions,
+                       label_coverage=coverage)

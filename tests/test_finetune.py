@@ -1,0 +1,224 @@
+"""`eaglekit finetune` on a tiny random target that carries SmolLM2's tokenizer: real training, real bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from eaglekit.errors import UsageError  # noqa: E402
+from eaglekit.families import load_draft  # noqa: E402
+from eaglekit.finetune.data import DataOptions  # noqa: E402
+from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
+from eaglekit.finetune.train import TrainingInterrupted, TrainOptions  # noqa: E402
+from tests.factory import make_draft  # noqa: E402
+from tests.test_target import make_tiny_target  # noqa: E402
+from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.test_verify_cli import run  # noqa: E402
+
+SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "finetune-report.schema.json")))
+VOCAB = 49152  # SmolLM2's tokenizer
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    base = tmp_path_factory.mktemp("finetune")
+    target = make_tiny_target(base / "target", vocab=VOCAB, tokenizer_from=smollm2_path())
+    # the full vocabulary: a random target's greedy tokens spread over all of it
+    draft = make_draft(str(base / "draft"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(1, 2, 4),
+                       target_layers=4, fc_norm=True, norm_output=True)
+    data = base / "data.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i} + {i * i}\n" * (1 + i % 3)})
+                              for i in range(16)) + "\n")
+    return {"base": base, "target": target, "draft": draft, "data": str(data), "cache": str(base / "cache")}
+
+
+def options(env, **changes) -> FinetuneOptions:
+    train = dict(steps=8, batch_tokens=256, depth=3, lr=3e-3, log_every=2, seed=0)
+    train.update(changes.pop("train", {}))
+    data = DataOptions(**{"data_file": env["data"], "cache_dir": env["cache"], **changes.pop("data", {})})
+    return FinetuneOptions(target=env["target"], data=data, train=TrainOptions(**train), eval=None, **changes)
+
+
+def weights(path: str) -> dict[str, torch.Tensor]:
+    return load_file(os.path.join(path, "model.safetensors"))
+
+
+def test_loss_decreases_and_the_output_reads_back_as_the_source_did(env, tmp_path):
+    out = str(tmp_path / "out")
+    report = finetune(env["draft"], out, options(env, train={"steps": 20}))
+    history = report.training["history"]
+    assert history[-1]["loss"] < 0.8 * history[0]["loss"]
+    source, tuned = load_draft(env["draft"]), load_draft(out)
+    assert tuned.flags == source.flags and tuned.aux.ids == source.aux.ids and set(tuned.tensors) == set(source.tensors)
+    before, after = weights(env["draft"]), weights(out)
+    assert {n: t.dtype for n, t in before.items()} == {n: t.dtype for n, t in after.items()}
+    assert not torch.equal(before["fc.weight"], after["fc.weight"])
+    assert not torch.equal(before["fc_norm.0.weight"], after["fc_norm.0.weight"])
+    provenance = tuned.config["eaglekit"]
+    assert provenance["command"] == "finetune" and provenance["function"] == "trained"
+    assert provenance["steps"] == 20 and provenance["data"]["sha256"] == report.data["sha256"]
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as fh:
+        assert json.loads(fh.metadata()["eaglekit"]) == provenance
+    assert not os.path.exists(out + ".checkpoint")  # the implicit checkpoint folder goes with success
+
+
+def test_frozen_groups_are_copied_bit_for_bit(env, tmp_path):
+    out = str(tmp_path / "out")
+    report = finetune(env["draft"], out, options(env, train={"freeze": ("fc", "layers", "head", "embed")}))
+    assert set(report.training["trained_tensors"]) == {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}
+    before, after = weights(env["draft"]), weights(out)
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed == {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}
+
+
+def test_captured_data_is_cached_by_content_and_a_partial_file_is_never_read(env, tmp_path):
+    cache = str(tmp_path / "cache")
+    first = finetune(env["draft"], str(tmp_path / "a"), options(env, data={"cache_dir": cache}, train={"steps": 1}))
+    assert not first.data["reused"] and os.path.isfile(first.data["cache"])
+    second = finetune(env["draft"], str(tmp_path / "b"), options(env, data={"cache_dir": cache}, train={"steps": 1}))
+    assert second.data["reused"] and second.data["sha256"] == first.data["sha256"]
+    with open(first.data["cache"], "r+b") as fh:  # a torn write: the header survives, the data does not
+        fh.truncate(os.path.getsize(first.data["cache"]) // 2)
+    third = finetune(env["draft"], str(tmp_path / "c"), options(env, data={"cache_dir": cache}, train={"steps": 1}))
+    assert not third.data["reused"] and third.data["sha256"] == first.data["sha256"]
+    other = finetune(env["draft"], str(tmp_path / "d"),
+                     options(env, data={"cache_dir": cache, "max_length": 8}, train={"steps": 1}))
+    assert other.data["sha256"] != first.data["sha256"]
+
+
+def test_interrupt_saves_a_checkpoint_and_resume_equals_an_uninterrupted_run(env, tmp_path):
+    whole = str(tmp_path / "whole")
+    finetune(env["draft"], whole, options(env))
+
+    def interrupt(done, record, live):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    with pytest.raises(TrainingInterrupted, match="after step 3/8; checkpoint saved"):
+        finetune(env["draft"], out, options(env, checkpoint_dir=ckpt), on_step=interrupt)
+    assert not os.path.exists(out) and os.listdir(ckpt) == ["step-0000003"]
+    assert not [n for n in os.listdir(tmp_path) if "partial" in n]
+    report = finetune(env["draft"], out, options(env, checkpoint_dir=ckpt, resume=True))
+    assert report.training["resumed_from"] == 3 and report.training["steps"] == 8
+    assert [r["step"] for r in report.training["history"]] == [2, 4, 6, 8]
+    resumed, uninterrupted = weights(out), weights(whole)
+    for name in uninterrupted:
+        assert torch.equal(resumed[name], uninterrupted[name]), name
+
+    with pytest.raises(UsageError, match="belongs to another run"):
+        finetune(env["draft"], str(tmp_path / "x"), options(env, checkpoint_dir=ckpt, resume=True,
+                                                             train={"lr": 1e-3}))
+
+
+def test_two_gloo_processes_train_as_one_process_on_the_same_global_batch(env, tmp_path):
+    common = [env["draft"], "--target", env["target"], "--data", env["data"], "--cache-dir", env["cache"],
+              "--steps", "4", "--batch-tokens", "512", "--depth", "3", "--lr", "3e-3", "--precision", "fp32",
+              "--no-eval", "--no-progress", "--format", "json"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    one = subprocess.run([sys.executable, "-m", "eaglekit", "finetune", common[0], str(tmp_path / "one"), *common[1:]],
+                         capture_output=True, text=True, env=environment, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", "29517", "-m", "eaglekit", "finetune",
+                          common[0], str(tmp_path / "two"), *common[1:]],
+                         capture_output=True, text=True, env=environment, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    doc_one = json.loads(one.stdout)
+    doc_two = json.loads(two.stdout)  # only the main rank reports
+    assert doc_two["training"]["world_size"] == 2
+    for a, b in zip(doc_one["training"]["history"], doc_two["training"]["history"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    w1, w2 = weights(str(tmp_path / "one")), weights(str(tmp_path / "two"))
+    for name in w1:
+        torch.testing.assert_close(w2[name].float(), w1[name].float(), rtol=0, atol=1e-2 * float(w1[name].float()
+                                                                                           .abs().max() + 1e-6))
+
+
+def test_cli_report_is_schema_valid_with_held_out_evaluation_and_a_plot(env, tmp_path):
+    out = str(tmp_path / "out")
+    result = run(["finetune", env["draft"], out, "--target", env["target"], "--data", env["data"], "--cache-dir",
+                  env["cache"], "--steps", "4", "--batch-tokens", "256", "--eval-limit", "2", "--eval-max-new-tokens",
+                  "6", "--eval-context-tokens", "0,48", "--plot", "--no-progress", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    jsonschema.validate(doc, SCHEMA)
+    assert [e["context_tokens"] for e in doc["evaluation"]["after"]] == [0, 48]
+    assert doc["plot"] == out + "-finetune.png"
+    with open(doc["plot"], "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    human = run(["finetune", env["draft"], str(tmp_path / "h"), "--target", env["target"], "--data", env["data"],
+                 "--cache-dir", env["cache"], "--steps", "2", "--batch-tokens", "256", "--eval-limit", "1",
+                 "--eval-max-new-tokens", "4", "--eval-context-tokens", "0", "--no-progress"])
+    assert human.exit_code == 0 and "Held-out τ" in human.output and "eaglekit verify" in human.output
+
+
+def test_progress_lines_without_a_terminal(env, tmp_path):
+    result = run(["finetune", env["draft"], str(tmp_path / "out"), "--target", env["target"], "--data", env["data"],
+                  "--cache-dir", str(tmp_path / "cache"), "--steps", "4", "--batch-tokens", "256", "--no-eval",
+                  "--format", "json"])
+    assert result.exit_code == 0
+    assert "capturing target states: 16/16" in result.stderr and "step 4/4: loss" in result.stderr
+
+
+def test_vllm_captured_hidden_states_train_without_loading_the_target(env, tmp_path):
+    from eaglekit.verify.target import load_target
+
+    target = load_target(env["target"])
+    folder = tmp_path / "captured"
+    folder.mkdir()
+    for i in range(6):
+        ids = torch.randint(0, 500, (12 + i,), generator=torch.Generator().manual_seed(i))
+        states = target.forward(ids[None], [1, 2, 4]).aux  # the layers vLLM was told to capture
+        save_file({"hidden_states": torch.stack([s[0] for s in states], 1).to(torch.bfloat16), "token_ids": ids},
+                  str(folder / f"hs_{i}.safetensors"))
+    out = str(tmp_path / "out")
+    report = finetune(env["draft"], out, FinetuneOptions(
+        target=env["target"], data=DataOptions(hidden_states=str(folder)),
+        train=TrainOptions(steps=3, batch_tokens=64, depth=2)))
+    assert report.data["sequences"] == 6 and report.data["positions"] == sum(12 + i for i in range(6))
+    assert "evaluation skipped" in report.notes[0] and os.path.isdir(out)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"text": "ok"}\n{"text": \n', "line 2 is not valid JSON"),
+    (b"\n\n", "no prompts in the file"),
+    (b"\xff\xfe\x00", "not UTF-8"),
+    (b'{"text": ""}\n', "encodes to"),
+    (b'{"other": 1}\n', "needs"),
+])
+def test_bad_data_files_fail_with_one_line(env, tmp_path, content, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    result = run(["finetune", env["draft"], str(tmp_path / "out"), "--target", env["target"], "--data", str(bad),
+                  "--cache-dir", str(tmp_path / "cache"), "--no-eval", "--no-progress"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and str(bad) in lines[0], result.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_usage_errors(env, tmp_path):
+    base = ["finetune", env["draft"], str(tmp_path / "out"), "--target", env["target"], "--no-progress"]
+    for extra, message in ((["--steps", "0"], "--steps must be at least 1"),
+                           (["--freeze", "fc,wings"], "unknown group"),
+                           (["--freeze", "fc,fc_norm,layers,head,embed"], "leaves nothing to train"),
+                           (["--resume", "--data", env["data"], "--cache-dir", env["cache"], "--no-eval"],
+                            "no checkpoint to resume from")):
+        result = run(base + extra)
+        assert result.exit_code == 2 and message in result.stderr, (extra, result.stderr)
+    specforge = make_draft(str(tmp_path / "sf"), "specforge", hidden=64, vocab=VOCAB, draft_vocab=512,
+                           aux_ids=(1, 2, 3), target_layers=4)
+    result = run(["finetune", specforge, str(tmp_path / "o2"), "--target", env["target"], "--no-progress"])
+    assert result.exit_code == 2 and "eaglekit upgrade" in result.stderr
