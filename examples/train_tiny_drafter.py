@@ -40,6 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglekit.drafter.model import Drafter, DrafterConfig
+from eaglekit.finetune.data import CODE_MODULES, code_sequences
 from eaglekit.finetune.train import TrainOptions
 from eaglekit.finetune.train import train as run_training
 from eaglekit.verify.prompts import Prompt, encode, parse_jsonl
@@ -50,11 +51,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUX_IDS = (2, 15, 27)  # vLLM convention; SpecForge writes them as output-of-layer ids 1, 14, 26
 TRAIN_CONTEXT_MODULES = ("shutil", "tempfile", "logging", "glob", "fnmatch", "locale", "gettext", "tokenize",
                          "zipfile", "tarfile", "configparser", "optparse", "random", "timeit", "traceback", "copy")
-CODE_MODULES = ("os", "posixpath", "subprocess", "threading", "queue", "socket", "email.message", "http.client",
-                "urllib.parse", "pathlib", "enum", "typing", "abc", "contextlib", "operator", "ast", "inspect",
-                "pickletools", "gzip", "base64", "hashlib", "hmac", "secrets", "uuid", "datetime", "decimal",
-                "numbers", "colorsys", "wave", "sched", "selectors", "asyncio.tasks", "asyncio.queues",
-                "concurrent.futures._base", "multiprocessing.pool", "unittest.case", "doctest", "pdb", "cmd", "code")
 DATA_VERSION = "2"
 
 
@@ -168,22 +164,6 @@ def capture(target, sequences: list[list[int]]) -> dict[str, torch.Tensor]:
             print(f"  captured {i + 1}/{len(sequences)}", flush=True)
     return {"tokens": torch.cat(tokens), "labels": torch.cat(labels), "aux": torch.cat(aux),
             "offsets": torch.tensor(offsets)}
-
-
-def code_sequences(tokenizer, total: int, chunk: int) -> list[list[int]]:
-    """Chunks of standard-library source (never the modules verify's long-context mode uses)."""
-    import importlib
-    import inspect
-
-    out, count = [], 0
-    for name in CODE_MODULES:
-        ids = tokenizer.encode(inspect.getsource(importlib.import_module(name)), add_special_tokens=False)
-        for start in range(0, len(ids) - chunk // 4, chunk):
-            out.append(ids[start : start + chunk])
-            count += len(out[-1])
-            if count >= total:
-                return out
-    return out
 
 
 def build_data(args, target_dir: str, target) -> dict[str, torch.Tensor]:

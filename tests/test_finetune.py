@@ -211,7 +211,7 @@ def test_bad_data_files_fail_with_one_line(env, tmp_path, content, message):
 
 def test_usage_errors(env, tmp_path):
     base = ["finetune", env["draft"], str(tmp_path / "out"), "--target", env["target"], "--no-progress"]
-    for extra, message in ((["--steps", "0"], "--steps must be at least 1"),
+    for extra, message in ((["--steps", "-1"], "--steps must not be negative"),
                            (["--freeze", "fc,wings"], "unknown group"),
                            (["--freeze", "fc,fc_norm,layers,head,embed"], "leaves nothing to train"),
                            (["--resume", "--data", env["data"], "--cache-dir", env["cache"], "--no-eval"],
@@ -222,3 +222,65 @@ def test_usage_errors(env, tmp_path):
                            aux_ids=(1, 2, 3), target_layers=4)
     result = run(["finetune", specforge, str(tmp_path / "o2"), "--target", env["target"], "--no-progress"])
     assert result.exit_code == 2 and "eaglekit upgrade" in result.stderr
+
+
+def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(env, tmp_path):
+    """norm_output switched on by upgrade: after the warm start the first step's logits equal the EAGLE-3
+    source's and the fed-back state is the source's pre-norm state times a positive per-row scalar."""
+    from eaglekit.drafter.model import Drafter
+    from eaglekit.drafter.unroll import unrolled_steps
+    from eaglekit.finetune import warm_start
+    from eaglekit.finetune.data import build_data
+    from eaglekit.upgrade import UpgradeOptions, upgrade
+    from eaglekit.verify.target import load_target
+
+    source = make_draft(str(tmp_path / "e3"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(1, 2, 4),
+                        target_layers=4, dtype="F32")
+    upgraded = str(tmp_path / "up")
+    upgrade(source, upgraded, UpgradeOptions(target=env["target"], fc_norm=False, norm_output=True))
+    target = load_target(env["target"])
+    data = build_data(target, env["target"], (1, 2, 4), DataOptions(data_file=env["data"], cache_dir=env["cache"]))
+
+    def drafter(path):
+        return Drafter.from_spec(load_draft(path), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+
+    eagle3, tuned = drafter(source), drafter(upgraded)
+    notes, changed = warm_start.apply(tuned, load_draft(upgraded), data, "auto")
+    assert changed == {"norm.weight", "lm_head.weight"} and "pre-norm RMS" in notes[0]
+    assert warm_start.apply(drafter(upgraded), load_draft(upgraded), data, "none") == ([], set())
+    lo, hi = int(data.offsets[3]), int(data.offsets[4])
+    ids, aux = data.tokens[lo + 1:hi][None], data.aux[lo:hi - 1].float()[None]
+    with torch.no_grad():
+        a = next(unrolled_steps(eagle3, ids, eagle3.combine(aux), 1))
+        b = next(unrolled_steps(tuned, ids, tuned.combine(aux), 1))
+    torch.testing.assert_close(b.draft_logits, a.draft_logits, rtol=1e-4, atol=1e-4 * float(a.draft_logits.abs().max()))
+    cosine = torch.nn.functional.cosine_similarity(b.feedback, a.feedback, dim=-1)
+    assert float(cosine.min()) > 1 - 1e-5
+    ratio = b.feedback.norm(dim=-1) / a.feedback.norm(dim=-1)
+    c = float(tuned.norm.weight[0])
+    torch.testing.assert_close(ratio, c / a.feedback.pow(2).mean(-1).sqrt(), rtol=1e-3, atol=0)
+
+
+def test_warm_start_fits_unit_fc_norm_weights(env, tmp_path):
+    from eaglekit.drafter.model import Drafter
+    from eaglekit.finetune import warm_start
+    from eaglekit.finetune.data import build_data
+    from eaglekit.upgrade import UpgradeOptions, upgrade
+    from eaglekit.verify.target import load_target
+
+    source = make_draft(str(tmp_path / "e3"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(1, 2, 4),
+                        target_layers=4, dtype="F32")
+    upgraded = str(tmp_path / "up")
+    upgrade(source, upgraded, UpgradeOptions(target=env["target"], fc_norm_init="ones", norm_output=False))
+    target = load_target(env["target"])
+    data = build_data(target, env["target"], (1, 2, 4), DataOptions(data_file=env["data"], cache_dir=env["cache"]))
+    spec = load_draft(upgraded)
+    tuned = Drafter.from_spec(spec, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    eagle3 = Drafter.from_spec(load_draft(source), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    aux = data.aux.float()[None]
+    with torch.no_grad():
+        want, ones = eagle3.combine(aux), tuned.combine(aux)
+        notes, changed = warm_start.apply(tuned, spec, data, "auto")
+        fitted = tuned.combine(aux)
+    assert changed == {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"} and "least squares" in notes[0]
+    assert (fitted - want).norm() < 0.5 * (ones - want).norm()

@@ -4,6 +4,8 @@ import importlib
 import subprocess
 import sys
 
+import pytest
+
 import eaglekit
 
 
@@ -24,3 +26,18 @@ def test_import_is_light():
     code = "import sys, eaglekit; eaglekit.load_draft; eaglekit.run_rules; eaglekit.push; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("blocked, extra", [("torch", "torch"), ("transformers", "torch")])
+def test_a_missing_optional_dependency_is_one_line_naming_the_extra(tmp_path, blocked, extra):
+    from tests.factory import make_draft, make_target_config
+
+    draft = make_draft(str(tmp_path / "d"), "vllm")
+    target = make_target_config(str(tmp_path / "t"))
+    code = (f"import sys; sys.modules[{blocked!r}] = None\n"
+            "from eaglekit.cli.main import main\n"
+            f"main(['verify', {draft!r}, '--target', {target!r}])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: this command needs {blocked}, which is not installed: pip install 'eaglekit[{extra}]'"]

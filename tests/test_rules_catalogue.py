@@ -129,6 +129,8 @@ class Case:
         return f"{self.code}-{self.label}" if self.label else self.code
 
 
+WARM_START = {"command": "upgrade", "function": "warm-start", "summary": "warm start: needs fine-tuning"}
+
 CASES = [
     # ---------------------------------------------------------------- structure
     Case("EK101", lambda p: draft(p, config_patch={"num_hidden_layers": 36}), lambda p: draft(p), label="config-36"),
@@ -196,6 +198,12 @@ CASES = [
                                     use_sliding_window=True),
          lambda p: draft(p, "speculators-train")),
     Case("EK155", lambda p: draft(p, "eagle"), lambda p: draft(p)),
+    Case("EK156", lambda p: draft(p, config_patch={"eaglekit": WARM_START}),
+         lambda p: draft(p, config_patch={"eaglekit": {"command": "finetune", "source_provenance": WARM_START}})),
+    Case("EK156", lambda p: draft(p, config_patch={"eaglekit": {"command": "upgrade", "function": "preserved",
+                                                                "source_provenance": WARM_START}}),
+         lambda p: draft(p, config_patch={"eaglekit": {"command": "upgrade", "function": "preserved"}}),
+         label="re-upgraded"),
     # ---------------------------------------------------------------- target
     Case("EK201", lambda p: (draft(p), target(p, vocab=300)), lambda p: (draft(p), target(p))),
     Case("EK202", lambda p: (draft(p), target(p, hidden=96)), lambda p: (draft(p), target(p))),

@@ -106,13 +106,15 @@ class _Progress:
               help="Prepend this many tokens of standard-library source to every --context-every-th prompt.")
 @click.option("--context-every", type=int, default=4, show_default=True)
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Cut longer sequences.")
+@click.option("--code-tokens", type=int, default=0, show_default=True,
+              help="Also train on about this many tokens of Python standard-library source (plain text).")
 @click.option("--hidden-states", type=click.Path(file_okay=False),
               help="Aux states captured by vLLM's extract_hidden_states method (a target too big for this process).")
 @click.option("--captured-ids", help="The eagle_aux_hidden_state_layer_ids vLLM captured into --hidden-states "
                                      "(default: the draft's ids).")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Where captured data is cached (default: ~/.cache/eaglekit/finetune).")
-@click.option("--steps", type=int, default=100, show_default=True)
+@click.option("--steps", type=int, default=100, show_default=True, help="Optimizer steps (0: only the warm start).")
 @click.option("--batch-tokens", type=int, default=2048, show_default=True, help="Rows per step (global batch).")
 @click.option("--depth", type=int, default=4, show_default=True, help="Unrolled draft steps (training-time test).")
 @click.option("--lr", type=float, default=5e-4, show_default=True, help="Peak learning rate (AdamW).")
@@ -123,6 +125,9 @@ class _Progress:
 @click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
               help="bf16: autocast compute with fp32 master weights.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--warm-start", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+              help="auto: before training, set up what upgrade switched on untrained (norm_output: rescale the "
+                   "final norm into lm_head; unit fc_norm: least-squares fit).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N] (under torchrun: one GPU per rank).")
 @click.option("--target-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Target dtype for capture and evaluation.")
@@ -145,9 +150,9 @@ class _Progress:
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
 def finetune_command(draft, out_dir, target, data_file, data_limit, generate, context_tokens, context_every,
-                     max_length, hidden_states, captured_ids, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
-                     depth_decay, freeze, precision, seed, device, target_dtype, checkpoint_every, checkpoint_dir,
-                     resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_context_tokens, k, no_eval, plot,
+                     max_length, code_tokens, hidden_states, captured_ids, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
+                     depth_decay, freeze, precision, seed, warm_start, device, target_dtype, checkpoint_every,
+                     checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_context_tokens, k, no_eval, plot,
                      force, no_progress, output_format):
     """Fine-tune DRAFT against its target with EAGLE-3's training-time test; write a vLLM-ready draft to OUT.
 
@@ -171,7 +176,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
     opts = FinetuneOptions(
         target=target,
         data=DataOptions(data_file=data_file, limit=data_limit, generate=generate, context_tokens=context_tokens,
-                         context_every=context_every, max_length=max_length, hidden_states=hidden_states,
+                         context_every=context_every, max_length=max_length, code_tokens=code_tokens, hidden_states=hidden_states,
                          captured_ids=parse_ids(captured_ids), cache_dir=cache_dir),
         train=TrainOptions(steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps,
                            depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed),
@@ -179,7 +184,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
                                               max_new_tokens=eval_max_new_tokens, k=k,
                                               context_tokens=_contexts(eval_context_tokens)),
         device=device, target_dtype=target_dtype, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-        resume=resume, force=force, plot=plot,
+        resume=resume, force=force, plot=plot, warm_start=warm_start,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
     with _terminate_cleanly(), _Progress(not no_progress and main_rank, sys.stderr.isatty(), steps) as progress:

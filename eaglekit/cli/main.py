@@ -22,6 +22,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+OPTIONAL_MODULES = {"torch": "torch", "transformers": "torch", "accelerate": "torch", "gguf": "torch",
+                    "triton": "triton", "matplotlib": "plot"}
+"""Import name -> the eaglekit extra that installs it."""
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -66,5 +71,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except ModuleNotFoundError as exc:
+        module = (exc.name or "").split(".")[0]
+        if module not in OPTIONAL_MODULES or os.environ.get("EAGLEKIT_DEBUG") == "1":
+            raise
+        click.echo(f"Error: this command needs {module}, which is not installed: "
+                   f"pip install 'eaglekit[{OPTIONAL_MODULES[module]}]'", err=True)
+        sys.exit(1)
     if isinstance(rv, int) and rv:  # non-standalone Click returns ctx.exit(n)'s code instead of raising
         sys.exit(rv)

@@ -204,3 +204,6 @@ def render(doc: dict) -> None:
         seconds = doc["timings"].get("total_s", 0.0)
         out.print(f"[green]Wrote[/] {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
                   "validated for " + ("SGLang" if dst["dialect"] == "sglang" else "vLLM") + ".")
+    if doc["next_command"]:
+        out.print(f"next: [bold]{doc['next_command']}[/]  (trains the new function; until then this draft "
+                  "accepts fewer tokens than its source)")

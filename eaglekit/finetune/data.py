@@ -27,7 +27,14 @@ BUNDLED_DATA = "eaglekit/data/prompts/train.jsonl"
 TRAINING_CONTEXT_MODULES = ("shutil", "tempfile", "logging", "glob", "fnmatch", "locale", "gettext", "tokenize",
                             "zipfile", "tarfile", "configparser", "optparse", "random", "timeit", "traceback", "copy")
 """Long-context text for training: never the modules verify's held-out long-context prompts use."""
+CODE_MODULES = ("os", "posixpath", "subprocess", "threading", "queue", "socket", "email.message", "http.client",
+                "urllib.parse", "pathlib", "enum", "typing", "abc", "contextlib", "operator", "ast", "inspect",
+                "pickletools", "gzip", "base64", "hashlib", "hmac", "secrets", "uuid", "datetime", "decimal",
+                "numbers", "colorsys", "wave", "sched", "selectors", "asyncio.tasks", "asyncio.queues",
+                "concurrent.futures._base", "multiprocessing.pool", "unittest.case", "doctest", "pdb", "cmd", "code")
+"""Plain source-code text for training (--code-tokens), disjoint from both context lists."""
 assert not set(TRAINING_CONTEXT_MODULES) & set(CONTEXT_MODULES)
+assert not set(CODE_MODULES) & (set(CONTEXT_MODULES) | set(TRAINING_CONTEXT_MODULES))
 
 Stage = Callable[[str, int, int], None]
 """on_stage(what, done, total): progress of a long data step."""
@@ -41,12 +48,13 @@ class DataOptions:
     context_tokens: int = 0  # long context prepended to every `context_every`-th prompt
     context_every: int = 4
     max_length: int = 2048  # longer sequences are cut
+    code_tokens: int = 0  # add about this many tokens of standard-library source as plain text
     hidden_states: str | None = None  # states captured elsewhere (vLLM extract_hidden_states files)
     captured_ids: tuple[int, ...] | None = None  # the layer ids vLLM captured into those files (default: the draft's)
     cache_dir: str | None = None  # default: $EAGLEKIT_CACHE/finetune or ~/.cache/eaglekit/finetune
 
     def check(self) -> None:
-        for name in ("generate", "context_tokens"):
+        for name in ("generate", "context_tokens", "code_tokens"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must not be negative")
         if self.context_every < 1:
@@ -55,9 +63,9 @@ class DataOptions:
             raise UsageError("--max-length must be at least 2")
         if self.limit is not None and self.limit < 1:
             raise UsageError("--data-limit must be at least 1")
-        if self.hidden_states and (self.data_file or self.generate or self.context_tokens):
+        if self.hidden_states and (self.data_file or self.generate or self.context_tokens or self.code_tokens):
             raise UsageError("--hidden-states brings its own sequences: it cannot be combined with --data, "
-                             "--generate or --context-tokens")
+                             "--generate, --context-tokens or --code-tokens")
 
 
 @dataclass
@@ -115,6 +123,22 @@ def encode_all(prompts: Sequence[Prompt], tokenizer, opts: DataOptions, where: s
             raise CheckpointError(f"record {i + 1} ({prompt.name!r}) encodes to {len(ids)} token(s); "
                                   "training needs at least 2", where)
         out.append(ids[: opts.max_length])
+    return out
+
+
+def code_sequences(tokenizer, total: int, chunk: int) -> list[list[int]]:
+    """About `total` tokens of standard-library source in chunks of `chunk` tokens (raw text, no template)."""
+    import importlib
+    import inspect
+
+    out, count = [], 0
+    for name in CODE_MODULES:
+        ids = tokenizer.encode(inspect.getsource(importlib.import_module(name)), add_special_tokens=False)
+        for start in range(0, len(ids) - chunk // 4, chunk):
+            out.append(ids[start : start + chunk])
+            count += len(out[-1])
+            if count >= total:
+                return out
     return out
 
 
@@ -242,10 +266,12 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     if on_stage:
         on_stage("encoding prompts", 0, len(prompts))
     sequences = encode_all(prompts, target.tokenizer, opts, name)
+    code = code_sequences(target.tokenizer, opts.code_tokens, min(512, opts.max_length)) if opts.code_tokens else []
     digest = content_address({
         "format": DATA_FORMAT, "target": target_identity(target_dir), "dtype": str(target.dtype),
         "aux_ids": sorted(int(i) for i in aux_ids), "generate": opts.generate, "max_length": opts.max_length,
         "sequences": hashlib.sha256(json.dumps(sequences).encode()).hexdigest(),
+        "code": hashlib.sha256(json.dumps(code).encode()).hexdigest(),
     })
     cache_dir = opts.cache_dir or default_cache_dir()
     path = os.path.join(cache_dir, f"{digest}.safetensors")
@@ -255,7 +281,7 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
         if opts.generate:
             answers = generate_answers(target, sequences, opts.generate, on_stage=on_stage)
             sequences = [(p + a)[: opts.max_length] for p, a in zip(sequences, answers)]
-        data = capture(target, sequences, aux_ids, on_stage=on_stage)
+        data = capture(target, sequences + code, aux_ids, on_stage=on_stage)
         try:
             _save_cached(path, digest, data)
         except OSError as exc:  # training goes on without a cache
@@ -264,5 +290,7 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     source = name + (f", target answers up to {opts.generate} tokens" if opts.generate else "")
     if opts.context_tokens:
         source += f", {opts.context_tokens} tokens of context on every {opts.context_every}th"
+    if code:
+        source += f", {sum(map(len, code))} tokens of standard-library source"
     return TrainingData(**data, digest=digest, source=source, cache_path=path, reused=reused,
                         seconds=time.perf_counter() - started, notes=notes)

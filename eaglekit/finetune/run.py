@@ -40,6 +40,7 @@ class FinetuneOptions:
     resume: bool = False
     force: bool = False
     plot: str | None = None  # PNG path of the loss and per-depth accuracy curves
+    warm_start: str = "auto"  # auto: set up what upgrade switched on untrained (eaglekit.finetune.warm_start)
 
 
 @dataclass
@@ -122,7 +123,7 @@ def _fingerprint(spec: DraftSpec, data: TrainingData, opts: FinetuneOptions) -> 
     from eaglekit.upgrade.provenance import hash_files
 
     return content_address({"source": hash_files(spec.path, list(spec.files) + ["config.json"]),
-                            "data": data.digest, "train": asdict(opts.train)})
+                            "data": data.digest, "train": asdict(opts.train), "warm_start": opts.warm_start})
 
 
 def _evaluate(target, drafter, aux_ids, opts: EvalOptions, label: str, on_stage: Stage | None) -> list[Acceptance]:
@@ -136,7 +137,7 @@ def _evaluate(target, drafter, aux_ids, opts: EvalOptions, label: str, on_stage:
 
 
 def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: TrainingData, result,
-                hashes: dict[str, str], target_files: dict[str, str] | None) -> dict[str, Any]:
+                hashes: dict[str, str], target_files: dict[str, str] | None, warm: list[str]) -> dict[str, Any]:
     from dataclasses import asdict
 
     previous = spec.config.get("eaglekit")
@@ -149,7 +150,7 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "data": {"source": data.source, "sha256": data.digest, "sequences": data.sequences,
                  "positions": data.positions},
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts.train).items()},
-        "steps": result.steps, "trained_tensors": list(result.trained), "world_size": result.world_size,
+        "warm_start": warm, "steps": result.steps, "trained_tensors": list(result.trained), "world_size": result.world_size,
         "final_loss": round(last.loss, 6) if last else None,
         "final_accuracy": [round(a, 4) for a in last.accuracy] if last else None,
     }
@@ -279,6 +280,10 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         evaluation["before"] = [a.to_dict() for a in _evaluate(target, drafter, aux_ids, eval_opts, "before", on_stage)]
         timings["eval_before_s"] = time.perf_counter() - t
 
+    from eaglekit.finetune import warm_start
+
+    warm_notes, warm_changed = warm_start.apply(drafter, spec, data, opts.warm_start)
+    notes += warm_notes
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     checkpoints = Checkpoints(checkpoint_dir, opts.checkpoint_every, _fingerprint(spec, data, opts))
     t = time.perf_counter()
@@ -308,11 +313,12 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         on_stage("writing and validating the output", 0, 1)
     hashes = hash_files(spec.path, list(spec.files) + ["config.json"])
     target_files = None if hidden_states_mode else target_identity(opts.target)
-    provenance = _provenance(source, spec, opts, data, result, hashes, target_files)
-    report.output["files"], report.findings = _write(destination, spec, drafter, set(result.trained), provenance,
-                                                     info, opts.force)
+    provenance = _provenance(source, spec, opts, data, result, hashes, target_files, warm_notes)
+    changed = set(result.trained) | warm_changed
+    report.output["files"], report.findings = _write(destination, spec, drafter, changed, provenance, info,
+                                                     opts.force)
     timings["write_s"] = time.perf_counter() - t
-    if opts.plot:
+    if opts.plot and result.history:
         from eaglekit.finetune.plot import plot_history
 
         report.plot = plot_history(result.history, opts.plot, title=os.path.basename(os.path.abspath(destination)))
@@ -333,6 +339,6 @@ def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
         "data": {k: plain(v) for k, v in asdict(opts.data).items()},
         "train": {k: plain(v) for k, v in asdict(opts.train).items()},
         "eval": {k: plain(v) for k, v in asdict(opts.eval).items()} if opts.eval else None,
-        "device": opts.device, "target_dtype": opts.target_dtype, "checkpoint_every": opts.checkpoint_every,
+        "device": opts.device, "target_dtype": opts.target_dtype, "warm_start": opts.warm_start, "checkpoint_every": opts.checkpoint_every,
         "resume": opts.resume,
     }

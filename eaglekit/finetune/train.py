@@ -70,8 +70,9 @@ class TrainOptions:
     log_every: int = 10
 
     def check(self) -> None:
-        positive = {"steps": self.steps, "batch_tokens": self.batch_tokens, "depth": self.depth,
-                    "log_every": self.log_every}
+        if self.steps < 0:
+            raise UsageError("--steps must not be negative (0: only the warm start)")
+        positive = {"batch_tokens": self.batch_tokens, "depth": self.depth, "log_every": self.log_every}
         for name, value in positive.items():
             if value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1")

@@ -487,3 +487,14 @@ def rope_theta(ctx: RuleContext):
     if "rope_theta" not in lcfg and "rope_theta" not in params:
         yield Hit("rope_theta is not written: EAGLE's implicit 10000 applies; write it explicitly",
                   key=layer_key(ctx.spec, "rope_theta"))
+
+
+@rule("EK156", "warning", "structure", "P36", "an upgrade's warm start that was never fine-tuned")
+def untrained_warm_start(ctx: RuleContext):
+    from eaglekit.upgrade.provenance import untrained_warm_start
+
+    summary = untrained_warm_start(ctx.spec.config)
+    if summary:
+        yield Hit(f"eaglekit upgrade changed the function without training ({summary}): it accepts fewer "
+                  "tokens than its source until trained; run `eaglekit finetune DRAFT OUT --target TARGET`",
+                  key="eaglekit")

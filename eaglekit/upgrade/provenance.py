@@ -40,3 +40,18 @@ def hash_files(root: str, files: list[str]) -> dict[str, str]:
 def placeholders(files: list[str]) -> dict[str, str]:
     """Digests of the final length, for a header written before the hashes are known."""
     return {rel: PLACEHOLDER for rel in files}
+
+
+def untrained_warm_start(config: dict) -> str | None:
+    """The summary of the eaglekit upgrade that changed the function without training, unless a finetune followed.
+
+    Walks the provenance chain (each block keeps its source's block as `source_provenance`), newest first."""
+    block = config.get("eaglekit")
+    seen = 0
+    while isinstance(block, dict) and seen < 64:
+        if block.get("command") == "finetune":
+            return None
+        if block.get("command") == "upgrade" and block.get("function") == "warm-start":
+            return str(block.get("summary") or "warm start")
+        block, seen = block.get("source_provenance"), seen + 1
+    return None

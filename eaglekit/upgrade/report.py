@@ -53,6 +53,15 @@ class UpgradeReport:
     validated: bool = False
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    target: str | None = None
+
+    @property
+    def next_command(self) -> str | None:
+        """What to run next: a function changed untrained needs `finetune` before it is served."""
+        if self.function != "warm-start":
+            return None
+        dst = self.output["path"].rstrip("/")
+        return f"eaglekit finetune {dst} {dst}-tuned --target {self.target or 'TARGET'}"
 
     @property
     def counts(self) -> dict[str, int]:
@@ -78,6 +87,7 @@ class UpgradeReport:
             "validated": self.validated,
             "findings": [f.to_dict() for f in self.findings],
             "warnings": list(self.warnings),
+            "next_command": self.next_command,
             "timings": dict(self.timings),
         }
 

@@ -55,6 +55,7 @@ def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions
         "source_producer": spec.producer,
         "source_eagle_version": spec.eagle_version,
         "source_files": hashes,
+        "source_provenance": spec.config["eaglekit"] if isinstance(spec.config.get("eaglekit"), dict) else None,
         "target": opts.target,
         "options": {
             "from": opts.source_family, "to": opts.to, "fc_norm": opts.fc_norm, "norm_output": opts.norm_output,
@@ -116,6 +117,7 @@ def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab:
         config=config,
         fidelity=fidelity,
         warnings=list(d.warnings),
+        target=opts.target,
     )
 
 
