@@ -40,7 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglekit.drafter.model import Drafter, DrafterConfig
-from eaglekit.finetune.data import CODE_MODULES, code_sequences
+from eaglekit.finetune.data import CODE_MODULES, code_sequences, left_padded
 from eaglekit.finetune.train import TrainOptions
 from eaglekit.finetune.train import train as run_training
 from eaglekit.verify.prompts import Prompt, encode, parse_jsonl
@@ -119,12 +119,8 @@ def generate(target_dir: str, prompts: list[list[int]], max_new_tokens: int, eos
     batch = 25
     for start in range(0, len(order), batch):
         idx = order[start : start + batch]
-        width = max(len(prompts[i]) for i in idx)
-        ids = torch.full((len(idx), width), eos, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[row, width - len(prompts[i]):] = 1
+        ids, mask = left_padded([prompts[i] for i in idx], eos)
+        width = ids.shape[1]
         with torch.inference_mode():
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                  max_new_tokens=max_new_tokens, do_sample=False,

@@ -245,9 +245,11 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
         return Drafter.from_spec(load_draft(path), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
 
     eagle3, tuned = drafter(source), drafter(upgraded)
-    notes, changed = warm_start.apply(tuned, load_draft(upgraded), data, "auto")
-    assert changed == {"norm.weight", "lm_head.weight"} and "pre-norm RMS" in notes[0]
-    assert warm_start.apply(drafter(upgraded), load_draft(upgraded), data, "none") == ([], set())
+    warm = warm_start.apply(tuned, load_draft(upgraded), data, "auto")
+    assert warm.changed == {"norm.weight", "lm_head.weight"} and "pre-norm RMS" in warm.notes[0]
+    c = float(tuned.norm.weight.detach()[0])
+    assert warm.lr_scales == {"norm.weight": pytest.approx(c), "lm_head.weight": pytest.approx(1 / c)}
+    assert warm_start.apply(drafter(upgraded), load_draft(upgraded), data, "none") == warm_start.WarmStart()
     lo, hi = int(data.offsets[3]), int(data.offsets[4])
     ids, aux = data.tokens[lo + 1:hi][None], data.aux[lo:hi - 1].float()[None]
     with torch.no_grad():
@@ -257,7 +259,6 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
     cosine = torch.nn.functional.cosine_similarity(b.feedback, a.feedback, dim=-1)
     assert float(cosine.min()) > 1 - 1e-5
     ratio = b.feedback.norm(dim=-1) / a.feedback.norm(dim=-1)
-    c = float(tuned.norm.weight[0])
     torch.testing.assert_close(ratio, c / a.feedback.pow(2).mean(-1).sqrt(), rtol=1e-3, atol=0)
 
 
@@ -280,7 +281,8 @@ def test_warm_start_fits_unit_fc_norm_weights(env, tmp_path):
     aux = data.aux.float()[None]
     with torch.no_grad():
         want, ones = eagle3.combine(aux), tuned.combine(aux)
-        notes, changed = warm_start.apply(tuned, spec, data, "auto")
+        warm = warm_start.apply(tuned, spec, data, "auto")
         fitted = tuned.combine(aux)
-    assert changed == {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"} and "least squares" in notes[0]
+    assert warm.changed == {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}
+    assert "least squares" in warm.notes[0]
     assert (fitted - want).norm() < 0.5 * (ones - want).norm()

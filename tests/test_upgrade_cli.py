@@ -49,6 +49,10 @@ def test_json_report_validates_against_the_schema(drafts, tmp_path, extra):
     assert doc["dry_run"] == ("--dry-run" in extra)
     assert doc["validated"] == ("--dry-run" not in extra)
     assert os.path.isdir(tmp_path / "out") != doc["dry_run"]
+    untrained_vllm = "--no-fc-norm" not in extra and "--to" not in extra
+    assert doc["next_command"] == (None if not untrained_vllm else
+                                   f"eaglekit finetune {tmp_path / 'out'} {tmp_path / 'out'}-tuned --target "
+                                   f"{drafts['target']}")
 
 
 def test_human_report_says_plainly_what_happened(drafts, tmp_path):
@@ -58,6 +62,11 @@ def test_human_report_says_plainly_what_happened(drafts, tmp_path):
     assert "warm start: needs fine-tuning" in text
     assert "norm_output switched on" in text
     assert "validated for vLLM" in text
+    assert f"next: eaglekit finetune {tmp_path / 'out'}" in text
+    validated = run(["validate", str(tmp_path / "out")])
+    assert "EK156" in validated.stdout and "eaglekit finetune" in validated.stdout
+    again = run(["upgrade", str(tmp_path / "out"), str(tmp_path / "again"), "--format", "json"])
+    assert json.loads(again.stdout)["findings"] and "EK156" in {f["code"] for f in json.loads(again.stdout)["findings"]}
     lossless = run(["upgrade", drafts["modelopt"], str(tmp_path / "lossless"), "--no-fc-norm", "--no-norm-output"])
     assert "function-preserving" in lossless.stdout
 

@@ -154,6 +154,19 @@ def content_address(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def left_padded(prompts: Sequence[Sequence[int]], pad: int):
+    """(input ids, attention mask) [B, W] of prompts padded on the left, as batched generation wants them."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
 def generate_answers(target, prompts: list[list[int]], max_new_tokens: int, *, batch_tokens: int = 8192,
                      on_stage: Stage | None = None) -> list[list[int]]:
     """The target's greedy continuation of each prompt (left-padded batches of similar length)."""
@@ -168,12 +181,8 @@ def generate_answers(target, prompts: list[list[int]], max_new_tokens: int, *, b
         width = len(prompts[order[done]]) + max_new_tokens
         size = max(1, batch_tokens // width)
         idx = order[done : done + size]
-        width = max(len(prompts[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[row, width - len(prompts[i]):] = 1
+        ids, mask = left_padded([prompts[i] for i in idx], pad)
+        width = ids.shape[1]
         with torch.inference_mode():
             out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,

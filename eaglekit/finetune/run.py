@@ -282,14 +282,14 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
 
     from eaglekit.finetune import warm_start
 
-    warm_notes, warm_changed = warm_start.apply(drafter, spec, data, opts.warm_start)
-    notes += warm_notes
+    warm = warm_start.apply(drafter, spec, data, opts.warm_start)
+    notes += warm.notes
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     checkpoints = Checkpoints(checkpoint_dir, opts.checkpoint_every, _fingerprint(spec, data, opts))
     t = time.perf_counter()
     drafter.train()
     result = train(drafter, data, train_opts, ranks=ranks, checkpoints=checkpoints, resume=opts.resume,
-                   on_step=on_step)
+                   on_step=on_step, lr_scales=warm.lr_scales)
     drafter.eval()
     timings["train_s"] = time.perf_counter() - t
     report = FinetuneReport(
@@ -313,8 +313,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         on_stage("writing and validating the output", 0, 1)
     hashes = hash_files(spec.path, list(spec.files) + ["config.json"])
     target_files = None if hidden_states_mode else target_identity(opts.target)
-    provenance = _provenance(source, spec, opts, data, result, hashes, target_files, warm_notes)
-    changed = set(result.trained) | warm_changed
+    provenance = _provenance(source, spec, opts, data, result, hashes, target_files, warm.notes)
+    changed = set(result.trained) | warm.changed
     report.output["files"], report.findings = _write(destination, spec, drafter, changed, provenance, info,
                                                      opts.force)
     timings["write_s"] = time.perf_counter() - t

@@ -356,18 +356,24 @@ def trainable_parameters(drafter: Drafter, freeze: Sequence[str]) -> dict[str, n
 
 def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
           checkpoints: Checkpoints = Checkpoints(None), resume: bool = False,
-          on_step: Callable[[int, StepRecord | None, dict[str, float]], None] | None = None) -> TrainResult:
+          on_step: Callable[[int, StepRecord | None, dict[str, float]], None] | None = None,
+          lr_scales: dict[str, float] | None = None) -> TrainResult:
     """Train `drafter` in place on `data` (eaglekit.finetune.data.TrainingData); returns the loss history.
 
     `on_step(done, record_or_None, live)` is called after every step; `live` holds the step's loss, first-depth
-    accuracy and tokens/s (for a progress bar), `record` is set every `log_every` steps and at the end."""
+    accuracy and tokens/s (for a progress bar), `record` is set every `log_every` steps and at the end.
+    `lr_scales` multiplies the learning rate of the named tensors (a warm start's rescaled ones)."""
     opts.check()
     torch.manual_seed(opts.seed)
     rng = random.Random(opts.seed)
     device = drafter.norm.weight.device
     params = trainable_parameters(drafter, opts.freeze)
-    optimizer = torch.optim.AdamW(list(params.values()), lr=opts.lr, weight_decay=opts.weight_decay,
-                                  betas=opts.betas)
+    scales = lr_scales or {}
+    groups: dict[float, list[nn.Parameter]] = {}
+    for name, p in params.items():
+        groups.setdefault(float(scales.get(name, 1.0)), []).append(p)
+    optimizer = torch.optim.AdamW([{"params": ps, "lr_scale": s} for s, ps in groups.items()], lr=opts.lr,
+                                  weight_decay=opts.weight_decay, betas=opts.betas)
     objective: nn.Module = UnrolledObjective(drafter, opts.depth, opts.depth_decay)
     if ranks.world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -402,7 +408,7 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
             rows = sum(int(data.offsets[i + 1] - data.offsets[i]) for i in group)
             counts = _all_reduce(label_counts(labels, opts.depth, width).to(device), ranks)
             for g in optimizer.param_groups:
-                g["lr"] = opts.lr * opts.lr_factor(step)
+                g["lr"] = opts.lr * opts.lr_factor(step) * g["lr_scale"]
             with autocast:
                 loss, correct = objective(ids.to(device), labels.to(device), aux.to(device), counts)
             optimizer.zero_grad(set_to_none=True)

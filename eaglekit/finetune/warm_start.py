@@ -12,6 +12,8 @@ computes when it has the target, from the captured aux states.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from eaglekit.drafter.unroll import unrolled_steps
@@ -85,15 +87,25 @@ def _prenorm(drafter, tokens: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
     return out.feedback.float()
 
 
-def apply(drafter, spec: DraftSpec, data, mode: str) -> tuple[list[str], set[str]]:
-    """Apply what `mode` asks (auto: set up what upgrade left untrained): one sentence per change, and the
-    canonical names of the tensors changed."""
+@dataclass
+class WarmStart:
+    notes: list[str] = field(default_factory=list)  # one sentence per change
+    changed: set[str] = field(default_factory=set)  # canonical names of the tensors it rewrote
+    lr_scales: dict[str, float] = field(default_factory=dict)
+    """Learning-rate factors that give a rescaled tensor the relative step size it had before: Adam moves
+    every element by about lr, so lm_head divided by c would otherwise move c times faster, the norm
+    weight multiplied by c c times slower."""
+
+
+def apply(drafter, spec: DraftSpec, data, mode: str) -> WarmStart:
+    """Apply what `mode` asks (auto: set up what upgrade left untrained)."""
     if mode not in MODES:
         raise UsageError(f"--warm-start {mode!r}: use one of {', '.join(MODES)}")
+    result = WarmStart()
     if mode == "none":
-        return [], set()
+        return result
     changes = upgrade_changes(spec)
-    notes, changed = [], set()
+    notes, changed = result.notes, result.changed
     if changes["fc_norm_ones"] and drafter.fc_norm is not None:
         tokens = calibrate_fc_norm(drafter, data, spec.geometry.rms_norm_eps, spec.dtype)
         notes.append(f"warm start: fc_norm (unit weights from upgrade) fitted by least squares on {tokens} "
@@ -107,4 +119,5 @@ def apply(drafter, spec: DraftSpec, data, mode: str) -> tuple[list[str], set[str
             notes.append(f"warm start: final norm weight set to the pre-norm RMS {c:.2f} and folded into lm_head, "
                          "so norm_output feeds back the EAGLE-3 state up to its per-token magnitude")
             changed |= {"norm.weight", "lm_head.weight"}
-    return notes, changed
+            result.lr_scales.update({"norm.weight": c, "lm_head.weight": 1.0 / c})
+    return result

@@ -57,8 +57,8 @@ class UpgradeReport:
 
     @property
     def next_command(self) -> str | None:
-        """What to run next: a function changed untrained needs `finetune` before it is served."""
-        if self.function != "warm-start":
+        """What to run next: a function changed untrained needs `finetune` (which trains vLLM-layout drafts)."""
+        if self.function != "warm-start" or self.output.get("dialect") != "vllm":
             return None
         dst = self.output["path"].rstrip("/")
         return f"eaglekit finetune {dst} {dst}-tuned --target {self.target or 'TARGET'}"
