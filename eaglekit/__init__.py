@@ -7,7 +7,8 @@
 
 Heavy dependencies (torch, transformers, triton) are imported only by the modules that compute, so the names
 below are resolved on first use. (`upgrade_draft` and `verify_draft` are `eaglekit.upgrade.upgrade` and
-`eaglekit.verify.run.verify`: the subpackages own the short names.)
+`eaglekit.verify.run.verify`, `finetune_draft` is `eaglekit.finetune.run.finetune`: the subpackages own the
+short names.)
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ _EXPORTS = {  # public name -> (module, attribute)
     "verify_draft": ("eaglekit.verify.run", "verify"),
     "VerifyOptions": ("eaglekit.verify.run", "VerifyOptions"),
     "push": ("eaglekit.hub.push", "push"),
+    "finetune_draft": ("eaglekit.finetune.run", "finetune"),
+    "FinetuneOptions": ("eaglekit.finetune.run", "FinetuneOptions"),
 }
 
 __all__ = ["__version__", *_EXPORTS]

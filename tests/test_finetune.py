@@ -286,3 +286,11 @@ def test_warm_start_fits_unit_fc_norm_weights(env, tmp_path):
     assert warm.changed == {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}
     assert "least squares" in warm.notes[0]
     assert (fitted - want).norm() < 0.5 * (ones - want).norm()
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom eaglekit.cli.main import main\ntry:\n    main(['finetune', '--help'])\n"
+            "except SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--hidden-states" in result.stdout and "torchrun" in result.stdout

@@ -117,7 +117,7 @@ class _Progress:
 @click.option("--steps", type=int, default=100, show_default=True, help="Optimizer steps (0: only the warm start).")
 @click.option("--batch-tokens", type=int, default=2048, show_default=True, help="Rows per step (global batch).")
 @click.option("--depth", type=int, default=4, show_default=True, help="Unrolled draft steps (training-time test).")
-@click.option("--lr", type=float, default=5e-4, show_default=True, help="Peak learning rate (AdamW).")
+@click.option("--lr", type=float, default=2e-4, show_default=True, help="Peak learning rate (AdamW).")
 @click.option("--warmup-steps", type=int, help="Linear warm-up steps [default: steps / 20].")
 @click.option("--depth-decay", type=float, default=0.8, show_default=True, help="Loss weight of depth j: decay^j.")
 @click.option("--freeze", default="embed", show_default=True,
