@@ -8,7 +8,7 @@ import time
 
 import click
 
-from eaglekit.cli.output import emit_json, err, findings_table, format_option, key_value_table, out
+from eaglekit.cli.output import emit_json, err, findings_table, format_option, int_list, key_value_table, out
 from eaglekit.cli.upgrade import _terminate_cleanly, parse_ids
 from eaglekit.errors import UsageError
 
@@ -22,16 +22,6 @@ Examples:
   torchrun --nproc-per-node 4 -m eaglekit finetune ./draft-31 ./tuned --target ./target --device cuda
   eaglekit finetune ./draft-31 ./tuned --target ./Kimi-K2.6 --hidden-states ./captured --captured-ids 2,30,58,61
 """
-
-
-def _contexts(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.replace(" ", "").split(",") if v)
-    except ValueError:
-        raise UsageError(f"--eval-context-tokens {text!r}: expected integers such as 0,1024") from None
-    if not values or any(v < 0 for v in values):
-        raise UsageError(f"--eval-context-tokens {text!r}: expected non-negative integers such as 0,1024")
-    return values
 
 
 def _freeze(text: str) -> tuple[str, ...]:
@@ -182,7 +172,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
                            depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed),
         eval=None if no_eval else EvalOptions(prompts_file=eval_prompts, limit=eval_limit,
                                               max_new_tokens=eval_max_new_tokens, k=k,
-                                              context_tokens=_contexts(eval_context_tokens)),
+                                              context_tokens=int_list(eval_context_tokens, "--eval-context-tokens", "0,1024")),
         device=device, target_dtype=target_dtype, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
         resume=resume, force=force, plot=plot, warm_start=warm_start,
     )

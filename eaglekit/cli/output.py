@@ -20,6 +20,19 @@ format_option = click.option(
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
+def int_list(value: str, option: str, example: str) -> tuple[int, ...]:
+    """Non-negative integers from a comma list such as `2,15,27` (spaces ignored)."""
+    from eaglekit.errors import UsageError
+
+    try:
+        numbers = tuple(int(v) for v in value.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise UsageError(f"{option} {value!r}: expected comma-separated integers such as {example}") from None
+    if not numbers or any(n < 0 for n in numbers):
+        raise UsageError(f"{option} {value!r}: expected non-negative integers such as {example}")
+    return numbers
+
+
 def emit_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=False))
 

@@ -9,8 +9,8 @@ import tempfile
 import click
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, err, format_option, key_value_table, out
-from eaglekit.errors import EaglekitError, OutputError, UsageError
+from eaglekit.cli.output import emit_json, err, format_option, int_list, key_value_table, out
+from eaglekit.errors import EaglekitError, OutputError
 
 EXAMPLES = """
 \b
@@ -24,15 +24,7 @@ STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "info": "
 
 
 def _ids(value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        ids = tuple(int(v) for v in value.replace(" ", "").split(",") if v)
-    except ValueError:
-        raise UsageError(f"--aux-layer-ids {value!r}: expected comma-separated integers") from None
-    if not ids or any(i < 0 for i in ids):
-        raise UsageError(f"--aux-layer-ids {value!r}: expected non-negative integers")
-    return ids
+    return None if value is None else int_list(value, "--aux-layer-ids", "2,15,27")
 
 
 @click.command("verify", epilog=EXAMPLES)
