@@ -150,10 +150,6 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
     once and cached). τ on held-out prompts is measured before and after, short and long context. OUT appears
     only when complete and validated; the source is never modified.
     """
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise UsageError("finetune needs torch and transformers: pip install 'eaglekit[torch]'") from None
     from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.evaluate import EvalOptions
     from eaglekit.finetune.run import FinetuneOptions, finetune

@@ -76,13 +76,6 @@ class FinetuneReport:
         }
 
 
-def _check_paths(src: str, dst: str) -> None:
-    s, d = os.path.realpath(src), os.path.realpath(dst)
-    if s == d or d.startswith(s + os.sep) or s.startswith(d + os.sep):
-        raise UsageError(f"output {dst} overlaps the source {src}: the source is never modified; choose another "
-                         "directory")
-
-
 def _source_spec(source: str, info: TargetInfo) -> DraftSpec:
     spec = load_draft(source, target=info)
     if spec.family != "vllm":
@@ -116,14 +109,11 @@ def _target_tensor(target_dir: str, names: tuple[str, ...]):
     raise CheckpointError(f"the target has none of {', '.join(names)}", target_dir)
 
 
-def _fingerprint(spec: DraftSpec, data: TrainingData, opts: FinetuneOptions) -> str:
-    from dataclasses import asdict
-
+def _fingerprint(hashes: dict[str, str], data: TrainingData, opts: FinetuneOptions) -> str:
     from eaglekit.finetune.data import content_address
-    from eaglekit.upgrade.provenance import hash_files
 
-    return content_address({"source": hash_files(spec.path, list(spec.files) + ["config.json"]),
-                            "data": data.digest, "train": asdict(opts.train), "warm_start": opts.warm_start})
+    return content_address({"source": hashes, "data": data.digest, "train": _options_dict(opts)["train"],
+                            "warm_start": opts.warm_start})
 
 
 def _evaluate(target, drafter, aux_ids, opts: EvalOptions, label: str, on_stage: Stage | None) -> list[Acceptance]:
@@ -138,8 +128,6 @@ def _evaluate(target, drafter, aux_ids, opts: EvalOptions, label: str, on_stage:
 
 def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: TrainingData, result,
                 hashes: dict[str, str], target_files: dict[str, str] | None, warm: list[str]) -> dict[str, Any]:
-    from dataclasses import asdict
-
     previous = spec.config.get("eaglekit")
     last = result.history[-1] if result.history else None
     return {
@@ -149,7 +137,7 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "target": opts.target, "target_files": target_files,
         "data": {"source": data.source, "sha256": data.digest, "sequences": data.sequences,
                  "positions": data.positions},
-        "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(opts.train).items()},
+        "options": _options_dict(opts)["train"],
         "warm_start": warm, "steps": result.steps, "trained_tensors": list(result.trained), "world_size": result.world_size,
         "final_loss": round(last.loss, 6) if last else None,
         "final_accuracy": [round(a, 4) for a in last.accuracy] if last else None,
@@ -226,8 +214,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
 
     from eaglekit.drafter.model import Drafter
     from eaglekit.finetune.train import Checkpoints, TrainOptions, barrier, init_distributed, train
-    from eaglekit.io.writer import StagedDirectory
-    from eaglekit.upgrade.provenance import hash_files
+    from eaglekit.io.writer import StagedDirectory, refuse_overlap
+    from eaglekit.upgrade.provenance import hash_files, source_files
     from eaglekit.verify.target import load_target, resolve_device
 
     started = time.perf_counter()
@@ -237,7 +225,7 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     opts.data.check()
     info = read_target(opts.target)
     spec = _source_spec(source, info)
-    _check_paths(spec.path, destination)
+    refuse_overlap(spec.path, destination)
     StagedDirectory(destination, force=opts.force).check()
     device = torch.device(resolve_device(opts.device))
     ranks = init_distributed(device)
@@ -285,7 +273,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     warm = warm_start.apply(drafter, spec, data, opts.warm_start)
     notes += warm.notes
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
-    checkpoints = Checkpoints(checkpoint_dir, opts.checkpoint_every, _fingerprint(spec, data, opts))
+    hashes = hash_files(spec.path, source_files(spec))
+    checkpoints = Checkpoints(checkpoint_dir, opts.checkpoint_every, _fingerprint(hashes, data, opts))
     t = time.perf_counter()
     drafter.train()
     result = train(drafter, data, train_opts, ranks=ranks, checkpoints=checkpoints, resume=opts.resume,
@@ -303,15 +292,14 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         t = time.perf_counter()
         evaluation["after"] = [a.to_dict() for a in _evaluate(target, drafter, aux_ids, eval_opts, "after", on_stage)]
         timings["eval_after_s"] = time.perf_counter() - t
-        _, prompts = held_out_prompts(eval_opts)
-        report.evaluation_prompts = f"{held_out_prompts(eval_opts)[0]} ({len(prompts)} prompts, k={eval_opts.k}, " \
-                                    f"{eval_opts.max_new_tokens} new tokens)"
+        name, prompts = held_out_prompts(eval_opts)
+        report.evaluation_prompts = (f"{name} ({len(prompts)} prompts, k={eval_opts.k}, "
+                                     f"{eval_opts.max_new_tokens} new tokens)")
     report.evaluation = evaluation
 
     t = time.perf_counter()
     if on_stage:
         on_stage("writing and validating the output", 0, 1)
-    hashes = hash_files(spec.path, list(spec.files) + ["config.json"])
     target_files = None if hidden_states_mode else target_identity(opts.target)
     provenance = _provenance(source, spec, opts, data, result, hashes, target_files, warm.notes)
     changed = set(result.trained) | warm.changed

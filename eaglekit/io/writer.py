@@ -230,6 +230,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def refuse_overlap(src: str, dst: str) -> None:
+    """The source is never modified: an output inside it (or around it) is refused."""
+    s, d = os.path.realpath(src), os.path.realpath(dst)
+    if s == d or d.startswith(s + os.sep) or s.startswith(d + os.sep):
+        raise UsageError(f"output {dst} overlaps the source {src}: the source is never modified; choose another "
+                         "directory")
+
+
 class StagedDirectory:
     """Build a directory beside `dst` and move it into place only when `publish()` is called.
 

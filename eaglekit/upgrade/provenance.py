@@ -11,6 +11,7 @@ import os
 import re
 
 from eaglekit.errors import CheckpointError
+from eaglekit.io.checkpoint import INDEX_NAME
 
 HASH_BUFFER = 4 * 1024 * 1024
 _SHA256_BLOB = re.compile(r"^[0-9a-f]{64}$")
@@ -31,6 +32,14 @@ def sha256_file(path: str) -> str:
         return "sha256:" + digest.hexdigest()
     except OSError as exc:
         raise CheckpointError(f"cannot read for hashing: {exc.strerror or exc}", path) from None
+
+
+def source_files(spec) -> list[str]:
+    """The files a draft consists of (weights, config, shard index), relative to its folder."""
+    files = list(spec.files) + ["config.json"]
+    if os.path.exists(os.path.join(spec.path, INDEX_NAME)):
+        files.append(INDEX_NAME)
+    return files
 
 
 def hash_files(root: str, files: list[str]) -> dict[str, str]:

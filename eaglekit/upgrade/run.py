@@ -15,34 +15,20 @@ from eaglekit import __version__
 from eaglekit.dialects import get_dialect
 from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
-from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.tensors import read_array
-from eaglekit.io.writer import OutTensor, StagedDirectory, patch_header, write_checkpoint_weights, write_json
+from eaglekit.io.writer import (OutTensor, StagedDirectory, patch_header, refuse_overlap, write_checkpoint_weights,
+                                write_json)
 from eaglekit.spec import DraftSpec
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import Decisions, decide
 from eaglekit.upgrade.materialize import out_tensors
 from eaglekit.upgrade.options import UpgradeOptions
 from eaglekit.upgrade.plan import UpgradePlan, build_plan
-from eaglekit.upgrade.provenance import hash_files, placeholders
+from eaglekit.upgrade.provenance import hash_files, placeholders, source_files
 from eaglekit.upgrade.report import FidelityReport, UpgradeReport, summary_line
 from eaglekit.upgrade.vocab import VocabPlan, plan_vocab
 
 CARRIED_FILES = ("hf_quant_config.json",)  # the draft's own quantisation description travels with its scales
-
-
-def _check_paths(src: str, dst: str) -> None:
-    s, d = os.path.realpath(src), os.path.realpath(dst)
-    if s == d or d.startswith(s + os.sep) or s.startswith(d + os.sep):
-        raise UsageError(f"output {dst} overlaps the source {src}: the source is never modified; choose another "
-                         "directory")
-
-
-def _source_files(spec: DraftSpec) -> list[str]:
-    files = list(spec.files) + ["config.json"]
-    if os.path.exists(os.path.join(spec.path, INDEX_NAME)):
-        files.append(INDEX_NAME)
-    return files
 
 
 def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions, vocab: VocabPlan,
@@ -137,7 +123,7 @@ def _write(stage: StagedDirectory, spec: DraftSpec, tensors: list[OutTensor], co
            provenance: Callable[[dict[str, str]], dict[str, Any]], opts: UpgradeOptions,
            progress: Callable[[int], None] | None) -> None:
     """Weights (headers carry placeholder digests), then the real digests patched in, config, carried files."""
-    files = _source_files(spec)
+    files = source_files(spec)
 
     def metadata(digests: dict[str, str]) -> dict[str, str]:
         return {"format": "pt", "eaglekit": json.dumps(provenance(digests), sort_keys=True)}
@@ -172,7 +158,7 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
     family = None if opts.source_family == "eagle3" else opts.source_family
     spec = load_draft(source, subfolder=opts.subfolder, revision=opts.revision, allow_pickle=opts.allow_pickle,
                       family=family, target=target)
-    _check_paths(spec.path, destination)
+    refuse_overlap(spec.path, destination)
     stage = StagedDirectory(destination, force=opts.force)
     refusal = None
     try:
