@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from eaglekit.target import TargetInfo
+
 # safetensors dtype name -> bytes per element
 DTYPE_SIZES: dict[str, int] = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1,
@@ -103,6 +105,25 @@ class Flags:
     norm_output_legacy_specforge: bool = False  # SpecForge before PR #879: norm_output meant EAGLE-3 recurrence
 
 
+@dataclass(frozen=True)
+class SourceFacts:
+    """What the checkpoint itself wrote, kept beside the derived values so rules can compare the two."""
+
+    tensor_layer_ids: tuple[int, ...] = ()  # decoder layer indices that have tensors
+    renamed_hidden_norm_layers: tuple[int, ...] = ()  # ModelOpt Megatron hidden_norm read as input_layernorm (P32)
+    fc_in_features: int | None = None  # fc.weight fan-in, when fc.weight is a matrix
+    fc_norm_tensor_ids: tuple[int, ...] = ()  # k of every fc_norm.{k}.weight
+    config_hidden_size: int | None = None
+    config_num_layers: int | None = None
+    config_num_aux_hidden_states: int | None = None
+    config_vocab_size: int | None = None
+    config_draft_vocab_size: int | None = None
+    target_hidden_size_written: bool = False
+    rope_theta_written: bool = False
+    norm_output_written: bool = False
+    norm_before_residual_default: bool | None = None  # what the producer's consumer assumes when the key is absent
+
+
 @dataclass
 class DraftSpec:
     path: str
@@ -124,8 +145,8 @@ class DraftSpec:
     tensors: dict[str, TensorRef]
     config: dict[str, Any]
     metadata: dict[str, str] = field(default_factory=dict)
-    # detection-time observations (fed to the rule engine)
-    observations: dict[str, Any] = field(default_factory=dict)
+    facts: SourceFacts = SourceFacts()
+    target: TargetInfo | None = None  # the target it was read against (eaglekit.families.apply_target)
 
     @property
     def eagle_version(self) -> str:

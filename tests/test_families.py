@@ -84,14 +84,14 @@ def test_megatron_hidden_norm_of_later_layers_becomes_input_layernorm(tmp_path):
         ref = spec.tensors[f"layers.{i}.input_layernorm.weight"]
         assert ref.source_name == f"midlayer.{i}.hidden_norm.weight"
         assert f"layers.{i}.hidden_norm.weight" not in spec.tensors
-    assert spec.observations["renamed_megatron_hidden_norm"] == [1, 2]
+    assert spec.facts.renamed_hidden_norm_layers == (1, 2)
 
 
 def test_tensors_win_over_config_layer_count(tmp_path):
     """P49: a config that says 36 layers while the tensors hold one."""
     spec = load_draft(make_draft(str(tmp_path / "d"), "sglang", config_patch={"num_hidden_layers": 36}))
     assert spec.geometry.num_layers == 1
-    assert spec.observations["config_num_layers"] == 36
+    assert spec.facts.config_num_layers == 36
 
 
 def test_target_fills_in_hidden_size_and_k(tmp_path):

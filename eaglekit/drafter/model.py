@@ -92,7 +92,7 @@ class DrafterConfig:
             k = fc.shape[1] // target_hidden
         nbr = spec.flags.norm_before_residual
         if nbr is None:
-            nbr = bool(spec.observations.get("norm_before_residual_default") or False)
+            nbr = bool(spec.facts.norm_before_residual_default)
         config = cls(
             hidden_size=g.hidden_size,
             target_hidden_size=target_hidden,

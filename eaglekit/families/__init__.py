@@ -53,9 +53,8 @@ def detect(files: CheckpointFiles, family: str | None = None):
 def apply_target(spec: DraftSpec, target: TargetInfo) -> DraftSpec:
     """Fill in what the draft leaves implicit: T, V, and the engine-default aux ids."""
     geometry = spec.geometry
-    obs = dict(spec.observations)
-    if not obs.get("target_hidden_size_written") and not spec.observations.get("fc_norm_tensor_ids"):
-        fc_in = obs.get("fc_in_features")
+    if not spec.facts.target_hidden_size_written and not spec.facts.fc_norm_tensor_ids:
+        fc_in = spec.facts.fc_in_features
         geometry = dataclasses.replace(geometry, target_hidden_size=target.hidden_size)
         k = fc_in // target.hidden_size if fc_in and fc_in % target.hidden_size == 0 else spec.num_aux_hidden_states
         spec = dataclasses.replace(spec, geometry=geometry, num_aux_hidden_states=k)
@@ -67,8 +66,7 @@ def apply_target(spec: DraftSpec, target: TargetInfo) -> DraftSpec:
         aux = AuxLayers(default, None, "input", spec.family == "eagle", "default",
                         f"engine default (2, L//2, L-3) for target L={target.num_layers}")
         spec = dataclasses.replace(spec, aux=aux)
-    obs["target"] = dataclasses.asdict(target)
-    return dataclasses.replace(spec, observations=obs)
+    return dataclasses.replace(spec, target=target)
 
 
 def load_draft(

@@ -15,6 +15,7 @@ from eaglekit.spec import (
     Flags,
     Geometry,
     MlaGeometry,
+    SourceFacts,
     TensorRef,
     VocabMap,
 )
@@ -99,11 +100,9 @@ def _ids(value: Any) -> tuple[int, ...] | None:
     return None
 
 
-def read_aux(obs: Observed, traits: Traits) -> tuple[AuxLayers, dict[str, Any]]:
-    cfg = obs.config
-    top = _ids(cfg.get("eagle_aux_hidden_state_layer_ids"))
+def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
+    top = _ids(obs.config.get("eagle_aux_hidden_state_layer_ids"))
     nested = _ids(obs.eagle_config.get("eagle_aux_hidden_state_layer_ids"))
-    notes: dict[str, Any] = {"aux_top_level": top, "aux_eagle_config": nested}
     written, location = None, None
     for key in traits.aux_keys:
         candidate = top if key == "top-level" else nested
@@ -112,9 +111,8 @@ def read_aux(obs: Observed, traits: Traits) -> tuple[AuxLayers, dict[str, Any]]:
             break
     if written is not None and top is not None and nested is not None:
         location = "both"
-        notes["aux_disagree"] = top != nested
     if written is None:
-        return AuxLayers(None, None, None, False, None, "not recorded in the checkpoint"), notes
+        return AuxLayers(None, None, None, False, None, "not recorded in the checkpoint")
 
     convention, known = traits.aux_convention, traits.aux_convention is not None
     if convention is None:
@@ -123,10 +121,10 @@ def read_aux(obs: Observed, traits: Traits) -> tuple[AuxLayers, dict[str, Any]]:
         elif written[0] == 2:
             convention = "input"
     if convention is None:
-        return AuxLayers(None, written, None, False, location, f"{location} (convention unknown)"), notes
+        return AuxLayers(None, written, None, False, location, f"{location} (convention unknown)")
     ids = tuple(i + 1 for i in written) if convention == "output" else written
     how = f"{traits.producer} convention" if known else "heuristic: first id " + str(written[0])
-    return AuxLayers(ids, written, convention, known, location, f"{location}, {convention}-of-layer ({how})"), notes
+    return AuxLayers(ids, written, convention, known, location, f"{location}, {convention}-of-layer ({how})")
 
 
 def _number(key: str, value: Any, path: str) -> float:
@@ -153,8 +151,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
             raise CheckpointError(f"tensors {tensors[canon].source_name!r} and {src!r} map to the same name {canon!r}", files.root)
         tensors[canon] = TensorRef(canon, src, rel, entry.dtype, entry.shape, entry.start, entry.end)
 
-    observations: dict[str, Any] = {"name_forms": sorted(obs.forms)}
-
+    renamed_hidden_norm: list[int] = []
     # ModelOpt Megatron: layers >= 1 store their input norm as hidden_norm (P32)
     layer_ids = sorted({i for n in tensors if (i := layer_index(n)) is not None})
     for i in layer_ids:
@@ -164,7 +161,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
                 tensors[f"layers.{i}.input_layernorm.weight"] = TensorRef(
                     f"layers.{i}.input_layernorm.weight", ref.source_name, ref.file, ref.dtype, ref.shape, ref.data_start, ref.data_end
                 )
-                observations.setdefault("renamed_megatron_hidden_norm", []).append(i)
+                renamed_hidden_norm.append(i)
 
     def shape(name: str) -> tuple[int, ...] | None:
         return tensors[name].shape if name in tensors else None
@@ -183,12 +180,9 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     h = h or cfg_h
     if h is None:
         raise CheckpointError("cannot determine hidden_size: no norm or fc tensors and no config value", files.config_path)
-    observations["config_hidden_size"] = cfg_h
 
     cfg_layers = _int(lcfg, "num_hidden_layers")
     num_layers = (max(layer_ids) + 1) if layer_ids else (cfg_layers or 0)
-    observations["config_num_layers"] = cfg_layers
-    observations["tensor_layer_ids"] = layer_ids
 
     fc_norm_ids = sorted(int(n.split(".")[1]) for n in tensors if n.startswith("fc_norm.") and n.endswith(".weight"))
     t_cfg = _int(cfg, "target_hidden_size")
@@ -201,11 +195,8 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     k = None
     if fc_in is not None and t:
         k = fc_in // t if fc_in % t == 0 else None
-        observations["fc_in_features"] = fc_in
     if k is None:
         k = k_cfg
-    observations["config_num_aux_hidden_states"] = k_cfg
-    observations["fc_norm_tensor_ids"] = fc_norm_ids
 
     n_heads = _int(lcfg, "num_attention_heads") or 0
     n_kv = _int(lcfg, "num_key_value_heads") or n_heads
@@ -229,7 +220,6 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     rope_theta = lcfg.get("rope_theta")
     if rope_theta is None and rope_params:
         rope_theta = rope_params.get("rope_theta")
-    observations["rope_theta_written"] = rope_theta is not None
     if rope_scaling is None and rope_params and rope_params.get("rope_type", "default") != "default":
         rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
     sliding = _int(lcfg, "sliding_window") if lcfg.get("use_sliding_window", "layer_types" in lcfg) else None
@@ -249,7 +239,6 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         sliding_window=sliding,
         mla=mla,
     )
-    observations["target_hidden_size_written"] = t_cfg is not None
 
     # --- vocabulary
     v_cfg = _int(lcfg, "vocab_size") or _int(cfg, "vocab_size")
@@ -264,8 +253,6 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         has_d2t="d2t" in tensors,
         has_t2d="t2d" in tensors,
     )
-    observations["config_vocab_size"] = v_cfg
-    observations["config_draft_vocab_size"] = vd_cfg
 
     # --- flags as written
     ec = obs.eagle_config
@@ -276,11 +263,23 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         norm_before_fc=bool(ec.get("norm_before_fc", cfg.get("norm_before_fc", False))),
         norm_before_residual=nbr if isinstance(nbr, bool) else None,
     )
-    observations["norm_output_written"] = "norm_output" in cfg
-    observations["norm_before_residual_default"] = traits.norm_before_residual_default
 
-    aux, aux_notes = read_aux(obs, traits)
-    observations.update(aux_notes)
+    aux = read_aux(obs, traits)
+    facts = SourceFacts(
+        tensor_layer_ids=tuple(layer_ids),
+        renamed_hidden_norm_layers=tuple(renamed_hidden_norm),
+        fc_in_features=fc_in if t else None,
+        fc_norm_tensor_ids=tuple(fc_norm_ids),
+        config_hidden_size=cfg_h,
+        config_num_layers=cfg_layers,
+        config_num_aux_hidden_states=k_cfg,
+        config_vocab_size=v_cfg,
+        config_draft_vocab_size=vd_cfg,
+        target_hidden_size_written=t_cfg is not None,
+        rope_theta_written=rope_theta is not None,
+        norm_output_written="norm_output" in cfg,
+        norm_before_residual_default=traits.norm_before_residual_default,
+    )
 
     dtypes = Counter(t.dtype for t in tensors.values() if t.dtype in FLOAT_DTYPES)
     dtype = dtypes.most_common(1)[0][0] if dtypes else "F32"
@@ -305,5 +304,5 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         tensors=tensors,
         config=cfg,
         metadata=dict(files.metadata),
-        observations=observations,
+        facts=facts,
     )

@@ -6,7 +6,6 @@ version), deep (tensor values, one streaming pass). Only deep reads tensor bytes
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import eaglekit.rules.deep
@@ -86,18 +85,6 @@ def _engines(engine: str, engine_version: str | None) -> dict[str, Version]:
     return {engine: parse_version(engine_version or LATEST[engine])}
 
 
-def _recorded_target(spec: DraftSpec) -> TargetInfo | None:
-    """The target load_draft(target=...) applied, so a spec read against a target keeps its target rules."""
-    recorded = spec.observations.get("target")
-    if not isinstance(recorded, dict):
-        return None
-    names = {f.name for f in dataclasses.fields(TargetInfo)}
-    try:
-        return TargetInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items() if k in names})
-    except TypeError:
-        return None
-
-
 def run_rules(
     spec: DraftSpec,
     *,
@@ -115,7 +102,7 @@ def run_rules(
     if deep and "deep" not in selected:
         selected += ("deep",)
     versions = _engines(engine, engine_version)
-    target = target or _recorded_target(spec)
+    target = target or spec.target
     neutral = RuleContext(spec, target, None, None)
     contexts = {e: RuleContext(spec, target, e, v) for e, v in versions.items()}
 

@@ -66,7 +66,7 @@ def ignored_names(ctx: RuleContext):
 @rule("EK355", "error", "engine", "P11", "SGLang's K disagrees with fc", engine=SGLANG)
 def k_resolved(ctx: RuleContext):
     K = ctx.spec.num_aux_hidden_states
-    if K is None or not ctx.spec.observations.get("fc_in_features"):
+    if K is None or not ctx.spec.facts.fc_in_features:
         return
     if ctx.sglang.k != K:
         yield Hit(f"SGLang takes K={ctx.sglang.k} from {ctx.sglang.k_source} but fc.weight holds K={K}: loading fails "

@@ -70,7 +70,7 @@ def legacy_names(ctx: RuleContext):
 
 @rule("EK305", "error", "engine", "P32", "Megatron hidden_norm names in layers >= 1", engine=VLLM)
 def megatron_names(ctx: RuleContext):
-    layers = ctx.spec.observations.get("renamed_megatron_hidden_norm") or []
+    layers = ctx.spec.facts.renamed_hidden_norm_layers
     if layers:
         yield Hit(f"layer(s) {fmt_ids(layers)} store their input norm as hidden_norm (ModelOpt Megatron): vLLM loads it "
                   "into the unused hidden_norm and keeps input_layernorm at 1.0; rename on upgrade")
@@ -112,7 +112,7 @@ def ids_eagle_default(ctx: RuleContext):
 @rule("EK310", "error", "engine", "P11", "vLLM's K disagrees with fc", engine=VLLM)
 def k_resolved(ctx: RuleContext):
     K = ctx.spec.num_aux_hidden_states
-    if K is None or not ctx.spec.observations.get("fc_in_features") or ctx.vllm.model_class is None:
+    if K is None or not ctx.spec.facts.fc_in_features or ctx.vllm.model_class is None:
         return
     if ctx.vllm.k != K:
         where = ("inside transformer_layer_config" if ctx.vllm.layout == "speculators" else "top-level")

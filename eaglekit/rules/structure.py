@@ -26,7 +26,7 @@ from eaglekit.rules.registry import Hit, RuleContext, rule
 
 
 def _empty_layers(ctx: RuleContext) -> list[int]:
-    present = set(ctx.spec.observations.get("tensor_layer_ids") or [])
+    present = set(ctx.spec.facts.tensor_layer_ids)
     return [i for i in range(ctx.spec.geometry.num_layers) if present and i not in present]
 
 
@@ -39,8 +39,8 @@ def _megatron_slot(ctx: RuleContext, name: str) -> bool:
 @rule("EK101", "error", "structure", "P49", "config layer count disagrees with the tensors")
 def layer_count(ctx: RuleContext):
     spec = ctx.spec
-    written = spec.observations.get("config_num_layers")
-    if not spec.observations.get("tensor_layer_ids"):
+    written = spec.facts.config_num_layers
+    if not spec.facts.tensor_layer_ids:
         return
     held = spec.geometry.num_layers  # highest layer index + 1: gaps are EK102's
     key = layer_key(spec, "num_hidden_layers")
@@ -54,7 +54,7 @@ def layer_count(ctx: RuleContext):
 
 @rule("EK102", "error", "structure", "P2", "a draft layer has no tensors at all")
 def layer_gaps(ctx: RuleContext):
-    present = sorted(set(ctx.spec.observations.get("tensor_layer_ids") or []))
+    present = sorted(set(ctx.spec.facts.tensor_layer_ids))
     for i in _empty_layers(ctx):
         yield Hit(f"layer {i} has no tensors (layers {present} do): a truncated or mis-renamed multi-layer export")
 
@@ -89,7 +89,7 @@ def unexpected_tensors(ctx: RuleContext):
 def tensor_shapes(ctx: RuleContext):
     spec = ctx.spec
     quantised = "quantization_config" in spec.config
-    fc_in = spec.observations.get("fc_in_features")
+    fc_in = spec.facts.fc_in_features
     T = spec.geometry.target_hidden_size or spec.geometry.hidden_size
     for e in ctx.expectations:
         ref = spec.tensors.get(e.name)
@@ -153,7 +153,7 @@ def fc_norm_missing(ctx: RuleContext):
     if not spec.flags.fc_norm:
         return
     K = spec.num_aux_hidden_states or 0
-    have = set(spec.observations.get("fc_norm_tensor_ids") or [])
+    have = set(spec.facts.fc_norm_tensor_ids)
     missing = [k for k in range(K) if k not in have]
     extra = sorted(k for k in have if k >= K)
     if missing:
@@ -168,7 +168,7 @@ def fc_norm_missing(ctx: RuleContext):
 @rule("EK111", "error", "structure", "P3", "fc_norm tensors while fc_norm is not true")
 def fc_norm_unflagged(ctx: RuleContext):
     spec = ctx.spec
-    ids = spec.observations.get("fc_norm_tensor_ids") or []
+    ids = spec.facts.fc_norm_tensor_ids
     if ids and not spec.flags.fc_norm:
         yield Hit(f"{len(ids)} fc_norm.*.weight tensor(s) but fc_norm is not true: vLLM rejects them as unknown "
                   "names and SGLang silently skips them; write fc_norm: true", key="fc_norm")
@@ -216,7 +216,7 @@ def mla_input_norm(ctx: RuleContext):
 @rule("EK120", "error", "structure", "P11", "fc in-features are not a multiple of T")
 def fc_width(ctx: RuleContext):
     spec = ctx.spec
-    fc_in = spec.observations.get("fc_in_features")
+    fc_in = spec.facts.fc_in_features
     T = spec.geometry.target_hidden_size or spec.geometry.hidden_size
     if fc_in and fc_in % T:
         yield Hit(f"fc.weight has {fc_in} in-features, not K·T for T={T} (target_hidden_size): either T or the fc "
@@ -226,8 +226,8 @@ def fc_width(ctx: RuleContext):
 @rule("EK121", "error", "structure", "P11", "num_aux_hidden_states disagrees with fc")
 def k_written(ctx: RuleContext):
     spec = ctx.spec
-    written = spec.observations.get("config_num_aux_hidden_states")
-    fc_in = spec.observations.get("fc_in_features")
+    written = spec.facts.config_num_aux_hidden_states
+    fc_in = spec.facts.fc_in_features
     T = spec.geometry.target_hidden_size or spec.geometry.hidden_size
     if written is not None and fc_in and fc_in % T == 0 and written != fc_in // T:
         yield Hit(f"num_aux_hidden_states is {written} but fc.weight holds K={fc_in // T} (in-features {fc_in} / "
@@ -237,7 +237,7 @@ def k_written(ctx: RuleContext):
 @rule("EK122", "error", "structure", "P11", "an aux-id list's length disagrees with K")
 def ids_count(ctx: RuleContext):
     K = ctx.spec.num_aux_hidden_states
-    if not K or not ctx.spec.observations.get("fc_in_features"):
+    if not K or not ctx.spec.facts.fc_in_features:
         return
     for key, ids in written_id_lists(ctx.spec):
         if len(set(ids)) != K:
@@ -250,7 +250,7 @@ def target_hidden_size(ctx: RuleContext):
     spec = ctx.spec
     H = spec.geometry.hidden_size
     written = spec.config.get("target_hidden_size")
-    widths = {spec.tensors[f"fc_norm.{k}.weight"].shape for k in spec.observations.get("fc_norm_tensor_ids") or []}
+    widths = {spec.tensors[f"fc_norm.{k}.weight"].shape for k in spec.facts.fc_norm_tensor_ids}
     width = next(iter(widths))[0] if len(widths) == 1 and len(next(iter(widths))) == 1 else None
     if width is None:
         return
@@ -298,9 +298,8 @@ def d2t_missing(ctx: RuleContext):
 @rule("EK131", "error", "structure", "P28", "vocabulary sizes disagree")
 def vocab_sizes(ctx: RuleContext):
     spec = ctx.spec
-    obs = spec.observations
     Vd, V = spec.vocab.draft_vocab_size, spec.vocab.vocab_size
-    written_vd, written_v = obs.get("config_draft_vocab_size"), obs.get("config_vocab_size")
+    written_vd, written_v = spec.facts.config_draft_vocab_size, spec.facts.config_vocab_size
     if spec.has_lm_head and written_vd is not None and written_vd != Vd:
         yield Hit(f"draft_vocab_size is {written_vd} but lm_head.weight has {Vd} rows", key="draft_vocab_size")
     if spec.has_embed_tokens and written_v is not None and written_v != spec.tensors["embed_tokens.weight"].shape[0]:

@@ -9,7 +9,7 @@ from eaglekit.rules.registry import Hit, RuleContext, rule
 @rule("EK201", "error", "target", "P28", "draft vocabulary size is not the target's")
 def target_vocab(ctx: RuleContext):
     spec, t = ctx.spec, ctx.target
-    written = spec.observations.get("config_vocab_size")
+    written = spec.facts.config_vocab_size
     embed = spec.tensors.get("embed_tokens.weight")
     for what, v in (("vocab_size", written), ("embed_tokens.weight rows", embed.shape[0] if embed else None)):
         if v is not None and v != t.vocab_size:

@@ -126,7 +126,7 @@ def _vocab_size(spec: DraftSpec, target: TargetInfo | None, warnings: list[str])
 
 def _trained_flags(spec: DraftSpec, opts: UpgradeOptions, warnings: list[str]) -> tuple[bool, bool, bool]:
     """(fc_norm, norm_output, norm_before_fc) as the source was trained; refuses to drop what was trained."""
-    fc_norm = bool(spec.observations.get("fc_norm_tensor_ids"))
+    fc_norm = bool(spec.facts.fc_norm_tensor_ids)
     if spec.flags.fc_norm and not fc_norm:
         raise CheckpointError("config says fc_norm: true but there are no fc_norm.* tensors (P3: a converter dropped "
                               "the trained weights); refusing to invent them", spec.path)
@@ -136,7 +136,7 @@ def _trained_flags(spec: DraftSpec, opts: UpgradeOptions, warnings: list[str]) -
         raise UsageError("the source is trained with fc_norm; removing it would change the function "
                          "(drop --no-fc-norm)")
     norm_output = spec.flags.norm_output and not spec.flags.norm_output_legacy_specforge
-    if spec.family == "specforge" and spec.observations.get("norm_output_written"):
+    if spec.family == "specforge" and spec.facts.norm_output_written:
         warnings.append("SpecForge before PR #879 gave norm_output another meaning (P35): check the SpecForge "
                         "version this draft was trained with")
     if norm_output and not opts.norm_output:
@@ -167,7 +167,7 @@ def _norm_before_residual(spec: DraftSpec, warnings: list[str]) -> tuple[bool, s
     """As written; else what the source's consumer assumed (P12), said so."""
     if spec.flags.norm_before_residual is not None:
         return spec.flags.norm_before_residual, "as written in the source"
-    default = spec.observations.get("norm_before_residual_default")
+    default = spec.facts.norm_before_residual_default
     if default is None:
         return False, "not written in the source; false (vLLM flat-config default, P12)"
     if default:

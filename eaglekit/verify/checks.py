@@ -33,8 +33,8 @@ class Check:
 
 def _target_hidden(spec: DraftSpec, target: TargetInfo) -> Check:
     T = target.hidden_size
-    written = spec.observations.get("target_hidden_size_written") or spec.observations.get("fc_norm_tensor_ids")
-    fc_in = spec.observations.get("fc_in_features")
+    written = spec.facts.target_hidden_size_written or spec.facts.fc_norm_tensor_ids
+    fc_in = spec.facts.fc_in_features
     draft_t = spec.geometry.target_hidden_size
     if written and draft_t != T:
         return Check("target_hidden_size", "fail", f"draft expects target hidden size T={draft_t}, the target has T={T}")
