@@ -195,13 +195,12 @@ def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
     return needs
 
 
-def vllm_min_version(spec: DraftSpec) -> tuple[str, list[str]]:
-    """The lowest vLLM version (of those known) whose eagle3 code reads everything this draft relies on."""
-    needs = vllm_requirements(spec)
-    if not needs:
-        return VLLM_OLDEST_KNOWN, []
-    floor = max(v for v, _ in needs)
-    return format_version(floor), [why for _, why in needs]
+def sglang_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
+    """Version floors for SGLang; 0.5.23 is the only release modelled, so it is the floor of any 3.1 flag."""
+    flags = spec.flags
+    if (flags.fc_norm or flags.norm_output) and not flags.norm_output_legacy_specforge:
+        return [(parse_version(LATEST[SGLANG]), "EAGLE-3.1 in the Llama and MLA drafts")]
+    return []
 
 
 @dataclass(frozen=True)
@@ -249,37 +248,3 @@ def sglang_capture(view: SglangView, target: TargetInfo | None) -> tuple[int, ..
     if view.deepseek_target and ids[0] != 1:
         return ids  # SGLang PR #25454: shift only when the first id is 1
     return tuple(i + 1 for i in ids)
-
-
-@dataclass(frozen=True)
-class EngineSupport:
-    """Whether an engine serves the draft as is, and from which version."""
-
-    engine: str
-    min_version: str | None  # None: cannot serve it as is
-    as_is: bool
-    reason: str
-
-
-def serving_support(spec: DraftSpec, target: TargetInfo | None = None) -> list[EngineSupport]:
-    """Which vLLM / SGLang versions serve this draft as is: no errors from the file rules, then the version floors."""
-    from eaglekit.rules import run_rules
-
-    out = []
-    for engine in ENGINES:
-        report = run_rules(spec, target=target, engine=engine, groups=("structure", "target", "engine"))
-        errors = [f for f in report.findings if f.severity == "error"]
-        warnings = [f for f in report.findings if f.severity == "warning"]
-        if errors:
-            more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-            out.append(EngineSupport(engine, None, False, f"{errors[0].code}: {errors[0].message}{more}"))
-            continue
-        if engine == VLLM:
-            floor, why = vllm_min_version(spec)
-            reason = "; ".join(why) if why else f"plain EAGLE-3 layout (checked against {VLLM_OLDEST_KNOWN}..{LATEST[VLLM]})"
-        else:
-            floor, reason = LATEST[SGLANG], f"checked against SGLang {LATEST[SGLANG]} only"
-        if warnings:
-            reason += f"; {len(warnings)} warning(s), first {warnings[0].code}: {warnings[0].message}"
-        out.append(EngineSupport(engine, floor, True, reason))
-    return out

@@ -94,9 +94,9 @@ def inspect_draft(
     include_tensors: bool = False,
 ) -> InspectReport:
     """Read a draft (headers only), run the file-level rules, and say which engines can serve it as is."""
-    from eaglekit.engines import serving_support
     from eaglekit.families import load_draft
     from eaglekit.rules import run_rules
+    from eaglekit.serving import serving_support
     from eaglekit.target import read_target
 
     target_info = read_target(target) if target else None

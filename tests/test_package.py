@@ -41,3 +41,49 @@ def test_a_missing_optional_dependency_is_one_line_naming_the_extra(tmp_path, bl
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"Error: this command needs {blocked}, which is not installed: pip install 'eaglekit[{extra}]'"]
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """eaglekit module -> the eaglekit modules it imports (module level or inside functions)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(eaglekit.__file__).parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                found |= {base} | {f"{base}.{a.name}" for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name and not name.startswith(m + ".")}
+    return graph
+
+
+def test_no_import_cycles():
+    """Layering: no eaglekit module reaches itself through its imports, lazy ones included."""
+    graph = _module_imports()
+    state: dict[str, int] = {}
+
+    def visit(node, trail):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*trail[trail.index(nxt):], nxt]))
+            if nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])

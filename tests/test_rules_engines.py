@@ -9,17 +9,17 @@ import sys
 import pytest
 
 from eaglekit.engines import (
+    VLLM_OLDEST_KNOWN,
     SglangView,
     parse_version,
-    serving_support,
     sglang_capture,
-    vllm_min_version,
     vllm_rewrite_architecture,
     vllm_view,
 )
 from eaglekit.errors import UsageError
 from eaglekit.families import load_draft
 from eaglekit.rules import run_rules
+from eaglekit.serving import minimum_versions, serving_support
 from eaglekit.target import read_target
 from tests.factory import edit_config, make_draft, make_target_config
 
@@ -75,7 +75,7 @@ def test_runners_read_different_id_lists(tmp_path):
 
 
 @pytest.mark.parametrize("layout, recipe, floor", [
-    ("vllm", {}, "0.21.0"),
+    ("vllm", {}, None),
     ("vllm", {"fc_norm": True}, "0.22.0"),
     ("vllm", {"norm_output": True}, "0.22.0"),
     ("vllm", {"attention": "mla", "fc_norm": True}, "0.23.0"),
@@ -83,7 +83,7 @@ def test_runners_read_different_id_lists(tmp_path):
     ("vllm", {"k": 4, "aux_ids": (2, 4, 6, 9)}, "0.22.0"),
 ])
 def test_vllm_version_floors(tmp_path, layout, recipe, floor):
-    assert vllm_min_version(spec_of(tmp_path, layout, **recipe))[0] == floor
+    assert minimum_versions(spec_of(tmp_path, layout, **recipe))["vllm"].version == floor
 
 
 def test_sglang_capture_shift_rules():
@@ -119,7 +119,7 @@ def test_vllm_ready_fixtures_pass_every_vllm_rule(recipe, tmp_path):
     """upgrade refuses to publish on errors, so exactly the vLLM-ready checklist (§10) must pass, at its floor too."""
     target = read_target(make_target_config(str(tmp_path / "t")))
     spec = load_draft(make_draft(str(tmp_path / "d"), "vllm", **recipe), target=target)
-    floor, _ = vllm_min_version(spec)
+    floor = minimum_versions(spec)["vllm"].version or VLLM_OLDEST_KNOWN
     for version in (None, floor):
         report = run_rules(spec, target=target, engine="vllm", engine_version=version, deep=True)
         assert [(f.code, f.message) for f in report.findings if f.severity != "info"] == []
@@ -164,7 +164,7 @@ def test_header_groups_never_read_tensor_bytes(tmp_path, monkeypatch):
 def test_rules_and_validate_stay_torch_free(tmp_path):
     path = make_draft(str(tmp_path / "d"), "vllm", fc_norm=True)
     code = ("import sys; from eaglekit.families import load_draft; from eaglekit.rules import run_rules; "
-            "from eaglekit.engines import serving_support; s = load_draft(sys.argv[1]); "
+            "from eaglekit.serving import serving_support; s = load_draft(sys.argv[1]); "
             "run_rules(s, engine='all', deep=True); serving_support(s); "
             "from eaglekit.cli.main import main; sys.argv = ['eaglekit', 'validate', sys.argv[1], '--deep']; "
             "import contextlib, io\n"

@@ -8,7 +8,7 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eaglekit.engines import serving_support
+from eaglekit.serving import serving_support
 from eaglekit.errors import EaglekitError
 from eaglekit.families import load_draft
 from eaglekit.rules import run_rules

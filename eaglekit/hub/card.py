@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eaglekit import __version__
+from eaglekit.engines import SGLANG, VLLM
 from eaglekit.findings import Finding
+from eaglekit.serving import ENGINE_LABELS, MinimumVersion, minimum_versions
 from eaglekit.spec import DraftSpec
 
 EAGLE3_ARXIV = "2503.01840"
@@ -57,24 +59,6 @@ def eagle_label(spec: DraftSpec) -> str:
     if version == "3.1-partial":
         return f"EAGLE-3 with a partial 3.1 flag set (fc_norm={_yes(spec.flags.fc_norm)}, norm_output={_yes(spec.flags.norm_output)})"
     return "EAGLE-3"
-
-
-def engine_requirements(spec: DraftSpec) -> dict[str, tuple[str | None, str]]:
-    """Minimum vLLM / SGLang versions for this draft and why (eagle3-checkpoints.md §11)."""
-    flags = spec.flags
-    uses_31 = (flags.fc_norm or flags.norm_output) and not flags.norm_output_legacy_specforge
-    if uses_31 and spec.config_layout == "speculators":
-        vllm = ("0.25.0", "speculators-layout configs pass fc_norm / norm_output to the model from 0.25.0")
-    elif uses_31 and spec.attention == "mla" and flags.fc_norm:
-        vllm = ("0.23.0", "the MLA draft applies fc_norm from 0.23.0")
-    elif uses_31:
-        vllm = ("0.22.0", "fc_norm / norm_output for Llama and Qwen3 drafts arrive in 0.22.0")
-    elif spec.num_aux_hidden_states not in (None, 3):
-        vllm = ("0.22.0", f"an fc input of {spec.num_aux_hidden_states}·T (not 3·T) is read from 0.22.0")
-    else:
-        vllm = (None, "no 3.1 flags and K = 3")
-    sglang = ("0.5.23", "EAGLE-3.1 in the Llama and MLA drafts") if uses_31 else (None, "no 3.1 flags")
-    return {"vLLM": vllm, "SGLang": sglang}
 
 
 def card_tags(spec: DraftSpec) -> list[str]:
@@ -214,18 +198,20 @@ def _draft_table(spec: DraftSpec, target: str | None) -> str:
     return f"## Draft\n\n| | |\n|---|---|\n{table}\n"
 
 
-def _requirement(engine: str, need: tuple[str | None, str]) -> str:
-    version, why = need
-    return f"Requires {engine} ≥ {version} ({why})." if version else f"Any {engine} release with EAGLE-3 support serves it ({why})."
+def _requirement(need: MinimumVersion) -> str:
+    engine = ENGINE_LABELS[need.engine]
+    if need.version:
+        return f"Requires {engine} ≥ {need.version} ({'; '.join(need.reasons)})."
+    return f"Any {engine} release with EAGLE-3 support serves it (it relies on no later feature)."
 
 
 def _serving(spec: DraftSpec, repo_id: str, target: str | None) -> str:
-    needs = engine_requirements(spec)
+    needs = minimum_versions(spec)
     return (
         "## Use with vLLM\n\n"
-        f"```bash\n{vllm_command(target, repo_id)}\n```\n\n{_requirement('vLLM', needs['vLLM'])}\n\n"
+        f"```bash\n{vllm_command(target, repo_id)}\n```\n\n{_requirement(needs[VLLM])}\n\n"
         "## Use with SGLang\n\n"
-        f"```bash\n{sglang_command(target, repo_id)}\n```\n\n{_requirement('SGLang', needs['SGLang'])}\n"
+        f"```bash\n{sglang_command(target, repo_id)}\n```\n\n{_requirement(needs[SGLANG])}\n"
     )
 
 

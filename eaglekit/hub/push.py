@@ -22,9 +22,10 @@ from eaglekit import __version__
 from eaglekit.errors import CheckpointError, EaglekitError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
-from eaglekit.hub.card import build_card, engine_requirements, provenance, recorded_target
+from eaglekit.hub.card import build_card, provenance, recorded_target
 from eaglekit.io.jsonfile import load_json_object
 from eaglekit.io.checkpoint import INDEX_NAME
+from eaglekit.serving import ENGINE_LABELS, minimum_versions
 from eaglekit.spec import DraftSpec
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,8 @@ def _manifest(
             "dtype": spec.dtype,
             "num_parameters": spec.num_parameters,
         },
-        "engines": {name: {"min_version": v, "why": why} for name, (v, why) in engine_requirements(spec).items()},
+        "engines": {ENGINE_LABELS[engine]: {"min_version": need.version, "why": "; ".join(need.reasons) or "relies on no feature newer than EAGLE-3"}
+                    for engine, need in minimum_versions(spec).items()},
         "provenance": provenance(spec) or None,
         "validation": {
             "engine": "vllm",

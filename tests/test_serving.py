@@ -1,0 +1,69 @@
+"""One serving verdict: the model card, eaglekit.json and inspect state the same minimum engine versions."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from eaglekit.engines import VLLM_OLDEST_KNOWN
+from eaglekit.families import load_draft
+from eaglekit.hub.card import build_card
+from eaglekit.serving import minimum_versions, serving_support
+from tests.factory import LAYOUTS, edit_config, make_draft
+from tests.test_rules_catalogue import CASES
+
+VARIANTS = [{}, {"fc_norm": True}, {"norm_output": True}, {"fc_norm": True, "norm_output": True},
+            {"k": 4, "aux_ids": (2, 4, 6, 9)}, {"attention": "mla", "fc_norm": True}]
+
+
+def _fixtures(tmp_path):
+    for layout in LAYOUTS:
+        for n, recipe in enumerate(VARIANTS):
+            if layout == "kimi" and recipe.get("attention") != "mla" and recipe:
+                continue
+            yield f"{layout}-{n}", make_draft(str(tmp_path / f"{layout}-{n}"), layout, **recipe)
+    nested = make_draft(str(tmp_path / "nbf"), "vllm")
+    yield "norm_before_fc-in-eagle_config", edit_config(nested, lambda c: c["eagle_config"].update(norm_before_fc=True))
+    legacy = make_draft(str(tmp_path / "legacy"), "sglang", fc_norm=True)
+    yield "use_aux_norm", edit_config(legacy, lambda c: c.update(use_aux_norm=c.pop("fc_norm", True)))
+    for case in CASES:
+        built = case.healthy(tmp_path / "cases" / case.id)
+        yield case.id, built[0] if isinstance(built, tuple) else built
+
+
+def _card_versions(card: str) -> dict[str, str | None]:
+    out = {}
+    for engine in ("vLLM", "SGLang"):
+        m = re.search(rf"Requires {engine} ≥ (\S+) \(", card)
+        out[engine] = m.group(1) if m else None
+        assert m or f"Any {engine} release with EAGLE-3 support serves it" in card
+    return out
+
+
+def test_card_and_inspect_agree_on_minimum_versions(tmp_path):
+    checked = 0
+    for name, path in _fixtures(tmp_path):
+        spec = load_draft(path)
+        card = _card_versions(build_card(spec, "org/draft"))
+        floors = minimum_versions(spec)
+        assert card == {"vLLM": floors["vllm"].version, "SGLang": floors["sglang"].version}, name
+        for support in serving_support(spec):
+            if not support.as_is:
+                continue  # not served as is: inspect names the blocking rule, not a version
+            stated = card["vLLM" if support.engine == "vllm" else "SGLang"]
+            if support.engine == "vllm":
+                assert support.min_version == (stated or VLLM_OLDEST_KNOWN), name
+            else:
+                assert stated in (None, support.min_version), name
+            checked += 1
+    assert checked > 50
+
+
+@pytest.mark.parametrize("edit, floor", [
+    (lambda c: c["eagle_config"].update(norm_before_fc=True), "0.22.0"),  # vLLM reads it there only from 0.22.0
+    (lambda c: c.update(use_aux_norm=True), None),  # SGLang's legacy key: no vLLM release reads it
+])
+def test_card_states_the_engine_floor_of_keys_it_used_to_miss(tmp_path, edit, floor):
+    path = edit_config(make_draft(str(tmp_path / "d"), "vllm"), edit)
+    assert _card_versions(build_card(load_draft(path), "org/draft"))["vLLM"] == floor
