@@ -35,6 +35,19 @@ VLLM_EAGLE3_CLASSES: dict[str, str] = {
     "Eagle3DeepseekV2ForCausalLM": "deepseek",
     "Eagle3DeepseekV3ForCausalLM": "deepseek",
 }
+# Architecture-name prefixes of the drafts vLLM registers for other speculative methods (registry.py,
+# 0.26..0.33): their tensors can look EAGLE-like, but they are never EAGLE-3 drafts.
+VLLM_OTHER_DRAFT_METHODS: dict[str, str] = {
+    "DFlash": "DFlash",  # DFlashDraftModel, DFlash2DraftModel, DFlash2Beam...
+    "DSpark": "DSpark",  # DSparkV41...
+    "K3DSpark": "DSpark",
+    "Qwen3OmniDSpark": "DSpark",
+    "Qwen3XPress": "XPress",
+    "LiLiCorr": "LiLiCorr",
+    "MuseSpark": "MuseSpark",
+    "MuseGlimmer": "MuseGlimmer",
+}
+VLLM_D2T_OPTIONAL = (0, 30, 0)  # from here draft_id_to_target_id exists only when Vd < V
 # the attention kind each vLLM class builds
 CLASS_ATTENTION = {"llama": "llama", "qwen3": "qwen3", "deepseek": "mla"}
 # vLLM's speculators path forces the class from transformer_layer_config.model_type
@@ -54,6 +67,17 @@ def parse_version(text: str) -> Version:
 
 def format_version(v: Version) -> str:
     return ".".join(str(p) for p in v)
+
+
+def other_draft_method(architectures: Any) -> str | None:
+    """The speculative method (not EAGLE-3) a config's architectures name, if vLLM registers it as another one."""
+    if not isinstance(architectures, list):
+        return None
+    for arch in architectures:
+        for prefix, method in VLLM_OTHER_DRAFT_METHODS.items():
+            if isinstance(arch, str) and arch.startswith(prefix):
+                return method
+    return None
 
 
 def vllm_rewrite_architecture(arch: str) -> str:

@@ -8,7 +8,8 @@ import pytest
 from eaglekit import load_draft
 from eaglekit.errors import CheckpointError, UnknownLayoutError, UsageError
 from eaglekit.target import read_target
-from tests.factory import Recipe, make_draft, make_target_config
+from tests.cli import run_cli
+from tests.factory import Recipe, edit_config, make_draft, make_target_config
 
 # layout -> (family, convention the layout writes ids in, recipe overrides)
 CASES = {
@@ -186,3 +187,13 @@ def test_unknown_layout_lists_what_was_found(tmp_path):
     path = make_draft(str(tmp_path / "d"), "vllm", config_patch={"architectures": ["MysteryModel"]})
     with pytest.raises(UnknownLayoutError, match=r"MysteryModel.*name forms"):
         load_draft(path)
+
+
+@pytest.mark.parametrize("architecture, method", [("DFlash2DraftModel", "DFlash"), ("DSparkV41ForCausalLM", "DSpark"),
+                                                  ("Qwen3XPressForCausalLM", "XPress")])
+def test_drafts_of_other_speculative_methods_are_refused_not_misread(tmp_path, architecture, method):
+    path = edit_config(make_draft(str(tmp_path / "d"), "vllm"), lambda c: c.update(architectures=[architecture]))
+    with pytest.raises(UnknownLayoutError, match=f"is a {method} draft.*not EAGLE-3"):
+        load_draft(path)
+    result = run_cli(["inspect", path])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1 and "not EAGLE-3" in result.stderr

@@ -227,6 +227,8 @@ CASES = [
          lambda p: draft(p, layers=2)),
     Case("EK306", lambda p: draft(p, draft_vocab=None, add={"d2t": np.zeros(256, np.int64)}),
          lambda p: draft(p, draft_vocab=None)),
+    Case("EK323", lambda p: draft(p, draft_vocab=None, add={"d2t": np.zeros(256, np.int64)}),
+         lambda p: draft(p, draft_vocab=None), version="0.29"),
     Case("EK307", lambda p: draft(p, "specforge"), lambda p: draft(p)),
     Case("EK308", lambda p: draft(p, "angelslim"), lambda p: draft(p)),
     Case("EK309", lambda p: draft(p, "eagle"), lambda p: draft(p)),

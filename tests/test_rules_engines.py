@@ -173,3 +173,12 @@ def test_rules_and_validate_stay_torch_free(tmp_path):
             "    except SystemExit: pass\n"
             "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code, path], check=True)
+
+
+@pytest.mark.parametrize("version, error, warning", [("0.29.0", False, True), ("0.30.0", True, False), (None, True, False)])
+def test_d2t_with_the_full_vocabulary_fails_only_from_vllm_030(tmp_path, version, error, warning):
+    import numpy as np
+
+    spec = load_draft(make_draft(str(tmp_path / "d"), "vllm", draft_vocab=None, add={"d2t": np.zeros(256, np.int64)}))
+    codes = {f.code for f in run_rules(spec, engine="vllm", engine_version=version, groups=("engine",)).findings}
+    assert ("EK306" in codes, "EK323" in codes) == (error, warning)

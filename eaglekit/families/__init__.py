@@ -7,6 +7,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
+from eaglekit.engines import other_draft_method
 from eaglekit.errors import UnknownLayoutError, UsageError
 from eaglekit.families.base import Observed, build_spec
 from eaglekit.io.checkpoint import CheckpointFiles, read_checkpoint
@@ -31,6 +32,11 @@ def family_names() -> list[str]:
 
 def detect(files: CheckpointFiles, family: str | None = None):
     obs = Observed.from_files(files)
+    method = other_draft_method(obs.config.get("architectures"))
+    if method is not None:
+        raise UnknownLayoutError(f"architectures {obs.config['architectures']} is a {method} draft, which vLLM serves as "
+                                 "its own speculative method, not EAGLE-3; eaglekit reads EAGLE-3 drafts only",
+                                 files.config_path)
     for mod in family_modules():
         name = mod.__name__.rsplit(".", 1)[1].replace("_", "-")
         if family is not None:

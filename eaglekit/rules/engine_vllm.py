@@ -7,6 +7,7 @@ import re
 from eaglekit.engines import (
     CLASS_ATTENTION,
     VLLM,
+    VLLM_D2T_OPTIONAL,
     VLLM_OLDEST_KNOWN,
     format_version,
     parse_version,
@@ -76,12 +77,24 @@ def megatron_names(ctx: RuleContext):
                   "into the unused hidden_norm and keeps input_layernorm at 1.0; rename on upgrade")
 
 
-@rule("EK306", "error", "engine", "P23", "d2t although Vd == V", engine=VLLM)
+def _d2t_with_full_vocab(spec) -> bool:
+    v = spec.vocab
+    return v.has_d2t and v.vocab_size is not None and v.draft_vocab_size == v.vocab_size
+
+
+@rule("EK306", "error", "engine", "P23", "d2t although Vd == V (vLLM >= 0.30)", engine=VLLM)
 def d2t_with_full_vocab(ctx: RuleContext):
-    v = ctx.spec.vocab
-    if v.has_d2t and v.vocab_size is not None and v.draft_vocab_size == v.vocab_size:
-        yield Hit("d2t is present but Vd == V: vLLM has no draft_id_to_target_id parameter then and fails on the "
-                  "unknown name; drop d2t (and t2d)", tensor="d2t")
+    if _d2t_with_full_vocab(ctx.spec) and ctx.version >= VLLM_D2T_OPTIONAL:
+        yield Hit(f"d2t is present but Vd == V: {_v(ctx)} has no draft_id_to_target_id parameter then and fails on "
+                  "the unknown name; drop d2t (and t2d)", tensor="d2t")
+
+
+@rule("EK323", "warning", "engine", "P23", "d2t although Vd == V (loads only before vLLM 0.30)", engine=VLLM)
+def d2t_with_full_vocab_before_030(ctx: RuleContext):
+    if _d2t_with_full_vocab(ctx.spec) and ctx.version < VLLM_D2T_OPTIONAL:
+        yield Hit(f"d2t is present but Vd == V: {_v(ctx)} still loads it, but from vLLM "
+                  f"{format_version(VLLM_D2T_OPTIONAL)} on the draft fails on the unknown name; drop d2t (and t2d)",
+                  tensor="d2t")
 
 
 @rule("EK307", "error", "engine", "P17", "aux ids only in eagle_config", engine=VLLM)
