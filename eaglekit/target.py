@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
 from eaglekit.errors import CheckpointError
+from eaglekit.io.jsonfile import check_inside, load_json_object, symlink_root
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,8 @@ class TargetInfo:
     architectures: tuple[str, ...]
     model_type: str | None
     layer_types: tuple[str, ...] | None = None  # hybrid targets (P21)
+    max_position_embeddings: int | None = None
+    name_or_path: str | None = None  # what the config records as its origin (often a Hub id)
 
     @property
     def default_aux_ids(self) -> tuple[int, ...]:
@@ -27,30 +29,46 @@ class TargetInfo:
         return (2, L // 2, L - 3)
 
 
+def _positive_int(text: dict, key: str, cfg_path: str) -> int:
+    value = text.get(key)
+    if key not in text:
+        raise CheckpointError(f"target config lacks {key}", cfg_path)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"target config: {key} must be a positive integer, not {value!r}"[:200], cfg_path)
+    return value
+
+
+def _strings(value, key: str, cfg_path: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CheckpointError(f"target config: {key} must be a list of strings", cfg_path)
+    return tuple(value)
+
+
 def read_target(path: str) -> TargetInfo:
     cfg_path = path if path.endswith(".json") else os.path.join(path, "config.json")
-    try:
-        with open(cfg_path, encoding="utf-8") as fh:
-            cfg = json.load(fh)
-    except FileNotFoundError:
-        raise CheckpointError("target config not found (give a model directory or its config.json)", cfg_path) from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot read target config ({exc})".splitlines()[0], cfg_path) from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError("target config is not a JSON object", cfg_path)
+    if not os.path.lexists(cfg_path):
+        raise CheckpointError("target config not found (give a model directory or its config.json)", cfg_path)
+    check_inside(cfg_path, symlink_root(os.path.dirname(os.path.abspath(cfg_path))), cfg_path)
+    cfg = load_json_object(cfg_path, "target config")
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    try:
-        L, T, V = int(text["num_hidden_layers"]), int(text["hidden_size"]), int(text["vocab_size"])
-    except (KeyError, TypeError, ValueError):
-        raise CheckpointError("target config lacks num_hidden_layers / hidden_size / vocab_size", cfg_path) from None
-    layer_types = text.get("layer_types")
+    L, T, V = (_positive_int(text, k, cfg_path) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
+    layer_types = _strings(text.get("layer_types"), "layer_types", cfg_path)
+    if layer_types is not None and len(layer_types) != L:
+        raise CheckpointError(f"target config: layer_types has {len(layer_types)} entries for {L} layers", cfg_path)
+    max_pos = text.get("max_position_embeddings")
+    name = cfg.get("_name_or_path")
     return TargetInfo(
         path=cfg_path,
         num_layers=L,
         hidden_size=T,
         vocab_size=V,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-        architectures=tuple(cfg.get("architectures") or ()),
-        model_type=cfg.get("model_type"),
-        layer_types=tuple(layer_types) if isinstance(layer_types, list) else None,
+        architectures=_strings(cfg.get("architectures"), "architectures", cfg_path) or (),
+        model_type=cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None,
+        layer_types=layer_types,
+        max_position_embeddings=max_pos if isinstance(max_pos, int) and not isinstance(max_pos, bool) and max_pos > 0
+        else None,
+        name_or_path=name if isinstance(name, str) else None,
     )

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from eaglekit.cli.output import emit_json, err, findings_table, format_option, int_list, key_value_table, out
+from eaglekit.cli.output import emit_json, err, findings_table, format_option, int_list, key_value_table, out, styled
 from eaglekit.cli.upgrade import _terminate_cleanly, parse_ids
 from eaglekit.errors import UsageError
 
@@ -42,7 +42,7 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
                 TimeRemainingColumn
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err,
                                 transient=True)
             self.bar.__enter__()
@@ -197,8 +197,8 @@ def render(doc: dict) -> None:
         ("source", f"{doc['source']['path']}  (EAGLE-{doc['source']['eagle_version']})"),
         ("output", doc["output"]["path"]),
         ("target", doc["target"]),
-        ("data", f"{data['sequences']} sequences, {data['positions']} positions — {data['source']}"
-                 + ("  [dim](cached)[/]" if data["reused"] else "")),
+        ("data", styled(f"{data['sequences']} sequences, {data['positions']} positions — {data['source']}",
+                        ("  (cached)" if data["reused"] else "", "dim"))),
         ("training", f"{training['steps']} steps in {training['seconds']:.0f} s on {training['world_size']} "
                      f"process(es){resumed}"),
     ]
@@ -222,7 +222,7 @@ def render(doc: dict) -> None:
         for entry in evaluation["after"]:
             c = entry["context_tokens"]
             style = "green" if gains[c] > 0 else "red"
-            table.add_row(str(c), _tau(before[c]), _tau(entry), f"[{style}]{gains[c]:+.3f}[/]")
+            table.add_row(str(c), _tau(before[c]), _tau(entry), styled((f"{gains[c]:+.3f}", style)))
         out.print(table)
     warnings = [f for f in doc["findings"] if f["severity"] != "info"]
     if warnings:
@@ -231,4 +231,4 @@ def render(doc: dict) -> None:
         out.print(f"note: {note}")
     if doc["plot"]:
         out.print(f"plot: {doc['plot']}")
-    out.print(f"next: [bold]eaglekit verify {doc['output']['path']} --target {doc['target']}[/]")
+    out.print(styled("next: ", (f"eaglekit verify {doc['output']['path']} --target {doc['target']}", "bold")))

@@ -6,7 +6,7 @@ import click
 from rich.panel import Panel
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, findings_table, format_option, human_bytes, key_value_table, out
+from eaglekit.cli.output import emit_json, findings_table, format_option, human_bytes, key_value_table, out, styled
 
 EXAMPLES = """
 \b
@@ -47,8 +47,8 @@ def _ids(doc: dict) -> str:
         text += f"; written {written} (output of layer i)"
     elif written is not None and ids is None:
         text += f"; written {written} (convention unknown)"
-    certainty = "" if doc["aux_layer_id_convention_known"] else " [yellow](guessed)[/]"
-    return f"{text}{certainty}\n[dim]{doc['aux_layer_ids_source']}[/]"
+    certainty = "" if doc["aux_layer_id_convention_known"] else " (guessed)"
+    return styled(text, (certainty, "yellow"), "\n", (doc["aux_layer_ids_source"], "dim"))
 
 
 def render(doc: dict) -> None:
@@ -80,19 +80,19 @@ def render(doc: dict) -> None:
         ("flags", flags),
         ("dtype / size", f"{doc['dtype']}, {doc['num_parameters']:,} params, {human_bytes(doc['total_bytes'])} in {len(doc['files'])} file(s)"),
     ]
-    out.print(Panel(key_value_table(rows), title=f"[bold]{doc['path']}[/]", expand=False))
+    out.print(Panel(key_value_table(rows), title=styled((doc["path"], "bold")), expand=False))
 
     serving = Table(title="Serving as is", title_justify="left")
     for col in ("engine", "min version", "as is", "why"):
         serving.add_column(col)
     for s in doc["serving"]:
-        serving.add_row(s["engine"], s.get("min_version") or "—", "yes" if s["as_is"] else "[red]no[/]", s.get("reason") or "")
+        serving.add_row(s["engine"], s.get("min_version") or "—", "yes" if s["as_is"] else styled(("no", "red")), s.get("reason") or "")
     out.print(serving)
 
     if doc["findings"]:
         out.print(findings_table(doc["findings"]))
     else:
-        out.print("[green]No findings.[/]")
+        out.print(styled(("No findings.", "green")))
     if "tensors" in doc:
         table = Table(title="Tensors", title_justify="left")
         for col in ("name", "source name", "dtype", "shape", "file"):

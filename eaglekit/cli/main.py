@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 
 import click
@@ -49,16 +50,50 @@ def cli() -> None:
     """eaglekit: inspect, validate, upgrade, verify and publish EAGLE-3 / EAGLE-3.1 draft models."""
 
 
+_TOKEN_PATTERNS = re.compile(r"hf_[A-Za-z0-9]{8,}|(?i:bearer)\s+\S+")
+
+
+def _secrets(argv: list[str]) -> list[str]:
+    """Token values this run knows: from the environment and from --token on the command line."""
+    found = [os.environ.get(k, "") for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
+    for i, arg in enumerate(argv):
+        if arg == "--token" and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif arg.startswith("--token="):
+            found.append(arg.split("=", 1)[1])
+    return [t for t in found if len(t) >= 4]
+
+
+def one_line(message: str, argv: list[str]) -> str:
+    """A message as one printable line: secrets redacted, control characters escaped."""
+    for secret in _secrets(argv):
+        message = message.replace(secret, "***")
+    message = _TOKEN_PATTERNS.sub("***", message)
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+
+
+def _safe_streams() -> None:
+    """Unencodable characters (lone surrogates from hostile names) print escaped instead of raising."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI: expected failures become one line on stderr (exit 1, usage 2); EAGLEKIT_DEBUG=1 re-raises."""
+    """Run the CLI: expected failures become one line on stderr (exit 1, usage 2); EAGLEKIT_DEBUG=1 re-raises.
+
+    Anything unexpected is one line too (an internal error, exit 1), so no input can end in a traceback."""
     from eaglekit.errors import EaglekitError
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("EAGLEKIT_DEBUG") == "1"
+    _safe_streams()
     try:
-        rv = cli.main(args=argv, prog_name="eaglekit", standalone_mode=False)
+        rv = cli.main(args=args, prog_name="eaglekit", standalone_mode=False)
     except EaglekitError as exc:
-        if os.environ.get("EAGLEKIT_DEBUG") == "1":
+        if debug:
             raise
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(one_line(f"Error: {exc}", args), err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
@@ -77,6 +112,13 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"Error: this command needs {module}, which is not installed: "
                    f"pip install 'eaglekit[{OPTIONAL_MODULES[module]}]'", err=True)
+        sys.exit(1)
+    except Exception as exc:  # a bug or an input nothing anticipated: still one line
+        if debug:
+            raise
+        detail = str(exc).splitlines()[0][:300] if str(exc) else ""
+        click.echo(one_line(f"Error: internal error ({type(exc).__name__}: {detail}); "
+                            "rerun with EAGLEKIT_DEBUG=1 for the traceback", args), err=True)
         sys.exit(1)
     if isinstance(rv, int) and rv:  # non-standalone Click returns ctx.exit(n)'s code instead of raising
         sys.exit(rv)

@@ -8,9 +8,12 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+# markup=False: names, paths and messages come from untrusted files and are printed as they are, never as
+# rich markup; styles are applied through Text (styled()) only.
+out = Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 format_option = click.option(
     "--format", "output_format", type=click.Choice(["human", "json"]), default="human", show_default=True,
@@ -33,6 +36,11 @@ def int_list(value: str, option: str, example: str) -> tuple[int, ...]:
     return numbers
 
 
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Text from plain strings and (text, style) pairs: the only way output gets styles."""
+    return Text.assemble(*parts)
+
+
 def emit_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=False))
 
@@ -45,7 +53,7 @@ def findings_table(findings: list[dict], title: str = "Findings") -> Table:
     table.add_column("message")
     for f in findings:
         sev = f["severity"]
-        table.add_row(f["code"], f"[{SEVERITY_STYLE.get(sev, '')}]{sev}[/]", f.get("pitfall") or "", f["message"])
+        table.add_row(f["code"], styled((sev, SEVERITY_STYLE.get(sev, ""))), f.get("pitfall") or "", f["message"])
     return table
 
 
@@ -54,7 +62,7 @@ def key_value_table(rows: list[tuple[str, Any]], title: str | None = None) -> Ta
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
     for key, value in rows:
-        table.add_row(key, "—" if value is None else str(value))
+        table.add_row(key, "—" if value is None else value if isinstance(value, Text) else str(value))
     return table
 
 

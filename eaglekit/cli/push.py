@@ -7,7 +7,7 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, err, findings_table, format_option, human_bytes, out
+from eaglekit.cli.output import emit_json, err, findings_table, format_option, human_bytes, out, styled
 
 EXAMPLES = """
 \b
@@ -80,9 +80,9 @@ def render(doc: dict) -> None:
     if doc["findings"]:
         out.print(findings_table(doc["findings"], title="Validation (vLLM)"))
     for warning in doc["warnings"]:
-        err.print(f"[yellow]warning:[/] {warning}")
+        err.print(styled(("warning:", "yellow"), f" {warning}"))
     if doc["forced"]:
-        err.print("[bold red]Pushed despite validation errors (--force); the card says so.[/]")
+        err.print(styled(("Pushed despite validation errors (--force); the card says so.", "bold red")))
     if doc["dry_run"]:
         out.print(f"Dry run: nothing sent. Would push {len(doc['files'])} files to {doc['url']}")
     elif doc["pr_url"]:

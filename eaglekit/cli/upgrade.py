@@ -11,7 +11,7 @@ import click
 from rich.panel import Panel
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, err, findings_table, format_option, human_bytes, key_value_table, out
+from eaglekit.cli.output import emit_json, err, findings_table, format_option, human_bytes, key_value_table, out, styled
 from eaglekit.errors import UsageError
 
 EXAMPLES = """
@@ -66,10 +66,10 @@ def _progress(enabled: bool):
     if not enabled:
         yield None, None
         return
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=err, transient=True) as bar:
+    with Progress(TextColumn("{task.description}", style="progress.description", markup=False), BarColumn(),
+                  DownloadColumn(), TransferSpeedColumn(), console=err, transient=True) as bar:
         task = bar.add_task("writing", total=None)
         yield (lambda total: bar.update(task, total=total)), (lambda n: bar.advance(task, n))
 
@@ -138,7 +138,7 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
 
 def _ids_line(aux: dict) -> str:
     text = f"{aux['ids']} (vLLM convention) — from {aux['origin']}: {aux['detail']}"
-    return text if aux["convention_known"] else text + " [yellow](convention guessed)[/]"
+    return styled(text) if aux["convention_known"] else styled(text, (" (convention guessed)", "yellow"))
 
 
 def render(doc: dict) -> None:
@@ -157,17 +157,17 @@ def render(doc: dict) -> None:
         ("source", f"{src['path']}\n{src['family']} — {src['producer']}, EAGLE-{src['eagle_version']}"),
         ("output", f"{dst['path']}\n{dst['dialect']} dialect, EAGLE-{dst['eagle_version']}, "
                    f"{human_bytes(dst['total_bytes'])}"),
-        ("function", f"[{style}]{doc['summary']}[/]"),
+        ("function", styled((doc["summary"], style))),
         ("aux layer ids", _ids_line(doc["aux"])),
         ("vocabulary", f"V={vocab['vocab_size']} Vd={vocab['draft_vocab_size']}: {vocab['detail']}"),
         ("fc_norm", fc),
         ("norm_output", no),
         ("norm_before_residual", residual),
     ]
-    title = "[bold]eaglekit upgrade — dry run[/]" if doc["dry_run"] else "[bold]eaglekit upgrade[/]"
+    title = styled(("eaglekit upgrade — dry run" if doc["dry_run"] else "eaglekit upgrade", "bold"))
     out.print(Panel(key_value_table(rows), title=title, expand=False))
     if doc["changes"]:
-        out.print("[bold]What changed in the function:[/]")
+        out.print(styled(("What changed in the function:", "bold")))
         for change in doc["changes"]:
             out.print(f"  • {change}")
     fid = doc["fidelity"]
@@ -197,13 +197,13 @@ def render(doc: dict) -> None:
     if shown:
         out.print(findings_table(shown, title="Validation of the output (no errors)"))
     for warning in doc["warnings"]:
-        out.print(f"[yellow]warning:[/] {warning}")
+        out.print(styled(("warning:", "yellow"), f" {warning}"))
     if doc["dry_run"]:
-        out.print("[bold]Dry run: nothing was written.[/]")
+        out.print(styled(("Dry run: nothing was written.", "bold")))
     else:
         seconds = doc["timings"].get("total_s", 0.0)
-        out.print(f"[green]Wrote[/] {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
-                  "validated for " + ("SGLang" if dst["dialect"] == "sglang" else "vLLM") + ".")
+        out.print(styled(("Wrote", "green"), f" {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
+                         "validated for " + ("SGLang" if dst["dialect"] == "sglang" else "vLLM") + "."))
     if doc["next_command"]:
-        out.print(f"next: [bold]{doc['next_command']}[/]  (trains the new function; until then this draft "
-                  "accepts fewer tokens than its source)")
+        out.print(styled("next: ", (doc["next_command"], "bold"), "  (trains the new function; until then this "
+                         "draft accepts fewer tokens than its source)"))

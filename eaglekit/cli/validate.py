@@ -11,6 +11,7 @@ from eaglekit.cli.output import (
     findings_table,
     format_option,
     out,
+    styled,
 )
 
 EXAMPLES = """
@@ -72,17 +73,17 @@ def validate_command(ctx, path, target, engine, engine_version, deep, strict, li
 def render_report(doc: dict, family: str, producer: str) -> None:
     checked = ", ".join(doc["groups"])
     engines = ", ".join(f"{e['engine']} {e['version']}" for e in doc["engines"])
-    out.print(f"[bold]{doc['path']}[/]  {family} — {producer}")
+    out.print(styled((doc["path"], "bold"), f"  {family} — {producer}"))
     out.print(f"checked: {checked}" + (f" (engine: {engines})" if engines else ""))
     findings = sorted(doc["findings"], key=lambda f: (_ORDER[f["severity"]], f["code"]))
     if findings:
         out.print(findings_table(findings))
     counts = f"{doc['errors']} error(s), {doc['warnings']} warning(s), {doc['infos']} info"
     if doc["ok"]:
-        out.print(f"[green]PASSED[/]: {counts}")
+        out.print(styled(("PASSED", "green"), f": {counts}"))
     else:
         why = " (--strict: warnings fail)" if doc["strict"] and not doc["errors"] else ""
-        out.print(f"[bold red]FAILED[/]: {counts}{why}")
+        out.print(styled(("FAILED", "bold red"), f": {counts}{why}"))
 
 
 def render_rules(rules: list[dict]) -> None:
@@ -91,6 +92,6 @@ def render_rules(rules: list[dict]) -> None:
         table.add_column(col, no_wrap=col != "title")
     for r in rules:
         sev = r["severity"]
-        table.add_row(r["code"], f"[{SEVERITY_STYLE[sev]}]{sev}[/]", r["group"], r["engine"] or "", r["pitfall"] or "",
+        table.add_row(r["code"], styled((sev, SEVERITY_STYLE[sev])), r["group"], r["engine"] or "", r["pitfall"] or "",
                       r["title"])
     out.print(table)

@@ -9,7 +9,7 @@ import tempfile
 import click
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, err, format_option, int_list, key_value_table, out
+from eaglekit.cli.output import emit_json, err, format_option, int_list, key_value_table, out, styled
 from eaglekit.errors import EaglekitError, OutputError
 
 EXAMPLES = """
@@ -84,7 +84,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, contex
 def _with_progress(draft, target, options, verify):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+    with Progress(TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}", markup=False),
                   TimeElapsedColumn(), console=err, transient=True) as progress:
         task = progress.add_task("loading", total=None)
 
@@ -123,7 +123,7 @@ def render(doc: dict) -> None:
         ("draft", doc["draft"]),
         ("target", doc["target"]),
         ("EAGLE", f"{doc['eagle_version']}  ({', '.join(f'{k}={v}' for k, v in doc['flags'].items())})"),
-        ("aux ids", f"{doc['aux_layer_ids']}  [dim]{doc['aux_layer_ids_source']}[/]"),
+        ("aux ids", styled(f"{doc['aux_layer_ids']}  ", (doc["aux_layer_ids_source"], "dim"))),
         ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, {doc['dtype']} on "
                 f"{doc['device']}"),
         ("prompts", f"{prompts['name']} ({prompts['count']}, mean {prompts['mean_prompt_tokens']:.0f} tokens{context})"),
@@ -135,17 +135,18 @@ def render(doc: dict) -> None:
     checks.add_column("status", no_wrap=True)
     checks.add_column("detail")
     for c in doc["checks"]:
-        checks.add_row(c["name"], f"[{STATUS_STYLE[c['status']]}]{c['status']}[/]", c["message"])
+        checks.add_row(c["name"], styled((c["status"], STATUS_STYLE[c["status"]])), c["message"])
     out.print(checks)
 
-    lossless = "[green]yes[/]" if doc["lossless"] else "[bold red]NO[/]"
+    lossless = styled(("yes", "green")) if doc["lossless"] else styled(("NO", "bold red"))
     if doc["lossless"] and not doc["exact_match"]:
-        lossless += " [dim](differs only after numerical ties)[/]"
+        lossless.append(" (differs only after numerical ties)", "dim")
     split = doc["time_split"]
     speedup = f"{doc['speedup']:.2f}×" if doc["speedup"] is not None else "—"
     out.print(key_value_table([
         ("lossless", lossless),
-        ("acceptance length τ", f"[bold]{doc['acceptance_length']:.2f}[/] (max {doc['num_speculative_tokens'] + 1})"),
+        ("acceptance length τ", styled((f"{doc['acceptance_length']:.2f}", "bold"),
+                                       f" (max {doc['num_speculative_tokens'] + 1})")),
         ("per position", _rates(doc["per_position_acceptance"])),
         ("conditional", _rates(doc["conditional_acceptance"])),
         ("tokens/s", f"{doc['tokens_per_s_spec']:.1f} with the draft vs {doc['tokens_per_s_target']:.1f} target alone "
@@ -176,13 +177,13 @@ def render(doc: dict) -> None:
         table.add_column("TF τ", justify="right")
         table.add_column("z", justify="right")
         for h in doc["hypotheses"]:
-            name = f"[bold]{h['name']}[/]" if h["name"] == doc["diagnosis"]["best"] else h["name"]
+            name = styled((h["name"], "bold")) if h["name"] == doc["diagnosis"]["best"] else h["name"]
             table.add_row(name, ",".join(map(str, h["aux_layer_ids"])), f"{h['acceptance_length']:.2f}",
                           _rates(h["per_position_acceptance"], " "), f"{h['teacher_forced_acceptance_length']:.2f}",
                           "—" if h["paired_z"] is None else f"{h['paired_z']:+.1f}")
         out.print(table)
         d = doc["diagnosis"]
         style = {"declared": "green", "mismatch": "bold yellow", "broken": "bold red"}[d["verdict"]]
-        out.print(f"[{style}]{d['message']}[/]")
+        out.print(styled((d["message"], style)))
         if d["fix"]:
-            out.print(f"fix: [bold]{d['fix'].replace('DRAFT', doc['draft'])}[/]")
+            out.print(styled("fix: ", (d["fix"].replace("DRAFT", doc["draft"]), "bold")))

@@ -6,7 +6,6 @@ quantization_config, token ids); keys that belong to a producer's layout, or tha
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from eaglekit.spec import DraftSpec
@@ -41,19 +40,6 @@ def carried_keys(spec: DraftSpec) -> dict[str, Any]:
     return {k: v for k, v in source_layer_config(spec).items() if k not in NOT_CARRIED}
 
 
-def target_max_positions(d: Decisions) -> int | None:
-    if d.target is None:
-        return None
-    try:
-        with open(d.target.path, encoding="utf-8") as fh:
-            cfg = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    value = text.get("max_position_embeddings")
-    return value if isinstance(value, int) else None
-
-
 def model_type(spec: DraftSpec) -> str:
     if spec.attention == "mla":
         written = source_layer_config(spec).get("model_type")
@@ -81,7 +67,7 @@ def geometry_keys(spec: DraftSpec, d: Decisions, vocab: VocabPlan) -> dict[str, 
     out["rope_theta"] = g.rope_theta
     if g.rope_scaling is not None:
         out["rope_scaling"] = g.rope_scaling
-    max_pos = g.max_position_embeddings or target_max_positions(d)
+    max_pos = g.max_position_embeddings or (d.target.max_position_embeddings if d.target else None)
     if max_pos is not None:
         out["max_position_embeddings"] = max_pos
     out.update(vocab_size=vocab.vocab_size, draft_vocab_size=vocab.draft_vocab_size,

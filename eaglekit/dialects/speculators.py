@@ -6,7 +6,6 @@ norm_before_residual is always explicit because this path defaults it to true (P
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from eaglekit.dialects.flat import carried_keys, dtype_keys, geometry_keys, source_layer_config
@@ -32,12 +31,8 @@ def _verifier(spec: DraftSpec, d: Decisions) -> dict[str, Any]:
     name, archs = None, []
     if d.target is not None:
         archs = list(d.target.architectures)
-        try:
-            with open(d.target.path, encoding="utf-8") as fh:
-                recorded = json.load(fh).get("_name_or_path")
-        except (OSError, ValueError):
-            recorded = None
-        if isinstance(recorded, str) and recorded.count("/") == 1 and not recorded.startswith((".", "/")):
+        recorded = d.target.name_or_path
+        if recorded and recorded.count("/") == 1 and not recorded.startswith((".", "/")):
             name = recorded
     return {"name_or_path": name, "architectures": archs}
 

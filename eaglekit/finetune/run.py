@@ -18,6 +18,7 @@ from typing import Any
 from eaglekit import __version__
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.families import apply_target, load_draft
+from eaglekit.io.jsonfile import load_json_object
 from eaglekit.finetune.data import DataOptions, TrainingData, build_data, target_identity
 from eaglekit.finetune.evaluate import Acceptance, EvalOptions, acceptance, held_out_prompts
 from eaglekit.spec import DraftSpec
@@ -96,8 +97,8 @@ def _target_tensor(target_dir: str, names: tuple[str, ...]):
 
     index = os.path.join(target_dir, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as fh:
-            weight_map = json.load(fh).get("weight_map", {})
+        weight_map = load_json_object(index, "target index").get("weight_map")
+        weight_map = weight_map if isinstance(weight_map, dict) else {}
     else:
         weight_map = {n: "model.safetensors" for n in names}
     for name in names:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.header import HeaderEntry, read_header
-from eaglekit.io.jsonfile import load_json_object
+from eaglekit.io.jsonfile import check_inside, load_json_object
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
@@ -69,13 +69,6 @@ def _from_hub(repo_id: str, revision: str | None) -> tuple[str, str]:
     return path, os.path.dirname(os.path.dirname(path))
 
 
-def _check_inside(path: str, allowed_root: str, display: str) -> None:
-    real = os.path.realpath(path)
-    base = os.path.realpath(allowed_root)
-    if real != base and not real.startswith(base + os.sep):
-        raise CheckpointError("symlink points outside the checkpoint directory; refusing to follow it", display)
-
-
 def candidate_subfolders(root: str) -> list[str]:
     """Child folders that look like drafts of their own (config.json + weights), e.g. P48 repos."""
     found = []
@@ -103,14 +96,14 @@ def read_checkpoint(
         if subs:
             raise UsageError(f"no config.json here; drafts found in subfolders {subs}: pick one with --subfolder", root)
         raise CheckpointError("no config.json in the checkpoint directory", root)
-    _check_inside(config_path, allowed, config_path)
+    check_inside(config_path, allowed, config_path)
     config = load_json_object(config_path, "config.json")
 
     names = sorted(os.listdir(root))
     for name in names:
         full = os.path.join(root, name)
         if os.path.islink(full):
-            _check_inside(full, allowed, full)
+            check_inside(full, allowed, full)
 
     index = None
     if INDEX_NAME in names:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass
 
 from eaglekit.errors import CheckpointError
+from eaglekit.io.jsonfile import open_regular, parse_json
 from eaglekit.spec import DTYPE_SIZES
 
 # The safetensors library refuses headers above 100 MB; a real draft header is a few KB.
@@ -56,14 +56,11 @@ def parse_header_bytes(raw: bytes, file_size: int, path: str) -> SafetensorsHead
         raise CheckpointError(f"safetensors header length {n} runs past the end of the file ({file_size} bytes)", path)
     if len(raw) < 8 + n:
         raise CheckpointError("truncated safetensors header", path)
-    try:
-        doc = json.loads(raw[8 : 8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"safetensors header is not valid JSON ({exc.__class__.__name__})", path) from None
+    doc = parse_json(raw[8 : 8 + n], path, "safetensors header", unique_keys=True)
     if not isinstance(doc, dict):
         raise CheckpointError("safetensors header is not a JSON object", path)
 
-    metadata = doc.pop("__metadata__", None) or {}
+    metadata = doc.pop("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise CheckpointError("safetensors __metadata__ must map strings to strings", path)
 
@@ -74,7 +71,7 @@ def parse_header_bytes(raw: bytes, file_size: int, path: str) -> SafetensorsHead
         if not isinstance(info, dict):
             raise CheckpointError(f"tensor {name!r}: header entry is not an object", path)
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in DTYPE_SIZES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
             raise CheckpointError(f"tensor {name!r}: unknown dtype {dtype!r}", path)
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             raise CheckpointError(f"tensor {name!r}: shape must be a list of non-negative integers", path)
@@ -98,24 +95,31 @@ def parse_header_bytes(raw: bytes, file_size: int, path: str) -> SafetensorsHead
             )
         entries[name] = HeaderEntry(name, dtype, tuple(shape), data_start + begin, data_start + end)
 
+    # safetensors' own rule (so vLLM's and transformers'): the tensors tile the data section exactly
     previous: HeaderEntry | None = None
+    at = data_start
     for entry in sorted(entries.values(), key=lambda e: (e.start, e.end)):
         if previous is not None and entry.start < previous.end:
             raise CheckpointError(f"tensors {previous.name!r} and {entry.name!r} overlap in the data section", path)
-        previous = entry
+        if entry.start != at:
+            raise CheckpointError(f"{entry.start - at} unused bytes before tensor {entry.name!r} in the data section; "
+                                  "safetensors refuses such a file", path)
+        previous, at = entry, entry.end
+    if at != file_size:
+        raise CheckpointError(f"{file_size - at} bytes after the last tensor; safetensors refuses such a file", path)
     return SafetensorsHeader(path, n, file_size, metadata, entries)
 
 
 def read_header(path: str) -> SafetensorsHeader:
     """Read only the header of a safetensors file (at most 8 + header-length bytes)."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
+    with open_regular(path, "safetensors file") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        try:
             head = fh.read(8)
             if len(head) < 8:
                 raise CheckpointError("truncated safetensors file: shorter than the 8-byte header length", path)
             (n,) = struct.unpack("<Q", head)
             body = fh.read(n) if n <= MAX_HEADER_BYTES and 8 + n <= size else b""
-    except OSError as exc:
-        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
     return parse_header_bytes(head + body, size, path)

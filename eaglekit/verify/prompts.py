@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.io.jsonfile import parse_json, read_bounded
 
 BUNDLED_NAME = "eaglekit-coding"
 CONTEXT_MODULES = (
@@ -64,10 +64,7 @@ def parse_jsonl(text: str, where: str) -> tuple[Prompt, ...]:
     for index, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"line {index + 1} is not valid JSON ({exc.msg})", where) from None
+        record = parse_json(line, where, f"line {index + 1}")
         prompts.append(_parse(record, where, index))
     if not prompts:
         raise CheckpointError("no prompts in the file", where)
@@ -83,10 +80,7 @@ def bundled_prompts() -> PromptSet:
 def read_prompts(path: str) -> PromptSet:
     """A JSONL file: one {"prompt": ...} / {"messages": [...]} / {"text": ...} per line, optional "name"."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise CheckpointError(f"cannot read prompts: {exc.strerror or exc}", path) from None
+        text = read_bounded(path, "prompts file").decode("utf-8")
     except UnicodeDecodeError:
         raise CheckpointError("prompts file is not UTF-8 text", path) from None
     return PromptSet(os.path.splitext(os.path.basename(path))[0], parse_jsonl(text, path))
