@@ -18,6 +18,7 @@ SGLANG = "sglang"
 ENGINES = (VLLM, SGLANG)
 LATEST = {VLLM: "0.33.0", SGLANG: "0.5.23"}
 VLLM_OLDEST_KNOWN = "0.21.0"
+OLDEST_MODELLED = {VLLM: VLLM_OLDEST_KNOWN, SGLANG: LATEST[SGLANG]}
 
 Version = tuple[int, int, int]
 
@@ -54,7 +55,7 @@ CLASS_ATTENTION = {"llama": "llama", "qwen3": "qwen3", "deepseek": "mla"}
 SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
 DEEPSEEK_TARGET_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "kimi_k25")
 
-_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?$")
+_VERSION = re.compile(r"^v?(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?$")
 
 
 def parse_version(text: str) -> Version:

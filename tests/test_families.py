@@ -197,3 +197,17 @@ def test_drafts_of_other_speculative_methods_are_refused_not_misread(tmp_path, a
         load_draft(path)
     result = run_cli(["inspect", path])
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1 and "not EAGLE-3" in result.stderr
+
+
+def test_output_of_layer_ids_that_include_L_are_read_as_hidden_state_indices(tmp_path):
+    """nvidia/gpt-oss-120b-Eagle3-v3 writes [24, 30, 36] for L = 36: no layer 36 has an output, so +1 is wrong (P18)."""
+    from eaglekit.rules import run_rules
+
+    target = read_target(make_target_config(str(tmp_path / "t"), layers=12))
+    path = make_draft(str(tmp_path / "d"), "modelopt", aux_ids=(3, 7, 13))  # written output-of-layer: 2, 6, 12
+    spec = load_draft(path, target=target)
+    assert spec.aux.as_written == (2, 6, 12) and spec.aux.ids == (2, 6, 12) and spec.aux.convention == "input"
+    assert not spec.aux.convention_known
+    codes = {f.code: f.severity for f in run_rules(spec, target=target).findings}
+    assert codes.get("EK143") == "warning" and "error" not in {codes[c] for c in codes if c.startswith("EK2")}
+    assert load_draft(path).aux.ids == (3, 7, 13)  # without the target's L the producer's convention stands

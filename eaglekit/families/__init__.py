@@ -67,6 +67,13 @@ def apply_target(spec: DraftSpec, target: TargetInfo) -> DraftSpec:
     vocab = spec.vocab
     if vocab.vocab_size is None:
         spec = dataclasses.replace(spec, vocab=dataclasses.replace(vocab, vocab_size=target.vocab_size))
+    written = spec.aux.as_written
+    if spec.aux.convention == "output" and written and target.num_layers in written:
+        # no layer L exists to take the output of: these are hidden_states indices (P18, P42), read them as such
+        aux = AuxLayers(written, written, "input", False, spec.aux.location,
+                        f"{spec.aux.location}; id {target.num_layers} = L of the target cannot be output-of-layer, "
+                        "so all ids are read as input-of-layer")
+        spec = dataclasses.replace(spec, aux=aux)
     if spec.aux.ids is None and spec.aux.as_written is None:
         default = target.default_aux_ids
         aux = AuxLayers(default, None, "input", spec.family == "eagle", "default",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,8 @@ from eaglekit.spec import (
     VocabMap,
 )
 
+MAX_DRAFT_LAYERS = 1024  # drafts have 1..8 layers; an index past this would only make every layer check huge
+_FC_NORM = re.compile(r"^fc_norm\.(\d{1,6})\.weight$")
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "F64")
 MODELOPT_EAGLE_KEYS = (
     "use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm",
@@ -154,6 +157,9 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     renamed_hidden_norm: list[int] = []
     # ModelOpt Megatron: layers >= 1 store their input norm as hidden_norm (P32)
     layer_ids = sorted({i for n in tensors if (i := layer_index(n)) is not None})
+    if layer_ids and layer_ids[-1] >= MAX_DRAFT_LAYERS:
+        raise CheckpointError(f"a tensor names decoder layer {layer_ids[-1]}; a draft has at most {MAX_DRAFT_LAYERS} "
+                              "layers, so this is not a draft checkpoint", files.root)
     for i in layer_ids:
         if i >= 1 and f"layers.{i}.hidden_norm.weight" in tensors and f"layers.{i}.input_layernorm.weight" not in tensors:
             if traits.family == "modelopt-megatron":
@@ -184,7 +190,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     cfg_layers = _int(lcfg, "num_hidden_layers")
     num_layers = (max(layer_ids) + 1) if layer_ids else (cfg_layers or 0)
 
-    fc_norm_ids = sorted(int(n.split(".")[1]) for n in tensors if n.startswith("fc_norm.") and n.endswith(".weight"))
+    fc_norm_ids = sorted(int(m.group(1)) for n in tensors if (m := _FC_NORM.match(n)))
     t_cfg = _int(cfg, "target_hidden_size")
     k_cfg = _int(cfg, "num_aux_hidden_states") or _int(lcfg, "num_aux_hidden_states")
     fc_in = shape("fc.weight")[1] if shape("fc.weight") and len(shape("fc.weight")) == 2 else None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-_MIDLAYER_MULTI = re.compile(r"^midlayer\.(\d+)\.")
-_LAYER_INDEX = re.compile(r"^layers\.(\d+)\.")
+_MIDLAYER_MULTI = re.compile(r"^midlayer\.(\d{1,9})\.")
+_LAYER_INDEX = re.compile(r"^layers\.(\d{1,9})\.")
 _LEGACY = {
     "aux_norm_low.": "fc_norm.0.",
     "aux_norm_mid.": "fc_norm.1.",

@@ -13,7 +13,7 @@ import eaglekit.rules.engine_sglang
 import eaglekit.rules.engine_vllm
 import eaglekit.rules.structure
 import eaglekit.rules.target  # noqa: F401 (importing a rule module registers its rules)
-from eaglekit.engines import ENGINES, LATEST, Version, format_version, parse_version
+from eaglekit.engines import ENGINES, LATEST, OLDEST_MODELLED, Version, format_version, parse_version
 from eaglekit.errors import UsageError
 from eaglekit.findings import Finding
 from eaglekit.rules.expected import expected_tensors, tensor_expectations
@@ -82,7 +82,12 @@ def _engines(engine: str, engine_version: str | None) -> dict[str, Version]:
         return {e: parse_version(LATEST[e]) for e in ENGINES}
     if engine not in ENGINES:
         raise UsageError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}, all")
-    return {engine: parse_version(engine_version or LATEST[engine])}
+    version = parse_version(engine_version or LATEST[engine])
+    oldest = OLDEST_MODELLED[engine]
+    if version < parse_version(oldest):
+        raise UsageError(f"--engine-version {engine_version}: eaglekit models {engine} from {oldest} on (EAGLE-3 "
+                         "support is younger than that); a verdict for an older release would be a guess")
+    return {engine: version}
 
 
 def run_rules(

@@ -392,12 +392,12 @@ def convention_unknown(ctx: RuleContext):
                   "input-of-layer from output-of-layer (off by one either way); eaglekit verify can sweep both")
 
 
-@rule("EK143", "warning", "structure", "P16", "aux id convention guessed from the first id")
+@rule("EK143", "warning", "structure", "P16", "aux id convention guessed")
 def convention_guessed(ctx: RuleContext):
     aux = ctx.spec.aux
     if aux.as_written is not None and aux.convention is not None and not aux.convention_known:
-        yield Hit(f"aux ids {fmt_ids(aux.as_written)} read as {aux.convention}-of-layer from the first id alone "
-                  f"(vLLM ids {fmt_ids(aux.ids or ())}); confirm with eaglekit verify")
+        yield Hit(f"aux ids {fmt_ids(aux.as_written)} read as {aux.convention}-of-layer, a guess ({aux.source}); "
+                  f"vLLM ids {fmt_ids(aux.ids or ())}; confirm with eaglekit verify")
 
 
 @rule("EK144", "warning", "structure", "P46", "input-of-layer layout whose first aux id is 1")

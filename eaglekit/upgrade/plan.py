@@ -30,7 +30,7 @@ LAYER_SUFFIXES = frozenset({
     "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
 })
 TOP_LEVEL = frozenset({"fc.weight", "input_norm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight"})
-FC_NORM = re.compile(r"^fc_norm\.(\d+)\.weight$")
+FC_NORM = re.compile(r"^fc_norm\.(\d{1,6})\.weight$")
 ROTARY = re.compile(r"(^|\.)rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
 QUANT_SCALE = re.compile(r"\.(weight_scale|weight_scale_2|input_scale|k_scale|v_scale|q_scale|scale)$")
 
