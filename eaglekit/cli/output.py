@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import click
@@ -41,8 +42,19 @@ def styled(*parts: str | tuple[str, str]) -> Text:
     return Text.assemble(*parts)
 
 
+def json_safe(value: Any) -> Any:
+    """JSON has no NaN or infinity: a non-finite number read from a hostile config is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def emit_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, sort_keys=False))
+    click.echo(json.dumps(json_safe(doc), indent=2, sort_keys=False, allow_nan=False))
 
 
 def findings_table(findings: list[dict], title: str = "Findings") -> Table:

@@ -112,10 +112,11 @@ def read_checkpoint(
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError("index has no weight_map", index_path)
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard or "/" in shard or "\\" in shard or shard.startswith("."):
+                raise CheckpointError(f"index maps {name!r} to an invalid shard {shard!r}"[:300], index_path)
         weight_files = sorted(set(weight_map.values()))
         for shard in weight_files:
-            if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
-                raise CheckpointError(f"index names an invalid shard {shard!r}", index_path)
             if not os.path.exists(os.path.join(root, shard)):
                 raise CheckpointError(f"index names shard {shard!r}, which does not exist", index_path)
     else:
