@@ -107,3 +107,18 @@ def test_pickle_checkpoints_are_scanned_through_torch(tmp_path):
     torch.save(state, os.path.join(path, "pytorch_model.bin"))
     report = run_rules(load_draft(path, allow_pickle=True), groups=("deep",), deep=True)
     assert [(f.code, f.tensor) for f in report.findings] == [("EK401", "layers.0.mlp.up_proj.weight")]
+
+
+@pytest.mark.parametrize("chunk", [8, 12, 64, 4096])
+def test_zero_rows_are_counted_with_rows_longer_than_the_buffer(tmp_path, chunk):
+    """A row of a [1, 2^30] tensor must not be buffered whole: rows may span chunks, memory stays at `chunk`."""
+    from eaglekit.rules.scan import scan_draft
+
+    head = np.ones((6, 10), np.float32)
+    head[[1, 4]] = 0.0
+    head[2, 9] = -0.0  # a -0 in a row of ones: not a zero row
+    head[3] = -0.0  # all -0 but one tiny value: not a zero row
+    head[3, 0] = 1e-30
+    path = make_draft(str(tmp_path / "d"), "vllm", dtype="F32", add={"lm_head.weight": head})
+    stats = scan_draft(load_draft(path), chunk_bytes=chunk)["lm_head.weight"]
+    assert stats.zero_rows == 2 and not stats.all_zero

@@ -64,6 +64,8 @@ class _FloatAccumulator:
         self.first: int | None = None
         self.constant = True
         self.zero_rows = 0 if rows else None
+        self.seen = 0  # elements so far: where the next chunk starts within its row
+        self.row_nonzero = False  # of the row the last chunk left unfinished
 
     def add(self, u: np.ndarray, s: np.ndarray, row_len: int) -> None:
         b = self.bits
@@ -77,8 +79,26 @@ class _FloatAccumulator:
         if self.constant and (max_u != self.first or int(u.min()) != self.first):
             self.constant = False
         if self.zero_rows is not None:
-            us, ss = u.reshape(-1, row_len), s.reshape(-1, row_len)
-            self.zero_rows += int(np.count_nonzero((ss.max(axis=1) <= 0) & (us.max(axis=1) <= b.sign)))
+            self._count_zero_rows((s > 0) | (u > b.sign), row_len)
+        self.seen += len(u)
+
+    def _count_zero_rows(self, nonzero: np.ndarray, row_len: int) -> None:
+        """Rows may span chunks (a row longer than the buffer): the unfinished one is carried over."""
+        at, n = 0, len(nonzero)
+        head = (-self.seen) % row_len
+        if head:
+            at = min(head, n)
+            self.row_nonzero |= bool(nonzero[:at].any())
+            if at == head:
+                self.zero_rows += not self.row_nonzero
+                self.row_nonzero = False
+        full = (n - at) // row_len
+        if full:
+            block = nonzero[at : at + full * row_len].reshape(full, row_len)
+            self.zero_rows += int(np.count_nonzero(~block.any(axis=1)))
+            at += full * row_len
+        if at < n:
+            self.row_nonzero = bool(nonzero[at:].any())
 
     def finish(self, stats: TensorStats) -> None:
         stats.nonfinite = self.nonfinite
@@ -95,19 +115,20 @@ def _scan_raw(fh, ref: TensorRef, buf: memoryview, stats: TensorStats) -> None:
         return
     rows = len(ref.shape) == 2
     row_len = ref.shape[1] if rows else 1
-    align = row_len * item  # chunks hold whole rows, so zero rows can be counted per chunk
-    step = max(align, len(buf) // align * align)
-    local = buf if step <= len(buf) else memoryview(bytearray(step))
+    align = row_len * item  # whole rows per chunk where a row fits the buffer; else rows span chunks
+    step = len(buf) // align * align if align <= len(buf) else max(item, len(buf) // item * item)
+    if step > len(buf):  # a buffer smaller than one element
+        buf = memoryview(bytearray(step))
     acc = _FloatAccumulator(bits, rows)
     fh.seek(ref.data_start)
     remaining = ref.nbytes
     while remaining:
         want = min(step, remaining)
-        got = fh.readinto(local[:want])
+        got = fh.readinto(buf[:want])
         if got != want:
             raise CheckpointError(f"tensor {ref.source_name!r}: file truncated "
                                   f"({ref.nbytes - remaining + got} of {ref.nbytes} bytes)", ref.file)
-        u = np.frombuffer(local[:want], dtype=bits.unsigned)
+        u = np.frombuffer(buf[:want], dtype=bits.unsigned)
         acc.add(u, u.view(bits.signed), row_len)
         remaining -= want
     acc.finish(stats)
