@@ -355,3 +355,31 @@ def test_secrets_never_reach_a_message(tmp_path, monkeypatch):
     assert one_line(f"server said: Authorization: Bearer {token}x\nsecond line", []) == \
         "server said: Authorization: ***\\nsecond line"
     assert "s3cr3t-value" not in one_line("echo s3cr3t-value", ["push", "--token", "s3cr3t-value"])
+
+
+# ------------------------------------------------------------------ wrong data
+
+
+def test_fp16_cast_that_would_overflow_is_refused_and_writes_nothing(tmp_path):
+    from tests.test_rules_catalogue import array
+
+    fc = array("fc.weight")
+    fc[0, 0] = 1.0e5  # a bf16 value float16 cannot hold
+    path = make_draft(str(tmp_path / "d"), "vllm", add={"fc.weight": fc})
+    out = tmp_path / "out"
+    refused("upgrade", path, str(out), "--dtype", "fp16", contains="beyond float16")
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == ["d"]
+    clean("upgrade", path, str(tmp_path / "ok"), "--dtype", "fp32", codes=(0,))
+
+
+def test_unsorted_aux_ids_never_claim_a_preserved_function(tmp_path):
+    path = make_draft(str(tmp_path / "d"), "vllm")
+    refused("upgrade", path, str(tmp_path / "a"), "--aux-layer-ids", "9,6,2", code=2, contains="not ascending")
+    def unsort(cfg):
+        cfg["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [9, 6, 2]
+
+    unsorted = edit_config(make_draft(str(tmp_path / "u"), "vllm"), unsort)
+    doc = strict_json(clean("upgrade", unsorted, str(tmp_path / "b"), "--no-fc-norm", "--no-norm-output",
+                            "--format", "json", codes=(0,)).stdout)
+    assert doc["function"] == "approximate" and any("unsorted" in c for c in doc["changes"])
+    assert doc["aux"]["ids"] == [2, 6, 9]

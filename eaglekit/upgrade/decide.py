@@ -103,7 +103,12 @@ def _aux(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None, k: in
     if list(ids) != sorted(set(ids)):
         if len(set(ids)) != len(ids):
             raise UsageError(f"aux layer ids {list(ids)} have duplicates (P20)")
-        warnings.append(f"aux layer ids {list(ids)} written sorted: engines concatenate in ascending order (P20)")
+        if origin == "argument":
+            raise UsageError(f"--aux-layer-ids {list(opts.aux_layer_ids)} are not ascending: engines concatenate the "
+                             "captured states in ascending layer order, so give them ascending (eaglekit does not "
+                             "permute fc's column blocks) (P20)")
+        warnings.append(f"aux layer ids {list(ids)} written sorted: engines concatenate in ascending order; if the "
+                        "producer concatenated in the listed order, fc's column blocks are now permuted (P20)")
         ids = tuple(sorted(ids))
     if len(ids) != k:
         raise UsageError(f"{len(ids)} aux layer ids {list(ids)} but fc takes K={k} target states (fc in-features / T)")
@@ -193,9 +198,12 @@ def _dtypes(spec: DraftSpec, opts: UpgradeOptions, fc_norm_added: bool) -> tuple
 
 
 def _function(spec: DraftSpec, fc_norm_init: str | None, norm_output_added: bool,
-              cast: str | None) -> tuple[str, list[str]]:
+              cast: str | None, aux: AuxChoice) -> tuple[str, list[str]]:
     """preserved / approximate / warm-start, with one sentence per change of the function."""
     changes: list[tuple[str, str]] = []
+    if aux.source_ids is not None and list(aux.source_ids) != sorted(aux.source_ids):
+        changes.append(("approximate", f"aux ids {list(aux.source_ids)} were unsorted and are written ascending: "
+                                       "preserved only if the producer concatenated in layer order (P20)"))
     if fc_norm_init == "calibrated":
         changes.append(("approximate", "fc_norm added with calibrated weights: the first step's fc output "
                                        "approximates the original"))
@@ -240,7 +248,7 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
     init = _fc_norm_init(opts, target, fc_norm_added, warnings)
     nbr, nbr_origin = _norm_before_residual(spec, warnings)
     compute, cast = _dtypes(spec, opts, fc_norm_added)
-    function, changes = _function(spec, init, norm_output_added, cast)
+    function, changes = _function(spec, init, norm_output_added, cast, aux)
     if function == "warm-start":
         warnings.append("the output is a warm start for EAGLE-3.1 fine-tuning, not a trained 3.1 draft (P36)")
 

@@ -10,6 +10,11 @@ from eaglekit.errors import UsageError
 from eaglekit.spec import DTYPE_SIZES
 
 FLOAT_CASTABLE = ("BF16", "F16", "F32", "F64")
+F16_MAX = 65504.0
+
+
+class CastRangeError(ValueError):
+    """A finite value the target dtype cannot hold (it would become infinity)."""
 _NUMPY = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}
 
 
@@ -36,6 +41,11 @@ def encode(values: np.ndarray, dtype: str) -> bytes:
     """float array -> bytes in `dtype` (round to nearest even)."""
     if dtype == "BF16":
         return bf16_bits(values).astype("<u2").tobytes()
+    if dtype == "F16":
+        finite = values[np.isfinite(values)]
+        if finite.size and float(np.abs(finite).max()) > F16_MAX:
+            raise CastRangeError(f"holds {float(np.abs(finite).max()):.4g}, beyond float16's ±{F16_MAX:g}: the cast "
+                                 "would write infinity; keep bf16 or fp32")
     if dtype in _NUMPY:
         return np.ascontiguousarray(values, dtype=_NUMPY[dtype]).tobytes()
     raise UsageError(f"cannot write {dtype} tensors (only {', '.join(FLOAT_CASTABLE)})")

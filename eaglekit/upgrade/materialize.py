@@ -12,7 +12,7 @@ from eaglekit.errors import CheckpointError
 from eaglekit.io.tensors import load_tensor
 from eaglekit.io.writer import READ_CHUNK, ByteRange, OutTensor, iter_file_chunks
 from eaglekit.spec import DraftSpec, TensorRef
-from eaglekit.upgrade.encode import cast_stream, decode, encode
+from eaglekit.upgrade.encode import CastRangeError, cast_stream, decode, encode
 from eaglekit.upgrade.plan import TensorStep, UpgradePlan
 
 ARRAY_ENCODINGS = {"I64": "<i8", "BOOL": "?"}
@@ -60,7 +60,10 @@ def _rows(spec: DraftSpec, ref: TensorRef, order: np.ndarray, cast_to: str | Non
     step = max(1, READ_CHUNK // max(table.shape[1], 1))
     for start in range(0, len(order), step):
         block = table[order[start:start + step]].tobytes()
-        yield encode(decode(block, ref.dtype), cast_to) if cast_to else block
+        try:
+            yield encode(decode(block, ref.dtype), cast_to) if cast_to else block
+        except CastRangeError as exc:
+            raise CheckpointError(f"tensor {ref.source_name!r} {exc}", spec.path) from None
 
 
 def _pickled(spec: DraftSpec, name: str, cast_to: str | None) -> list[bytes]:
@@ -68,7 +71,10 @@ def _pickled(spec: DraftSpec, name: str, cast_to: str | None) -> list[bytes]:
 
 
 def _cast(spec: DraftSpec, ref: TensorRef, cast_to: str) -> Iterator[bytes]:
-    return cast_stream(_source_chunks(spec, ref), ref.dtype, cast_to)
+    try:
+        yield from cast_stream(_source_chunks(spec, ref), ref.dtype, cast_to)
+    except CastRangeError as exc:
+        raise CheckpointError(f"tensor {ref.source_name!r} {exc}", spec.path) from None
 
 
 def _constant(data: bytes) -> list[bytes]:
