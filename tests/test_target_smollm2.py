@@ -80,3 +80,14 @@ def test_incomplete_copy_is_rebuilt_not_trusted(tmp_path):
     partial.mkdir()
     (partial / "config.json").write_text("{}")
     assert not is_materialized(str(partial))
+
+
+def test_materialising_never_replaces_a_folder_it_did_not_make(tmp_path):
+    from eaglekit.errors import OutputError
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("user data")
+    with pytest.raises(OutputError, match="not an eaglekit SmolLM2 copy"):
+        materialize_smollm2(str(folder))
+    assert (folder / "notes.txt").read_text() == "user data"

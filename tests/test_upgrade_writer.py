@@ -225,3 +225,26 @@ def test_leftovers_of_a_killed_run_are_removed(tmp_path):
         stage.publish()
     assert not dead.exists()
     assert alive.exists()  # another live run's staging is not touched
+
+
+def test_force_killed_between_its_renames_gets_the_old_output_back(tmp_path):
+    """--force moves DST aside, then the new folder in; a kill in between must not lose DST for good."""
+    old = tmp_path / ".out.eaglekit-old-999999999-abcd1234"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"previous output")
+    stage = StagedDirectory(str(tmp_path / "out"), force=True)
+    with pytest.raises(UsageError):  # the next run finds DST back in place before anything else
+        with stage:
+            raise UsageError("stop after the stale check")
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == b"previous output" and not old.exists()
+    (tmp_path / ".out.eaglekit-old-999999998-abcd1234").mkdir()  # DST exists: the stale copy just goes
+    with StagedDirectory(str(tmp_path / "out"), force=True) as stage:
+        stage.publish()
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
+    with pytest.raises(OutputError, match="No space left"):
+        with StagedDirectory(str(tmp_path / "out")):
+            raise OSError(28, "No space left on device")
+    assert os.listdir(tmp_path) == []

@@ -25,6 +25,7 @@ from eaglekit.spec import DTYPE_SIZES
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per copy call: bounds progress granularity, not memory
 READ_CHUNK = 8 * 1024 * 1024  # buffer of the read/write fallback
 PARTIAL_MARK = ".eaglekit-partial-"
+OLD_MARK = ".eaglekit-old-"  # the replaced output while --force swaps in the new one
 ProgressFn = Callable[[int], None]
 
 
@@ -267,13 +268,21 @@ class StagedDirectory:
             raise OutputError("parent directory of the output is not writable", self.parent)
 
     def _remove_stale(self) -> None:
-        prefix = f".{self.base}{PARTIAL_MARK}"
-        for name in os.listdir(self.parent):
-            if not name.startswith(prefix):
-                continue
-            pid = name[len(prefix):].split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                shutil.rmtree(os.path.join(self.parent, name), ignore_errors=True)
+        """Leftovers of killed runs for this `dst`: staging folders go; a replaced copy whose run died before the
+        new one took its place is put back (so --force never loses the old output), otherwise removed."""
+        for name in sorted(os.listdir(self.parent)):
+            for mark in (PARTIAL_MARK, OLD_MARK):
+                prefix = f".{self.base}{mark}"
+                if not name.startswith(prefix):
+                    continue
+                pid = name[len(prefix):].split("-", 1)[0]
+                if not pid.isdigit() or _pid_alive(int(pid)):
+                    continue
+                full = os.path.join(self.parent, name)
+                if mark == OLD_MARK and not os.path.lexists(self.dst):
+                    os.rename(full, self.dst)
+                else:
+                    shutil.rmtree(full, ignore_errors=True)
 
     def __enter__(self) -> StagedDirectory:
         self.check()
@@ -304,7 +313,7 @@ class StagedDirectory:
         old = None
         if os.path.isdir(self.dst):
             if os.listdir(self.dst):
-                old = os.path.join(self.parent, f".{self.base}.eaglekit-old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                old = os.path.join(self.parent, f".{self.base}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
                 os.rename(self.dst, old)
             else:
                 os.rmdir(self.dst)
@@ -319,6 +328,9 @@ class StagedDirectory:
             thread.join()
         if not self.published and self.path and os.path.exists(self.path):
             shutil.rmtree(self.path, ignore_errors=True)
+        if exc_type is not None and issubclass(exc_type, OSError):  # disk full, quota, I/O error: one line
+            raise OutputError(f"writing the output failed ({exc.strerror or exc}); nothing was written",
+                              self.dst) from None
 
 
 def iter_file_chunks(path: str, start: int, end: int, chunk: int = READ_CHUNK) -> Iterator[bytes]:

@@ -59,6 +59,10 @@ def materialize_smollm2(out_dir: str, *, dtype: str = "bfloat16") -> str:
     out_dir = os.path.abspath(out_dir)
     if is_materialized(out_dir):
         return out_dir
+    ours = os.path.isfile(os.path.join(out_dir, MARKER))  # a stale copy made from another GGUF
+    if os.path.lexists(out_dir) and not ours and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise OutputError("exists and is not an eaglekit SmolLM2 copy; refusing to replace it (choose another "
+                          "folder or empty this one)", out_dir)
     source = gguf_path()
 
     import torch
