@@ -268,6 +268,16 @@ def test_malformed_report_is_one_line(fake_hub, draft_dir, rules, tmp_path, caps
     assert code == 1 and err.startswith(f"Error: {report}: verify report is not valid JSON") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("field, value", [("lossless", "no"), ("acceptance_length", float("nan")),
+                                          ("acceptance_length", 0.5), ("per_position_acceptance", [0.5, 7]),
+                                          ("tokens_per_s_spec", "fast")])
+def test_a_report_that_would_make_the_card_lie_is_refused(fake_hub, draft_dir, rules, tmp_path, capsys, field, value):
+    report = tmp_path / "verify.json"
+    report.write_text(json.dumps({"lossless": True, "acceptance_length": 1.8, field: value}))
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--report", str(report), "--dry-run")
+    assert code == 1 and field in err and err.count("\n") == 1
+
+
 # ---------------------------------------------------------------- validation gate
 
 
@@ -459,3 +469,60 @@ def test_push_help_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "--repo-id" in proc.stdout and "--create-pr" in proc.stdout
+
+
+def test_a_server_that_never_answers_times_out_with_one_line(draft_dir, rules, capsys, monkeypatch):
+    """huggingface_hub's client has no timeout of its own; eaglekit's bounds every request."""
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted = []
+    stop = threading.Event()
+
+    def accept_and_stay_silent():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept_and_stay_silent, daemon=True)
+    thread.start()
+    monkeypatch.setenv("EAGLEKIT_HUB_TIMEOUT", "0.5")
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    started = time.perf_counter()
+    try:
+        code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_x", "--endpoint", endpoint)
+    finally:
+        stop.set()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+        listener.close()
+    assert code == 1 and err.count("\n") == 1 and "Timeout" in err and endpoint in err
+    assert time.perf_counter() - started < 30 and accepted
+
+
+@pytest.mark.parametrize("route, payload", [("create_repo", b"<html>not json"), ("create_repo", b"[1, 2]"),
+                                            ("preupload", b"{\"files\": 5}"), ("commit", b"null")])
+def test_garbage_answers_are_one_line(fake_hub, draft_dir, rules, capsys, monkeypatch, route, payload):
+    monkeypatch.setattr(fake_hub, f"_route_{route}", lambda *a: (200, payload, "application/json"))
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", fake_hub.token,
+                             "--endpoint", fake_hub.endpoint)
+    assert code == 1 and err.count("\n") == 1 and err.startswith("Error: ") and "internal error" not in err
+
+
+def test_a_server_echoing_the_token_never_prints_it(fake_hub, draft_dir, rules, capsys, monkeypatch):
+    from tests.hubserver import HubError
+
+    def echo(args, query, headers, body):
+        raise HubError(400, f"bad request (Authorization: {headers.get('authorization')})")
+
+    monkeypatch.setattr(fake_hub, "_route_create_repo", echo)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", fake_hub.token,
+                             "--endpoint", fake_hub.endpoint)
+    assert code == 1 and fake_hub.token not in err + out and "***" in err

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -23,8 +24,9 @@ from eaglekit.errors import CheckpointError, EaglekitError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
 from eaglekit.hub.card import build_card, provenance, recorded_target
-from eaglekit.io.jsonfile import load_json_object
+from eaglekit.io.jsonfile import finite, load_json_object
 from eaglekit.io.checkpoint import INDEX_NAME
+from eaglekit.io.hub_client import bounded_hub_client
 from eaglekit.serving import ENGINE_LABELS, minimum_versions
 from eaglekit.spec import DraftSpec
 
@@ -81,10 +83,15 @@ def load_report(path: str) -> dict[str, Any]:
     """Read a verify report JSON for the card; one-line errors for unreadable or malformed files."""
     report = load_json_object(path, "verify report")
     acceptance = report.get("per_position_acceptance")
-    if acceptance is not None and not (
-        isinstance(acceptance, list) and all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in acceptance)
-    ):
-        raise CheckpointError("per_position_acceptance must be a list of numbers", path)
+    if acceptance is not None and not (isinstance(acceptance, list) and all(finite(a) and 0 <= a <= 1 for a in acceptance)):
+        raise CheckpointError("per_position_acceptance must be a list of rates in [0, 1]", path)
+    if "lossless" in report and not isinstance(report["lossless"], bool):
+        raise CheckpointError(f"lossless must be true or false, not {report['lossless']!r}"[:120], path)
+    for key in ("acceptance_length", "num_speculative_tokens", "tokens_per_s_spec", "tokens_per_s_target"):
+        if key in report and report[key] is not None and not (finite(report[key]) and report[key] >= 0):
+            raise CheckpointError(f"{key} must be a finite non-negative number, not {report[key]!r}"[:120], path)
+    if "acceptance_length" in report and report["acceptance_length"] is not None and report["acceptance_length"] < 1:
+        raise CheckpointError("acceptance_length is at least 1 (it counts the bonus token)", path)
     return report
 
 
@@ -256,6 +263,11 @@ def _resolve_token(token: str | None) -> str:
 def _upload(result: PushResult, sources: list[tuple[str, str | bytes]], message: str, token: str) -> None:
     from huggingface_hub import CommitOperationAdd, HfApi
 
+    bounded_hub_client()
+    if not sys.stderr.isatty():  # the client's upload bars are for a terminal; in logs they bury the one error line
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
     api = HfApi(endpoint=result.endpoint, token=token)
     operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=source) for path, source in sources]
     with _hub_errors(result.endpoint, result.repo_id, result.revision), _lfs_unless_hub(result):
@@ -353,8 +365,10 @@ def _hub_errors(endpoint: str, repo_id: str, revision: str | None) -> Iterator[N
         raise EaglekitError(
             f"push to {endpoint} failed: HTTP {status}" + (f" ({detail[0]})" if detail else "")
         ) from None
-    except ValueError as exc:
-        if "Invalid metadata in README.md" not in str(exc):
-            raise
-        reasons = " ".join(line.strip("- ") for line in str(exc).splitlines()[1:])
-        raise EaglekitError(f"{endpoint} rejected the model card metadata: {reasons}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        if isinstance(exc, ValueError) and "Invalid metadata in README.md" in str(exc):
+            reasons = " ".join(line.strip("- ") for line in str(exc).splitlines()[1:])
+            raise EaglekitError(f"{endpoint} rejected the model card metadata: {reasons}") from None
+        # garbage or wrongly shaped JSON in an answer: the client fails while reading it
+        raise EaglekitError(f"push to {endpoint} failed: its answer is not what the Hub sends "
+                            f"({type(exc).__name__})") from None

@@ -55,6 +55,10 @@ def _from_hub(repo_id: str, revision: str | None) -> tuple[str, str]:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
+    from eaglekit.io.hub_client import bounded_hub_client
+
+    bounded_hub_client()
+
     patterns = ["*.json", "*.safetensors", "**/*.json", "**/*.safetensors", "*.md"]
     try:
         path = snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True)
