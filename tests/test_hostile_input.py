@@ -383,3 +383,13 @@ def test_unsorted_aux_ids_never_claim_a_preserved_function(tmp_path):
                             "--format", "json", codes=(0,)).stdout)
     assert doc["function"] == "approximate" and any("unsorted" in c for c in doc["changes"])
     assert doc["aux"]["ids"] == [2, 6, 9]
+
+
+def test_a_pickle_with_a_complex_tensor_is_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    d = tmp_path / "bin"
+    d.mkdir()
+    source = make_draft(str(tmp_path / "src"), "eagle")
+    (d / "config.json").write_text(open(os.path.join(source, "config.json")).read())
+    torch.save({"fc.weight": torch.zeros(4, 4, dtype=torch.complex64)}, d / "pytorch_model.bin")
+    refused("inspect", str(d), "--allow-pickle", contains="complex64")

@@ -6,6 +6,7 @@ import importlib
 import os
 import re
 import sys
+import warnings
 
 import click
 
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get("EAGLEKIT_DEBUG") == "1"
     _safe_streams()
+    if not debug:  # library warnings (torch, numpy, transformers) are not eaglekit's findings: they would add lines
+        warnings.simplefilter("ignore")
     try:
         rv = cli.main(args=args, prog_name="eaglekit", standalone_mode=False)
     except EaglekitError as exc:

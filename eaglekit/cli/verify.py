@@ -60,7 +60,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, contex
         context_tokens=context_tokens, device=device, dtype=dtype, aux_layer_ids=_ids(aux_layer_ids),
         diagnose=diagnose, min_acceptance=min_acceptance,
     )
-    if no_progress:
+    if no_progress or not err.is_terminal:  # a bar in a log is noise (and a stray line before any error)
         report = verify(draft, target, options)
     else:
         report = _with_progress(draft, target, options, verify)

@@ -179,7 +179,11 @@ def _read_pickles(root: str, config: dict, config_path: str, pickles: list[str],
         for name, tensor in state.items():
             if not isinstance(tensor, torch.Tensor):
                 continue
-            dtype = torch_to_safetensors_dtype(tensor.dtype)
+            try:
+                dtype = torch_to_safetensors_dtype(tensor.dtype)
+            except ValueError:
+                raise CheckpointError(f"tensor {name!r} has dtype {tensor.dtype}, which no EAGLE-3 engine loads",
+                                      full) from None
             entries[name] = (rel, HeaderEntry(name, dtype, tuple(tensor.shape), -1, -1))
             tensors[name] = tensor
     return CheckpointFiles(root, config, config_path, pickles, entries, {}, None, tensors, extra)
