@@ -393,3 +393,11 @@ def test_a_pickle_with_a_complex_tensor_is_one_line(tmp_path):
     (d / "config.json").write_text(open(os.path.join(source, "config.json")).read())
     torch.save({"fc.weight": torch.zeros(4, 4, dtype=torch.complex64)}, d / "pytorch_model.bin")
     refused("inspect", str(d), "--allow-pickle", contains="complex64")
+
+
+def test_a_non_utf8_output_name(tmp_path):
+    path = make_draft(str(tmp_path / "d"), "vllm")
+    out = os.path.join(str(tmp_path), os.fsdecode(b"out-\xff"))
+    clean("upgrade", path, out, codes=(0,))
+    assert os.path.isdir(out)
+    strict_json(clean("upgrade", path, out + "2", "--format", "json", codes=(0,)).stdout)
