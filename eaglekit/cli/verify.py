@@ -49,17 +49,39 @@ def _ids(value: str | None) -> tuple[int, ...] | None:
 @click.option("--min-acceptance", type=float, help="Exit 1 when the mean acceptance length is below this.")
 @click.option("--save-report", type=click.Path(dir_okay=False), help="Also write the JSON report here (for push).")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@click.option("--engine", type=click.Choice(["reference", "vllm", "both"]), default="reference", show_default=True,
+              help="reference: eaglekit's own decode; vllm: the same prompts through vLLM's offline API, measured by "
+                   "vLLM's counters (any target size); both: the two side by side with a verdict.")
+@click.option("--engine-python", help="Python of the environment that has vLLM (default: $EAGLEKIT_VLLM_PYTHON, "
+                                      "else this one).")
+@click.option("--tensor-parallel-size", type=int, default=1, show_default=True,
+              help="vLLM tensor parallelism for targets that do not fit one device.")
+@click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
+              help="Extra vLLM LLM(...) argument, repeatable (JSON values), e.g. max_model_len=4096.")
 @format_option
 def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, context_tokens, device, dtype,
-                   aux_layer_ids, diagnose, min_acceptance, save_report, no_progress, output_format):
+                   aux_layer_ids, diagnose, min_acceptance, save_report, no_progress, engine, engine_python,
+                   tensor_parallel_size, engine_args, output_format):
     """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis."""
-    from eaglekit.verify.run import VerifyOptions, verify
+    from eaglekit.verify.engine import EngineOptions, parse_engine_args
+    from eaglekit.verify.run import VerifyOptions, verify, verify_in_engine
 
     options = VerifyOptions(
         num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file, limit=limit,
         context_tokens=context_tokens, device=device, dtype=dtype, aux_layer_ids=_ids(aux_layer_ids),
-        diagnose=diagnose, min_acceptance=min_acceptance,
+        diagnose=diagnose, min_acceptance=min_acceptance, engine=engine,
+        engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
+                                     engine_args=parse_engine_args(engine_args)),
     )
+    if engine == "vllm":
+        doc = verify_in_engine(draft, target, options)
+        if save_report:
+            _write_json(save_report, doc)
+        emit_json(doc) if output_format == "json" else render_engine(doc)
+        if not doc["engine"]["lossless"]:
+            raise EaglekitError(f"{draft}: vLLM's speculative output differs from its own target-only output on "
+                                f"prompt(s) {doc['engine']['mismatched_prompts']}")
+        return
     if no_progress or not err.is_terminal:  # a bar in a log is noise (and a stray line before any error)
         report = verify(draft, target, options)
     else:
@@ -110,6 +132,28 @@ def _write_json(path: str, doc: dict) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise OutputError(f"cannot write the report: {exc.strerror or exc}", path) from None
+
+
+def _engine_rows(e: dict) -> list[tuple[str, object]]:
+    seconds = e["seconds"]
+    return [
+        ("engine", f"{e['engine']} {e['version']}"),
+        ("lossless", styled(("yes", "green")) if e["lossless"] else styled(("NO", "bold red"))),
+        ("acceptance length τ", styled((f"{e['acceptance_length']:.3f}", "bold"))),
+        ("per position", _rates(e["per_position_acceptance"])),
+        ("counters", f"{e['num_drafts']} drafts, {e['num_accepted_tokens']} accepted "
+                     f"({', '.join(map(str, e['num_accepted_tokens_per_pos']))} per position)"),
+        ("aux layers", e["aux_layers_log"] or "the engine printed none (it fell back to its default)"),
+        ("tokens/s", f"{seconds['tokens_per_s_spec']:.1f} with the draft vs {seconds['tokens_per_s_target']:.1f} "
+                     f"target alone (engine start {seconds['spec_init_s']:.0f} s)"),
+    ]
+
+
+def render_engine(doc: dict) -> None:
+    out.print(key_value_table([("draft", doc["draft"]), ("target", doc["target"]),
+                               ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, "
+                                       f"{doc['dtype']}, {doc['prompts']['count']} prompts"),
+                               *_engine_rows(doc["engine"])], title="eaglekit verify --engine vllm"))
 
 
 def _rates(values, sep: str = "  ") -> str:
@@ -167,6 +211,27 @@ def render(doc: dict) -> None:
         drift.add_row(str(row["depth"]), rms, sink, f"{rate:.2f}")
     out.print(drift)
 
+    if doc.get("engine"):
+        cmp = doc["engine_comparison"]
+        out.print()
+        table = Table(title="Reference vs engine", title_justify="left")
+        for col in ("", "aux ids", "τ", "per position", "drafts", "accepted"):
+            table.add_column(col, no_wrap=True)
+        e = doc["engine"]
+        table.add_row("eaglekit reference", ",".join(map(str, cmp["reference_aux_layer_ids"])),
+                      f"{doc['acceptance_length']:.3f}", _rates(doc["per_position_acceptance"], " "),
+                      str(doc["num_drafts"]), str(doc["num_accepted_tokens"]))
+        if cmp["reference_as_served_acceptance_length"] is not None:
+            table.add_row("reference, as the engine reads it", ",".join(map(str, cmp["engine_aux_layer_ids"])),
+                          f"{cmp['reference_as_served_acceptance_length']:.3f}", "", "", "")
+        table.add_row(f"{e['engine']} {e['version']}", ",".join(map(str, cmp["engine_aux_layer_ids"] or [])),
+                      f"{e['acceptance_length']:.3f}", _rates(e["per_position_acceptance"], " "), str(e["num_drafts"]),
+                      str(e["num_accepted_tokens"]))
+        out.print(table)
+        style = {"agree": "green", "engine reads other aux ids": "bold yellow", "disagree": "bold red"}[cmp["verdict"]]
+        out.print(styled((f"{cmp['verdict']}: ", style), cmp["message"]))
+        if not e["lossless"]:
+            out.print(styled(("vLLM's speculative output differs from its own target-only output", "bold red")))
     if "hypotheses" in doc:
         table = Table(title="Diagnosis: one target pass, competing readings", title_justify="left",
                       caption="TF: teacher-forced along the target's continuation; z: paired against the declared reading", caption_justify="left")

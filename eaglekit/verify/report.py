@@ -52,6 +52,8 @@ class VerifyReport:
     diagnosis: Diagnosis | None = None
     min_acceptance: float | None = None
     notes: list[str] = field(default_factory=list)
+    engine: dict[str, Any] | None = None  # --engine both: what vLLM measured (eaglekit.verify.engine.EngineRun)
+    engine_comparison: dict[str, Any] | None = None
 
     @property
     def exact(self) -> bool:
@@ -136,6 +138,9 @@ class VerifyReport:
             ],
             "notes": list(self.notes),
         }
+        if self.engine is not None:
+            doc["engine"] = self.engine
+            doc["engine_comparison"] = self.engine_comparison
         if self.diagnosis is not None:
             d = self.diagnosis
             doc["hypotheses"] = d.result_rows()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -14,11 +15,14 @@ from eaglekit.verify.checks import compatibility_checks, refuse_failures
 from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
 from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.eagle import EagleProposer
+from eaglekit.verify.engine import EngineOptions, EngineRun, run_vllm
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
 from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts
 from eaglekit.verify.report import PromptOutcome, VerifyReport
 from eaglekit.verify.target import TargetModel, load_target
 
+ENGINES = ("reference", "vllm", "both")
+AUX_IDS_IN_LOG = re.compile(r"\[([\d,\s]+)\]|\(([\d,\s]+)\)")
 TIE_TOLERANCE = {"float32": 1e-2, "float16": 0.1, "bfloat16": 0.5}
 """Top-1 minus top-2 logit of the target below which a divergence is a numerical tie: verifying k+1 rows at once
 and decoding one row at a time round differently, and on a near-tie either token is the target's greedy choice."""
@@ -38,8 +42,12 @@ class VerifyOptions:
     diagnose: bool = False
     min_acceptance: float | None = None
     warmup: bool = True
+    engine: str = "reference"  # reference (eaglekit's decode), vllm (the engine alone) or both, compared
+    engine_options: EngineOptions = EngineOptions()
 
     def check(self) -> None:
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
         if self.num_speculative_tokens < 1:
             raise UsageError("--num-speculative-tokens must be at least 1")
         if self.max_new_tokens < 1:
@@ -134,15 +142,102 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
 
     flags = {name: bool(getattr(drafter.config, name)) for name in ("fc_norm", "norm_output", "norm_before_fc",
                                                                      "norm_before_residual")}
-    return VerifyReport(
+    engine = comparison = None
+    if options.engine == "both":
+        run = run_vllm(raw.path, target, encoded, k=k, max_new_tokens=options.max_new_tokens, dtype=dtype_name,
+                       opts=options.engine_options)
+        engine = run.to_dict()
+        served = engine_aux_ids(run, info)
+        as_served = None
+        if served is not None and tuple(served) != tuple(aux_ids):
+            as_served = _acceptance(model, drafter, served, encoded, k, options.max_new_tokens, eos)
+        comparison = compare_engine(counter, run, aux_ids, served, as_served)
+    report = VerifyReport(
         draft=raw.path, target=target, eagle_version=spec.eagle_version, flags=flags, aux_layer_ids=list(aux_ids),
         aux_layer_ids_source=aux_source, num_speculative_tokens=k, max_new_tokens=options.max_new_tokens,
         dtype=dtype_name, device=str(model.device), prompts_name=prompts.name, context_tokens=options.context_tokens,
         chat_template=bool(getattr(model.tokenizer, "chat_template", None)), checks=checks, counter=counter,
         drift=drift, spec_clock=clock, target_only_s=target_s, spec_tokens=spec_tokens, target_tokens=target_tokens,
         outcomes=outcomes, tie_tolerance=tolerance, diagnosis=conclude(sweep.results()) if sweep else None,
-        min_acceptance=options.min_acceptance,
+        min_acceptance=options.min_acceptance, engine=engine, engine_comparison=comparison,
     )
+    return report
+
+
+def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
+    """--engine vllm: the engine alone (a target of any size, with vLLM's tensor parallelism); the tokenizer is the
+    only part of the target loaded here."""
+    options.check()
+    from transformers import AutoTokenizer
+
+    info = read_target(target)
+    raw = load_draft(draft)
+    spec = apply_target(raw, info)
+    aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
+    refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states), raw.path)
+    prompts = _prompt_set(options)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    encoded = [encode(p, tokenizer, context_tokens=options.context_tokens, index=i)
+               for i, p in enumerate(prompts.prompts)]
+    dtype = "float32" if options.dtype == "auto" and options.device == "cpu" else (
+        "bfloat16" if options.dtype == "auto" else options.dtype)
+    run = run_vllm(raw.path, target, encoded, k=options.num_speculative_tokens, max_new_tokens=options.max_new_tokens,
+                   dtype=dtype, opts=options.engine_options)
+    return {"draft": raw.path, "target": target, "eagle_version": spec.eagle_version,
+            "num_speculative_tokens": options.num_speculative_tokens, "max_new_tokens": options.max_new_tokens,
+            "dtype": dtype, "prompts": {"name": prompts.name, "count": len(encoded),
+                                        "context_tokens": options.context_tokens},
+            "eaglekit_aux_layer_ids": list(aux_ids), "engine_aux_layer_ids": list(engine_aux_ids(run, info) or []),
+            "engine": run.to_dict()}
+
+
+def _acceptance(model: TargetModel, drafter, aux_ids: Sequence[int], encoded, k: int, max_new_tokens: int,
+                eos) -> AcceptanceCounter:
+    """The reference's counters with other aux ids (the ones the engine captures)."""
+    counter = AcceptanceCounter(k)
+    for ids in encoded:
+        proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + max_new_tokens + k + 2)
+        run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k, max_new_tokens=max_new_tokens,
+                                 eos_ids=eos)
+        counter.merge(run.counter)
+    return counter
+
+
+def engine_aux_ids(run: EngineRun, info) -> tuple[int, ...] | None:
+    """The layers the engine says it captures (its log line), else the engine default it falls back to silently."""
+    if run.aux_log:
+        m = AUX_IDS_IN_LOG.search(run.aux_log)
+        if m:
+            return tuple(sorted(int(v) for v in (m.group(1) or m.group(2)).replace(" ", "").split(",") if v))
+    return tuple(info.default_aux_ids)
+
+
+def _counts(c: AcceptanceCounter) -> tuple[int, int, tuple[int, ...]]:
+    return c.drafts, c.accepted, tuple(c.accepted_at)
+
+
+def compare_engine(reference: AcceptanceCounter, run: EngineRun, aux_ids: Sequence[int],
+                   served: Sequence[int] | None, as_served: AcceptanceCounter | None) -> dict:
+    """The verdict of --engine both: do vLLM's counters equal the reference's, and if not, is it the ids?"""
+    same = _counts(reference) == _counts(run.counter)
+    doc = {"counters_equal": same, "reference_acceptance_length": reference.acceptance_length,
+           "engine_acceptance_length": run.counter.acceptance_length, "reference_aux_layer_ids": list(aux_ids),
+           "engine_aux_layer_ids": list(served) if served is not None else None,
+           "reference_as_served_acceptance_length": as_served.acceptance_length if as_served else None}
+    if same:
+        doc.update(verdict="agree", message=f"vLLM {run.version} and the reference count the same drafts and "
+                                            "accepted tokens at every position")
+    elif as_served is not None and _counts(as_served) == _counts(run.counter):
+        doc.update(verdict="engine reads other aux ids",
+                   message=f"as served by vLLM {run.version}: τ {run.counter.acceptance_length:.3f} (it captures "
+                           f"{list(served)}); as eaglekit reads the draft ({list(aux_ids)}): τ "
+                           f"{reference.acceptance_length:.3f}; `eaglekit upgrade` writes the ids so vLLM reads those")
+    else:
+        doc.update(verdict="disagree",
+                   message=f"vLLM {run.version} τ {run.counter.acceptance_length:.3f} vs reference "
+                           f"{reference.acceptance_length:.3f} with the same ids: an engine misreading, a feature it "
+                           "does not support, or an eaglekit bug")
+    return doc
 
 
 def _warm_up(model: TargetModel, drafter, aux_ids: Sequence[int], prompt: Sequence[int], k: int) -> None:

