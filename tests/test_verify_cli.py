@@ -166,3 +166,12 @@ def test_cli_module_does_not_import_torch():
     code = ("import sys, eaglekit.cli.verify, eaglekit.verify.run; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "both"])
+def test_without_vllm_the_engine_is_one_line_before_any_decode(tmp_path, monkeypatch, engine):
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", "/nonexistent/python")
+    draft = make_draft(str(tmp_path / "d"), "vllm")
+    result = run(["verify", draft, "--target", make_target_config(str(tmp_path / "t")), "--engine", engine])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "EAGLEKIT_VLLM_PYTHON" in result.stderr

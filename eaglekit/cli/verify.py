@@ -215,14 +215,15 @@ def render(doc: dict) -> None:
         cmp = doc["engine_comparison"]
         out.print()
         table = Table(title="Reference vs engine", title_justify="left")
-        for col in ("", "aux ids", "τ", "per position", "drafts", "accepted"):
+        table.add_column("")
+        for col in ("aux ids", "τ", "per position", "drafts", "accepted"):
             table.add_column(col, no_wrap=True)
         e = doc["engine"]
-        table.add_row("eaglekit reference", ",".join(map(str, cmp["reference_aux_layer_ids"])),
+        table.add_row("reference", ",".join(map(str, cmp["reference_aux_layer_ids"])),
                       f"{doc['acceptance_length']:.3f}", _rates(doc["per_position_acceptance"], " "),
                       str(doc["num_drafts"]), str(doc["num_accepted_tokens"]))
         if cmp["reference_as_served_acceptance_length"] is not None:
-            table.add_row("reference, as the engine reads it", ",".join(map(str, cmp["engine_aux_layer_ids"])),
+            table.add_row("reference, engine's ids", ",".join(map(str, cmp["engine_aux_layer_ids"])),
                           f"{cmp['reference_as_served_acceptance_length']:.3f}", "", "", "")
         table.add_row(f"{e['engine']} {e['version']}", ",".join(map(str, cmp["engine_aux_layer_ids"] or [])),
                       f"{e['acceptance_length']:.3f}", _rates(e["per_position_acceptance"], " "), str(e["num_drafts"]),

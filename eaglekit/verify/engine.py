@@ -90,7 +90,9 @@ def check_engine_available(opts: EngineOptions) -> str:
         probe = subprocess.run([python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
                                capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"--engine vllm: cannot run {python} ({exc})") from None
+        raise UsageError(f"--engine vllm: cannot run {python} ({exc.strerror if isinstance(exc, OSError) else exc}); "
+                         "create a vLLM environment (scripts/vllm-env.sh) and pass --engine-python or set "
+                         "EAGLEKIT_VLLM_PYTHON") from None
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"--engine vllm: vLLM does not import in {python} ({last[:200]}); install it there "

@@ -15,7 +15,7 @@ from eaglekit.verify.checks import compatibility_checks, refuse_failures
 from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
 from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.eagle import EagleProposer
-from eaglekit.verify.engine import EngineOptions, EngineRun, run_vllm
+from eaglekit.verify.engine import EngineOptions, EngineRun, check_engine_available, run_vllm
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
 from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts
 from eaglekit.verify.report import PromptOutcome, VerifyReport
@@ -88,6 +88,8 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
            on_prompt: Callable[[int, int, str], None] | None = None) -> VerifyReport:
     """Run `draft` against `target` on every prompt; raise before decoding if the two do not fit."""
     options.check()
+    if options.engine == "both":
+        check_engine_available(options.engine_options)  # before minutes of reference decoding
     info = read_target(target)
     raw = load_draft(draft)
     spec = apply_target(raw, info)
@@ -168,6 +170,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     """--engine vllm: the engine alone (a target of any size, with vLLM's tensor parallelism); the tokenizer is the
     only part of the target loaded here."""
     options.check()
+    check_engine_available(options.engine_options)
     from transformers import AutoTokenizer
 
     info = read_target(target)

@@ -1,0 +1,75 @@
+"""The real engine: vLLM's CPU build runs SmolLM2 with the bundled drafters, and its counters are the reference's.
+
+Needs vLLM in an environment of its own (scripts/vllm-env.sh writes .vllm-env; or set EAGLEKIT_VLLM_PYTHON).
+Float32, two prompts of 32 tokens, k = 3: each vLLM start takes about 40 s on two cores (eager, no compile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.cli import run_cli  # noqa: E402
+from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DRAFTERS = REPO / "examples" / "drafters"
+RUN = ["--limit", "2", "--max-new-tokens", "32", "--dtype", "float32", "--engine", "both", "--format", "json"]
+
+
+def _vllm_python() -> str | None:
+    python = os.environ.get("EAGLEKIT_VLLM_PYTHON") or str(REPO / ".vllm-env" / "bin" / "python")
+    if not os.path.exists(python):
+        return None
+    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True)
+    return python if probe.returncode == 0 else None
+
+
+VLLM_PYTHON = _vllm_python()
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")]
+
+
+@pytest.fixture(autouse=True)
+def _engine_env(monkeypatch):
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", VLLM_PYTHON or "")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+
+
+def _both(draft: str) -> dict:
+    result = run_cli(["verify", draft, "--target", smollm2_path(), *RUN])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_vllm_counts_what_the_reference_counts_on_an_upgraded_draft(tmp_path):
+    out = str(tmp_path / "lossless")
+    upgraded = run_cli(["upgrade", str(DRAFTERS / "smollm2-135m-eagle3"), out, "--target", smollm2_path(),
+                        "--no-fc-norm", "--no-norm-output"])
+    assert upgraded.exit_code == 0, upgraded.stderr
+    doc = _both(out)
+    engine, verdict = doc["engine"], doc["engine_comparison"]
+    assert engine["lossless"] and doc["lossless"]
+    assert verdict["verdict"] == "agree" and verdict["counters_equal"]
+    assert (engine["num_drafts"], engine["num_accepted_tokens"]) == (doc["num_drafts"], doc["num_accepted_tokens"])
+    assert engine["per_position_acceptance"] == doc["per_position_acceptance"]
+    assert "auxiliary layers" in engine["aux_layers_log"] and verdict["engine_aux_layer_ids"] == doc["aux_layer_ids"]
+
+
+def test_a_draft_vllm_reads_differently_is_reported_with_both_taus():
+    """The bundled SpecForge export writes eagle_config ids in output-of-layer convention; vLLM's V1 runner
+    captures them literally, eaglekit reads them +1: both τ are reported, and the reference run with the
+    engine's ids reproduces the engine's counters."""
+    doc = _both(str(DRAFTERS / "smollm2-135m-eagle3"))
+    verdict = doc["engine_comparison"]
+    assert verdict["verdict"] == "engine reads other aux ids", verdict
+    assert verdict["engine_aux_layer_ids"] == [i - 1 for i in verdict["reference_aux_layer_ids"]]
+    assert verdict["reference_as_served_acceptance_length"] == doc["engine"]["acceptance_length"]
+    assert verdict["engine_acceptance_length"] != verdict["reference_acceptance_length"]
+
