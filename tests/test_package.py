@@ -87,3 +87,20 @@ def test_no_import_cycles():
     for start in sorted(graph):
         if start not in state:
             visit(start, [start])
+
+
+def test_the_json_schemas_ship_with_the_package():
+    """--format json names its schema; it must be there for an installed wheel, not only in a checkout."""
+    import json
+    tomllib = pytest.importorskip("tomllib")
+    from importlib import resources
+    from pathlib import Path
+
+    folder = resources.files("eaglekit").joinpath("schemas")
+    names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".schema.json"))
+    assert {"inspect-report.schema.json", "validate-report.schema.json", "verify-report.schema.json",
+            "upgrade-report.schema.json", "finetune-report.schema.json", "push-result.schema.json"} <= set(names)
+    for name in names:
+        json.loads(folder.joinpath(name).read_text(encoding="utf-8"))
+    pyproject = tomllib.loads((Path(eaglekit.__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "schemas/*.json" in pyproject["tool"]["setuptools"]["package-data"]["eaglekit"]

@@ -18,7 +18,7 @@ err = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 format_option = click.option(
     "--format", "output_format", type=click.Choice(["human", "json"]), default="human", show_default=True,
-    help="human: rich tables; json: one JSON document (schema in schemas/).",
+    help="human: rich tables; json: one JSON document (its schema ships in eaglekit/schemas/).",
 )
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
