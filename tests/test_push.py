@@ -526,3 +526,16 @@ def test_a_server_echoing_the_token_never_prints_it(fake_hub, draft_dir, rules, 
     code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", fake_hub.token,
                              "--endpoint", fake_hub.endpoint)
     assert code == 1 and fake_hub.token not in err + out and "***" in err
+
+
+def test_an_untrained_warm_start_is_refused_unless_forced_and_the_card_says_so(fake_hub, tmp_path, capsys):
+    from eaglekit.upgrade import UpgradeOptions, upgrade
+
+    warm = str(tmp_path / "warm")
+    upgrade(make_draft(str(tmp_path / "eagle3"), "vllm"), warm, UpgradeOptions())  # fc_norm = ones + norm_output: changes the function, untrained
+    code, out, err = run_cli(capsys, warm, "--repo-id", REPO, "--token", fake_hub.token, "--endpoint",
+                             fake_hub.endpoint, "--dry-run")
+    assert code == 1 and "untrained warm start" in err and "eaglekit finetune" in err and err.count("\n") == 1
+    result = push(warm, REPO, token=fake_hub.token, endpoint=fake_hub.endpoint, dry_run=True, force=True)
+    assert result.forced and "Warning: untrained warm start" in result.card
+    assert "forced despite validation errors" not in result.card

@@ -39,7 +39,8 @@ def _ids(value: str | None) -> tuple[int, ...] | None:
 @click.option("--limit", type=int, help="Use only the first N prompts.")
 @click.option("--context-tokens", type=int, default=0, show_default=True,
               help="Long-context mode: prepend this many tokens of Python standard-library source to every prompt.")
-@click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
+@click.option("--device", default="auto", show_default=True,
+              help="auto (CUDA when there is a device, else CPU), cpu or cuda[:N]; the report names the one used.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
 @click.option("--aux-layer-ids", "aux_layer_ids", help="Override the aux ids (vLLM convention), e.g. 2,15,27.")

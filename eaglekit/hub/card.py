@@ -116,7 +116,8 @@ def build_card(
     )
     sections = [
         _intro(spec, repo_id, target, source),
-        _forced_notice(findings) if forced else "",
+        _forced_notice(findings) if forced and any(f.severity == "error" for f in findings) else "",
+        _warm_start_notice(spec),
         _draft_table(spec, target),
         _serving(spec, repo_id, target),
         _verify_section(report) if report else "",
@@ -161,6 +162,17 @@ def _forced_notice(findings: Sequence[Finding]) -> str:
         f"> **Warning: forced despite validation errors.** This draft was pushed with `--force` although eaglekit "
         f"found {len(errors)} error(s) for vLLM (listed under Validation). It may fail to load or serve wrong tokens.\n"
     )
+
+
+def _warm_start_notice(spec: DraftSpec) -> str:
+    from eaglekit.upgrade.provenance import untrained_warm_start
+
+    summary = untrained_warm_start(spec.config)
+    if not summary:
+        return ""
+    return ("> **Warning: untrained warm start.** eaglekit upgrade changed this draft's function without training "
+            f"({summary}); it accepts fewer tokens than the draft it came from until it is fine-tuned "
+            "(`eaglekit finetune`).\n")
 
 
 def _draft_table(spec: DraftSpec, target: str | None) -> str:

@@ -28,6 +28,7 @@ from eaglekit.io.jsonfile import finite, load_json_object
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.hub_client import bounded_hub_client
 from eaglekit.serving import ENGINE_LABELS, minimum_versions
+from eaglekit.upgrade.provenance import untrained_warm_start
 from eaglekit.spec import DraftSpec
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,12 @@ def push(
             "(fix them, or pass --force to publish anyway)",
             draft_dir,
         )
-    forced = bool(errors)
+    warm_start = untrained_warm_start(spec.config)
+    if warm_start and not force:
+        raise EaglekitError(f"refusing to push an untrained warm start ({warm_start}): it accepts fewer tokens than "
+                            "its source; run `eaglekit finetune DRAFT OUT --target TARGET` first, or pass --force "
+                            "(the card then says so)", draft_dir)
+    forced = bool(errors) or bool(warm_start)
     target = target or recorded_target(spec)
     warnings = [] if target else ["no target model known: pass --target so the card's serve commands name it"]
     card = build_card(spec, repo_id, target=target, report=report, findings=findings, validated=validated, forced=forced)

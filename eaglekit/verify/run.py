@@ -36,8 +36,8 @@ class VerifyOptions:
     prompts_file: str | None = None
     limit: int | None = None  # first N prompts only
     context_tokens: int = 0
-    device: str = "cpu"
-    dtype: str = "auto"
+    device: str = "auto"  # CUDA when present
+    dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
     aux_layer_ids: tuple[int, ...] | None = None  # override, vLLM convention
     diagnose: bool = False
     min_acceptance: float | None = None
@@ -182,8 +182,10 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(target)
     encoded = [encode(p, tokenizer, context_tokens=options.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
-    dtype = "float32" if options.dtype == "auto" and options.device == "cpu" else (
-        "bfloat16" if options.dtype == "auto" else options.dtype)
+    from eaglekit.verify.target import resolve_device
+
+    device = resolve_device(options.device)
+    dtype = options.dtype if options.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
     run = run_vllm(raw.path, target, encoded, k=options.num_speculative_tokens, max_new_tokens=options.max_new_tokens,
                    dtype=dtype, opts=options.engine_options)
     return {"draft": raw.path, "target": target, "eagle_version": spec.eagle_version,

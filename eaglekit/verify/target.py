@@ -41,14 +41,17 @@ def resolve_dtype(dtype: str, device: str):
 
 
 def resolve_device(device: str) -> str:
+    """cpu, cuda[:N], or auto: the first CUDA device when there is one, else the CPU."""
     import torch
 
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" or device.startswith("cuda:"):
         if not torch.cuda.is_available():
             raise UsageError(f"--device {device}: no CUDA device is available")
         return device
     if device != "cpu":
-        raise UsageError(f"unknown device {device!r}; use cpu or cuda")
+        raise UsageError(f"unknown device {device!r}; use auto, cpu or cuda[:N]")
     return device
 
 
