@@ -90,14 +90,16 @@ def test_engine_version_selects_the_rules(drafts):
     old = run(drafts["mla"], "--engine-version", "0.22", "--format", "json")
     assert old.exit_code == 1
     doc = _json(old)
-    assert doc["engines"] == [{"engine": "vllm", "version": "0.22.0"}]
+    assert doc["engines"] == [{"engine": "vllm", "version": "0.22.0", "errors": 1, "ok": False}]
     assert "EK311" in {f["code"] for f in doc["findings"]}
 
 
 def test_engine_all_and_sglang(drafts):
     doc = _json(run(drafts["ready"], "--engine", "all", "--format", "json"))
-    assert [e["engine"] for e in doc["engines"]] == ["vllm", "sglang"]
+    assert [(e["engine"], e["ok"]) for e in doc["engines"]] == [("vllm", True), ("sglang", False)]
     assert {f["code"] for f in doc["findings"] if f["severity"] != "info"} == {"EK351"}
+    human = run(drafts["ready"], "--engine", "all").stdout
+    assert "vllm 0.33.0: serves it" in human and "sglang 0.5.23: 1 error(s) stop it" in human
     assert run(drafts["specforge"], "--engine", "sglang").exit_code == 0
 
 

@@ -79,6 +79,10 @@ def render_report(doc: dict, family: str, producer: str) -> None:
     if findings:
         out.print(findings_table(findings))
     counts = f"{doc['errors']} error(s), {doc['warnings']} warning(s), {doc['infos']} info"
+    if len(doc["engines"]) > 1:
+        for e in doc["engines"]:
+            verdict = ("serves it", "green") if e["ok"] else (f"{e['errors']} error(s) stop it", "bold red")
+            out.print(styled(f"{e['engine']} {e['version']}: ", verdict))
     if doc["ok"]:
         out.print(styled(("PASSED", "green"), f": {counts}"))
     else:

@@ -58,6 +58,11 @@ class ValidationReport:
     def ok(self) -> bool:
         return self.errors == 0
 
+    def errors_for(self, engine: str) -> int:
+        """Errors that stop this engine: its own rules' and the engine-neutral ones."""
+        owner = {r.code: r.engine for r in all_rules()}
+        return sum(1 for f in self.findings if f.severity == "error" and owner.get(f.code) in (None, engine))
+
     def failed(self, strict: bool = False) -> bool:
         return self.errors > 0 or (strict and self.warnings > 0)
 
@@ -70,7 +75,8 @@ class ValidationReport:
             "warnings": self.warnings,
             "infos": self.infos,
             "groups": list(self.groups),
-            "engines": [{"engine": e, "version": v} for e, v in self.engines.items()],
+            "engines": [{"engine": e, "version": v, "errors": self.errors_for(e), "ok": self.errors_for(e) == 0}
+                        for e, v in self.engines.items()],
             "findings": [f.to_dict() for f in self.findings],
         }
 
