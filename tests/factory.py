@@ -445,3 +445,14 @@ def rewrite_tensors(path: str, edit, filename: str = "model.safetensors") -> str
     tensors = edit(tensors) or tensors
     write_safetensors(file, tensors, meta)
     return path
+
+
+def pickle_checkpoint(path: str, config_from: str, state: dict) -> str:
+    """A folder with `config_from`'s config.json and `state` (name -> torch tensor) as pytorch_model.bin."""
+    import torch
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(config_from, "config.json")) as src, open(os.path.join(path, "config.json"), "w") as dst:
+        dst.write(src.read())
+    torch.save(state, os.path.join(path, "pytorch_model.bin"))
+    return path

@@ -9,7 +9,7 @@ from eaglekit import load_draft
 from eaglekit.errors import CheckpointError, UnknownLayoutError, UsageError
 from eaglekit.target import read_target
 from tests.cli import run_cli
-from tests.factory import Recipe, edit_config, make_draft, make_target_config
+from tests.factory import Recipe, edit_config, make_draft, make_target_config, pickle_checkpoint
 
 # layout -> (family, convention the layout writes ids in, recipe overrides)
 CASES = {
@@ -146,14 +146,12 @@ def test_symlink_escaping_the_checkpoint_is_refused(tmp_path):
 
 def test_pickle_weights_need_the_flag(tmp_path):
     torch = pytest.importorskip("torch")
-    d = tmp_path / "bin"
-    d.mkdir()
-    path = make_draft(str(tmp_path / "src"), "eagle")
-    (d / "config.json").write_text(open(os.path.join(path, "config.json")).read())
-    spec = load_draft(path)
     from eaglekit.io.tensors import load_tensor
 
-    torch.save({t.source_name: load_tensor(spec, n) for n, t in spec.tensors.items()}, d / "pytorch_model.bin")
+    path = make_draft(str(tmp_path / "src"), "eagle")
+    spec = load_draft(path)
+    state = {t.source_name: load_tensor(spec, n) for n, t in spec.tensors.items()}
+    d = pickle_checkpoint(str(tmp_path / "bin"), path, state)
     with pytest.raises(CheckpointError, match="--allow-pickle"):
         load_draft(str(d))
     loaded = load_draft(str(d), allow_pickle=True)

@@ -25,7 +25,7 @@ from eaglekit.errors import CheckpointError
 from eaglekit.io.jsonfile import load_json_object, read_bounded
 from eaglekit.verify.prompts import read_prompts
 from tests.cli import run_cli
-from tests.factory import edit_config, make_draft, make_target_config, rewrite_tensors
+from tests.factory import edit_config, make_draft, make_target_config, pickle_checkpoint, rewrite_tensors
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 SECONDS = 10  # every command here finishes in well under a second; a hang fails instead of blocking CI
@@ -387,12 +387,9 @@ def test_unsorted_aux_ids_never_claim_a_preserved_function(tmp_path):
 
 def test_a_pickle_with_a_complex_tensor_is_one_line(tmp_path):
     torch = pytest.importorskip("torch")
-    d = tmp_path / "bin"
-    d.mkdir()
     source = make_draft(str(tmp_path / "src"), "eagle")
-    (d / "config.json").write_text(open(os.path.join(source, "config.json")).read())
-    torch.save({"fc.weight": torch.zeros(4, 4, dtype=torch.complex64)}, d / "pytorch_model.bin")
-    refused("inspect", str(d), "--allow-pickle", contains="complex64")
+    path = pickle_checkpoint(str(tmp_path / "bin"), source, {"fc.weight": torch.zeros(4, 4, dtype=torch.complex64)})
+    refused("inspect", path, "--allow-pickle", contains="complex64")
 
 
 def test_a_non_utf8_output_name(tmp_path):
