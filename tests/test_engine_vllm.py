@@ -11,6 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 pytest.importorskip("torch")
@@ -45,7 +46,9 @@ def _engine_env(monkeypatch):
 def _both(draft: str) -> dict:
     result = run_cli(["verify", draft, "--target", smollm2_path(), *RUN])
     assert result.exit_code == 0, result.stderr
-    return json.loads(result.stdout)
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, json.loads((REPO / "eaglekit" / "schemas" / "verify-report.schema.json").read_text()))
+    return doc
 
 
 def test_vllm_counts_what_the_reference_counts_on_an_upgraded_draft(tmp_path):

@@ -136,7 +136,7 @@ def _write_json(path: str, doc: dict) -> None:
 
 
 def _engine_rows(e: dict) -> list[tuple[str, object]]:
-    seconds = e["seconds"]
+    seconds = e["timings"]
     return [
         ("engine", f"{e['engine']} {e['version']}"),
         ("lossless", styled(("yes", "green")) if e["lossless"] else styled(("NO", "bold red"))),

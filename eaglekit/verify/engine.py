@@ -58,7 +58,7 @@ class EngineRun:
     lossless: bool
     mismatched_prompts: list[int]
     aux_log: str | None  # vLLM's own line naming the aux layers it captures (None: it printed none)
-    seconds: dict[str, float]
+    timings: dict[str, float]  # engine start and generate seconds, tokens/s with and without the draft
 
     def to_dict(self) -> dict[str, Any]:
         c = self.counter
@@ -66,7 +66,7 @@ class EngineRun:
                 "per_position_acceptance": c.per_position, "num_drafts": c.drafts, "num_draft_tokens": c.draft_tokens,
                 "num_accepted_tokens": c.accepted, "num_accepted_tokens_per_pos": list(c.accepted_at),
                 "lossless": self.lossless, "mismatched_prompts": self.mismatched_prompts,
-                "aux_layers_log": self.aux_log, "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
+                "aux_layers_log": self.aux_log, "timings": {k: round(v, 3) for k, v in self.timings.items()}}
 
 
 def parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
@@ -137,10 +137,11 @@ def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: in
                                 accepted_at=list(per_position[:k]) + [0] * max(0, k - len(per_position)))
     mismatched = [i for i, (a, b) in enumerate(zip(spec["tokens"], plain["tokens"])) if a != b]
     found = AUX_LOG.findall(log)
-    seconds = {"target_init_s": plain["init_s"], "target_generate_s": plain["generate_s"],
-               "spec_init_s": spec["init_s"], "spec_generate_s": spec["generate_s"]}
-    tokens = sum(len(t) for t in spec["tokens"])
-    seconds["tokens_per_s_spec"] = tokens / spec["generate_s"] if spec["generate_s"] else 0.0
-    seconds["tokens_per_s_target"] = sum(len(t) for t in plain["tokens"]) / plain["generate_s"] if plain["generate_s"] else 0.0
+    def rate(run: dict) -> float:
+        return sum(len(t) for t in run["tokens"]) / run["generate_s"] if run["generate_s"] else 0.0
+
+    timings = {"target_init_s": plain["init_s"], "target_generate_s": plain["generate_s"],
+               "spec_init_s": spec["init_s"], "spec_generate_s": spec["generate_s"],
+               "tokens_per_s_spec": rate(spec), "tokens_per_s_target": rate(plain)}
     return EngineRun("vllm", spec["vllm_version"], counter, not mismatched, mismatched,
-                     found[-1].strip() if found else None, seconds)
+                     found[-1].strip() if found else None, timings)
