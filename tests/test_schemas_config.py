@@ -10,7 +10,7 @@ import os
 import jsonschema
 import pytest
 
-from eaglekit.dialects import get_dialect
+from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.families import load_draft
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import decide

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from eaglekit import __version__
-from eaglekit.dialects import get_dialect
+from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.tensors import read_array

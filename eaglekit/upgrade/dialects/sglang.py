@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglekit.dialects.flat import flat_config
+from eaglekit.upgrade.dialects.flat import flat_config
 from eaglekit.engines import DEEPSEEK_TARGET_TYPES
 from eaglekit.errors import UsageError
 from eaglekit.spec import DraftSpec
