@@ -29,3 +29,17 @@ class UsageError(EaglekitError):
 
 class OutputError(EaglekitError):
     """The output could not be produced; nothing was left behind."""
+
+
+class IncompatibleDraftError(EaglekitError):
+    """The draft cannot run against this target."""
+
+
+class EngineError(EaglekitError):
+    """A serving engine could not be started or did not finish."""
+
+
+class TrainingInterrupted(EaglekitError):
+    """Ctrl-C during training: the last finished step was saved as a resumable checkpoint."""
+
+    exit_code = 130

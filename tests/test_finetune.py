@@ -19,7 +19,8 @@ from eaglekit.errors import UsageError  # noqa: E402
 from eaglekit.families import load_draft  # noqa: E402
 from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
-from eaglekit.finetune.train import TrainingInterrupted, TrainOptions  # noqa: E402
+from eaglekit.errors import TrainingInterrupted  # noqa: E402
+from eaglekit.finetune.train import TrainOptions  # noqa: E402
 from tests.factory import make_draft  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402

@@ -30,7 +30,7 @@ from torch import nn
 
 from eaglekit.drafter.model import Drafter
 from eaglekit.drafter.unroll import unrolled_steps
-from eaglekit.errors import CheckpointError, EaglekitError, UsageError
+from eaglekit.errors import CheckpointError, TrainingInterrupted, UsageError
 
 IGNORE = -100
 CHECKPOINT_FORMAT = "1"
@@ -44,12 +44,6 @@ FREEZE_GROUPS: dict[str, tuple[str, ...]] = {
 }
 """--freeze groups by canonical tensor-name prefix. A borrowed target embedding or head is never trained."""
 PRECISIONS = ("bf16", "fp32")
-
-
-class TrainingInterrupted(EaglekitError):
-    """Ctrl-C during training: the last finished step was saved as a resumable checkpoint."""
-
-    exit_code = 130
 
 
 @dataclass(frozen=True)

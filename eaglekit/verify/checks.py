@@ -11,14 +11,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from eaglekit.errors import EaglekitError
+from eaglekit.errors import IncompatibleDraftError
 from eaglekit.io.tensors import read_array
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
-
-
-class IncompatibleDraftError(EaglekitError):
-    """The draft cannot run against this target."""
 
 
 @dataclass(frozen=True)

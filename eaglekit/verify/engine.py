@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglekit.errors import EaglekitError, UsageError
+from eaglekit.errors import EngineError, UsageError
 from eaglekit.verify.metrics import AcceptanceCounter
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
@@ -26,10 +26,6 @@ AUX_LOG = re.compile(r"[^\n]*auxiliary layers[^\n]*", re.IGNORECASE)
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {"max_model_len": 2048, "max_num_seqs": 1, "enforce_eager": True}
 """One sequence at a time, as the reference decodes (so batching cannot change float rounding), and no graph
 capture or compilation: on a CPU that warm-up costs minutes and changes no result."""
-
-
-class EngineError(EaglekitError):
-    """The engine could not be started or did not finish."""
 
 
 @dataclass(frozen=True)
