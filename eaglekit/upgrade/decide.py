@@ -217,7 +217,8 @@ def _function(spec: DraftSpec, fc_norm_init: str | None, norm_output_added: bool
         lossy = sorted({r.dtype for r in spec.tensors.values()
                         if r.dtype in FLOAT_CASTABLE and not is_exact_cast(r.dtype, cast)})
         if lossy:
-            changes.append(("approximate", f"--dtype {cast} rounds {', '.join(lossy)} weights"))
+            flush = "; magnitudes below 6e-8 become 0 (values beyond ±65504 are refused)" if cast == "F16" else ""
+            changes.append(("approximate", f"--dtype {cast} rounds {', '.join(lossy)} weights{flush}"))
     level = max((lvl for lvl, _ in changes), key=FUNCTION_RANK.__getitem__, default="preserved")
     return level, [why for _, why in changes]
 
