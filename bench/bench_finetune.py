@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--data-limit", type=int, help="training prompts (default: all 535)")
     p.add_argument("--generate", type=int, default=128)
     p.add_argument("--code-tokens", type=int, default=96000)
-    p.add_argument("--limit", type=int, default=16, help="held-out prompts (all 16 bundled coding prompts)")
+    p.add_argument("--limit", type=int, default=8, help="held-out prompts (of the 16 bundled coding prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--context-tokens", type=int, default=1024)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype for evaluation")
