@@ -144,3 +144,18 @@ def test_validate_never_modifies_the_source(drafts):
     before = digest(drafts["nan"])
     run(drafts["nan"], "--deep", "--engine", "all", "--target", drafts["target"])
     assert digest(drafts["nan"]) == before
+
+
+def test_engine_errors_come_with_the_command_that_fixes_them(tmp_path):
+    import shlex
+
+    source = make_draft(str(tmp_path / "sf"), "specforge")  # EK307: ids only in eagle_config
+    doc = _json(run(source, "--format", "json"))
+    assert not doc["ok"] and doc["fix"] == f"eaglekit upgrade {source} {source}-vllm --no-fc-norm --no-norm-output"
+    assert doc["fix"] in run(source).stdout  # printed whole, never wrapped
+    command = shlex.split(doc["fix"])
+    assert run_cli(command[1:]).exit_code == 0
+    fixed = _json(run(f"{source}-vllm", "--format", "json"))
+    assert fixed["ok"] and fixed["fix"] is None
+    assert _json(run(make_draft(str(tmp_path / "nan"), "vllm", add={"norm.weight": np.full(64, np.nan, np.float32)}),
+                     "--deep", "--format", "json"))["fix"] is None  # a deep error is not upgrade's to fix

@@ -83,6 +83,9 @@ def render_report(doc: dict, family: str, producer: str) -> None:
         for e in doc["engines"]:
             verdict = ("serves it", "green") if e["ok"] else (f"{e['errors']} error(s) stop it", "bold red")
             out.print(styled(f"{e['engine']} {e['version']}: ", verdict))
+    if doc["fix"]:
+        out.print("fix (rewrites what the engine rules check, validates its output, never changes the source):")
+        out.print(styled("  ", (doc["fix"], "bold")), soft_wrap=True)  # a command to copy: never wrapped
     if doc["ok"]:
         out.print(styled(("PASSED", "green"), f": {counts}"))
     else:

@@ -38,6 +38,7 @@ class ValidationReport:
     findings: list[Finding]
     groups: tuple[str, ...]
     engines: dict[str, str] = field(default_factory=dict)  # engine -> version checked
+    fix: str | None = None  # the command that rewrites what the failing engine rules check
 
     def count(self, severity: str) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -78,6 +79,7 @@ class ValidationReport:
             "engines": [{"engine": e, "version": v, "errors": self.errors_for(e), "ok": self.errors_for(e) == 0}
                         for e, v in self.engines.items()],
             "findings": [f.to_dict() for f in self.findings],
+            "fix": self.fix,
         }
 
 
@@ -128,4 +130,15 @@ def run_rules(
             findings.append(Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key))
     checked = {e: format_version(v) for e, v in versions.items()} if "engine" in selected else {}
     ran = tuple(g for g in selected if g != "target" or target is not None)
-    return ValidationReport(spec.path, findings, ran, checked)
+    return ValidationReport(spec.path, findings, ran, checked, fix_command(spec, findings))
+
+
+def fix_command(spec: DraftSpec, findings: list[Finding]) -> str | None:
+    """`eaglekit upgrade` rewrites names, ids and config for the engine: the fix for engine-group errors.
+    An EAGLE-3 source keeps its function (no fc_norm / norm_output added); a 3.1 source keeps its trained norms."""
+    group = {r.code: r.group for r in all_rules()}
+    if not any(f.severity == "error" and group.get(f.code) == "engine" for f in findings):
+        return None
+    keep = " --no-fc-norm --no-norm-output" if spec.eagle_version == "3" else ""
+    target = f" --target {spec.target.path}" if spec.target is not None else ""
+    return f"eaglekit upgrade {spec.path} {spec.path.rstrip('/')}-vllm{target}{keep}"
