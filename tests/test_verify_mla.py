@@ -158,12 +158,14 @@ def test_oracle_reaches_k_plus_one_and_random_stays_lossless(deepseek):
         assert rand.counter.acceptance_length < 1.1
 
 
-def check_lossless_report(doc: dict, version: str) -> None:
-    """A schema-valid report of a lossless run with a consistent τ, for a draft read as `version`."""
+def check_lossless_report(doc: dict, version: str, served: str = "pass") -> None:
+    """A schema-valid report of a lossless run with a consistent τ, for a draft read as `version`; `served`: the
+    status of the check that vLLM reads the files as eaglekit does."""
     jsonschema.validate(doc, SCHEMA)
     assert doc["lossless"] and doc["exact_match"] and doc["passed"]
     assert [(p["identical"], p["generated_tokens"]) for p in doc["per_prompt"]] == [(True, NEW)] * 2
-    assert all(c["status"] == "pass" for c in doc["checks"])
+    status = {c["name"]: c["status"] for c in doc["checks"]}
+    assert status.pop("vllm_as_written") == served and set(status.values()) == {"pass"}
     tau, rates = doc["acceptance_length"], doc["per_position_acceptance"]
     assert 1 <= tau <= K + 1 and doc["num_speculative_tokens"] == K
     assert tau == pytest.approx(1 + sum(rates)) and rates == sorted(rates, reverse=True)
@@ -179,7 +181,7 @@ def test_kimi_mla_draft_is_lossless_through_the_cli(deepseek_dir, kimi_drafts, v
     result = run_cli(["verify", kimi_drafts[version], "--target", deepseek_dir, "--format", "json", *FAST])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    check_lossless_report(doc, version)
+    check_lossless_report(doc, version, served="warn")  # the published Kimi layout is not what vLLM reads
     assert "output-of-layer" in doc["aux_layer_ids_source"]
 
 

@@ -109,6 +109,22 @@ def _d2t(spec: DraftSpec, target: TargetInfo) -> Check | None:
     return Check("d2t", "pass", f"{Vd} draft ids map to distinct target ids")
 
 
+def _served_as_written(spec: DraftSpec, target: TargetInfo) -> Check:
+    """What vLLM does with these files as they are: the reference decodes eaglekit's reading, which may differ."""
+    from eaglekit.rules import run_rules
+
+    report = run_rules(spec, target=target, engine="vllm", groups=("structure", "target", "engine"))
+    version = report.engines.get("vllm", "")
+    errors = [f for f in report.findings if f.severity == "error"]
+    if not errors:
+        return Check("vllm_as_written", "pass", f"vLLM {version} reads these files as eaglekit does (no engine-rule error)")
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    fix = f"; `{report.fix}` writes what it reads" if report.fix else ""
+    return Check("vllm_as_written", "warn", f"served as written, vLLM {version} differs from this reading: "
+                                            f"{errors[0].code} {errors[0].message}{more}; `--engine both` measures "
+                                            f"what it does{fix}")
+
+
 def compatibility_checks(spec: DraftSpec, target: TargetInfo, aux_ids: Sequence[int] | None, aux_source: str,
                          num_aux: int | None) -> list[Check]:
     """Every check, passing or not (they all go in the report)."""
@@ -117,6 +133,7 @@ def compatibility_checks(spec: DraftSpec, target: TargetInfo, aux_ids: Sequence[
     d2t = _d2t(spec, target)
     if d2t is not None:
         checks.append(d2t)
+    checks.append(_served_as_written(spec, target))
     return checks
 
 
