@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "finetune": ("eaglekit.cli.finetune", "finetune_command",
                  "Train a draft against its target (training-time test), e.g. after upgrade."),
     "push": ("eaglekit.cli.push", "push_command", "Publish vLLM-ready artifacts and a model card to the Hub."),
+    "explain": ("eaglekit.cli.explain", "explain_command", "Say what a rule code (EK...) or pitfall id (P...) means."),
 }
 
 

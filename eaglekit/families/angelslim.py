@@ -13,4 +13,4 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("angelslim", "AngelSlim (F8)", None, ("top-level", "eagle_config"), False)
+    return Traits("angelslim", "AngelSlim", None, ("top-level", "eagle_config"), False)

@@ -10,4 +10,4 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("mla", "MLA draft (F9)", None, ("top-level", "eagle_config"), False)
+    return Traits("mla", "MLA draft", None, ("top-level", "eagle_config"), False)

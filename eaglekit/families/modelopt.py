@@ -10,4 +10,4 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("modelopt", "ModelOpt HF export (F6)", "output", ("eagle_config", "top-level"), False)
+    return Traits("modelopt", "ModelOpt HF export", "output", ("eagle_config", "top-level"), False)

@@ -14,4 +14,4 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("modelopt-megatron", "ModelOpt Megatron export (F6b)", "output", ("eagle_config", "top-level"), False)
+    return Traits("modelopt-megatron", "ModelOpt Megatron export", "output", ("eagle_config", "top-level"), False)

@@ -10,4 +10,4 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("modelopt-vllm", "ModelOpt convert_to_vllm_ckpt (F6c)", "input", ("top-level",), True)
+    return Traits("modelopt-vllm", "ModelOpt convert_to_vllm_ckpt", "input", ("top-level",), True)

@@ -10,4 +10,4 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("sglang", "SGLang repack of EAGLE (F2)", "output", ("eagle_config", "top-level"), False)
+    return Traits("sglang", "SGLang repack of EAGLE", "output", ("eagle_config", "top-level"), False)

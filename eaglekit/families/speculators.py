@@ -13,7 +13,7 @@ def traits(obs: Observed) -> Traits:
     trained = obs.architecture == "Eagle3DraftModel"
     return Traits(
         family="speculators",
-        producer="speculators train (F5)" if trained else "speculators convert (F4)",
+        producer="speculators train" if trained else "speculators convert",
         aux_convention="input",
         aux_keys=("top-level",),
         norm_before_residual_default=True,  # vLLM's speculators path (update_eagle3)

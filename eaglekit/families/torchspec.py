@@ -12,5 +12,5 @@ def matches(obs: Observed) -> bool:
 def traits(obs: Observed) -> Traits:
     vllm_export = "layers.{i}." in obs.forms and "midlayer." not in obs.forms
     shifted = vllm_export and obs.config.get("model_type") == "kimi_k2"
-    producer = "TorchSpec convert_to_hf --vllm (F7)" if vllm_export else "TorchSpec convert_to_hf (F7)"
+    producer = "TorchSpec convert_to_hf --vllm" if vllm_export else "TorchSpec convert_to_hf"
     return Traits("torchspec", producer, "input" if shifted else "output", ("eagle_config", "top-level"), False)
