@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from eaglekit.config_view import as_ids, as_int
 from eaglekit.errors import UsageError
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
@@ -86,16 +87,6 @@ def vllm_rewrite_architecture(arch: str) -> str:
     return arch if arch.startswith("Eagle3") or arch.endswith("Eagle3") else "Eagle3" + arch
 
 
-def _ids(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return tuple(value)
-    return None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 @dataclass(frozen=True)
 class VllmView:
     """The draft config as one vLLM version resolves it: class, flags, K and the aux capture lists."""
@@ -170,8 +161,8 @@ def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
     norm_output = bool(resolved.get("norm_output", False)) and new
     nbf = ec.get("norm_before_fc", resolved.get("norm_before_fc", False)) if new else resolved.get("norm_before_fc", False)
     nbr = bool(resolved.get("norm_before_residual", False))
-    top = _ids(resolved.get("eagle_aux_hidden_state_layer_ids"))
-    nested = _ids(ec.get("eagle_aux_hidden_state_layer_ids"))
+    top = as_ids(resolved.get("eagle_aux_hidden_state_layer_ids"))
+    nested = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
     k, k_source = _vllm_k(resolved, ec, top, nested, model_class, version)
     v1 = top if top else (nested if new else None)
     return VllmView(
@@ -187,11 +178,11 @@ def _vllm_k(resolved, ec, top, nested, model_class, version) -> tuple[int, str]:
     """K as the class computes it (reference §4.4): never the top-level list, except in the Qwen3 class from 0.26."""
     if version < (0, 22, 0):
         return 3, "fixed 3 before vLLM 0.22.0"
-    n = _int(resolved.get("num_aux_hidden_states"))
+    n = as_int(resolved.get("num_aux_hidden_states"))
     if n is not None:
         return n, "num_aux_hidden_states"
     if model_class == "qwen3" and version >= (0, 26, 0):
-        n = _int(resolved.get("num_aux_layers"))
+        n = as_int(resolved.get("num_aux_layers"))
         if n is not None:
             return n, "num_aux_layers"
         if top:
@@ -241,8 +232,8 @@ class SglangView:
 def sglang_view(spec: DraftSpec, target: TargetInfo | None = None) -> SglangView:
     cfg = spec.config
     ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
-    nested = _ids(ec.get("eagle_aux_hidden_state_layer_ids"))
-    top = _ids(cfg.get("eagle_aux_hidden_state_layer_ids"))
+    nested = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
+    top = as_ids(cfg.get("eagle_aux_hidden_state_layer_ids"))
     if spec.attention == "mla":
         if nested:
             k, src = len(nested), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
@@ -251,7 +242,7 @@ def sglang_view(spec: DraftSpec, target: TargetInfo | None = None) -> SglangView
         else:
             k, src = 3, "default 3"
     else:
-        n = _int(cfg.get("num_aux_hidden_states"))
+        n = as_int(cfg.get("num_aux_hidden_states"))
         if n is not None:
             k, src = n, "num_aux_hidden_states"
         elif nested:

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from eaglekit.config_view import as_ids, int_at, nested
 from eaglekit.errors import CheckpointError
 from eaglekit.families.names import canonical_name, layer_index, name_forms
 from eaglekit.io.checkpoint import CheckpointFiles
@@ -52,8 +53,7 @@ class Observed:
 
     @property
     def eagle_config(self) -> dict[str, Any]:
-        ec = self.config.get("eagle_config")
-        return ec if isinstance(ec, dict) else {}
+        return nested(self.config, "eagle_config")
 
     @property
     def speculators_layout(self) -> bool:
@@ -92,20 +92,9 @@ class Traits:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _int(cfg: dict, key: str, default: int | None = None) -> int | None:
-    v = cfg.get(key, default)
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
-
-
-def _ids(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return tuple(value)
-    return None
-
-
 def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
-    top = _ids(obs.config.get("eagle_aux_hidden_state_layer_ids"))
-    nested = _ids(obs.eagle_config.get("eagle_aux_hidden_state_layer_ids"))
+    top = as_ids(obs.config.get("eagle_aux_hidden_state_layer_ids"))
+    nested = as_ids(obs.eagle_config.get("eagle_aux_hidden_state_layer_ids"))
     written, location = None, None
     for key in traits.aux_keys:
         candidate = top if key == "top-level" else nested
@@ -175,7 +164,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     attention = "mla" if obs.is_mla else ("qwen3" if any(n.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")) for n in tensors) else "llama")
 
     # --- geometry: the tensors win over the config
-    cfg_h = _int(lcfg, "hidden_size")
+    cfg_h = int_at(lcfg, "hidden_size")
     h = None
     for probe in ("norm.weight", "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight"):
         if shape(probe) and len(shape(probe)) == 1:
@@ -187,12 +176,12 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     if h is None:
         raise CheckpointError("cannot determine hidden_size: no norm or fc tensors and no config value", files.config_path)
 
-    cfg_layers = _int(lcfg, "num_hidden_layers")
+    cfg_layers = int_at(lcfg, "num_hidden_layers")
     num_layers = (max(layer_ids) + 1) if layer_ids else (cfg_layers or 0)
 
     fc_norm_ids = sorted(int(m.group(1)) for n in tensors if (m := _FC_NORM.match(n)))
-    t_cfg = _int(cfg, "target_hidden_size")
-    k_cfg = _int(cfg, "num_aux_hidden_states") or _int(lcfg, "num_aux_hidden_states")
+    t_cfg = int_at(cfg, "target_hidden_size")
+    k_cfg = int_at(cfg, "num_aux_hidden_states") or int_at(lcfg, "num_aux_hidden_states")
     fc_in = shape("fc.weight")[1] if shape("fc.weight") and len(shape("fc.weight")) == 2 else None
     if fc_norm_ids and shape(f"fc_norm.{fc_norm_ids[0]}.weight"):
         t = shape(f"fc_norm.{fc_norm_ids[0]}.weight")[0]
@@ -204,22 +193,22 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     if k is None:
         k = k_cfg
 
-    n_heads = _int(lcfg, "num_attention_heads") or 0
-    n_kv = _int(lcfg, "num_key_value_heads") or n_heads
-    head_dim = _int(lcfg, "head_dim") or (h // n_heads if n_heads else 0)
+    n_heads = int_at(lcfg, "num_attention_heads") or 0
+    n_kv = int_at(lcfg, "num_key_value_heads") or n_heads
+    head_dim = int_at(lcfg, "head_dim") or (h // n_heads if n_heads else 0)
     gate = shape("layers.0.mlp.gate_proj.weight")
-    inter = gate[0] if gate else (_int(lcfg, "intermediate_size") or 0)
+    inter = gate[0] if gate else (int_at(lcfg, "intermediate_size") or 0)
     mla = None
     if attention == "mla":
         qa = shape("layers.0.self_attn.q_a_proj.weight")
         kva = shape("layers.0.self_attn.kv_a_proj_with_mqa.weight")
-        rope_dim = _int(lcfg, "qk_rope_head_dim") or 64
+        rope_dim = int_at(lcfg, "qk_rope_head_dim") or 64
         mla = MlaGeometry(
-            q_lora_rank=qa[0] if qa else _int(lcfg, "q_lora_rank"),
-            kv_lora_rank=(kva[0] - rope_dim) if kva else (_int(lcfg, "kv_lora_rank") or 0),
-            qk_nope_head_dim=_int(lcfg, "qk_nope_head_dim") or 0,
+            q_lora_rank=qa[0] if qa else int_at(lcfg, "q_lora_rank"),
+            kv_lora_rank=(kva[0] - rope_dim) if kva else (int_at(lcfg, "kv_lora_rank") or 0),
+            qk_nope_head_dim=int_at(lcfg, "qk_nope_head_dim") or 0,
             qk_rope_head_dim=rope_dim,
-            v_head_dim=_int(lcfg, "v_head_dim") or 0,
+            v_head_dim=int_at(lcfg, "v_head_dim") or 0,
         )
     rope_scaling = lcfg.get("rope_scaling") if isinstance(lcfg.get("rope_scaling"), dict) else None
     rope_params = lcfg.get("rope_parameters") if isinstance(lcfg.get("rope_parameters"), dict) else None
@@ -228,7 +217,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         rope_theta = rope_params.get("rope_theta")
     if rope_scaling is None and rope_params and rope_params.get("rope_type", "default") != "default":
         rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-    sliding = _int(lcfg, "sliding_window") if lcfg.get("use_sliding_window", "layer_types" in lcfg) else None
+    sliding = int_at(lcfg, "sliding_window") if lcfg.get("use_sliding_window", "layer_types" in lcfg) else None
     geometry = Geometry(
         hidden_size=h,
         target_hidden_size=t,
@@ -240,18 +229,18 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         rms_norm_eps=_number("rms_norm_eps", lcfg.get("rms_norm_eps") or 1e-6, files.config_path),
         rope_theta=_number("rope_theta", rope_theta if rope_theta is not None else 10000.0, files.config_path),
         rope_scaling=rope_scaling,
-        max_position_embeddings=_int(lcfg, "max_position_embeddings"),
+        max_position_embeddings=int_at(lcfg, "max_position_embeddings"),
         attention_bias=bool(lcfg.get("attention_bias", False)),
         sliding_window=sliding,
         mla=mla,
     )
 
     # --- vocabulary
-    v_cfg = _int(lcfg, "vocab_size") or _int(cfg, "vocab_size")
+    v_cfg = int_at(lcfg, "vocab_size") or int_at(cfg, "vocab_size")
     embed = shape("embed_tokens.weight")
     head = shape("lm_head.weight")
     d2t = shape("d2t")
-    vd_cfg = _int(cfg, "draft_vocab_size") or _int(lcfg, "draft_vocab_size")
+    vd_cfg = int_at(cfg, "draft_vocab_size") or int_at(lcfg, "draft_vocab_size")
     vd = head[0] if head else (d2t[0] if d2t else (vd_cfg or v_cfg or 0))
     vocab = VocabMap(
         vocab_size=embed[0] if embed else v_cfg,

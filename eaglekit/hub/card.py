@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eaglekit import __version__
+from eaglekit.config_view import REPO_ID
 from eaglekit.engines import SGLANG, VLLM
 from eaglekit.findings import Finding
 from eaglekit.serving import ENGINE_LABELS, MinimumVersion, minimum_versions
@@ -23,12 +23,11 @@ EAGLE31_ARXIV = "2605.09992"
 NUM_SPECULATIVE_TOKENS = 3
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"
 AUX_CONVENTION = "vLLM convention: input of layer i / HF `hidden_states` index"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def is_repo_id(value: Any) -> bool:
     """A Hub id (org/name), not a local path that happens to contain one slash."""
-    return isinstance(value, str) and bool(_REPO_ID.match(value)) and not os.path.exists(value)
+    return isinstance(value, str) and bool(REPO_ID.match(value)) and not os.path.exists(value)
 
 
 def provenance(spec: DraftSpec) -> dict[str, Any]:

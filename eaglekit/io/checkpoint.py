@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
+from eaglekit.config_view import REPO_ID
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.header import HeaderEntry, read_header
 from eaglekit.io.jsonfile import check_inside, load_json_object
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass
@@ -32,7 +31,7 @@ class CheckpointFiles:
 
 def resolve_path(source: str, subfolder: str | None = None, revision: str | None = None) -> tuple[str, str]:
     """Return (checkpoint dir, the dir symlinks may resolve into). Hub ids go through the local cache."""
-    if os.path.exists(source) or not _REPO_ID.match(source):
+    if os.path.exists(source) or not REPO_ID.match(source):
         root = os.path.abspath(source)
         if not os.path.exists(root):
             raise CheckpointError("no such file or directory", source)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from eaglekit.config_view import REPO_ID
 from eaglekit.engines import (
     CLASS_ATTENTION,
     VLLM,
@@ -25,7 +26,6 @@ from eaglekit.rules.registry import Hit, RuleContext, rule
 _MIDLAYER_MULTI = re.compile(r"^(model\.)?midlayer\.\d+\.")
 _LEGACY = re.compile(r"(^|\.)(aux_norm_(low|mid|high)|context_proj|context_norm|final_norm)\.")
 EAGLE_DEFAULT_FAMILIES = ("eagle", "sglang")  # SafeAILab EAGLE and its SGLang repack: ids hard-wired to the default
-_VERIFIER_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _v(ctx: RuleContext) -> str:
@@ -219,7 +219,7 @@ def speculators_main_model(ctx: RuleContext):
     if not isinstance(first.get("speculative_tokens"), int):
         problems.append("speculators_config.proposal_methods[0].speculative_tokens")
     name = verifier.get("name_or_path")
-    if not (isinstance(name, str) and _VERIFIER_ID.match(name)):
+    if not (isinstance(name, str) and REPO_ID.match(name)):
         problems.append("speculators_config.verifier.name_or_path as a Hub id org/name")
     if not cfg.get("speculators_model_type"):
         problems.append("speculators_model_type")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from eaglekit.config_view import as_ids, nested
 from eaglekit.spec import DraftSpec
 
 DEDICATED = re.compile(r"^(fc_norm\.\d+\.weight|input_norm\.weight|d2t|t2d|lm_head\.weight|embed_tokens\.weight"
@@ -23,30 +24,18 @@ def layer_key(spec: DraftSpec, key: str) -> str:
 
 
 def eagle_config(spec: DraftSpec) -> dict[str, Any]:
-    ec = spec.config.get("eagle_config")
-    return ec if isinstance(ec, dict) else {}
-
-
-def written_int(cfg: dict[str, Any], key: str) -> int | None:
-    v = cfg.get(key)
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def id_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return value
-    return None
+    return nested(spec.config, "eagle_config")
 
 
 def written_id_lists(spec: DraftSpec) -> list[tuple[str, list[int]]]:
     """Every aux-id list the config writes, with its key."""
     out = []
-    top = id_list(spec.config.get("eagle_aux_hidden_state_layer_ids"))
+    top = as_ids(spec.config.get("eagle_aux_hidden_state_layer_ids"))
     if top is not None:
-        out.append(("eagle_aux_hidden_state_layer_ids", top))
-    nested = id_list(eagle_config(spec).get("eagle_aux_hidden_state_layer_ids"))
-    if nested is not None:
-        out.append(("eagle_config.eagle_aux_hidden_state_layer_ids", nested))
+        out.append(("eagle_aux_hidden_state_layer_ids", list(top)))
+    inner = as_ids(eagle_config(spec).get("eagle_aux_hidden_state_layer_ids"))
+    if inner is not None:
+        out.append(("eagle_config.eagle_aux_hidden_state_layer_ids", list(inner)))
     return out
 
 

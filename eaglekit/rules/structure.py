@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from eaglekit.config_view import int_at
 from eaglekit.families.names import layer_index
 from eaglekit.rules.expected import (
     FLOAT_DTYPES,
@@ -19,7 +20,6 @@ from eaglekit.rules.facts import (
     layer_key,
     names_in_source,
     written_id_lists,
-    written_int,
 )
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
@@ -280,7 +280,7 @@ def config_sizes(ctx: RuleContext):
     if g.mla is not None:
         checks += [("q_lora_rank", g.mla.q_lora_rank), ("kv_lora_rank", g.mla.kv_lora_rank)]
     for key, actual in checks:
-        written = written_int(lcfg, key)
+        written = int_at(lcfg, key)
         if written is not None and actual and written != actual:
             yield Hit(f"{layer_key(spec, key)} is {written} but the tensors say {actual}", key=layer_key(spec, key))
 
