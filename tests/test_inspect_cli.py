@@ -130,3 +130,17 @@ def test_every_command_is_listed_in_help():
     assert result.exit_code == 0
     for name in ("inspect", "validate", "upgrade", "verify", "push"):
         assert name in result.output
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_tensor_names_are_never_truncated_or_wrapped(drafts, monkeypatch, columns, tmp_path):
+    """At 80 columns a table that cannot show every name whole becomes plain lines; names stay copyable."""
+    from eaglekit.cli import output
+
+    monkeypatch.setattr(output.out, "width", columns)
+    doc = json.loads(run(["inspect", drafts["specforge"], "--format", "json", "--tensors"]).stdout)
+    text = run(["inspect", drafts["specforge"], "--tensors"]).stdout
+    for t in doc["tensors"]:
+        assert t["name"] in text and t["source_name"] in text
+    plan = run(["upgrade", drafts["specforge"], str(tmp_path / "out"), "--dry-run"]).stdout
+    assert all(name in plan for name in (t["name"] for t in doc["tensors"]))

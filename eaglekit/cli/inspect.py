@@ -6,7 +6,16 @@ import click
 from rich.panel import Panel
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, findings_table, format_option, human_bytes, key_value_table, out, styled
+from eaglekit.cli.output import (
+    emit_json,
+    findings_table,
+    format_option,
+    human_bytes,
+    identifier_table,
+    key_value_table,
+    out,
+    styled,
+)
 
 EXAMPLES = """
 \b
@@ -94,10 +103,6 @@ def render(doc: dict) -> None:
     else:
         out.print(styled(("No findings.", "green")))
     if "tensors" in doc:
-        table = Table(title="Tensors", title_justify="left")
-        for col in ("name", "source name", "dtype", "shape", "file"):
-            table.add_column(col)
-        for t in doc["tensors"]:
-            source = "" if t["source_name"] == t["name"] else t["source_name"]
-            table.add_row(t["name"], source, t["dtype"], str(t["shape"]), t["file"])
-        out.print(table)
+        rows = [[t["name"], "" if t["source_name"] == t["name"] else t["source_name"], t["dtype"], str(t["shape"]),
+                 t["file"]] for t in doc["tensors"]]
+        identifier_table("Tensors", ["name", "source name", "dtype", "shape", "file"], rows)

@@ -69,6 +69,25 @@ def findings_table(findings: list[dict], title: str = "Findings") -> Table:
     return table
 
 
+def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, prose: str | None = None) -> None:
+    """Print rows whose cells are names to copy (tensor names, paths): a table when it fits the terminal with
+    every identifier whole, else plain lines; only the `prose` column may wrap."""
+    fixed = [c for c in columns if c != prose]
+    widths = {c: max([len(c)] + [len(str(r[columns.index(c)])) for r in rows]) for c in columns}
+    needed = sum(widths[c] for c in fixed) + 3 * len(columns) + 1 + (12 if prose else 0)
+    if needed <= out.width:
+        table = Table(title=title, title_justify="left")
+        for c in columns:
+            table.add_column(c, no_wrap=c != prose, overflow="fold" if c == prose else "ignore")
+        for r in rows:
+            table.add_row(*[str(v) for v in r])
+        out.print(table)
+        return
+    out.print(title)
+    for r in rows:
+        out.print("  " + "  ".join(str(v) for v in r if str(v)), soft_wrap=True)
+
+
 def key_value_table(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left", show_header=False, expand=False, box=None, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)

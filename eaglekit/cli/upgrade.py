@@ -11,7 +11,17 @@ import click
 from rich.panel import Panel
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, err, findings_table, format_option, human_bytes, key_value_table, out, styled
+from eaglekit.cli.output import (
+    emit_json,
+    err,
+    findings_table,
+    format_option,
+    human_bytes,
+    identifier_table,
+    key_value_table,
+    out,
+    styled,
+)
 from eaglekit.errors import UsageError
 
 EXAMPLES = """
@@ -183,14 +193,10 @@ def render(doc: dict) -> None:
     steps = doc["tensors"] if doc["dry_run"] else [s for s in doc["tensors"] if s["action"] not in ("copy", "rename")]
     counts = ", ".join(f"{n} {a}" for a, n in doc["counts"].items() if n)
     if steps:
-        table = Table(title=f"Plan ({counts})" if doc["dry_run"] else f"Tensors ({counts}); changed:",
-                      title_justify="left")
-        for col in ("action", "tensor", "dtype", "shape", "source", "note"):
-            table.add_column(col, overflow="fold")
-        for s in steps:
-            source = "" if s["source"] in (None, s["name"]) else s["source"]
-            table.add_row(s["action"], s["name"] or "—", s["dtype"], str(s["shape"]), source, s["note"])
-        out.print(table)
+        rows = [[s["action"], s["name"] or "—", s["dtype"], str(s["shape"]),
+                 "" if s["source"] in (None, s["name"]) else s["source"], s["note"]] for s in steps]
+        identifier_table(f"Plan ({counts})" if doc["dry_run"] else f"Tensors ({counts}); changed:",
+                         ["action", "tensor", "dtype", "shape", "source", "note"], rows, prose="note")
     else:
         out.print(f"Tensors: {counts}.")
     shown = [f for f in doc["findings"] if f["severity"] != "info"]
