@@ -18,6 +18,7 @@ from typing import Any
 from eaglekit import __version__
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.families import apply_target, load_draft
+from eaglekit.io.dtypes import torch_dtype
 from eaglekit.io.jsonfile import load_json_object
 from eaglekit.finetune.data import DataOptions, TrainingData, build_data, target_identity
 from eaglekit.finetune.evaluate import Acceptance, EvalOptions, acceptance, held_out_prompts
@@ -25,7 +26,7 @@ from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, read_target
 
 Stage = Callable[[str, int, int], None]
-WRITABLE_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+WRITABLE_DTYPES = ("F32", "BF16", "F16")  # trained tensors are written back in their source dtype
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def _out_tensors(spec: DraftSpec, drafter, trained: set[str]):
     tensors = []
     for name, ref in sorted(spec.tensors.items(), key=lambda kv: kv[1].source_name):
         if name in trained:
-            value = params[name].detach().to("cpu", getattr(torch, WRITABLE_DTYPES[ref.dtype]))
+            value = params[name].detach().to("cpu", torch_dtype(ref.dtype))
             if not bool(torch.isfinite(value).all()):
                 raise OutputError(f"trained {name} has values that overflow {ref.dtype} (or are not finite): "
                                   "lower --lr or train in fp32", spec.path)

@@ -17,6 +17,14 @@ _TORCH_NAMES = {
 }
 
 
+FLOAT_NAMES = ("BF16", "F16", "F32", "F64")
+
+
+def torch_name(name: str) -> str | None:
+    """The torch / transformers name of a safetensors dtype ("BF16" -> "bfloat16"), None when it has none."""
+    return _TORCH_NAMES.get(name)
+
+
 def torch_dtype(name: str):
     import torch
 

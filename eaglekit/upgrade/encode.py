@@ -7,9 +7,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from eaglekit.errors import UsageError
+from eaglekit.io.dtypes import FLOAT_NAMES
 from eaglekit.spec import DTYPE_SIZES
 
-FLOAT_CASTABLE = ("BF16", "F16", "F32", "F64")
+FLOAT_CASTABLE = FLOAT_NAMES
 F16_MAX = 65504.0
 
 

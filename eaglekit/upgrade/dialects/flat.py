@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglekit.io.dtypes import FLOAT_NAMES, torch_name
 from eaglekit.spec import DraftSpec
 from eaglekit.upgrade.decide import Decisions
 from eaglekit.upgrade.vocab import VocabPlan
@@ -24,7 +25,6 @@ NOT_CARRIED = frozenset({
     "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings",
 })
 MLA_MODEL_TYPES = ("kimi_k2", "deepseek_v3", "deepseek_v2")
-TORCH_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 
 
 def source_layer_config(spec: DraftSpec) -> dict[str, Any]:
@@ -79,7 +79,8 @@ def dtype_keys(spec: DraftSpec, d: Decisions) -> dict[str, Any]:
     """torch_dtype (and transformers 5's dtype, if the source used it) naming the dtype the weights really have."""
     cfg = source_layer_config(spec)
     keys = [k for k in ("torch_dtype", "dtype") if k in cfg] or ["torch_dtype"]
-    name = TORCH_DTYPE_NAMES.get(d.cast_to or spec.dtype)
+    dtype = d.cast_to or spec.dtype
+    name = torch_name(dtype) if dtype in FLOAT_NAMES else None
     if name is None:  # quantised weights: keep what the producer wrote
         return {k: cfg[k] for k in keys if k in cfg}
     return {k: name for k in keys}
