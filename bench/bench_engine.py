@@ -4,7 +4,7 @@
     python bench/bench_engine.py --dtypes float32 --limit 2 --max-new-tokens 32
 
 For each drafter (the bundled EAGLE-3 as shipped, the same upgraded losslessly, the bundled EAGLE-3.1 upgraded
-losslessly) and dtype: τ and per-position acceptance from the reference and from vLLM's own counters, the
+keeping its trained norms) and dtype: τ and per-position acceptance from the reference and from vLLM's own counters, the
 verdict of `verify --engine both`, and tokens/s of both engines (vLLM eager, one sequence at a time, as the
 comparison runs it; engine start-up excluded). Needs vLLM in its own environment (EAGLEKIT_VLLM_PYTHON, or
 .vllm-env from scripts/vllm-env.sh). Figures are printed, never asserted.
@@ -41,11 +41,13 @@ def main(argv=None) -> None:
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     work = tempfile.mkdtemp(prefix="bench-engine-")
-    lossless = UpgradeOptions(target=target, fc_norm=False, norm_output=False)
+    # lossless both: the EAGLE-3 drafter gains no 3.1 flag, the 3.1 drafter keeps its trained ones
+    keep = {"smollm2-135m-eagle3": UpgradeOptions(target=target, fc_norm=False, norm_output=False),
+            "smollm2-135m-eagle3.1": UpgradeOptions(target=target)}
     drafts = {"EAGLE-3 as shipped (SpecForge layout)": os.path.join(DRAFTERS, "smollm2-135m-eagle3")}
     for label, name in (("EAGLE-3 upgraded", "smollm2-135m-eagle3"), ("EAGLE-3.1 upgraded", "smollm2-135m-eagle3.1")):
         out = os.path.join(work, name)
-        upgrade(os.path.join(DRAFTERS, name), out, lossless)
+        upgrade(os.path.join(DRAFTERS, name), out, keep[name])
         drafts[label] = out
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {args.limit} prompts x "
           f"{args.max_new_tokens} tokens, k={args.k}")
