@@ -230,7 +230,8 @@ def render(doc: dict) -> None:
                       f"{e['acceptance_length']:.3f}", _rates(e["per_position_acceptance"], " "), str(e["num_drafts"]),
                       str(e["num_accepted_tokens"]))
         out.print(table)
-        style = {"agree": "green", "engine reads other aux ids": "bold yellow", "disagree": "bold red"}[cmp["verdict"]]
+        style = {"agree": "green", "engine reads other aux ids": "bold yellow", "disagree": "bold red",
+                 "different decodes": "yellow"}[cmp["verdict"]]
         out.print(styled((f"{cmp['verdict']}: ", style), cmp["message"]))
         if not e["lossless"]:
             out.print(styled(("vLLM's speculative output differs from its own target-only output", "bold red")))

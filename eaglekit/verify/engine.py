@@ -53,6 +53,7 @@ class EngineRun:
     counter: AcceptanceCounter
     lossless: bool
     mismatched_prompts: list[int]
+    target_outputs: list[list[int]]  # vLLM's target-only greedy tokens per prompt
     aux_log: str | None  # vLLM's own line naming the aux layers it captures (None: it printed none)
     timings: dict[str, float]  # engine start and generate seconds, tokens/s with and without the draft
 
@@ -139,5 +140,5 @@ def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: in
     timings = {"target_init_s": plain["init_s"], "target_generate_s": plain["generate_s"],
                "spec_init_s": spec["init_s"], "spec_generate_s": spec["generate_s"],
                "tokens_per_s_spec": rate(spec), "tokens_per_s_target": rate(plain)}
-    return EngineRun("vllm", spec["vllm_version"], counter, not mismatched, mismatched,
+    return EngineRun("vllm", spec["vllm_version"], counter, not mismatched, mismatched, plain["tokens"],
                      found[-1].strip() if found else None, timings)
