@@ -219,6 +219,18 @@ def test_dry_run_sends_nothing(fake_hub, draft_dir, rules, capsys):
     assert snapshot(draft_dir) == before
 
 
+def test_the_card_prints_as_plain_markdown_and_card_out_writes_it(fake_hub, draft_dir, rules, capsys, tmp_path):
+    card = tmp_path / "README.md"
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--endpoint",
+                             fake_hub.endpoint, "--dry-run", "--card-out", str(card))
+    assert code == 0, err
+    text = card.read_text(encoding="utf-8")
+    assert text.startswith("---\n") and text.rstrip("\n") in out  # the whole card, byte for byte, unwrapped
+    serve = next(line for line in text.splitlines() if line.startswith("vllm serve "))
+    assert serve in out.splitlines()  # one line to copy
+    assert fake_hub.requests == [] and sorted(os.listdir(tmp_path)) == ["README.md", "draft"]
+
+
 # ---------------------------------------------------------------- one clear line per failure
 
 

@@ -53,6 +53,28 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def write_text_atomically(path: str, text: str) -> None:
+    """A temporary file beside `path`, renamed over it: a failed write leaves no half file."""
+    import os
+    import tempfile
+
+    from eaglekit.errors import OutputError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".eaglekit-", dir=folder)
+    except OSError as exc:
+        raise OutputError(f"cannot write: {exc.strerror or exc}", path) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise OutputError(f"cannot write: {exc.strerror or exc}", path) from None
+
+
 def emit_json(doc: Any) -> None:
     click.echo(json.dumps(json_safe(doc), indent=2, sort_keys=False, allow_nan=False))
 

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import click
-from rich.panel import Panel
-from rich.syntax import Syntax
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, err, findings_table, format_option, human_bytes, out, styled
+from eaglekit.cli.output import (
+    emit_json,
+    err,
+    findings_table,
+    format_option,
+    human_bytes,
+    out,
+    styled,
+    write_text_atomically,
+)
 
 EXAMPLES = """
 \b
@@ -43,9 +50,10 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT or https://huggingface.co).")
 @click.option("--dry-run", is_flag=True, help="Build the card and the file list; send nothing.")
 @click.option("--force", is_flag=True, help="Push even if validation finds errors (the card says so).")
+@click.option("--card-out", type=click.Path(dir_okay=False), help="Also write the model card (README.md) here.")
 @format_option
 def push_command(draft, repo_id, target, report_path, private, revision, create_pr, commit_message, token, endpoint,
-                 dry_run, force, output_format):
+                 dry_run, force, card_out, output_format):
     """Validate DRAFT for vLLM and publish config, weights, model card and eaglekit.json to the Hub."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
@@ -63,6 +71,8 @@ def push_command(draft, repo_id, target, report_path, private, revision, create_
         if not bars_were_off:
             enable_progress_bars()
     doc = result.to_dict()
+    if card_out:
+        write_text_atomically(card_out, doc["card"])
     if output_format == "json":
         emit_json(doc)
     else:
@@ -70,7 +80,9 @@ def push_command(draft, repo_id, target, report_path, private, revision, create_
 
 
 def render(doc: dict) -> None:
-    out.print(Panel(Syntax(doc["card"], "markdown", word_wrap=True, theme="ansi_dark"), title="README.md", expand=False))
+    out.print(styled(("README.md (model card):", "bold")))
+    click.echo(doc["card"].rstrip("\n"))  # plain Markdown, never wrapped: the serve commands can be copied
+    out.print()
     files = Table(title="Files" + (" (not sent: dry run)" if doc["dry_run"] else ""), title_justify="left")
     for col in ("path", "size", "sha256"):
         files.add_column(col, no_wrap=True)
@@ -82,7 +94,7 @@ def render(doc: dict) -> None:
     for warning in doc["warnings"]:
         err.print(styled(("warning:", "yellow"), f" {warning}"))
     if doc["forced"]:
-        err.print(styled(("Pushed despite validation errors (--force); the card says so.", "bold red")))
+        err.print(styled(("Published with --force despite what validation refused; the card says so.", "bold red")))
     if doc["dry_run"]:
         out.print(f"Dry run: nothing sent. Would push {len(doc['files'])} files to {doc['url']}")
     elif doc["pr_url"]:

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
 import click
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, err, format_option, int_list, key_value_table, out, styled
-from eaglekit.errors import EaglekitError, OutputError
+from eaglekit.cli.output import (
+    emit_json,
+    err,
+    format_option,
+    int_list,
+    key_value_table,
+    out,
+    styled,
+    write_text_atomically,
+)
+from eaglekit.errors import EaglekitError
 
 EXAMPLES = """
 \b
@@ -118,21 +125,7 @@ def _with_progress(draft, target, options, verify):
 
 
 def _write_json(path: str, doc: dict) -> None:
-    """Atomic: a temporary file in the same folder, renamed over `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".verify-", suffix=".json", dir=folder)
-    except OSError as exc:
-        raise OutputError(f"cannot write the report: {exc.strerror or exc}", path) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise OutputError(f"cannot write the report: {exc.strerror or exc}", path) from None
+    write_text_atomically(path, json.dumps(doc, indent=2) + "\n")
 
 
 def _engine_rows(e: dict) -> list[tuple[str, object]]:
