@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import eaglekit
+from tests.cli import run_cli
 
 
 def test_public_names_resolve_to_the_library():
@@ -104,3 +105,9 @@ def test_the_json_schemas_ship_with_the_package():
         json.loads(folder.joinpath(name).read_text(encoding="utf-8"))
     pyproject = tomllib.loads((Path(eaglekit.__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
     assert "schemas/*.json" in pyproject["tool"]["setuptools"]["package-data"]["eaglekit"]
+
+
+def test_a_mistyped_command_names_the_closest_one():
+    result = run_cli(["inspec", "x"])
+    assert result.exit_code == 2 and "Did you mean 'inspect'?" in result.stderr
+    assert "Commands: inspect" in run_cli(["zzz"]).stderr

@@ -40,6 +40,17 @@ class LazyGroup(click.Group):
         module, attr, _ = COMMANDS[name]
         return getattr(importlib.import_module(module), attr)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        """A mistyped command names the closest real one."""
+        name = args[0] if args else ""
+        if name and name not in COMMANDS and not name.startswith("-"):
+            import difflib
+
+            close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else f" Commands: {', '.join(COMMANDS)}."
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, _, help_text) in COMMANDS.items()]
         with formatter.section("Commands"):
