@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit.config_view import as_ids, int_at, nested
 from eaglekit.errors import CheckpointError
-from eaglekit.families.names import canonical_name, layer_index, name_forms
+from eaglekit.families.names import FC_NORM, canonical_name, layer_index, name_forms
 from eaglekit.io.checkpoint import CheckpointFiles
 from eaglekit.spec import (
     AuxLayers,
@@ -23,7 +22,6 @@ from eaglekit.spec import (
 )
 
 MAX_DRAFT_LAYERS = 1024  # drafts have 1..8 layers; an index past this would only make every layer check huge
-_FC_NORM = re.compile(r"^fc_norm\.(\d{1,6})\.weight$")
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "F64")
 MODELOPT_EAGLE_KEYS = (
     "use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm",
@@ -179,7 +177,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     cfg_layers = int_at(lcfg, "num_hidden_layers")
     num_layers = (max(layer_ids) + 1) if layer_ids else (cfg_layers or 0)
 
-    fc_norm_ids = sorted(int(m.group(1)) for n in tensors if (m := _FC_NORM.match(n)))
+    fc_norm_ids = sorted(int(m.group(1)) for n in tensors if (m := FC_NORM.match(n)))
     t_cfg = int_at(cfg, "target_hidden_size")
     k_cfg = int_at(cfg, "num_aux_hidden_states") or int_at(lcfg, "num_aux_hidden_states")
     fc_in = shape("fc.weight")[1] if shape("fc.weight") and len(shape("fc.weight")) == 2 else None

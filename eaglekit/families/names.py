@@ -6,6 +6,8 @@ import re
 
 _MIDLAYER_MULTI = re.compile(r"^midlayer\.(\d{1,9})\.")
 _LAYER_INDEX = re.compile(r"^layers\.(\d{1,9})\.")
+FC_NORM = re.compile(r"^fc_norm\.(\d{1,6})\.weight$")
+"""Canonical name of the EAGLE-3.1 norm of aux state k."""
 _LEGACY = {
     "aux_norm_low.": "fc_norm.0.",
     "aux_norm_mid.": "fc_norm.1.",

@@ -76,8 +76,8 @@ class ValidationReport:
             "warnings": self.warnings,
             "infos": self.infos,
             "groups": list(self.groups),
-            "engines": [{"engine": e, "version": v, "errors": self.errors_for(e), "ok": self.errors_for(e) == 0}
-                        for e, v in self.engines.items()],
+            "engines": [{"engine": e, "version": v, "errors": n, "ok": n == 0}
+                        for e, v in self.engines.items() for n in [self.errors_for(e)]],
             "findings": [f.to_dict() for f in self.findings],
             "fix": self.fix,
         }

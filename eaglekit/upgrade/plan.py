@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from eaglekit.errors import CheckpointError
-from eaglekit.families.names import layer_index
+from eaglekit.families.names import FC_NORM, layer_index
 from eaglekit.spec import DraftSpec
 from eaglekit.upgrade.decide import Decisions
 from eaglekit.upgrade.encode import FLOAT_CASTABLE
@@ -30,7 +30,6 @@ LAYER_SUFFIXES = frozenset({
     "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
 })
 TOP_LEVEL = frozenset({"fc.weight", "input_norm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight"})
-FC_NORM = re.compile(r"^fc_norm\.(\d{1,6})\.weight$")
 ROTARY = re.compile(r"(^|\.)rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
 QUANT_SCALE = re.compile(r"\.(weight_scale|weight_scale_2|input_scale|k_scale|v_scale|q_scale|scale)$")
 

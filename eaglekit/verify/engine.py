@@ -120,9 +120,9 @@ def _run_worker(opts: EngineOptions, request: dict[str, Any], what: str) -> tupl
 
 def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
              dtype: str, opts: EngineOptions) -> EngineRun:
-    """Target alone, then target + draft, in vLLM; τ and per-position rates from vLLM's counters."""
+    """Target alone, then target + draft, in vLLM; τ and per-position rates from vLLM's counters.
+    Callers run check_engine_available first, before any work of their own."""
     opts.check()
-    check_engine_available(opts)
     request = {"target": os.path.abspath(target), "prompts": [list(p) for p in prompts], "k": k,
                "max_new_tokens": max_new_tokens, "dtype": dtype, "tensor_parallel_size": opts.tensor_parallel_size,
                "engine_args": {**DEFAULT_ENGINE_ARGS, **opts.engine_args}}
