@@ -12,7 +12,8 @@ TARGET=.cache/smollm2
 OUT=${EAGLEKIT_DEMO_DIR:-.cache/demo}
 rm -rf "$OUT" && mkdir -p "$OUT"
 
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+if [ -t 1 ]; then bold=$'\033[1m' plain=$'\033[0m'; else bold='' plain=''; fi  # no escape codes in logs
+step() { printf '\n%s$ %s%s\n' "$bold" "$*" "$plain"; "$@"; }
 
 step python examples/materialize_smollm2.py "$TARGET"
 step eaglekit inspect "$DRAFT" --target "$TARGET"
