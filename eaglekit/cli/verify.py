@@ -43,7 +43,13 @@ def _ids(value: str | None) -> tuple[int, ...] | None:
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
               help="JSONL prompts: {\"prompt\": ...}, {\"messages\": [...]} or {\"text\": ...} per line "
                    "(default: the bundled coding prompts).")
-@click.option("--limit", type=int, help="Use only the first N prompts.")
+@click.option("--limit", type=int, help="Use only the first N prompts (conversations).")
+@click.option("--category", "categories", multiple=True,
+              help="Only prompts of this category, repeatable (SPEED-Bench's categories, e.g. coding; or a JSONL "
+                   "\"category\" field).")
+@click.option("--turns", type=click.Choice(["first", "all"]), default="first", show_default=True,
+              help="SPEED-Bench conversations: the first user turn only, or every turn, each asked after the "
+                   "target's own answer to the one before.")
 @click.option("--context-tokens", type=int, default=0, show_default=True,
               help="Long-context mode: prepend this many tokens of Python standard-library source to every prompt.")
 @click.option("--device", default="auto", show_default=True,
@@ -56,6 +62,9 @@ def _ids(value: str | None) -> tuple[int, ...] | None:
                    "flags, fc block orders) on one captured target pass, and name a better one.")
 @click.option("--min-acceptance", type=float, help="Exit 1 when the mean acceptance length is below this.")
 @click.option("--save-report", type=click.Path(dir_okay=False), help="Also write the JSON report here (for push).")
+@click.option("--profile-out", type=click.Path(dir_okay=False),
+              help="Write the measured acceptance as specdec_bench's speculation_profile.json (schema 1.0; "
+                   "conditional and marginal rates) and print vLLM's synthetic_acceptance_rates.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @click.option("--engine", type=click.Choice(["reference", "vllm", "both"]), default="reference", show_default=True,
               help="reference: eaglekit's own decode; vllm: the same prompts through vLLM's offline API, measured by "
@@ -67,9 +76,9 @@ def _ids(value: str | None) -> tuple[int, ...] | None:
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Extra vLLM LLM(...) argument, repeatable (JSON values), e.g. max_model_len=4096.")
 @format_option
-def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, context_tokens, device, dtype,
-                   aux_layer_ids, diagnose, min_acceptance, save_report, no_progress, engine, engine_python,
-                   tensor_parallel_size, engine_args, output_format):
+def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, categories, turns, context_tokens, device,
+                   dtype, aux_layer_ids, diagnose, min_acceptance, save_report, profile_out, no_progress, engine,
+                   engine_python, tensor_parallel_size, engine_args, output_format):
     """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis."""
     from eaglekit.verify.engine import EngineOptions, parse_engine_args
     from eaglekit.verify.run import VerifyOptions, verify, verify_in_engine
@@ -77,7 +86,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, contex
     options = VerifyOptions(
         num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file, limit=limit,
         context_tokens=context_tokens, device=device, dtype=dtype, aux_layer_ids=_ids(aux_layer_ids),
-        diagnose=diagnose, min_acceptance=min_acceptance, engine=engine,
+        diagnose=diagnose, min_acceptance=min_acceptance, engine=engine, categories=tuple(categories), turns=turns,
         engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
                                      engine_args=parse_engine_args(engine_args)),
     )
@@ -85,6 +94,8 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, contex
         doc = verify_in_engine(draft, target, options)
         if save_report:
             _write_json(save_report, doc)
+        if profile_out:
+            _write_json(profile_out, doc["speculation_profile"])
         emit_json(doc) if output_format == "json" else render_engine(doc)
         if not doc["engine"]["lossless"]:
             raise EaglekitError(f"{draft}: vLLM's speculative output differs from its own target-only output on "
@@ -97,10 +108,15 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, contex
     doc = report.to_dict()
     if save_report:
         _write_json(save_report, doc)
+    profile = report.speculation_profile() if profile_out else None
+    if profile is not None:
+        _write_json(profile_out, profile)
     if output_format == "json":
         emit_json(doc)
     else:
         render(doc)
+        if profile is not None:
+            render_profile(profile, profile_out)
     if not report.lossless:
         bad = [p for p in doc["per_prompt"] if not p["identical"] and not p["divergence"]["numerical_tie"]]
         first = bad[0]
@@ -128,6 +144,11 @@ def _write_json(path: str, doc: dict) -> None:
     write_text_atomically(path, json.dumps(doc, indent=2) + "\n")
 
 
+def _interval_text(doc: dict) -> str:
+    interval = doc["acceptance_length_interval"]
+    return f"  95 % interval {interval['low']:.2f} – {interval['high']:.2f}" if interval else ""
+
+
 def _engine_rows(e: dict) -> list[tuple[str, object]]:
     seconds = e["timings"]
     return [
@@ -148,6 +169,30 @@ def render_engine(doc: dict) -> None:
                                ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, "
                                        f"{doc['dtype']}, {doc['prompts']['count']} prompts"),
                                *_engine_rows(doc["engine"])], title="eaglekit verify --engine vllm"))
+
+
+def render_profile(profile: dict, path: str) -> None:
+    checks = profile["validation"]
+    passed = checks["mean_consistency"]["passed"] and checks["marginal_monotonicity"]["passed"]
+    out.print(styled(("speculation profile ", "bold"), f"{path} (schema {profile['schema_version']}; checks "
+                     f"{'passed' if passed else 'FAILED'})"))
+    synthetic = {"rejection_sample_method": "synthetic",
+                 "synthetic_acceptance_rates": profile["marginal_accept_rates"]}
+    out.print("vLLM speculative-config keys that replay it: " + json.dumps(synthetic), soft_wrap=True)
+
+
+def category_table(categories: dict, title: str = "By category") -> Table:
+    table = Table(title=title, title_justify="left", caption="interval: 95 % bootstrap over conversations",
+                  caption_justify="left")
+    for name, justify in (("category", "left"), ("prompts", "right"), ("τ", "right"), ("95 % interval", "right"),
+                          ("per position", "left"), ("conditional", "left")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for name, row in categories.items():
+        interval = row["acceptance_length_interval"]
+        table.add_row(name, str(row["prompts"]), f"{row['acceptance_length']:.3f}",
+                      f"{interval['low']:.3f} – {interval['high']:.3f}" if interval else "—",
+                      _rates(row["per_position_acceptance"], " "), _rates(row["conditional_acceptance"], " "))
+    return table
 
 
 def _rates(values, sep: str = "  ") -> str:
@@ -171,7 +216,7 @@ def render(doc: dict) -> None:
     checks = Table(title="Compatibility", title_justify="left")
     checks.add_column("check", no_wrap=True)
     checks.add_column("status", no_wrap=True)
-    checks.add_column("detail")
+    checks.add_column("detail", overflow="fold")
     for c in doc["checks"]:
         checks.add_row(c["name"], styled((c["status"], STATUS_STYLE[c["status"]])), c["message"])
     out.print(checks)
@@ -184,7 +229,7 @@ def render(doc: dict) -> None:
     out.print(key_value_table([
         ("lossless", lossless),
         ("acceptance length τ", styled((f"{doc['acceptance_length']:.2f}", "bold"),
-                                       f" (max {doc['num_speculative_tokens'] + 1})")),
+                                       f" (max {doc['num_speculative_tokens'] + 1})", _interval_text(doc))),
         ("per position", _rates(doc["per_position_acceptance"])),
         ("conditional", _rates(doc["conditional_acceptance"])),
         ("tokens/s", f"{doc['tokens_per_s_spec']:.1f} with the draft vs {doc['tokens_per_s_target']:.1f} target alone "
@@ -193,6 +238,10 @@ def render(doc: dict) -> None:
                  f"{split['spec_target_s']:.1f} s); target alone {split['target_only_s']:.1f} s"),
     ], title="Result"))
     out.print()
+
+    if doc["categories"]:
+        out.print(category_table(doc["categories"]))
+        out.print()
 
     drift = Table(title="Drift per draft depth", title_justify="left")
     drift.add_column("depth", justify="right")

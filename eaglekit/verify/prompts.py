@@ -7,6 +7,7 @@ context with everything else equal.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -17,6 +18,8 @@ from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.jsonfile import parse_json, read_bounded
+from eaglekit.verify import speedbench
+from eaglekit.verify.speedbench import SpeedBenchRow
 
 BUNDLED_NAME = "eaglekit-coding"
 CONTEXT_MODULES = (
@@ -31,12 +34,29 @@ class Prompt:
     name: str
     messages: tuple[dict[str, str], ...] | None  # chat messages (the chat template is applied)
     text: str | None  # raw text, encoded as is
+    category: str | None = None
+    conversation: str | None = None  # turns of one conversation share it: resampled together in intervals
+    follow_ups: tuple[str, ...] = ()  # later user turns, asked after the target's own answer to this one
+
+    def next_turn(self, answer: str) -> "Prompt":
+        """The following turn: this conversation, the target's answer, then the next user turn."""
+        turn = len([m for m in self.messages if m["role"] == "user"]) + 1
+        messages = (*self.messages, {"role": "assistant", "content": answer},
+                    {"role": "user", "content": self.follow_ups[0]})
+        return Prompt(f"{self.conversation}#turn{turn}", messages, None, self.category, self.conversation,
+                      self.follow_ups[1:])
 
 
 @dataclass(frozen=True)
 class PromptSet:
     name: str
     prompts: tuple[Prompt, ...]
+    speed_bench: bool = False
+
+    @property
+    def turns(self) -> int:
+        """Decodes this set asks for: every prompt and each of its follow-up turns."""
+        return sum(1 + len(p.follow_ups) for p in self.prompts)
 
 
 def _parse(record: Any, where: str, index: int) -> Prompt:
@@ -45,30 +65,48 @@ def _parse(record: Any, where: str, index: int) -> Prompt:
     if not isinstance(record, dict):
         raise CheckpointError(f"line {index + 1}: expected a JSON object or string", where)
     name = str(record.get("name") or record.get("id") or index + 1)
+    category = record["category"] if isinstance(record.get("category"), str) else None
     if isinstance(record.get("prompt"), str):
-        return Prompt(name, ({"role": "user", "content": record["prompt"]},), None)
+        return Prompt(name, ({"role": "user", "content": record["prompt"]},), None, category, name)
     messages = record.get("messages")
     if isinstance(messages, list) and messages and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
     ):
-        return Prompt(name, tuple({"role": m["role"], "content": m["content"]} for m in messages), None)
+        return Prompt(name, tuple({"role": m["role"], "content": m["content"]} for m in messages), None, category,
+                      name)
     if isinstance(record.get("text"), str):
-        return Prompt(name, None, record["text"])
+        return Prompt(name, None, record["text"], category, name)
     raise CheckpointError(f"line {index + 1}: needs \"prompt\" (string), \"messages\" (list of role/content) "
                           "or \"text\" (raw, no chat template)", where)
 
 
+def _records(text: str, where: str) -> list[tuple[int, Any]]:
+    return [(index, parse_json(line, where, f"line {index + 1}"))
+            for index, line in enumerate(text.splitlines()) if line.strip()]
+
+
 def parse_jsonl(text: str, where: str) -> tuple[Prompt, ...]:
     """Prompts from JSONL text; `where` names the source in error messages."""
-    prompts = []
-    for index, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
-        record = parse_json(line, where, f"line {index + 1}")
-        prompts.append(_parse(record, where, index))
+    prompts = tuple(_parse(record, where, index) for index, record in _records(text, where))
     if not prompts:
         raise CheckpointError("no prompts in the file", where)
-    return tuple(prompts)
+    return prompts
+
+
+def from_speed_bench(rows: Sequence[SpeedBenchRow], turns: str) -> tuple[Prompt, ...]:
+    """One prompt per conversation: its first user turn, with the later ones as follow-ups under --turns all."""
+    return tuple(Prompt(row.question_id, ({"role": "user", "content": row.turns[0]},), None, row.category,
+                        row.question_id, row.turns[1:] if turns == "all" else ())
+                 for row in rows)
+
+
+def _filter_categories(prompts: tuple[Prompt, ...], categories: Sequence[str], where: str) -> tuple[Prompt, ...]:
+    known = sorted({p.category for p in prompts if p.category is not None})
+    unknown = [c for c in categories if c not in known]
+    if unknown:
+        has = f"it has {', '.join(known)}" if known else "its prompts have no \"category\""
+        raise UsageError(f"--category {', '.join(unknown)}: not in {where} ({has})")
+    return tuple(p for p in prompts if p.category in categories)
 
 
 def bundled_prompts() -> PromptSet:
@@ -77,13 +115,28 @@ def bundled_prompts() -> PromptSet:
     return PromptSet(BUNDLED_NAME, parse_jsonl(text, "eaglekit/data/prompts/coding.jsonl"))
 
 
-def read_prompts(path: str) -> PromptSet:
-    """A JSONL file: one {"prompt": ...} / {"messages": [...]} / {"text": ...} per line, optional "name"."""
+def read_prompts(path: str, categories: Sequence[str] = (), turns: str = "first") -> PromptSet:
+    """A JSONL file (one {"prompt": ...} / {"messages": [...]} / {"text": ...} per line, optional "name" and
+    "category"), or a prepared SPEED-Bench file (JSONL or parquet), recognised by its rows."""
+    speedbench.check_turns(turns)
+    name = os.path.splitext(os.path.basename(path))[0]
+    if path.endswith(".parquet"):
+        rows = speedbench.select(speedbench.read_speed_bench(path), categories, path)
+        return PromptSet(name, from_speed_bench(rows, turns), speed_bench=True)
     try:
-        text = read_bounded(path, "prompts file").decode("utf-8")
+        text = read_bounded(path, "prompts file", speedbench.MAX_BYTES).decode("utf-8")
     except UnicodeDecodeError:
         raise CheckpointError("prompts file is not UTF-8 text", path) from None
-    return PromptSet(os.path.splitext(os.path.basename(path))[0], parse_jsonl(text, path))
+    records = _records(text, path)
+    if records and speedbench.looks_like_speed_bench(path, records[0][1]):
+        rows = speedbench.select(speedbench.read_speed_bench(path, [r for _, r in records]), categories, path)
+        return PromptSet(name, from_speed_bench(rows, turns), speed_bench=True)
+    if turns != "first":
+        raise UsageError(f"--turns {turns}: needs a SPEED-Bench file (rows with \"turns\"); {path} has none")
+    if not records:
+        raise CheckpointError("no prompts in the file", path)
+    prompts = tuple(_parse(record, path, index) for index, record in records)
+    return PromptSet(name, _filter_categories(prompts, categories, path) if categories else prompts)
 
 
 def source_context(tokenizer, num_tokens: int, index: int = 0, modules: Sequence[str] = CONTEXT_MODULES) -> str:
@@ -99,6 +152,20 @@ def source_context(tokenizer, num_tokens: int, index: int = 0, modules: Sequence
     return tokenizer.decode(pieces[:num_tokens])
 
 
+def with_context(prompt: Prompt, tokenizer, context_tokens: int, index: int = 0,
+                 modules: Sequence[str] = CONTEXT_MODULES) -> Prompt:
+    """The prompt with `context_tokens` of source prepended to its last user message (or its text), so later
+    turns of a conversation keep the context their first turn was asked with."""
+    if context_tokens <= 0:
+        return prompt
+    context = source_context(tokenizer, context_tokens, index, modules)
+    if prompt.text is not None:
+        return dataclasses.replace(prompt, text=CONTEXT_TEMPLATE.format(context=context, prompt=prompt.text))
+    messages = [dict(m) for m in prompt.messages]
+    messages[-1]["content"] = CONTEXT_TEMPLATE.format(context=context, prompt=messages[-1]["content"])
+    return dataclasses.replace(prompt, messages=tuple(messages))
+
+
 def encode(prompt: Prompt, tokenizer, *, context_tokens: int = 0, index: int = 0,
            modules: Sequence[str] = CONTEXT_MODULES) -> list[int]:
     """Token ids for one prompt (chat template applied to messages), with optional long context prepended.
@@ -106,14 +173,10 @@ def encode(prompt: Prompt, tokenizer, *, context_tokens: int = 0, index: int = 0
     `modules` are the standard-library modules the context is cut from (training uses others than verify)."""
     if tokenizer is None:
         raise UsageError("the target has no tokenizer: it is needed to encode the prompts")
-    context = source_context(tokenizer, context_tokens, index, modules) if context_tokens > 0 else None
+    prompt = with_context(prompt, tokenizer, context_tokens, index, modules)
     if prompt.messages is not None and getattr(tokenizer, "chat_template", None):
         messages = [dict(m) for m in prompt.messages]
-        if context is not None:
-            messages[-1]["content"] = CONTEXT_TEMPLATE.format(context=context, prompt=messages[-1]["content"])
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
         return list(ids)
     text = prompt.text if prompt.text is not None else "\n".join(m["content"] for m in prompt.messages)
-    if context is not None:
-        text = CONTEXT_TEMPLATE.format(context=context, prompt=text)
     return list(tokenizer(text)["input_ids"])

@@ -13,6 +13,8 @@ from eaglekit.verify.checks import Check
 from eaglekit.verify.decode import Clock
 from eaglekit.verify.diagnose import Diagnosis
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
+from eaglekit.verify.profile import speculation_profile
+from eaglekit.verify.stats import Interval, by_category, tau_interval
 
 
 @dataclass
@@ -23,6 +25,9 @@ class PromptOutcome:
     acceptance_length: float
     identical: bool  # speculative output == target-only output, token for token
     divergence: dict[str, Any] | None = None  # first differing position and how close the target's top-2 were
+    category: str | None = None
+    conversation: str | None = None  # turns of one conversation share it
+    counter: AcceptanceCounter | None = None  # this prompt's own rounds
 
 
 @dataclass
@@ -76,6 +81,31 @@ class VerifyReport:
     def tokens_per_s_target(self) -> float:
         return self.target_tokens / self.target_only_s if self.target_only_s else 0.0
 
+    def _counters(self) -> tuple[list[AcceptanceCounter], list[str]]:
+        counters = [o.counter or AcceptanceCounter(self.counter.k) for o in self.outcomes]
+        return counters, [o.conversation or o.name for o in self.outcomes]
+
+    def categories(self) -> dict[str, dict] | None:
+        """Acceptance per category with its interval; None when no prompt has a category."""
+        if all(o.category is None for o in self.outcomes):
+            return None
+        counters, groups = self._counters()
+        return by_category(counters, [o.category for o in self.outcomes], groups, self.counter.k)
+
+    def interval(self) -> Interval | None:
+        counters, groups = self._counters()
+        return tau_interval(counters, groups)
+
+    def speculation_profile(self) -> dict:
+        """This run as specdec_bench's speculation_profile.json (schema 1.0)."""
+        return speculation_profile(
+            self.counter, per_request=[o.acceptance_length for o in self.outcomes if o.counter and o.counter.drafts],
+            draft=self.draft, target=self.target, eagle_version=self.eagle_version, per_category=self.categories(),
+            conditions={"engine": "eaglekit reference decode", "dataset": self.prompts_name,
+                        "prompts": len(self.outcomes), "context_tokens": self.context_tokens,
+                        "max_new_tokens": self.max_new_tokens, "sampling": "greedy", "concurrency": 1,
+                        "dtype": self.dtype, "device": self.device})
+
     @property
     def passed(self) -> bool:
         return self.lossless and (self.min_acceptance is None or self.acceptance_length >= self.min_acceptance)
@@ -97,6 +127,8 @@ class VerifyReport:
             "num_drafts": c.drafts,
             "num_draft_tokens": c.draft_tokens,
             "num_accepted_tokens": c.accepted,
+            "acceptance_length_interval": interval.to_dict() if (interval := self.interval()) else None,
+            "categories": self.categories(),
             "min_acceptance": self.min_acceptance,
             "tokens_per_s_spec": self.tokens_per_s_spec,
             "tokens_per_s_target": self.tokens_per_s_target,
@@ -133,6 +165,10 @@ class VerifyReport:
                     "acceptance_length": o.acceptance_length,
                     "identical": o.identical,
                     "divergence": o.divergence,
+                    "category": o.category,
+                    "conversation": o.conversation,
+                    "num_drafts": o.counter.drafts if o.counter else None,
+                    "per_position_acceptance": o.counter.per_position if o.counter else None,
                 }
                 for o in self.outcomes
             ],

@@ -17,7 +17,8 @@ from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.engine import EngineOptions, EngineRun, check_engine_available, run_vllm
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts
+from eaglekit.verify.profile import speculation_profile
+from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
 from eaglekit.verify.report import PromptOutcome, VerifyReport
 from eaglekit.verify.target import TargetModel, load_target
 
@@ -44,6 +45,8 @@ class VerifyOptions:
     warmup: bool = True
     engine: str = "reference"  # reference (eaglekit's decode), vllm (the engine alone) or both, compared
     engine_options: EngineOptions = EngineOptions()
+    categories: tuple[str, ...] = ()  # only prompts of these categories (SPEED-Bench's, or a JSONL "category")
+    turns: str = "first"  # SPEED-Bench conversations: the first user turn, or every turn after the target's answers
 
     def check(self) -> None:
         if self.engine not in ENGINES:
@@ -68,7 +71,13 @@ def resolve_aux_ids(spec: DraftSpec, override: Sequence[int] | None) -> tuple[tu
 
 
 def _prompt_set(options: VerifyOptions) -> PromptSet:
-    prompts = read_prompts(options.prompts_file) if options.prompts_file else bundled_prompts()
+    if options.prompts_file:
+        prompts = read_prompts(options.prompts_file, options.categories, options.turns)
+    elif options.categories or options.turns != "first":
+        raise UsageError("--category and --turns select from a --prompts file (SPEED-Bench or JSONL with "
+                         "\"category\"); the bundled prompts have neither")
+    else:
+        prompts = bundled_prompts()
     if options.limit is not None:
         prompts = dataclasses.replace(prompts, prompts=prompts.prompts[: options.limit])
     return prompts
@@ -109,11 +118,9 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
                                  lm_head=model.lm_head, overrides=overrides or None)
 
     drafter = make_drafter()
-    encoded = [encode(p, model.tokenizer, context_tokens=options.context_tokens, index=i)
-               for i, p in enumerate(prompts.prompts)]
     k, eos = options.num_speculative_tokens, model.eos_token_ids
     if options.warmup:
-        _warm_up(model, drafter, aux_ids, encoded[0], k)
+        _warm_up(model, drafter, aux_ids, encode(prompts.prompts[0], model.tokenizer), k)
 
     sweep = None
     if options.diagnose:
@@ -123,9 +130,8 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
         sweep = Sweep(hyps, make_drafter, k=k, max_new_tokens=options.max_new_tokens, eos_ids=eos)
 
     counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
-    target_s, spec_tokens, target_tokens, outcomes, target_outputs = 0.0, 0, 0, [], []
-    for index, (prompt, ids) in enumerate(zip(prompts.prompts, encoded)):
-        plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens, eos_ids=eos)
+    target_s, spec_tokens, target_tokens, outcomes, target_outputs, encoded = 0.0, 0, 0, [], [], []
+    for prompt, ids, plain in turns(prompts, model, options):
         proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + options.max_new_tokens + k + 2, drift=drift)
         spec_run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k,
                                       max_new_tokens=options.max_new_tokens, eos_ids=eos)
@@ -135,13 +141,15 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
         spec_tokens += len(spec_run.tokens)
         target_tokens += len(plain.tokens)
         target_outputs.append(list(plain.tokens))
+        encoded.append(ids)
         divergence = _divergence(spec_run.tokens, plain.tokens, plain.margins, tolerance)
         outcomes.append(PromptOutcome(prompt.name, len(ids), len(spec_run.tokens),
-                                      spec_run.counter.acceptance_length, divergence is None, divergence))
+                                      spec_run.counter.acceptance_length, divergence is None, divergence,
+                                      prompt.category, prompt.conversation or prompt.name, spec_run.counter))
         if sweep is not None:
             sweep.add(capture_pass(model, ids, plain.tokens, needed_ids(sweep.hyps)))
         if on_prompt is not None:
-            on_prompt(index + 1, len(encoded), prompt.name)
+            on_prompt(len(outcomes), prompts.turns, prompt.name)
 
     flags = {name: bool(getattr(drafter.config, name)) for name in ("fc_norm", "norm_output", "norm_before_fc",
                                                                      "norm_before_residual")}
@@ -167,6 +175,20 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
     return report
 
 
+def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions):
+    """(prompt, token ids, the target's own greedy decode) for every prompt and each of its follow-up turns; a
+    follow-up is asked after the target's greedy answer to the turn before, as a served conversation would be."""
+    for index, first in enumerate(prompts.prompts):
+        prompt = with_context(first, model.tokenizer, options.context_tokens, index)
+        while True:
+            ids = encode(prompt, model.tokenizer)
+            plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens, eos_ids=model.eos_token_ids)
+            yield prompt, ids, plain
+            if not prompt.follow_ups:
+                break
+            prompt = prompt.next_turn(model.tokenizer.decode(plain.tokens, skip_special_tokens=True))
+
+
 def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     """--engine vllm: the engine alone (a target of any size, with vLLM's tensor parallelism); the tokenizer is the
     only part of the target loaded here."""
@@ -180,6 +202,9 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
     refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states), raw.path)
     prompts = _prompt_set(options)
+    if prompts.turns != len(prompts.prompts):
+        raise UsageError("--turns all asks each turn after the target's answer to the one before: use --engine both "
+                         "(the reference decodes the answers and vLLM gets the same turns) or --turns first")
     tokenizer = AutoTokenizer.from_pretrained(target)
     encoded = [encode(p, tokenizer, context_tokens=options.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
@@ -194,7 +219,13 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
             "dtype": dtype, "prompts": {"name": prompts.name, "count": len(encoded),
                                         "context_tokens": options.context_tokens},
             "eaglekit_aux_layer_ids": list(aux_ids), "engine_aux_layer_ids": list(engine_aux_ids(run, info) or []),
-            "engine": run.to_dict()}
+            "engine": run.to_dict(),
+            "speculation_profile": speculation_profile(
+                run.counter, per_request=[], draft=raw.path, target=target, eagle_version=spec.eagle_version,
+                per_category=None, conditions={"engine": f"vLLM {run.version}", "dataset": prompts.name,
+                                               "prompts": len(encoded), "context_tokens": options.context_tokens,
+                                               "max_new_tokens": options.max_new_tokens, "sampling": "greedy",
+                                               "dtype": dtype})}
 
 
 def _acceptance(model: TargetModel, drafter, aux_ids: Sequence[int], encoded, k: int, max_new_tokens: int,

@@ -1,0 +1,113 @@
+"""Acceptance by category, with bootstrap intervals over conversations, and paired differences between drafts.
+
+τ over a set of prompts is a ratio (1 + accepted / drafts, pooled over rounds), so its uncertainty comes from
+which prompts were drawn, not from rounds being independent: rounds of one prompt are strongly correlated. The
+interval resamples whole conversations (all turns of one SPEED-Bench row together) with replacement and takes
+the percentile interval of the pooled τ. A paired interval resamples the same conversations for both drafts,
+which removes the prompt-difficulty noise both share.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from eaglekit.verify.metrics import AcceptanceCounter
+
+RESAMPLES = 2000
+LEVEL = 0.95
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+    level: float = LEVEL
+
+    def to_dict(self) -> dict:
+        return {"low": self.low, "high": self.high, "level": self.level, "method": "bootstrap over conversations"}
+
+
+def pooled(counters: Sequence[AcceptanceCounter], k: int) -> AcceptanceCounter:
+    total = AcceptanceCounter(k)
+    for c in counters:
+        total.merge(c)
+    return total
+
+
+def _groups(counters: Sequence[AcceptanceCounter], groups: Sequence[str]) -> list[tuple[int, int]]:
+    """(drafts, accepted) per conversation, in first-seen order."""
+    sums: dict[str, list[int]] = {}
+    for counter, group in zip(counters, groups):
+        cell = sums.setdefault(group, [0, 0])
+        cell[0] += counter.drafts
+        cell[1] += counter.accepted
+    return [(d, a) for d, a in sums.values()]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    position = q * (len(values) - 1)
+    lower = int(position)
+    upper = min(lower + 1, len(values) - 1)
+    return values[lower] + (values[upper] - values[lower]) * (position - lower)
+
+
+def _interval(samples: list[float], level: float) -> Interval:
+    tail = (1 - level) / 2
+    return Interval(_percentile(samples, tail), _percentile(samples, 1 - tail), level)
+
+
+def _tau(cells: Sequence[tuple[int, int]]) -> float:
+    drafts = sum(d for d, _ in cells)
+    return 1.0 + sum(a for _, a in cells) / drafts if drafts else 1.0
+
+
+def tau_interval(counters: Sequence[AcceptanceCounter], groups: Sequence[str], *, resamples: int = RESAMPLES,
+                 level: float = LEVEL, seed: int = SEED) -> Interval | None:
+    """Percentile bootstrap interval of pooled τ; None with fewer than two conversations (nothing to resample)."""
+    cells = _groups(counters, groups)
+    if len(cells) < 2:
+        return None
+    rng = random.Random(seed)
+    n = len(cells)
+    return _interval([_tau([cells[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)], level)
+
+
+def paired_difference(a: Sequence[AcceptanceCounter], b: Sequence[AcceptanceCounter], groups: Sequence[str], *,
+                      resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED
+                      ) -> tuple[float, Interval | None]:
+    """τ(b) − τ(a) on the same prompts, and its paired bootstrap interval (the same conversations drawn for both)."""
+    cells_a, cells_b = _groups(a, groups), _groups(b, groups)
+    point = _tau(cells_b) - _tau(cells_a)
+    if len(cells_a) < 2:
+        return point, None
+    rng = random.Random(seed)
+    n = len(cells_a)
+    samples = []
+    for _ in range(resamples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        samples.append(_tau([cells_b[i] for i in picks]) - _tau([cells_a[i] for i in picks]))
+    return point, _interval(samples, level)
+
+
+def summary(counter: AcceptanceCounter, interval: Interval | None, prompts: int, conversations: int) -> dict:
+    """The report's row for one set of prompts: pooled counters, both rate definitions and the interval."""
+    return {"prompts": prompts, "conversations": conversations, "num_drafts": counter.drafts,
+            "num_accepted_tokens": counter.accepted, "acceptance_length": counter.acceptance_length,
+            "acceptance_length_interval": interval.to_dict() if interval else None,
+            "per_position_acceptance": counter.per_position, "conditional_acceptance": counter.conditional}
+
+
+def by_category(counters: Sequence[AcceptanceCounter], categories: Sequence[str | None], groups: Sequence[str],
+                k: int) -> dict[str, dict]:
+    """One summary per category, in first-seen order; prompts without a category are grouped as "uncategorised"."""
+    names = ["uncategorised" if c is None else c for c in categories]
+    out: dict[str, dict] = {}
+    for name in dict.fromkeys(names):
+        picked = [i for i, n in enumerate(names) if n == name]
+        cs, gs = [counters[i] for i in picked], [groups[i] for i in picked]
+        out[name] = summary(pooled(cs, k), tau_interval(cs, gs), len(picked), len(set(gs)))
+    return out
