@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("eaglekit.cli.validate", "validate_command", "Find every silent killer in a draft before it ships."),
     "upgrade": ("eaglekit.cli.upgrade", "upgrade_command", "Write a correct, vLLM-ready EAGLE-3.1 (or 3) checkpoint."),
     "verify": ("eaglekit.cli.verify", "verify_command", "Run a real speculative decode against the target."),
+    "compare": ("eaglekit.cli.compare", "compare_command",
+                "Two drafts on the same prompts and target pass: τ difference per category, with intervals."),
     "finetune": ("eaglekit.cli.finetune", "finetune_command",
                  "Train a draft against its target (training-time test), e.g. after upgrade."),
     "push": ("eaglekit.cli.push", "push_command", "Publish vLLM-ready artifacts and a model card to the Hub."),
@@ -26,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 OPTIONAL_MODULES = {"torch": "torch", "transformers": "torch", "accelerate": "torch", "gguf": "torch",
-                    "triton": "triton", "matplotlib": "plot"}
+                    "triton": "triton", "matplotlib": "plot", "pyarrow": "speedbench"}
 """Import name -> the eaglekit extra that installs it."""
 
 

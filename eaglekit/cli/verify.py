@@ -11,6 +11,7 @@ from eaglekit.cli.output import (
     emit_json,
     err,
     format_option,
+    identifier_table,
     int_list,
     key_value_table,
     out,
@@ -181,18 +182,15 @@ def render_profile(profile: dict, path: str) -> None:
     out.print("vLLM speculative-config keys that replay it: " + json.dumps(synthetic), soft_wrap=True)
 
 
-def category_table(categories: dict, title: str = "By category") -> Table:
-    table = Table(title=title, title_justify="left", caption="interval: 95 % bootstrap over conversations",
-                  caption_justify="left")
-    for name, justify in (("category", "left"), ("prompts", "right"), ("τ", "right"), ("95 % interval", "right"),
-                          ("per position", "left"), ("conditional", "left")):
-        table.add_column(name, justify=justify, no_wrap=True)
+def category_rows(categories: dict) -> None:
+    rows = []
     for name, row in categories.items():
         interval = row["acceptance_length_interval"]
-        table.add_row(name, str(row["prompts"]), f"{row['acceptance_length']:.3f}",
-                      f"{interval['low']:.3f} – {interval['high']:.3f}" if interval else "—",
-                      _rates(row["per_position_acceptance"], " "), _rates(row["conditional_acceptance"], " "))
-    return table
+        rows.append([name, str(row["prompts"]), f"{row['acceptance_length']:.3f}",
+                     f"{interval['low']:.3f} – {interval['high']:.3f}" if interval else "—",
+                     _rates(row["per_position_acceptance"], " "), _rates(row["conditional_acceptance"], " ")])
+    identifier_table("By category", ["category", "prompts", "τ", "95 % interval", "per position", "conditional"], rows)
+    out.print("interval: 95 % bootstrap over conversations", style="dim")
 
 
 def _rates(values, sep: str = "  ") -> str:
@@ -240,7 +238,7 @@ def render(doc: dict) -> None:
     out.print()
 
     if doc["categories"]:
-        out.print(category_table(doc["categories"]))
+        category_rows(doc["categories"])
         out.print()
 
     drift = Table(title="Drift per draft depth", title_justify="left")

@@ -175,18 +175,21 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
     return report
 
 
-def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions):
+def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0):
     """(prompt, token ids, the target's own greedy decode) for every prompt and each of its follow-up turns; a
-    follow-up is asked after the target's greedy answer to the turn before, as a served conversation would be."""
+    follow-up is asked after the target's greedy answer to the turn before, as a served conversation would be.
+    `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them)."""
     for index, first in enumerate(prompts.prompts):
         prompt = with_context(first, model.tokenizer, options.context_tokens, index)
         while True:
             ids = encode(prompt, model.tokenizer)
-            plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens, eos_ids=model.eos_token_ids)
+            plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens + lookahead,
+                                  eos_ids=model.eos_token_ids)
             yield prompt, ids, plain
             if not prompt.follow_ups:
                 break
-            prompt = prompt.next_turn(model.tokenizer.decode(plain.tokens, skip_special_tokens=True))
+            answer = plain.tokens[: options.max_new_tokens]
+            prompt = prompt.next_turn(model.tokenizer.decode(answer, skip_special_tokens=True))
 
 
 def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
