@@ -82,6 +82,23 @@ def other_draft_method(architectures: Any) -> str | None:
     return None
 
 
+VLLM_RUNNERS = ("v1", "v2")
+VLLM_V2_FOR_ALL = (0, 33, 0)
+"""vLLM's V2 model runner is the default for every target from 0.33 (0.22–0.32: only for Qwen3ForCausalLM
+targets, as read at 0.22). CPU builds run only V1. The runners capture different aux ids (reference §4.6)."""
+
+
+def vllm_default_runner(version: Version, target_architecture: str | None) -> str:
+    if version >= VLLM_V2_FOR_ALL or (version >= (0, 22, 0) and target_architecture == "Qwen3ForCausalLM"):
+        return "v2"
+    return "v1"
+
+
+def vllm_runner_ids(view: "VllmView", runner: str) -> tuple[int, ...] | None:
+    """The aux ids a runner captures for this draft (vLLM convention); None: it falls back to its default."""
+    return view.top_level_ids if runner == "v2" else view.v1_ids
+
+
 def vllm_rewrite_architecture(arch: str) -> str:
     """EAGLEConfig keeps names that start or end with Eagle3 and prefixes everything else (reference §4.7)."""
     return arch if arch.startswith("Eagle3") or arch.endswith("Eagle3") else "Eagle3" + arch

@@ -15,6 +15,7 @@ class Finding:
     pitfall: str | None = None  # e.g. "P16"
     tensor: str | None = None
     key: str | None = None
+    refuses_load: bool = False  # vLLM's loader raises on the files (what verify's served reading needs)
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: v for k, v in asdict(self).items() if v is not None and k != "refuses_load"}

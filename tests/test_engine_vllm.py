@@ -43,8 +43,8 @@ def _engine_env(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
 
 
-def _both(draft: str) -> dict:
-    result = run_cli(["verify", draft, "--target", smollm2_path(), *RUN])
+def _both(draft: str, *extra: str) -> dict:
+    result = run_cli(["verify", draft, "--target", smollm2_path(), *RUN, *extra])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     jsonschema.validate(doc, json.loads((REPO / "eaglekit" / "schemas" / "verify-report.schema.json").read_text()))
@@ -69,10 +69,15 @@ def test_a_draft_vllm_reads_differently_is_reported_with_both_taus():
     """The bundled SpecForge export writes eagle_config ids in output-of-layer convention; vLLM's V1 runner
     captures them literally, eaglekit reads them +1: both τ are reported, and the reference run with the
     engine's ids reproduces the engine's counters."""
-    doc = _both(str(DRAFTERS / "smollm2-135m-eagle3"))
+    doc = _both(str(DRAFTERS / "smollm2-135m-eagle3"), "--vllm-runner", "v1", "--engine-version", "0.32.0")
     verdict = doc["engine_comparison"]
     assert verdict["verdict"] == "engine reads other aux ids", verdict
     assert verdict["engine_aux_layer_ids"] == [i - 1 for i in verdict["reference_aux_layer_ids"]]
     assert verdict["reference_as_served_acceptance_length"] == doc["engine"]["acceptance_length"]
     assert verdict["engine_acceptance_length"] != verdict["reference_acceptance_length"]
+    # the reference's own model of the installed engine (CPU build: V1 runner) predicts what the engine measured
+    served = doc["served"]
+    assert served["differs"] and served["aux_layer_ids"] == verdict["engine_aux_layer_ids"]
+    assert served["acceptance_length"] == doc["engine"]["acceptance_length"]
+    assert served["per_position_acceptance"] == doc["engine"]["per_position_acceptance"]
 

@@ -58,6 +58,13 @@ def _ids(value: str | None) -> tuple[int, ...] | None:
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
 @click.option("--aux-layer-ids", "aux_layer_ids", help="Override the aux ids (vLLM convention), e.g. 2,15,27.")
+@click.option("--as-eaglekit-reads", is_flag=True,
+              help="Decode only eaglekit's reading of the draft; by default, when vLLM would read the files "
+                   "differently (other aux ids, norm flags, or not at all), they are decoded that way too and both τ "
+                   "are reported.")
+@click.option("--engine-version", help="The vLLM version whose reading is mirrored (default: the latest modelled).")
+@click.option("--vllm-runner", type=click.Choice(["v1", "v2"]),
+              help="vLLM's model runner to mirror (default: that version's default; CPU builds run only v1).")
 @click.option("--diagnose", is_flag=True,
               help="Also score the drafter under competing readings (aux ids +-1, engine default, flipped norm "
                    "flags, fc block orders) on one captured target pass, and name a better one.")
@@ -78,8 +85,9 @@ def _ids(value: str | None) -> tuple[int, ...] | None:
               help="Extra vLLM LLM(...) argument, repeatable (JSON values), e.g. max_model_len=4096.")
 @format_option
 def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, categories, turns, context_tokens, device,
-                   dtype, aux_layer_ids, diagnose, min_acceptance, save_report, profile_out, no_progress, engine,
-                   engine_python, tensor_parallel_size, engine_args, output_format):
+                   dtype, aux_layer_ids, as_eaglekit_reads, engine_version, vllm_runner, diagnose, min_acceptance,
+                   save_report, profile_out, no_progress, engine, engine_python, tensor_parallel_size, engine_args,
+                   output_format):
     """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis."""
     from eaglekit.verify.engine import EngineOptions, parse_engine_args
     from eaglekit.verify.run import VerifyOptions, verify, verify_in_engine
@@ -88,6 +96,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
         num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file, limit=limit,
         context_tokens=context_tokens, device=device, dtype=dtype, aux_layer_ids=_ids(aux_layer_ids),
         diagnose=diagnose, min_acceptance=min_acceptance, engine=engine, categories=tuple(categories), turns=turns,
+        as_eaglekit_reads=as_eaglekit_reads, engine_version=engine_version, vllm_runner=vllm_runner,
         engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
                                      engine_args=parse_engine_args(engine_args)),
     )
@@ -237,6 +246,13 @@ def render(doc: dict) -> None:
     ], title="Result"))
     out.print()
 
+    served = doc["served"]
+    if served is not None:
+        style = "bold yellow" if served["differs"] else "green"
+        out.print(styled(("served as is: ", style), served["message"]))
+        for note in served["silent"]:
+            out.print(styled(("  silently: ", "yellow"), note))
+        out.print()
     if doc["categories"]:
         category_rows(doc["categories"])
         out.print()

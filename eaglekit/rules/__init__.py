@@ -83,7 +83,8 @@ class ValidationReport:
         }
 
 
-def _engines(engine: str, engine_version: str | None) -> dict[str, Version]:
+def checked_engines(engine: str, engine_version: str | None) -> dict[str, Version]:
+    """The engine(s) and version(s) to model; a version older than eaglekit models is a usage error."""
     if engine == "all":
         if engine_version is not None:
             raise UsageError("--engine-version needs a single --engine (vllm or sglang), not all")
@@ -114,7 +115,7 @@ def run_rules(
         raise UsageError(f"unknown rule group(s) {unknown}; known: {', '.join(GROUPS)}")
     if deep and "deep" not in selected:
         selected += ("deep",)
-    versions = _engines(engine, engine_version)
+    versions = checked_engines(engine, engine_version)
     target = target or spec.target
     neutral = RuleContext(spec, target, None, None)
     contexts = {e: RuleContext(spec, target, e, v) for e, v in versions.items()}
@@ -127,7 +128,8 @@ def run_rules(
             continue
         ctx = contexts[r.engine] if r.engine else neutral
         for hit in r.check(ctx):
-            findings.append(Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key))
+            refuses = r.refuses_load if hit.refuses_load is None else hit.refuses_load
+            findings.append(Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key, refuses))
     checked = {e: format_version(v) for e, v in versions.items()} if "engine" in selected else {}
     ran = tuple(g for g in selected if g != "target" or target is not None)
     return ValidationReport(spec.path, findings, ran, checked, fix_command(spec, findings))

@@ -38,14 +38,14 @@ def _default_ids(ctx: RuleContext) -> str:
     return "(2, L//2, L-3)"
 
 
-@rule("EK301", "error", "engine", "P14", "architecture vLLM cannot load", engine=VLLM)
+@rule("EK301", "error", "engine", "P14", "architecture vLLM cannot load", engine=VLLM, refuses_load=True)
 def architecture(ctx: RuleContext):
     if ctx.vllm.problem:
         yield Hit(f"{ctx.vllm.problem}; use LlamaForCausalLMEagle3, Eagle3Qwen3ForCausalLM or "
                   "Eagle3DeepseekV2ForCausalLM", key="architectures")
 
 
-@rule("EK302", "error", "engine", "P29", "model. prefix on tensor names", engine=VLLM)
+@rule("EK302", "error", "engine", "P29", "model. prefix on tensor names", engine=VLLM, refuses_load=True)
 def model_prefix(ctx: RuleContext):
     names = names_in_source(ctx.spec, lambda n: n.startswith("model."))
     if names:
@@ -53,7 +53,7 @@ def model_prefix(ctx: RuleContext):
                   "and fails on model.model.*; strip it")
 
 
-@rule("EK303", "error", "engine", "P2", "midlayer.{i}. names of a multi-layer export", engine=VLLM)
+@rule("EK303", "error", "engine", "P2", "midlayer.{i}. names of a multi-layer export", engine=VLLM, refuses_load=True)
 def midlayer_multi(ctx: RuleContext):
     names = names_in_source(ctx.spec, lambda n: bool(_MIDLAYER_MULTI.match(n)))
     if names:
@@ -61,7 +61,7 @@ def midlayer_multi(ctx: RuleContext):
                   "rename makes them layers.0.{i}., unknown names; rename to layers.{i}.")
 
 
-@rule("EK304", "error", "engine", "P30", "legacy tensor names", engine=VLLM)
+@rule("EK304", "error", "engine", "P30", "legacy tensor names", engine=VLLM, refuses_load=True)
 def legacy_names(ctx: RuleContext):
     names = names_in_source(ctx.spec, lambda n: bool(_LEGACY.search(n)))
     if names:
@@ -82,7 +82,7 @@ def _d2t_with_full_vocab(spec) -> bool:
     return v.has_d2t and v.vocab_size is not None and v.draft_vocab_size == v.vocab_size
 
 
-@rule("EK306", "error", "engine", "P23", "d2t although Vd == V (vLLM >= 0.30)", engine=VLLM)
+@rule("EK306", "error", "engine", "P23", "d2t although Vd == V (vLLM >= 0.30)", engine=VLLM, refuses_load=True)
 def d2t_with_full_vocab(ctx: RuleContext):
     if _d2t_with_full_vocab(ctx.spec) and ctx.version >= VLLM_D2T_OPTIONAL:
         yield Hit(f"d2t is present but Vd == V: {_v(ctx)} has no draft_id_to_target_id parameter then and fails on "
@@ -122,7 +122,7 @@ def ids_eagle_default(ctx: RuleContext):
                   "captures the right layers; a vLLM-ready config writes them", key="eagle_aux_hidden_state_layer_ids")
 
 
-@rule("EK310", "error", "engine", "P11", "vLLM's K disagrees with fc", engine=VLLM)
+@rule("EK310", "error", "engine", "P11", "vLLM's K disagrees with fc", engine=VLLM, refuses_load=True)
 def k_resolved(ctx: RuleContext):
     K = ctx.spec.num_aux_hidden_states
     if K is None or not ctx.spec.facts.fc_in_features or ctx.vllm.model_class is None:
@@ -152,7 +152,7 @@ def version_needed(ctx: RuleContext):
         yield Hit(f"needs vLLM >= {format_version(floor)}: " + "; ".join(why for _, why in needs))
 
 
-@rule("EK313", "error", "engine", "P13", "tensors of another attention kind than the vLLM class", engine=VLLM)
+@rule("EK313", "error", "engine", "P13", "tensors of another attention kind than the vLLM class", engine=VLLM, refuses_load=True)
 def class_attention(ctx: RuleContext):
     view, spec = ctx.vllm, ctx.spec
     if view.model_class is None:
@@ -166,13 +166,13 @@ def class_attention(ctx: RuleContext):
                   key="architectures")
     elif builds == "qwen3" and spec.attention == "llama":
         yield Hit(f"{view.architecture} builds per-head q_norm/k_norm but the draft has none: they stay at 1.0; use "
-                  "LlamaForCausalLMEagle3", key="architectures")
+                  "LlamaForCausalLMEagle3", key="architectures", refuses_load=False)
     else:
         yield Hit(f"{view.architecture} builds {builds} attention but the tensors are {spec.attention} attention",
                   key="architectures")
 
 
-@rule("EK314", "error", "engine", "P14", "EAGLE-1 fc bias", engine=VLLM)
+@rule("EK314", "error", "engine", "P14", "EAGLE-1 fc bias", engine=VLLM, refuses_load=True)
 def fc_bias(ctx: RuleContext):
     cfg = ctx.spec.config
     if "fc.bias" in ctx.spec.tensors:
@@ -249,7 +249,7 @@ def mask_hidden_llama(ctx: RuleContext):
                   tensor="mask_hidden")
 
 
-@rule("EK321", "error", "engine", "P30", "mask_hidden in a class without parallel drafting", engine=VLLM)
+@rule("EK321", "error", "engine", "P30", "mask_hidden in a class without parallel drafting", engine=VLLM, refuses_load=True)
 def mask_hidden_other(ctx: RuleContext):
     if "mask_hidden" in ctx.spec.tensors and ctx.vllm.model_class in ("qwen3", "deepseek"):
         yield Hit(f"mask_hidden is an unknown name to the {ctx.vllm.model_class} eagle3 class; remove it",

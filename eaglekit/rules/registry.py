@@ -26,6 +26,7 @@ class Hit:
     message: str
     tensor: str | None = None
     key: str | None = None
+    refuses_load: bool | None = None  # overrides the rule's own `refuses_load` for this occurrence
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Rule:
     title: str
     engine: str | None = None  # engine rules: the engine whose behaviour they describe
     check: Check | None = field(default=None, repr=False, compare=False)
+    refuses_load: bool = False  # a hit means vLLM's loader raises on these files (not a silent misreading)
 
     def to_dict(self) -> dict:
         return {"code": self.code, "severity": self.severity, "group": self.group, "engine": self.engine,
@@ -80,8 +82,9 @@ class Rule:
 _RULES: dict[str, Rule] = {}
 
 
-def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, engine: str | None = None):
-    """Register a check under a stable code."""
+def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, engine: str | None = None,
+         refuses_load: bool = False):
+    """Register a check under a stable code; `refuses_load`: vLLM will not load a draft this rule hits."""
     if severity not in SEVERITIES or group not in GROUPS:
         raise ValueError(f"rule {code}: bad severity {severity!r} or group {group!r}")
     if (group == "engine") != (engine is not None):
@@ -90,7 +93,7 @@ def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, 
     def register(fn: Check) -> Check:
         if code in _RULES:
             raise ValueError(f"rule code {code} registered twice")
-        _RULES[code] = Rule(code, severity, group, pitfall, title, engine, fn)
+        _RULES[code] = Rule(code, severity, group, pitfall, title, engine, fn, refuses_load)
         return fn
 
     return register

@@ -166,7 +166,7 @@ def fc_norm_missing(ctx: RuleContext):
                   tensor=f"fc_norm.{extra[0]}.weight")
 
 
-@rule("EK111", "error", "structure", "P3", "fc_norm tensors while fc_norm is not true")
+@rule("EK111", "error", "structure", "P3", "fc_norm tensors while fc_norm is not true", refuses_load=True)
 def fc_norm_unflagged(ctx: RuleContext):
     spec = ctx.spec
     ids = spec.facts.fc_norm_tensor_ids

@@ -59,6 +59,7 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)
     engine: dict[str, Any] | None = None  # --engine both: what vLLM measured (eaglekit.verify.engine.EngineRun)
     engine_comparison: dict[str, Any] | None = None
+    served: dict[str, Any] | None = None  # vLLM's reading of the files as they are (eaglekit.verify.run.served_section)
 
     @property
     def exact(self) -> bool:
@@ -173,6 +174,7 @@ class VerifyReport:
                 for o in self.outcomes
             ],
             "notes": list(self.notes),
+            "served": self.served,
         }
         if self.engine is not None:
             doc["engine"] = self.engine

@@ -7,8 +7,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
 from eaglekit.families import apply_target, load_draft
+from eaglekit.rules import checked_engines, fix_command, run_rules
 from eaglekit.spec import DraftSpec
 from eaglekit.target import read_target
 from eaglekit.verify.checks import compatibility_checks, refuse_failures
@@ -20,6 +22,7 @@ from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
 from eaglekit.verify.profile import speculation_profile
 from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
 from eaglekit.verify.report import PromptOutcome, VerifyReport
+from eaglekit.verify.served import ServedReading, served_reading
 from eaglekit.verify.target import TargetModel, load_target
 
 ENGINES = ("reference", "vllm", "both")
@@ -45,6 +48,9 @@ class VerifyOptions:
     warmup: bool = True
     engine: str = "reference"  # reference (eaglekit's decode), vllm (the engine alone) or both, compared
     engine_options: EngineOptions = EngineOptions()
+    as_eaglekit_reads: bool = False  # skip the second decode of the files as vLLM reads them
+    engine_version: str | None = None  # the vLLM version whose reading is mirrored (default: the latest modelled)
+    vllm_runner: str | None = None  # v1 | v2 (default: that version's default runner for the target)
     categories: tuple[str, ...] = ()  # only prompts of these categories (SPEED-Bench's, or a JSONL "category")
     turns: str = "first"  # SPEED-Bench conversations: the first user turn, or every turn after the target's answers
 
@@ -59,6 +65,10 @@ class VerifyOptions:
             raise UsageError("--limit must be at least 1")
         if self.context_tokens < 0:
             raise UsageError("--context-tokens must not be negative")
+        if self.vllm_runner is not None and self.vllm_runner not in VLLM_RUNNERS:
+            raise UsageError(f"--vllm-runner {self.vllm_runner!r}: use one of {', '.join(VLLM_RUNNERS)}")
+        if self.engine_version is not None:
+            checked_engines("vllm", self.engine_version)
 
 
 def resolve_aux_ids(spec: DraftSpec, override: Sequence[int] | None) -> tuple[tuple[int, ...] | None, str]:
@@ -153,6 +163,11 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
 
     flags = {name: bool(getattr(drafter.config, name)) for name in ("fc_norm", "norm_output", "norm_before_fc",
                                                                      "norm_before_residual")}
+    served = None
+    if not options.as_eaglekit_reads and options.aux_layer_ids is None:
+        served = served_section(spec, info, options, flags, aux_ids, counter,
+                           lambda reading: _acceptance(model, make_drafter(_flips(flags, reading.flags)),
+                                                       reading.aux_ids, encoded, k, options.max_new_tokens, eos))
     engine = comparison = None
     if options.engine == "both":
         run = run_vllm(raw.path, target, encoded, k=k, max_new_tokens=options.max_new_tokens, dtype=dtype_name,
@@ -170,7 +185,7 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
         chat_template=bool(getattr(model.tokenizer, "chat_template", None)), checks=checks, counter=counter,
         drift=drift, spec_clock=clock, target_only_s=target_s, spec_tokens=spec_tokens, target_tokens=target_tokens,
         outcomes=outcomes, tie_tolerance=tolerance, diagnosis=conclude(sweep.results()) if sweep else None,
-        min_acceptance=options.min_acceptance, engine=engine, engine_comparison=comparison,
+        min_acceptance=options.min_acceptance, engine=engine, engine_comparison=comparison, served=served,
     )
     return report
 
@@ -190,6 +205,42 @@ def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookah
                 break
             answer = plain.tokens[: options.max_new_tokens]
             prompt = prompt.next_turn(model.tokenizer.decode(answer, skip_special_tokens=True))
+
+
+def _flips(ours: dict[str, bool], served: dict[str, bool]) -> dict[str, bool]:
+    return {name: value for name, value in served.items() if ours.get(name) != value}
+
+
+def served_section(spec: DraftSpec, info, options: VerifyOptions, flags: dict[str, bool], aux_ids: Sequence[int],
+              counter: AcceptanceCounter, decode: Callable[[ServedReading], AcceptanceCounter]) -> dict:
+    """The report's `served` section: vLLM's reading of the files as they are and, where it differs from
+    eaglekit's, τ decoded that way beside τ as eaglekit reads the draft (what `eaglekit upgrade` makes vLLM read)."""
+    reading = served_reading(spec, info, options.engine_version, options.vllm_runner)
+    doc = {**reading.to_dict(), "differs": False, "acceptance_length": None, "per_position_acceptance": None}
+    fix = fix_command(spec, run_rules(spec, target=info, engine="vllm", engine_version=options.engine_version,
+                                      groups=("structure", "target", "engine")).findings)
+    upgraded = f"after `{fix}`" if fix else "as eaglekit reads it"
+    if reading.refusal is not None:
+        doc.update(differs=True, message=f"as served by {reading.engine}: it refuses to load the files "
+                                         f"({reading.refusal}); {upgraded}: τ {counter.acceptance_length:.3f}")
+        return doc
+    differs = tuple(reading.aux_ids) != tuple(aux_ids) or bool(_flips(flags, reading.flags))
+    if not differs:
+        doc["message"] = f"{reading.engine} reads these files as eaglekit does"
+        return doc
+    if len(set(reading.aux_ids)) != len(aux_ids):
+        doc.update(differs=True, message=f"as served by {reading.engine}: it captures {list(reading.aux_ids)}, not "
+                                         f"{len(aux_ids)} distinct states for this draft's fc (not decoded); "
+                                         f"{upgraded}: τ {counter.acceptance_length:.3f}")
+        return doc
+    served = decode(reading)
+    changed = [f"aux ids {list(reading.aux_ids)} (eaglekit: {list(aux_ids)})"] if tuple(reading.aux_ids) != tuple(
+        aux_ids) else []
+    changed += [f"{name}={value}" for name, value in _flips(flags, reading.flags).items()]
+    doc.update(differs=True, acceptance_length=served.acceptance_length, per_position_acceptance=served.per_position,
+               message=f"as served by {reading.engine} ({', '.join(changed)}): τ {served.acceptance_length:.3f}; "
+                       f"{upgraded}: τ {counter.acceptance_length:.3f}")
+    return doc
 
 
 def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
