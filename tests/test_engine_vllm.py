@@ -63,6 +63,12 @@ def test_vllm_counts_what_the_reference_counts_on_an_upgraded_draft(tmp_path):
     assert (engine["num_drafts"], engine["num_accepted_tokens"]) == (doc["num_drafts"], doc["num_accepted_tokens"])
     assert engine["per_position_acceptance"] == doc["per_position_acceptance"]
     assert "auxiliary layers" in engine["aux_layers_log"] and verdict["engine_aux_layer_ids"] == doc["aux_layer_ids"]
+    # vLLM >= 0.29 counts per request too: the reference agrees prompt by prompt, not only in total
+    per_request = engine["per_request"]
+    assert per_request is not None and len(per_request) == len(doc["per_prompt"])
+    assert [r["num_drafts"] for r in per_request] == [p["num_drafts"] for p in doc["per_prompt"]]
+    assert [r["acceptance_length"] for r in per_request] == [p["acceptance_length"] for p in doc["per_prompt"]]
+    assert verdict["prompts_with_other_counters"] == [] and "prompt by prompt" in verdict["message"]
 
 
 def test_a_draft_vllm_reads_differently_is_reported_with_both_taus():

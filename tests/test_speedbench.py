@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from eaglekit.verify.metrics import AcceptanceCounter
-from eaglekit.verify.profile import length_histogram, speculation_profile, vllm_synthetic_config
+from eaglekit.verify.acceptance_profile import length_histogram, speculation_profile, vllm_synthetic_config
 from eaglekit.verify.prompts import read_prompts
 from eaglekit.verify.speedbench import SENTINEL
 from eaglekit.verify.stats import paired_difference, tau_interval

@@ -179,6 +179,9 @@ def render_engine(doc: dict) -> None:
                                ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, "
                                        f"{doc['dtype']}, {doc['prompts']['count']} prompts"),
                                *_engine_rows(doc["engine"])], title="eaglekit verify --engine vllm"))
+    if doc["categories"]:
+        out.print()
+        category_rows(doc["categories"])
 
 
 def render_profile(profile: dict, path: str) -> None:

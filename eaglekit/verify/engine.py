@@ -56,6 +56,7 @@ class EngineRun:
     target_outputs: list[list[int]]  # vLLM's target-only greedy tokens per prompt
     aux_log: str | None  # vLLM's own line naming the aux layers it captures (None: it printed none)
     timings: dict[str, float]  # engine start and generate seconds, tokens/s with and without the draft
+    per_request: list[AcceptanceCounter] | None = None  # vLLM's per-request counters (from 0.29), prompt order
 
     def to_dict(self) -> dict[str, Any]:
         c = self.counter
@@ -63,7 +64,10 @@ class EngineRun:
                 "per_position_acceptance": c.per_position, "num_drafts": c.drafts, "num_draft_tokens": c.draft_tokens,
                 "num_accepted_tokens": c.accepted, "num_accepted_tokens_per_pos": list(c.accepted_at),
                 "lossless": self.lossless, "mismatched_prompts": self.mismatched_prompts,
-                "aux_layers_log": self.aux_log, "timings": {k: round(v, 3) for k, v in self.timings.items()}}
+                "aux_layers_log": self.aux_log, "timings": {k: round(v, 3) for k, v in self.timings.items()},
+                "per_request": None if self.per_request is None else [
+                    {"acceptance_length": c.acceptance_length, "num_drafts": c.drafts,
+                     "num_accepted_tokens_per_pos": list(c.accepted_at)} for c in self.per_request]}
 
 
 def parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
@@ -140,5 +144,8 @@ def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: in
     timings = {"target_init_s": plain["init_s"], "target_generate_s": plain["generate_s"],
                "spec_init_s": spec["init_s"], "spec_generate_s": spec["generate_s"],
                "tokens_per_s_spec": rate(spec), "tokens_per_s_target": rate(plain)}
+    histograms = spec.get("per_request")
+    per_request = ([AcceptanceCounter.from_histogram(h) for h in histograms]
+                   if histograms and all(h is not None for h in histograms) else None)
     return EngineRun("vllm", spec["vllm_version"], counter, not mismatched, mismatched, plain["tokens"],
-                     found[-1].strip() if found else None, timings)
+                     found[-1].strip() if found else None, timings, per_request)

@@ -32,6 +32,13 @@ class AcceptanceCounter:
         for i in range(accepted):
             self.accepted_at[i] += 1
 
+    @classmethod
+    def from_histogram(cls, histogram: list[int]) -> "AcceptanceCounter":
+        """Counters from rounds per accepted-draft count j = 0..k (vLLM's per-request acceptance_histogram)."""
+        k = len(histogram) - 1
+        return cls(k, drafts=sum(histogram), accepted=sum(j * n for j, n in enumerate(histogram)),
+                   accepted_at=[sum(histogram[i + 1:]) for i in range(k)])
+
     def merge(self, other: "AcceptanceCounter") -> None:
         if other.k != self.k:
             raise ValueError(f"cannot merge counters for k={other.k} and k={self.k}")

@@ -13,7 +13,7 @@ from eaglekit.verify.checks import Check
 from eaglekit.verify.decode import Clock
 from eaglekit.verify.diagnose import Diagnosis
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.profile import speculation_profile
+from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.stats import Interval, by_category, tau_interval
 
 

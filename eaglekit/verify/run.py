@@ -19,10 +19,11 @@ from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.engine import EngineOptions, EngineRun, check_engine_available, run_vllm
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.profile import speculation_profile
+from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
 from eaglekit.verify.report import PromptOutcome, VerifyReport
 from eaglekit.verify.served import ServedReading, served_reading
+from eaglekit.verify.stats import by_category, tau_interval
 from eaglekit.verify.target import TargetModel, load_target
 
 ENGINES = ("reference", "vllm", "both")
@@ -173,11 +174,12 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
         run = run_vllm(raw.path, target, encoded, k=k, max_new_tokens=options.max_new_tokens, dtype=dtype_name,
                        opts=options.engine_options)
         engine = run.to_dict()
-        served = engine_aux_ids(run, info)
-        as_served = None
-        if served is not None and tuple(served) != tuple(aux_ids):
-            as_served = _acceptance(model, drafter, served, encoded, k, options.max_new_tokens, eos)
-        comparison = compare_engine(counter, run, aux_ids, served, as_served, target_outputs)
+        engine_ids = engine_aux_ids(run, info)
+        rerun = None
+        if engine_ids is not None and tuple(engine_ids) != tuple(aux_ids):
+            rerun = _acceptance(model, drafter, engine_ids, encoded, k, options.max_new_tokens, eos)
+        comparison = compare_engine(counter, run, aux_ids, engine_ids, rerun, target_outputs,
+                                    [o.counter for o in outcomes])
     report = VerifyReport(
         draft=raw.path, target=target, eagle_version=spec.eagle_version, flags=flags, aux_layer_ids=list(aux_ids),
         aux_layer_ids_source=aux_source, num_speculative_tokens=k, max_new_tokens=options.max_new_tokens,
@@ -268,15 +270,21 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     dtype = options.dtype if options.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
     run = run_vllm(raw.path, target, encoded, k=options.num_speculative_tokens, max_new_tokens=options.max_new_tokens,
                    dtype=dtype, opts=options.engine_options)
+    groups = [p.conversation or p.name for p in prompts.prompts]
+    interval = tau_interval(run.per_request, groups) if run.per_request else None
+    categories = (by_category(run.per_request, [p.category for p in prompts.prompts], groups,
+                              options.num_speculative_tokens)
+                  if run.per_request and any(p.category is not None for p in prompts.prompts) else None)
     return {"draft": raw.path, "target": target, "eagle_version": spec.eagle_version,
             "num_speculative_tokens": options.num_speculative_tokens, "max_new_tokens": options.max_new_tokens,
             "dtype": dtype, "prompts": {"name": prompts.name, "count": len(encoded),
                                         "context_tokens": options.context_tokens},
             "eaglekit_aux_layer_ids": list(aux_ids), "engine_aux_layer_ids": list(engine_aux_ids(run, info) or []),
-            "engine": run.to_dict(),
+            "engine": run.to_dict(), "acceptance_length_interval": interval.to_dict() if interval else None,
+            "categories": categories,
             "speculation_profile": speculation_profile(
-                run.counter, per_request=[], draft=raw.path, target=target, eagle_version=spec.eagle_version,
-                per_category=None, conditions={"engine": f"vLLM {run.version}", "dataset": prompts.name,
+                run.counter, per_request=[c.acceptance_length for c in run.per_request or [] if c.drafts],
+                draft=raw.path, target=target, eagle_version=spec.eagle_version, per_category=categories, conditions={"engine": f"vLLM {run.version}", "dataset": prompts.name,
                                                "prompts": len(encoded), "context_tokens": options.context_tokens,
                                                "max_new_tokens": options.max_new_tokens, "sampling": "greedy",
                                                "dtype": dtype})}
@@ -309,16 +317,19 @@ def _counts(c: AcceptanceCounter) -> tuple[int, int, tuple[int, ...]]:
 
 def compare_engine(reference: AcceptanceCounter, run: EngineRun, aux_ids: Sequence[int],
                    served: Sequence[int] | None, as_served: AcceptanceCounter | None,
-                   target_outputs: Sequence[Sequence[int]]) -> dict:
+                   target_outputs: Sequence[Sequence[int]], per_prompt: Sequence[AcceptanceCounter] = ()) -> dict:
     """The verdict of --engine both: do vLLM's counters equal the reference's, and if not, is it the ids?
-    Counters compare only when both engines' targets decoded the same text (in float32 they do)."""
-    same = _counts(reference) == _counts(run.counter)
+    Counters compare only when both engines' targets decoded the same text (in float32 they do). Where vLLM
+    reports per-request counters, agreement means every prompt's counters agree, not only the totals."""
+    differing = (None if run.per_request is None or len(run.per_request) != len(per_prompt) else
+                 [i for i, (a, b) in enumerate(zip(per_prompt, run.per_request)) if _counts(a) != _counts(b)])
+    same = _counts(reference) == _counts(run.counter) and not differing
     diverged = [i for i, (a, b) in enumerate(zip(target_outputs, run.target_outputs)) if list(a) != list(b)]
     doc = {"counters_equal": same, "reference_acceptance_length": reference.acceptance_length,
            "engine_acceptance_length": run.counter.acceptance_length, "reference_aux_layer_ids": list(aux_ids),
            "engine_aux_layer_ids": list(served) if served is not None else None,
            "reference_as_served_acceptance_length": as_served.acceptance_length if as_served else None,
-           "target_outputs_differ": diverged}
+           "target_outputs_differ": diverged, "prompts_with_other_counters": differing}
     if diverged and not same:
         doc.update(verdict="different decodes",
                    message=f"vLLM {run.version}'s target alone decodes other tokens than the reference's on prompt(s) "
@@ -326,7 +337,8 @@ def compare_engine(reference: AcceptanceCounter, run: EngineRun, aux_ids: Sequen
                            "float32")
     elif same:
         doc.update(verdict="agree", message=f"vLLM {run.version} and the reference count the same drafts and "
-                                            "accepted tokens at every position")
+                                            "accepted tokens at every position"
+                                            + (", prompt by prompt" if differing is not None else ""))
     elif as_served is not None and _counts(as_served) == _counts(run.counter):
         doc.update(verdict="engine reads other aux ids",
                    message=f"as served by vLLM {run.version}: τ {run.counter.acceptance_length:.3f} (it captures "

@@ -12,8 +12,12 @@ reads which aux layers the engine captured.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+
+if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]  # this folder holds eaglekit modules whose names could shadow the standard library's
 
 COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -21,6 +25,7 @@ COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens": "accepted",
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+PER_REQUEST = "per_request_spec_decode_metrics"  # an LLM(...) argument from vLLM 0.29
 
 
 def _metrics(llm) -> dict:
@@ -33,6 +38,12 @@ def _metrics(llm) -> dict:
             previous = out.get("accepted_per_position", [0] * len(values))
             out["accepted_per_position"] = [a + b for a, b in zip(previous, values)]
     return out
+
+
+def _histogram(output) -> list[int] | None:
+    """Rounds per accepted-draft count of one request (None: this vLLM has no per-request metrics)."""
+    metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
+    return list(metrics.to_dict()["acceptance_histogram"]) if metrics is not None else None
 
 
 def main(request_path: str, result_path: str) -> None:
@@ -48,6 +59,12 @@ def main(request_path: str, result_path: str) -> None:
     if request.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": request["draft"],
                                         "num_speculative_tokens": request["k"]}
+        from dataclasses import fields
+
+        from vllm.engine.arg_utils import EngineArgs
+
+        if PER_REQUEST in {f.name for f in fields(EngineArgs)}:
+            kwargs.setdefault(PER_REQUEST, "summary")
     started = time.perf_counter()
     llm = LLM(**kwargs)
     ready = time.perf_counter()
@@ -58,6 +75,7 @@ def main(request_path: str, result_path: str) -> None:
         "vllm_version": vllm.__version__,
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "metrics": _metrics(llm) if request.get("draft") else {},
+        "per_request": [_histogram(o) for o in outputs] if request.get("draft") else None,
         "init_s": ready - started,
         "generate_s": done - ready,
     }
