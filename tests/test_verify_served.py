@@ -91,3 +91,11 @@ def test_bad_runner_and_version_are_usage_errors(tmp_path, target):
     for args, expected in ((["--vllm-runner", "v3"], "v3"), (["--engine-version", "0.1"], "0.1")):
         result = run_cli(["verify", path, "--target", target, *args])
         assert result.exit_code == 2 and expected in result.stderr
+
+
+def test_a_missing_d2t_is_decoded_as_vllm_maps_it(tmp_path, target):
+    path = draft(tmp_path, layout="vllm", drop=("d2t", "t2d"))
+    doc = verify(path, "--target", target)
+    check = next(c for c in doc["checks"] if c["name"] == "d2t")
+    assert check["status"] == "warn" and "target id i" in check["message"]
+    assert any("no d2t" in note for note in doc["served"]["silent"])

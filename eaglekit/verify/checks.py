@@ -100,7 +100,9 @@ def _d2t(spec: DraftSpec, target: TargetInfo) -> Check | None:
     if not Vd or Vd >= V:
         return None
     if "d2t" not in spec.tensors:
-        return Check("d2t", "fail", f"draft vocabulary Vd={Vd} < V={V} but the draft has no d2t map (P4)")
+        return Check("d2t", "warn", f"draft vocabulary Vd={Vd} < V={V} but the draft has no d2t map (P4): vLLM "
+                                    "silently maps draft id i to target id i, and so does this decode; the trained "
+                                    "map is lost")
     ids = np.arange(Vd) + read_array(spec, "d2t").astype(np.int64).reshape(-1)[:Vd]
     if ids.min() < 0 or ids.max() >= V:
         return Check("d2t", "fail", f"d2t maps draft ids outside the target vocabulary [0, {V})")

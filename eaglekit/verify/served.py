@@ -57,6 +57,9 @@ def served_reading(spec: DraftSpec, target: TargetInfo, version: str | None = No
     missing = [k for k in range(K) if k not in set(spec.facts.fc_norm_tensor_ids)]
     if view.fc_norm and missing:
         silent.append(f"fc_norm runs with all-ones weights for aux state(s) {missing} (no fc_norm.*.weight)")
+    Vd = spec.vocab.draft_vocab_size
+    if Vd and Vd < target.vocab_size and not spec.vocab.has_d2t:
+        silent.append(f"maps draft id i to target id i (no d2t, Vd={Vd} < V={target.vocab_size})")
     if not ids:
         silent.append(f"captures its default aux ids {list(target.default_aux_ids)}: the draft names none it reads")
     return ServedReading(engine, tuple(sorted(ids or target.default_aux_ids)), source, flags, refusal, silent)
