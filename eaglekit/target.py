@@ -46,8 +46,13 @@ def _strings(value, key: str, cfg_path: str) -> tuple[str, ...] | None:
     return tuple(value)
 
 
+def target_config_path(path: str) -> str:
+    """A target is given as its model folder or its config.json."""
+    return path if path.endswith(".json") else os.path.join(path, "config.json")
+
+
 def read_target(path: str) -> TargetInfo:
-    cfg_path = path if path.endswith(".json") else os.path.join(path, "config.json")
+    cfg_path = target_config_path(path)
     if not os.path.lexists(cfg_path):
         raise CheckpointError("target config not found (give a model directory or its config.json)", cfg_path)
     check_inside(cfg_path, symlink_root(os.path.dirname(os.path.abspath(cfg_path))), cfg_path)

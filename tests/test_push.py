@@ -38,6 +38,21 @@ VERIFY_REPORT = {
 }
 
 
+def measured(draft: str, *, name_or_path: str | None = None) -> dict:
+    """The `measured` block verify writes for `draft`, from hashlib over the draft's own files."""
+    index = os.path.join(draft, "model.safetensors.index.json")
+    shards = set(json.load(open(index))["weight_map"].values()) if os.path.exists(index) else {"model.safetensors"}
+    names = sorted(shards | {"config.json"} | ({"model.safetensors.index.json"} if os.path.exists(index) else set()))
+    files = {n: "sha256:" + hashlib.sha256(open(os.path.join(draft, n), "rb").read()).hexdigest() for n in names}
+    return {"draft_files": files, "target": {"name_or_path": name_or_path, "folder": "target",
+                                             "config_sha256": "sha256:" + "1" * 64}}
+
+
+def write_report(path, draft: str, **fields) -> str:
+    path.write_text(json.dumps({**VERIFY_REPORT, "measured": measured(draft), **fields}))
+    return str(path)
+
+
 @pytest.fixture
 def draft_dir(tmp_path) -> str:
     """A sharded vLLM-layout EAGLE-3.1 Llama draft, plus the clutter a training run leaves next to it."""
@@ -155,9 +170,8 @@ def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
 
 def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", fake_hub.token)
-    report = tmp_path / "verify.json"
-    report.write_text(json.dumps(VERIFY_REPORT))
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", str(report),
+    report = write_report(tmp_path / "verify.json", draft_dir)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", report,
                              "--private", "--endpoint", fake_hub.endpoint, "--format", "json")
     assert code == 0, err
     doc = json.loads(out)
@@ -172,8 +186,35 @@ def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, 
                 "| Acceptance rate per draft position | 0.80, 0.60, 0.41 |", "| Speedup | 2.01× |",
                 "| Prompts | mt-bench (80) |", "| Device | NVIDIA H200 |", "| Tokens/s with the draft | 120.5 |"):
         assert row in readme
-    assert json.loads(repo.files()["eaglekit.json"])["verify"] == VERIFY_REPORT
+    assert json.loads(repo.files()["eaglekit.json"])["verify"] == {**VERIFY_REPORT, "measured": measured(draft_dir)}
+    assert "| Target measured | a local copy in a folder named target (config.json 111111111111…) |" in readme
+    assert "measured on other files" not in readme
     assert fake_hub.token not in out + err
+
+
+def test_a_report_of_other_files_is_refused_unless_forced(fake_hub, draft_dir, rules, tmp_path, capsys):
+    bound = json.loads(open(write_report(tmp_path / "bound.json", draft_dir)).read())
+    other = dict(bound["measured"]["draft_files"])
+    other["config.json"] = "sha256:" + "0" * 64
+    cases = {
+        "other": ({**bound, "measured": {**bound["measured"], "draft_files": other}},
+                  "config.json differs from the file the report measured"),
+        "unbound": ({k: v for k, v in bound.items() if k != "measured"}, "does not record which files it measured"),
+        "other target": ({**bound, "measured": {**bound["measured"], "target": {
+            "name_or_path": "other-org/Other-Model", "folder": "x", "config_sha256": "sha256:" + "2" * 64}}},
+            "measured against other-org/Other-Model, not " + TARGET),
+    }
+    for name, (report, expected) in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(report))
+        code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", str(path),
+                                 "--dry-run")
+        assert code == 1 and err.count("\n") == 1 and expected in err and "--force" in err, (name, err)
+        code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", str(path),
+                                 "--dry-run", "--force", "--format", "json")
+        assert code == 0, err
+        card = json.loads(out)["card"]
+        assert "Warning: these figures were measured on other files" in card and expected in card
 
 
 def test_token_only_travels_in_the_authorization_header(fake_hub, draft_dir, rules, capsys):
@@ -285,7 +326,8 @@ def test_malformed_report_is_one_line(fake_hub, draft_dir, rules, tmp_path, caps
                                           ("tokens_per_s_spec", "fast")])
 def test_a_report_that_would_make_the_card_lie_is_refused(fake_hub, draft_dir, rules, tmp_path, capsys, field, value):
     report = tmp_path / "verify.json"
-    report.write_text(json.dumps({"lossless": True, "acceptance_length": 1.8, field: value}))
+    report.write_text(json.dumps({"lossless": True, "acceptance_length": 1.8, "measured": measured(draft_dir),
+                                  field: value}))
     code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--report", str(report), "--dry-run")
     assert code == 1 and field in err and err.count("\n") == 1
 

@@ -179,3 +179,20 @@ def test_without_vllm_the_engine_is_one_line_before_any_decode(tmp_path, monkeyp
     result = run(["verify", draft, "--target", make_target_config(str(tmp_path / "t")), "--engine", engine])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "EAGLEKIT_VLLM_PYTHON" in result.stderr
+
+
+def test_push_takes_the_report_of_these_files_and_refuses_it_once_they_change(env, tmp_path):
+    draft = make_draft(str(tmp_path / "draft"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=512, aux_ids=(1, 2, 3),
+                       target_layers=4)
+    saved = tmp_path / "report.json"
+    result = run(["verify", draft, "--target", env["target"], "--save-report", str(saved), *FAST])
+    assert result.exit_code == 0, result.output
+    measured = json.loads(saved.read_text())["measured"]
+    assert set(measured["draft_files"]) == {"config.json", "model.safetensors"}
+    pushed = run(["push", draft, "--repo-id", "org/draft", "--report", str(saved), "--dry-run"])
+    assert pushed.exit_code == 0, pushed.output
+    assert "measured on other files" not in pushed.stdout
+    with open(os.path.join(draft, "config.json"), "a") as fh:
+        fh.write("\n")  # the same config, other bytes: the report no longer describes these files
+    refused = run(["push", draft, "--repo-id", "org/draft", "--report", str(saved), "--dry-run"])
+    assert refused.exit_code == 1 and "config.json differs from the file the report measured" in refused.output

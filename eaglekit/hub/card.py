@@ -95,8 +95,10 @@ def build_card(
     findings: Sequence[Finding] = (),
     validated: bool = True,
     forced: bool = False,
+    report_mismatches: Sequence[str] = (),
 ) -> str:
-    """Return README.md text: YAML front matter, then the body. `forced`: pushed despite error findings."""
+    """Return README.md text: YAML front matter, then the body. `forced`: pushed despite error findings;
+    `report_mismatches`: why the verify report describes other files (pushed with --force)."""
     from huggingface_hub import ModelCardData
 
     target = target or recorded_target(spec)
@@ -119,7 +121,7 @@ def build_card(
         _warm_start_notice(spec),
         _draft_table(spec, target),
         _serving(spec, repo_id, target),
-        _verify_section(report) if report else "",
+        _verify_section(report, report_mismatches) if report else "",
         _validation_section(findings, validated),
         _provenance_section(spec),
         _citations(spec),
@@ -232,7 +234,7 @@ def _number(value: Any, digits: int = 2) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
 
 
-def _verify_section(report: Mapping[str, Any]) -> str:
+def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = ()) -> str:
     rows = []
     if "lossless" in report:
         rows.append(("Lossless (greedy output identical to the target's)", "yes" if report["lossless"] else "**no**"))
@@ -256,8 +258,16 @@ def _verify_section(report: Mapping[str, Any]) -> str:
     for key, label in (("dtype", "dtype"), ("device", "Device")):
         if key in report:
             rows.append((label, str(report[key])))
+    measured = report.get("measured") if isinstance(report.get("measured"), Mapping) else {}
+    target = measured.get("target") if isinstance(measured.get("target"), Mapping) else {}
+    if target:
+        origin = target.get("name_or_path") or f"a local copy in a folder named {target.get('folder')}"
+        rows.append(("Target measured", f"{origin} (config.json {str(target.get('config_sha256', ''))[7:19]}…)"))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    return f"## Verification\n\nMeasured with `eaglekit verify` against the target.\n\n| | |\n|---|---|\n{table}\n"
+    warning = ("> **Warning: these figures were measured on other files** than the ones published "
+               f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
+    return (f"## Verification\n\n{warning}Measured with `eaglekit verify` against the target.\n\n| | |\n|---|---|\n"
+            f"{table}\n")
 
 
 def _validation_section(findings: Sequence[Finding], validated: bool) -> str:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from eaglekit import __version__
+from eaglekit.config_view import REPO_ID
 from eaglekit.errors import CheckpointError, EaglekitError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
@@ -37,7 +38,7 @@ HUB_ENDPOINTS = ("https://huggingface.co", "https://hub-ci.huggingface.co")  # s
 MANIFEST_NAME = "eaglekit.json"
 VERIFY_FIELDS = (
     "lossless", "acceptance_length", "per_position_acceptance", "num_speculative_tokens",
-    "tokens_per_s_spec", "tokens_per_s_target", "prompts", "dtype", "device",
+    "tokens_per_s_spec", "tokens_per_s_target", "prompts", "dtype", "device", "measured",
 )
 # huggingface_hub retries preupload, LFS batch and LFS PUT itself, but not create_repo or the commit POST.
 TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
@@ -137,10 +138,16 @@ def push(
         raise EaglekitError(f"refusing to push an untrained warm start ({warm_start}): it accepts fewer tokens than "
                             "its source; run `eaglekit finetune DRAFT OUT --target TARGET` first, or pass --force "
                             "(the card then says so)", draft_dir)
-    forced = bool(errors) or bool(warm_start)
     target = target or recorded_target(spec)
+    unbound = report_mismatches(report, spec, target) if report is not None else []
+    if unbound and not force:
+        raise EaglekitError(f"refusing to put this verify report in the card: {unbound[0]}; rerun `eaglekit verify` "
+                            "on these files, or pass --force (the card then says the figures are for other files)",
+                            draft_dir)
+    forced = bool(errors) or bool(warm_start) or bool(unbound)
     warnings = [] if target else ["no target model known: pass --target so the card's serve commands name it"]
-    card = build_card(spec, repo_id, target=target, report=report, findings=findings, validated=validated, forced=forced)
+    card = build_card(spec, repo_id, target=target, report=report, findings=findings, validated=validated, forced=forced,
+                      report_mismatches=unbound)
     manifest = _manifest(spec, target, report, findings, validated, forced)
     sources = _upload_sources(spec, card, manifest)
     endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
@@ -156,6 +163,25 @@ def push(
     message = commit_message or f"Upload {version} draft (eaglekit {__version__})"
     _upload(result, sources, message, _resolve_token(token))
     return result
+
+
+def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: str | None) -> list[str]:
+    """Why a verify report does not describe the files being pushed (or the target the card names); empty: it does."""
+    from eaglekit.upgrade.provenance import hash_files, source_files
+
+    measured = report.get("measured")
+    if not isinstance(measured, Mapping) or not isinstance(measured.get("draft_files"), Mapping):
+        return ["the report does not record which files it measured (it predates report binding)"]
+    ours = hash_files(spec.path, source_files(spec))
+    theirs = dict(measured["draft_files"])
+    problems = [f"{name} differs from the file the report measured" for name in sorted(ours)
+                if name in theirs and theirs[name] != ours[name]]
+    problems += [f"the report measured no {name}" for name in sorted(set(ours) - set(theirs))]
+    problems += [f"the report measured {name}, which is not in the draft" for name in sorted(set(theirs) - set(ours))]
+    origin = (measured.get("target") or {}).get("name_or_path") if isinstance(measured.get("target"), Mapping) else None
+    if target and isinstance(origin, str) and REPO_ID.match(origin) and origin != target:
+        problems.append(f"it was measured against {origin}, not {target}")
+    return problems
 
 
 def check_repo_id(repo_id: str) -> None:

@@ -60,6 +60,7 @@ class VerifyReport:
     engine: dict[str, Any] | None = None  # --engine both: what vLLM measured (eaglekit.verify.engine.EngineRun)
     engine_comparison: dict[str, Any] | None = None
     served: dict[str, Any] | None = None  # vLLM's reading of the files as they are (eaglekit.verify.run.served_section)
+    measured: dict[str, Any] | None = None  # SHA-256 of the draft's files and the target's identity (push checks them)
 
     @property
     def exact(self) -> bool:
@@ -175,6 +176,7 @@ class VerifyReport:
             ],
             "notes": list(self.notes),
             "served": self.served,
+            "measured": self.measured,
         }
         if self.engine is not None:
             doc["engine"] = self.engine

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -188,6 +189,7 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
         drift=drift, spec_clock=clock, target_only_s=target_s, spec_tokens=spec_tokens, target_tokens=target_tokens,
         outcomes=outcomes, tie_tolerance=tolerance, diagnosis=conclude(sweep.results()) if sweep else None,
         min_acceptance=options.min_acceptance, engine=engine, engine_comparison=comparison, served=served,
+        measured=measured_files(raw, info),
     )
     return report
 
@@ -207,6 +209,17 @@ def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookah
                 break
             answer = plain.tokens[: options.max_new_tokens]
             prompt = prompt.next_turn(model.tokenizer.decode(answer, skip_special_tokens=True))
+
+
+def measured_files(spec: DraftSpec, info) -> dict:
+    """Which bytes this report describes: SHA-256 of every draft file, and the target's identity (its recorded
+    origin and config hash); `push --report` refuses a report that measured other files."""
+    from eaglekit.upgrade.provenance import hash_files, sha256_file, source_files
+
+    return {"draft_files": hash_files(spec.path, source_files(spec)),
+            "target": {"name_or_path": info.name_or_path,
+                       "folder": os.path.basename(os.path.dirname(os.path.abspath(info.path))),
+                       "config_sha256": sha256_file(info.path)}}
 
 
 def _flips(ours: dict[str, bool], served: dict[str, bool]) -> dict[str, bool]:
