@@ -1,6 +1,7 @@
 """The package's public names resolve lazily, and importing eaglekit never imports torch."""
 
 import importlib
+import json
 import subprocess
 import sys
 
@@ -111,3 +112,22 @@ def test_a_mistyped_command_names_the_closest_one():
     result = run_cli(["inspec", "x"])
     assert result.exit_code == 2 and "Did you mean 'inspect'?" in result.stderr
     assert "Commands: inspect" in run_cli(["zzz"]).stderr
+
+
+def test_a_failure_under_format_json_is_also_a_json_document(tmp_path):
+    from importlib import resources
+
+    import jsonschema
+
+    schema = json.loads(resources.files("eaglekit").joinpath("schemas", "error.schema.json").read_text())
+    cases = [(["inspect", str(tmp_path / "missing"), "--format", "json"], 1, "CheckpointError"),
+             (["verify", "draft", "--format=json"], 2, "UsageError")]
+    for args, code, kind in cases:
+        result = run_cli(args)
+        assert result.exit_code == code
+        doc = json.loads(result.stdout)
+        jsonschema.validate(doc, schema)
+        assert doc["error"]["type"] == kind and doc["error"]["exit_code"] == code
+        assert result.stderr.strip().splitlines()[-1] == "Error: " + doc["error"]["message"]
+    plain = run_cli(["inspect", str(tmp_path / "missing")])
+    assert plain.stdout == "" and plain.exit_code == 1

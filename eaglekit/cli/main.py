@@ -94,6 +94,25 @@ def _safe_streams() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+def _wants_json(args: list[str]) -> bool:
+    return "--format=json" in args or any(a == "--format" and b == "json" for a, b in zip(args, args[1:]))
+
+
+def _emit_error(line: str, exit_code: int, kind: str) -> None:
+    """Under --format json a failure is also a JSON document on stdout (schemas/error.schema.json)."""
+    import json
+
+    message = line[len("Error: "):] if line.startswith("Error: ") else line
+    click.echo(json.dumps({"error": {"type": kind, "message": message, "exit_code": exit_code}}))
+
+
+def _fail(line: str, exit_code: int, kind: str, args: list[str]) -> None:
+    if _wants_json(args):
+        _emit_error(line, exit_code, kind)
+    click.echo(line, err=True)
+    sys.exit(exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: expected failures become one line on stderr (exit 1, usage 2); EAGLEKIT_DEBUG=1 re-raises.
 
@@ -110,12 +129,13 @@ def main(argv: list[str] | None = None) -> None:
     except EaglekitError as exc:
         if debug:
             raise
-        click.echo(one_line(f"Error: {exc}", args), err=True)
-        sys.exit(exc.exit_code)
+        _fail(one_line(f"Error: {exc}", args), exc.exit_code, type(exc).__name__, args)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)
     except click.ClickException as exc:
+        if _wants_json(args):
+            _emit_error(one_line(f"Error: {exc.format_message()}", args), exc.exit_code, "UsageError")
         exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
@@ -127,15 +147,13 @@ def main(argv: list[str] | None = None) -> None:
         module = (exc.name or "").split(".")[0]
         if module not in OPTIONAL_MODULES or os.environ.get("EAGLEKIT_DEBUG") == "1":
             raise
-        click.echo(f"Error: this command needs {module}, which is not installed: "
-                   f"pip install 'eaglekit[{OPTIONAL_MODULES[module]}]'", err=True)
-        sys.exit(1)
+        _fail(f"Error: this command needs {module}, which is not installed: "
+              f"pip install 'eaglekit[{OPTIONAL_MODULES[module]}]'", 1, "MissingDependency", args)
     except Exception as exc:  # a bug or an input nothing anticipated: still one line
         if debug:
             raise
         detail = str(exc).splitlines()[0][:300] if str(exc) else ""
-        click.echo(one_line(f"Error: internal error ({type(exc).__name__}: {detail}); "
-                            "rerun with EAGLEKIT_DEBUG=1 for the traceback", args), err=True)
-        sys.exit(1)
+        _fail(one_line(f"Error: internal error ({type(exc).__name__}: {detail}); "
+                       "rerun with EAGLEKIT_DEBUG=1 for the traceback", args), 1, "InternalError", args)
     if isinstance(rv, int) and rv:  # non-standalone Click returns ctx.exit(n)'s code instead of raising
         sys.exit(rv)
