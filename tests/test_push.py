@@ -151,7 +151,7 @@ def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
     assert readme == result.card and readme in fake_hub.validated_cards
     meta = card_data(readme)
     assert meta["base_model"] == TARGET
-    assert meta["pipeline_tag"] == "text-generation" and meta["library_name"] == "transformers"
+    assert "pipeline_tag" not in meta and "library_name" not in meta  # no Hub snippet that cannot run a draft
     assert {"eagle3", "eagle3.1", "speculative-decoding", "draft-model", "vllm", "eaglekit", "arxiv:2503.01840"} <= set(meta["tags"])
     assert (f"vllm serve {TARGET} --speculative-config "
             f"'{{\"model\": \"{REPO}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'") in readme
@@ -463,9 +463,40 @@ def test_card_of_a_converted_draft_names_its_source(tmp_path):
     meta = card_data(card)
     assert meta["base_model"] == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" and meta["base_model_relation"] == "finetune"
     assert f"vllm serve {TARGET} " in card
-    for text in ("Converted from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`]", "- Source family: `eagle`",
-                 "- Options: `calibrate=True`", "- renamed midlayer.* to layers.0.*"):
+    for text in ("Converted from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`]",
+                 "from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`](https://huggingface.co/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), "
+                 "eagle layout", "  - options: `calibrate=True`", "  - renamed midlayer.* to layers.0.*"):
         assert text in card
+
+
+def test_the_card_names_no_local_path_and_reads_provenance_as_text(tmp_path):
+    inner = {"version": "0.1.0", "command": "upgrade", "source": "/home/me/ckpts/specforge-out", "source_family":
+             "specforge", "summary": "EAGLE-3.1 warm start", "options": {"fc_norm": True, "dtype": None},
+             "source_files": {"model.safetensors": "sha256:" + "a" * 64}}
+    outer = {"version": "0.1.0", "command": "finetune", "source": "/home/me/work/upgraded", "source_provenance": inner,
+             "summary": "trained 100 steps", "options": {"steps": 100, "resume": False}}
+    spec = load_draft(make_draft(str(tmp_path / "d"), "vllm", config_patch={"eaglekit": outer}))
+    card = build_card(spec, REPO, target=TARGET, license="apache-2.0")
+    assert "/home/me" not in card and "```json" not in card
+    assert card_data(card)["license"] == "apache-2.0"
+    assert ("- `eaglekit finetune` (eaglekit 0.1.0) from a local folder named `upgraded`: trained 100 steps"
+            in card)
+    assert "- `eaglekit upgrade` (eaglekit 0.1.0) from a local folder named `specforge-out`, specforge layout" in card
+    assert "  - options: `steps=100`\n" in card and "  - options: `fc_norm=True`\n" in card
+    assert "`model.safetensors` aaaaaaaaaaaa…" in card
+
+
+def test_license_options(fake_hub, draft_dir, rules, capsys):
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--dry-run", "--format", "json",
+                             "--license", "other", "--license-link", "https://example.com/LICENSE")
+    assert code == 0, err
+    meta = card_data(json.loads(out)["card"])
+    assert (meta["license"], meta["license_link"], meta["license_name"]) == ("other", "https://example.com/LICENSE",
+                                                                          "LICENSE")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--dry-run", "--format", "json")
+    assert code == 0 and any("no --license" in w for w in json.loads(out)["warnings"])
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--dry-run", "--license-link", "https://x.org/L")
+    assert code == 2 and "--license other" in err
 
 
 # ---------------------------------------------------------------- the loopback Hub itself

@@ -51,9 +51,12 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--dry-run", is_flag=True, help="Build the card and the file list; send nothing.")
 @click.option("--force", is_flag=True, help="Push even if validation finds errors (the card says so).")
 @click.option("--card-out", type=click.Path(dir_okay=False), help="Also write the model card (README.md) here.")
+@click.option("--license", "license_id",
+              help="The card's licence: a Hub licence id (apache-2.0, mit, llama3.1, ...) or other with --license-link.")
+@click.option("--license-link", help="With --license other: the URL of the licence text.")
 @format_option
 def push_command(draft, repo_id, target, report_path, private, revision, create_pr, commit_message, token, endpoint,
-                 dry_run, force, card_out, output_format):
+                 dry_run, force, card_out, license_id, license_link, output_format):
     """Validate DRAFT for vLLM and publish config, weights, model card and eaglekit.json to the Hub."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
@@ -66,7 +69,7 @@ def push_command(draft, repo_id, target, report_path, private, revision, create_
     try:
         result = push(draft, repo_id, target=target, report=report, private=private, revision=revision,
                       create_pr=create_pr, commit_message=commit_message, token=token, endpoint=endpoint,
-                      dry_run=dry_run, force=force)
+                      dry_run=dry_run, force=force, license=license_id, license_link=license_link)
     finally:
         if not bars_were_off:
             enable_progress_bars()

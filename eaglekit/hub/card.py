@@ -96,6 +96,8 @@ def build_card(
     validated: bool = True,
     forced: bool = False,
     report_mismatches: Sequence[str] = (),
+    license: str | None = None,
+    license_link: str | None = None,
 ) -> str:
     """Return README.md text: YAML front matter, then the body. `forced`: pushed despite error findings;
     `report_mismatches`: why the verify report describes other files (pushed with --force)."""
@@ -109,12 +111,11 @@ def build_card(
         metadata = {"base_model": source, "base_model_relation": "finetune"}
     elif target:
         metadata = {"base_model": target}
-    data = ModelCardData(
-        library_name="transformers",
-        pipeline_tag="text-generation",
-        tags=card_tags(spec),
-        **metadata,
-    )
+    if license_link:
+        metadata.update(license_name=license_link.rstrip("/").rsplit("/", 1)[-1], license_link=license_link)
+    # No library_name / pipeline_tag: with them the Hub offers a transformers snippet and a plain `vllm serve` of
+    # the draft, neither of which can run a draft model; the body gives the commands that do.
+    data = ModelCardData(license=license, tags=card_tags(spec), **metadata)
     sections = [
         _intro(spec, repo_id, target, source),
         _forced_notice(findings) if forced and any(f.severity == "error" for f in findings) else "",
@@ -282,29 +283,46 @@ def _validation_section(findings: Sequence[Finding], validated: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-_PROVENANCE_LABELS = (
-    ("version", "eaglekit version"), ("command", "Command"), ("source", "Source"),
-    ("source_revision", "Source revision"), ("source_family", "Source family"),
-)
+COMMANDS = {"upgrade": "`eaglekit upgrade`", "finetune": "`eaglekit finetune`"}
+
+
+def public_source(source: Any) -> str | None:
+    """A source as a public card may name it: a Hub id as is, a local folder by its name only."""
+    if not isinstance(source, str) or not source:
+        return None
+    if is_repo_id(source):
+        return f"[`{source}`](https://huggingface.co/{source})"
+    return f"a local folder named `{os.path.basename(os.path.normpath(source))}`"
 
 
 def _provenance_section(spec: DraftSpec) -> str:
-    block = provenance(spec)
-    if not block:
+    """Who made these files from what, in a few readable lines (the full record stays in config.json)."""
+    chain, block = [], provenance(spec)
+    while isinstance(block, Mapping) and block and len(chain) < 8:
+        chain.append(block)
+        block = block.get("source_provenance")
+    if not chain:
         return ""
     lines = ["## Provenance", ""]
-    for key, label in _PROVENANCE_LABELS:
-        if key in block:
-            lines.append(f"- {label}: `{block[key]}`")
-    if isinstance(block.get("options"), Mapping):
-        lines.append("- Options: " + ", ".join(f"`{k}={v}`" for k, v in block["options"].items()))
-    conversion = block.get("conversion")
-    if isinstance(conversion, list) and conversion:
-        lines += ["", "Conversion details:", ""] + [f"- {step}" for step in conversion]
-    known = {k for k, _ in _PROVENANCE_LABELS} | {"options", "conversion", "target"}
-    rest = {k: v for k, v in block.items() if k not in known}
-    if rest:
-        lines += ["", "```json", json.dumps(rest, indent=2, sort_keys=True, default=str), "```"]
+    for step in chain:
+        command = COMMANDS.get(step.get("command"), f"`{step.get('command', 'eaglekit')}`")
+        source = public_source(step.get("source"))
+        line = f"- {command} (eaglekit {step.get('version', '?')})" + (f" from {source}" if source else "")
+        if step.get("source_family"):
+            line += f", {step['source_family']} layout"
+        if step.get("summary"):
+            line += f": {step['summary']}"
+        lines.append(line)
+        options = step.get("options") if isinstance(step.get("options"), Mapping) else {}
+        chosen = {k: v for k, v in options.items() if v not in (None, False, "", [], {})}
+        if chosen:
+            lines.append("  - options: " + ", ".join(f"`{k}={v}`" for k, v in chosen.items()))
+        for detail in step.get("conversion") or []:
+            lines.append(f"  - {detail}")
+        files = step.get("source_files")
+        if isinstance(files, Mapping) and files:
+            lines.append("  - source files: " + ", ".join(f"`{name}` {str(digest)[7:19]}…"
+                                                         for name, digest in sorted(files.items())))
     return "\n".join(lines) + "\n"
 
 

@@ -112,6 +112,8 @@ def push(
     dry_run: bool = False,
     force: bool = False,
     validate: Validator | None = None,
+    license: str | None = None,
+    license_link: str | None = None,
 ) -> PushResult:
     """Validate `draft_dir` for vLLM and publish it as `repo_id`; `dry_run` builds everything but sends nothing.
 
@@ -146,8 +148,13 @@ def push(
                             draft_dir)
     forced = bool(errors) or bool(warm_start) or bool(unbound)
     warnings = [] if target else ["no target model known: pass --target so the card's serve commands name it"]
+    if license_link and license != "other":
+        raise UsageError("--license-link names a licence of its own: use it with --license other")
+    if not license:
+        warnings.append("no --license: the card states none (a draft trained on a target's outputs usually "
+                        "carries the target's licence)")
     card = build_card(spec, repo_id, target=target, report=report, findings=findings, validated=validated, forced=forced,
-                      report_mismatches=unbound)
+                      report_mismatches=unbound, license=license, license_link=license_link)
     manifest = _manifest(spec, target, report, findings, validated, forced)
     sources = _upload_sources(spec, card, manifest)
     endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
