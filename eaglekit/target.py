@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from eaglekit.config_view import REPO_ID
 from eaglekit.errors import CheckpointError
 from eaglekit.io.jsonfile import check_inside, load_json_object, symlink_root
 
@@ -44,6 +45,39 @@ def _strings(value, key: str, cfg_path: str) -> tuple[str, ...] | None:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise CheckpointError(f"target config: {key} must be a list of strings", cfg_path)
     return tuple(value)
+
+
+TARGET_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+"""What a target needs from the Hub: configs, weights and tokenizer files (no pickles, no other formats)."""
+
+
+def resolve_target(value: str) -> str:
+    """A target given as a local folder, its config.json, or a Hub id: the local path to read.
+
+    A Hub id is read through the local Hugging Face cache, as a DRAFT is, and downloaded when it is not cached and
+    the Hub is reachable. Anything that is not a Hub id and does not exist is a missing path."""
+    if os.path.exists(value) or not REPO_ID.match(value):
+        if not os.path.exists(value):
+            raise CheckpointError("no such file or directory", value)
+        return value
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    from eaglekit.io.hub_client import bounded_hub_client
+
+    bounded_hub_client()
+    try:
+        return snapshot_download(value, allow_patterns=TARGET_FILES, local_files_only=True)
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
+        pass
+    try:
+        return snapshot_download(value, allow_patterns=TARGET_FILES)
+    except LocalEntryNotFoundError:
+        raise CheckpointError("no local folder of that name, and the Hub id is not in the local Hugging Face cache "
+                              "while the Hub is unreachable (offline?)", value) from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise CheckpointError(f"no local folder of that name, and the Hub download failed: "
+                              f"{str(exc).splitlines()[0][:200]}", value) from None
 
 
 def target_config_path(path: str) -> str:

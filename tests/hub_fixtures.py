@@ -24,3 +24,26 @@ def fake_hub(monkeypatch):
     with FakeHub() as hub:
         yield hub
         assert not hub.server_errors, hub.server_errors
+
+
+def prefill_cache(cache: str, repo_id: str, folder: str, commit: str = "0123456789abcdef0123456789abcdef01234567") -> str:
+    """Lay `folder`'s files out as the Hugging Face cache stores repo `repo_id` (blobs named by SHA-256, snapshot
+    symlinks, refs/main), as a download would have; returns the snapshot folder."""
+    import hashlib
+    import os
+
+    repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+    snapshot = os.path.join(repo, "snapshots", commit)
+    os.makedirs(os.path.join(repo, "blobs"), exist_ok=True)
+    os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+    os.makedirs(snapshot, exist_ok=True)
+    with open(os.path.join(repo, "refs", "main"), "w") as fh:
+        fh.write(commit)
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as fh:
+            data = fh.read()
+        digest = hashlib.sha256(data).hexdigest()
+        with open(os.path.join(repo, "blobs", digest), "wb") as fh:
+            fh.write(data)
+        os.symlink(os.path.join("..", "..", "blobs", digest), os.path.join(snapshot, name))
+    return snapshot

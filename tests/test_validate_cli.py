@@ -117,7 +117,7 @@ def test_list_rules(drafts):
     (["{ready}", "--engine-version", "zero"], 2, "is not X.Y"),
     (["{ready}", "--engine", "trtllm"], 2, "Invalid value"),
     (["{missing}"], 1, "no such file or directory"),
-    (["{ready}", "--target", "{missing}"], 1, "target config not found"),
+    (["{ready}", "--target", "{missing}"], 1, "no such file or directory"),
 ])
 def test_bad_input_is_one_line(drafts, tmp_path, args, code, text):
     args = [a.format(ready=drafts["ready"], missing=str(tmp_path / "nope")) for a in args]

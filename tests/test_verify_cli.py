@@ -163,7 +163,7 @@ def test_usage_errors_exit_2(env):
 
 
 def test_missing_target_dir(env, tmp_path):
-    _refused(run(["verify", env["draft"], "--target", str(tmp_path / "nope")]), "target config not found")
+    _refused(run(["verify", env["draft"], "--target", str(tmp_path / "nope")]), "no such file or directory")
 
 
 def test_cli_module_does_not_import_torch():
@@ -196,3 +196,26 @@ def test_push_takes_the_report_of_these_files_and_refuses_it_once_they_change(en
         fh.write("\n")  # the same config, other bytes: the report no longer describes these files
     refused = run(["push", draft, "--repo-id", "org/draft", "--report", str(saved), "--dry-run"])
     assert refused.exit_code == 1 and "config.json differs from the file the report measured" in refused.output
+
+
+def test_a_hub_id_target_is_read_through_the_cache_everywhere(env, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from tests.hub_fixtures import prefill_cache
+
+    prefill_cache(str(tmp_path / "hub"), "org/tiny-target", env["target"])
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    by_id = run(["verify", env["draft"], "--target", "org/tiny-target", "--format", "json", *FAST])
+    by_path = run(["verify", env["draft"], "--target", env["target"], "--format", "json", *FAST])
+    assert by_id.exit_code == 0, by_id.output
+    a, b = json.loads(by_id.stdout), json.loads(by_path.stdout)
+    assert a["num_drafts"] == b["num_drafts"] and a["per_position_acceptance"] == b["per_position_acceptance"]
+    for command in (["inspect"], ["validate"]):
+        result = run([*command, env["draft"], "--target", "org/tiny-target", "--format", "json"])
+        assert result.exit_code in (0, 1) and json.loads(result.stdout), result.output
+        assert "no local folder" not in result.output
+    missing = run(["inspect", env["draft"], "--target", str(tmp_path / "no-such-target")])
+    assert missing.exit_code == 1 and "no such file or directory" in missing.output
+    uncached = run(["inspect", env["draft"], "--target", "org/not-cached"])
+    assert uncached.exit_code == 1 and "not in the local Hugging Face cache" in uncached.output

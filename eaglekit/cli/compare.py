@@ -6,7 +6,16 @@ import json
 
 import click
 
-from eaglekit.cli.output import emit_json, err, format_option, identifier_table, key_value_table, out, write_text_atomically
+from eaglekit.cli.output import (
+    emit_json,
+    err,
+    format_option,
+    identifier_table,
+    key_value_table,
+    out,
+    target_path,
+    write_text_atomically,
+)
 
 EXAMPLES = """
 \b
@@ -19,7 +28,8 @@ Examples:
 @click.command("compare", epilog=EXAMPLES)
 @click.argument("draft_a")
 @click.argument("draft_b")
-@click.option("--target", required=True, help="Target model directory (Hugging Face layout, safetensors).")
+@click.option("--target", required=True, callback=target_path,
+              help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the Hugging Face cache.")
 @click.option("-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
               help="Drafts per round (vLLM's num_speculative_tokens).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens generated per prompt turn.")

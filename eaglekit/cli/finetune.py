@@ -8,7 +8,17 @@ import time
 
 import click
 
-from eaglekit.cli.output import emit_json, err, findings_table, format_option, int_list, key_value_table, out, styled
+from eaglekit.cli.output import (
+    emit_json,
+    err,
+    findings_table,
+    format_option,
+    int_list,
+    key_value_table,
+    out,
+    styled,
+    target_path,
+)
 from eaglekit.cli.upgrade import _terminate_cleanly, parse_ids
 from eaglekit.errors import UsageError
 
@@ -85,7 +95,8 @@ class _Progress:
 @click.command("finetune", epilog=EXAMPLES)
 @click.argument("draft")
 @click.argument("out_dir", metavar="OUT")
-@click.option("--target", required=True, help="Target model directory (Hugging Face layout, safetensors).")
+@click.option("--target", required=True, callback=target_path,
+              help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the Hugging Face cache.")
 @click.option("--data", "data_file", type=click.Path(dir_okay=False),
               help="JSONL training text: {\"prompt\"}, {\"messages\"} or {\"text\"} per line (default: the bundled "
                    "training prompts, disjoint from verify's).")

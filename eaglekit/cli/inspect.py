@@ -7,6 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from eaglekit.cli.output import (
+    target_path,
     emit_json,
     findings_table,
     format_option,
@@ -28,7 +29,9 @@ Examples:
 
 @click.command("inspect", epilog=EXAMPLES)
 @click.argument("path")
-@click.option("--target", help="Target model dir or its config.json: fills in T and the default aux ids.")
+@click.option("--target", callback=target_path,
+              help="Target model dir, its config.json, or a Hub id (through the Hugging Face cache): fills in T "
+                   "and the default aux ids.")
 @click.option("--subfolder", help="Draft folder inside a repository that holds several drafts.")
 @click.option("--revision", help="Hub revision when PATH is a repo id.")
 @click.option("--family", help="Skip detection and read the checkpoint as this layout.")

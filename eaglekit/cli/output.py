@@ -37,6 +37,13 @@ def int_list(value: str, option: str, example: str) -> tuple[int, ...]:
     return numbers
 
 
+def target_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--target: a local folder, its config.json, or a Hub id (through the Hugging Face cache, as DRAFT is)."""
+    from eaglekit.target import resolve_target
+
+    return None if value is None else resolve_target(value)
+
+
 def styled(*parts: str | tuple[str, str]) -> Text:
     """Text from plain strings and (text, style) pairs: the only way output gets styles."""
     return Text.assemble(*parts)

@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from eaglekit.cli.output import (
+    target_path,
     emit_json,
     err,
     findings_table,
@@ -90,8 +91,9 @@ def _progress(enabled: bool):
 @click.option("--from", "source_family", default="eagle3", show_default=True,
               help="eagle3 detects the source layout; or name it: eagle, sglang, specforge, speculators, modelopt, "
                    "modelopt-megatron, modelopt-vllm, torchspec, angelslim, mla, vllm.")
-@click.option("--target", help="Target model dir (or its config.json): L, T, V, default aux ids; with weights, "
-                                "hidden states for --fc-norm-init calibrated.")
+@click.option("--target", callback=target_path,
+              help="Target model dir, its config.json, or a Hub id (through the Hugging Face cache): L, T, V, "
+                   "default aux ids; with weights, hidden states for --fc-norm-init calibrated.")
 @click.option("--aux-layer-ids", help="Aux layer ids, e.g. 2,16,29 (counted as --aux-convention says).")
 @click.option("--aux-convention", type=click.Choice(["input", "output"]),
               help="input: input of layer i (vLLM, HF hidden_states index); output: output of layer i (SGLang, "

@@ -6,6 +6,7 @@ import click
 from rich.table import Table
 
 from eaglekit.cli.output import (
+    target_path,
     SEVERITY_STYLE,
     emit_json,
     findings_table,
@@ -28,7 +29,9 @@ _ORDER = {"error": 0, "warning": 1, "info": 2}
 
 @click.command("validate", epilog=EXAMPLES)
 @click.argument("path", required=False)
-@click.option("--target", help="Target model dir or its config.json (L, T, V, tie_word_embeddings, architecture).")
+@click.option("--target", callback=target_path,
+              help="Target model dir, its config.json, or a Hub id (through the Hugging Face cache): L, T, V, "
+                   "tie_word_embeddings, architecture.")
 @click.option("--engine", type=click.Choice(["vllm", "sglang", "all"]), default="vllm", show_default=True,
               help="Serving engine whose rules run.")
 @click.option("--engine-version", metavar="X.Y", help="Engine version to check against (default: latest known).")

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from eaglekit.cli.output import (
+    target_path,
     emit_json,
     err,
     format_option,
@@ -37,7 +38,8 @@ def _ids(value: str | None) -> tuple[int, ...] | None:
 
 @click.command("verify", epilog=EXAMPLES)
 @click.argument("draft")
-@click.option("--target", required=True, help="Target model directory (Hugging Face layout, safetensors).")
+@click.option("--target", required=True, callback=target_path,
+              help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the Hugging Face cache.")
 @click.option("-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
               help="Drafts per round (vLLM's num_speculative_tokens).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens generated per prompt.")
