@@ -7,13 +7,13 @@ import json
 import click
 
 from eaglekit.cli.output import (
+    decode_options,
     emit_json,
     err,
     format_option,
     identifier_table,
     key_value_table,
     out,
-    target_path,
     write_text_atomically,
 )
 
@@ -28,23 +28,7 @@ Examples:
 @click.command("compare", epilog=EXAMPLES)
 @click.argument("draft_a")
 @click.argument("draft_b")
-@click.option("--target", required=True, callback=target_path,
-              help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the Hugging Face cache.")
-@click.option("-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
-              help="Drafts per round (vLLM's num_speculative_tokens).")
-@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens generated per prompt turn.")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
-              help="JSONL prompts or a prepared SPEED-Bench file (JSONL or parquet); default: the bundled coding "
-                   "prompts.")
-@click.option("--limit", type=int, help="Use only the first N prompts (conversations).")
-@click.option("--category", "categories", multiple=True, help="Only prompts of this category, repeatable.")
-@click.option("--turns", type=click.Choice(["first", "all"]), default="first", show_default=True,
-              help="SPEED-Bench conversations: the first user turn only, or every turn.")
-@click.option("--context-tokens", type=int, default=0, show_default=True,
-              help="Prepend this many tokens of Python standard-library source to every prompt.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-              show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
+@decode_options
 @click.option("--save-report", type=click.Path(dir_okay=False), help="Also write the JSON report here.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @format_option

@@ -44,6 +44,41 @@ def target_path(ctx: click.Context, param: click.Parameter, value: str | None) -
     return None if value is None else resolve_target(value)
 
 
+def decode_options(fn):
+    """The options every command that decodes against a target shares (verify, compare): the target, k, the prompt
+    set and how it is selected, and where and in what dtype the target runs."""
+    options = [
+        click.option("--target", required=True, callback=target_path,
+                     help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the "
+                          "Hugging Face cache."),
+        click.option("-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
+                     help="Drafts per round (vLLM's num_speculative_tokens)."),
+        click.option("--max-new-tokens", type=int, default=64, show_default=True,
+                     help="Tokens generated per prompt turn."),
+        click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
+                     help="JSONL prompts ({\"prompt\": ...}, {\"messages\": [...]} or {\"text\": ...} per line, "
+                          "optional \"category\") or a prepared SPEED-Bench file (JSONL or parquet); default: the "
+                          "bundled coding prompts."),
+        click.option("--limit", type=int, help="Use only the first N prompts (conversations)."),
+        click.option("--category", "categories", multiple=True,
+                     help="Only prompts of this category, repeatable (SPEED-Bench's categories, e.g. coding; or a "
+                          "JSONL \"category\" field)."),
+        click.option("--turns", type=click.Choice(["first", "all"]), default="first", show_default=True,
+                     help="SPEED-Bench conversations: the first user turn only, or every turn, each asked after the "
+                          "target's own answer to the one before."),
+        click.option("--context-tokens", type=int, default=0, show_default=True,
+                     help="Long-context mode: prepend this many tokens of Python standard-library source to every "
+                          "prompt."),
+        click.option("--device", default="auto", show_default=True,
+                     help="auto (CUDA when there is a device, else CPU), cpu or cuda[:N]; the report names it."),
+        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+                     show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 def styled(*parts: str | tuple[str, str]) -> Text:
     """Text from plain strings and (text, style) pairs: the only way output gets styles."""
     return Text.assemble(*parts)

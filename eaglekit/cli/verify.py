@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from eaglekit.cli.output import (
-    target_path,
+    decode_options,
     emit_json,
     err,
     format_option,
@@ -38,27 +38,7 @@ def _ids(value: str | None) -> tuple[int, ...] | None:
 
 @click.command("verify", epilog=EXAMPLES)
 @click.argument("draft")
-@click.option("--target", required=True, callback=target_path,
-              help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the Hugging Face cache.")
-@click.option("-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
-              help="Drafts per round (vLLM's num_speculative_tokens).")
-@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="Tokens generated per prompt.")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
-              help="JSONL prompts: {\"prompt\": ...}, {\"messages\": [...]} or {\"text\": ...} per line "
-                   "(default: the bundled coding prompts).")
-@click.option("--limit", type=int, help="Use only the first N prompts (conversations).")
-@click.option("--category", "categories", multiple=True,
-              help="Only prompts of this category, repeatable (SPEED-Bench's categories, e.g. coding; or a JSONL "
-                   "\"category\" field).")
-@click.option("--turns", type=click.Choice(["first", "all"]), default="first", show_default=True,
-              help="SPEED-Bench conversations: the first user turn only, or every turn, each asked after the "
-                   "target's own answer to the one before.")
-@click.option("--context-tokens", type=int, default=0, show_default=True,
-              help="Long-context mode: prepend this many tokens of Python standard-library source to every prompt.")
-@click.option("--device", default="auto", show_default=True,
-              help="auto (CUDA when there is a device, else CPU), cpu or cuda[:N]; the report names the one used.")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-              show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
+@decode_options
 @click.option("--aux-layer-ids", "aux_layer_ids", help="Override the aux ids (vLLM convention), e.g. 2,15,27.")
 @click.option("--as-eaglekit-reads", is_flag=True,
               help="Decode only eaglekit's reading of the draft; by default, when vLLM would read the files "
