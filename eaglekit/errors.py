@@ -4,9 +4,8 @@ from __future__ import annotations
 
 
 class EaglekitError(Exception):
-    """An expected failure. The CLI prints `str(self)` on one line and exits with `exit_code`."""
-
-    exit_code = 1
+    """An expected failure, one line that names the file (`path`) and the problem. The CLI maps each class to its
+    exit status (eaglekit.cli.main.exit_status)."""
 
     def __init__(self, message: str, path: str | None = None):
         self.path = path
@@ -24,8 +23,6 @@ class UnknownLayoutError(CheckpointError):
 class UsageError(EaglekitError):
     """Arguments that contradict each other or the input."""
 
-    exit_code = 2
-
 
 class OutputError(EaglekitError):
     """The output could not be produced; nothing was left behind."""
@@ -41,5 +38,3 @@ class EngineError(EaglekitError):
 
 class TrainingInterrupted(EaglekitError):
     """Ctrl-C during training: the last finished step was saved as a resumable checkpoint."""
-
-    exit_code = 130

@@ -27,6 +27,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def exit_status(exc: Exception) -> int:
+    """The exit status of a library failure: usage errors 2, an interrupted training 130, everything else 1."""
+    from eaglekit.errors import TrainingInterrupted, UsageError
+
+    return 2 if isinstance(exc, UsageError) else 130 if isinstance(exc, TrainingInterrupted) else 1
+
+
 OPTIONAL_MODULES = {"torch": "torch", "transformers": "torch", "accelerate": "torch", "gguf": "torch",
                     "triton": "triton", "matplotlib": "plot", "pyarrow": "speedbench"}
 """Import name -> the eaglekit extra that installs it."""
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     except EaglekitError as exc:
         if debug:
             raise
-        _fail(one_line(f"Error: {exc}", args), exc.exit_code, type(exc).__name__, args)
+        _fail(one_line(f"Error: {exc}", args), exit_status(exc), type(exc).__name__, args)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)
