@@ -1,4 +1,4 @@
-"""README promises that must stay true: the rule table and the two set-up commands."""
+"""Documentation promises that must stay true: the rule table, the two set-up commands, the recipes' commands."""
 
 import os
 
@@ -6,12 +6,13 @@ from eaglekit.rules import all_rules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+RULES = open(os.path.join(ROOT, "docs", "rules.md"), encoding="utf-8").read()
 
 
 def test_every_rule_is_listed_with_its_title_and_severity():
     for rule in all_rules():
-        assert f"| {rule.code} | {rule.severity} |" in README, rule.code
-        assert rule.title in README, rule.code
+        assert f"| {rule.code} | {rule.severity} |" in RULES, rule.code
+        assert rule.title in RULES, rule.code
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
@@ -26,3 +27,28 @@ def test_the_demo_command_names_the_bundled_example():
     demo = open(os.path.join(ROOT, "examples", "demo.sh"), encoding="utf-8").read()
     draft = next(line.split("=", 1)[1] for line in demo.splitlines() if line.startswith("DRAFT="))
     assert os.path.exists(os.path.join(ROOT, draft, "config.json"))
+
+
+def test_the_recipes_use_only_options_the_commands_have():
+    """Every `eaglekit ...` line in the README parses: each option it passes exists on that command."""
+    import click
+
+    from eaglekit.cli.main import COMMANDS, cli
+
+    blocks = README.split("```bash\n")[1:]
+    lines = [line.split("#")[0].split() for block in blocks for line in block.split("```")[0].splitlines()
+             if line.startswith("eaglekit ")]
+    assert len(lines) >= 10
+    for words in lines:
+        name = words[1]
+        assert name in COMMANDS, words
+        command = cli.get_command(click.Context(cli), name)
+        known = {opt for param in command.params for opt in [*param.opts, *getattr(param, "secondary_opts", [])]}
+        for word in words[2:]:
+            if word.startswith("--"):
+                assert word.split("=")[0] in known, (name, word)
+
+
+def test_docs_links_resolve():
+    for doc in ("cli.md", "rules.md", "benchmarks.md", "python-api.md"):
+        assert f"](docs/{doc})" in README and os.path.exists(os.path.join(ROOT, "docs", doc))
