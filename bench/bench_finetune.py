@@ -8,9 +8,10 @@ Training data: what the bundled drafters were trained on, rebuilt by finetune's 
 training prompts (eaglekit/data/prompts/train.jsonl) with the target's own greedy answers (--generate 128),
 standard-library source as long context on every fifth, and 96 k tokens of plain standard-library source;
 captured once and cached.
-Evaluation: verify's bundled coding prompts (never trained on), short and with 1024 tokens of context from
-standard-library modules the training context never uses; τ with vLLM's counter definitions. Figures are
-printed, never asserted.
+Evaluation: verify's 16 bundled coding prompts (never trained on), short and with 1024 tokens of context from
+standard-library modules the training context never uses, each drafter replayed beside the EAGLE-3 source on one
+target pass per prompt (`eaglekit compare`): τ with vLLM's counter definitions and the paired difference with a
+95 % bootstrap interval, so a gain of 0.05 can be told from prompt noise. Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -32,15 +33,6 @@ BUNDLED = {
 FROM_SCRATCH_STEPS = 500  # examples/train_tiny_drafter.py's budget for both bundled drafters
 
 
-def standard_error(acc) -> float:
-    """SE of τ over verify rounds: the counters give the distribution of accepted drafts per round exactly
-    (P(A >= i) is the per-position rate); prompts are treated as independent rounds."""
-    at_least = [1.0, *acc.per_position, 0.0]
-    mean = sum(acc.per_position)
-    second = sum(i * i * (at_least[i] - at_least[i + 1]) for i in range(len(at_least) - 1))
-    return ((second - mean * mean) / max(acc.drafts, 1)) ** 0.5
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="SmolLM2 directory (default: .cache/smollm2, materialised if missing)")
@@ -49,7 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--data-limit", type=int, help="training prompts (default: all 535)")
     p.add_argument("--generate", type=int, default=128)
     p.add_argument("--code-tokens", type=int, default=96000)
-    p.add_argument("--limit", type=int, default=8, help="held-out prompts (of the 16 bundled coding prompts)")
+    p.add_argument("--limit", type=int, default=16, help="held-out prompts (of the 16 bundled coding prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--context-tokens", type=int, default=1024)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype for evaluation")
@@ -63,15 +55,12 @@ def main(argv=None) -> None:
     import torch
 
     from eaglekit.finetune.data import DataOptions
-    from eaglekit.finetune.evaluate import EvalOptions, acceptance, held_out_prompts
     from eaglekit.finetune.run import FinetuneOptions, finetune
     from eaglekit.finetune.train import TrainOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
+    from eaglekit.verify.compare import compare
+    from eaglekit.verify.run import VerifyOptions
     from eaglekit.verify.smollm2 import materialize_smollm2
-    from eaglekit.verify.target import load_target
-    from eaglekit.drafter.model import Drafter
-    from eaglekit.families import apply_target, load_draft
-    from eaglekit.target import read_target
 
     target_dir = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     work = args.work or tempfile.mkdtemp(prefix="bench-finetune-")
@@ -105,29 +94,36 @@ def main(argv=None) -> None:
           f"({training['steps'] / FROM_SCRATCH_STEPS:.0%} of the from-scratch budget), "
           f"final loss {training['history'][-1]['loss']:.3f}")
 
-    target = load_target(target_dir, dtype=args.dtype)
-    info = read_target(target_dir)
-    opts = EvalOptions(limit=args.limit, max_new_tokens=args.max_new_tokens, k=3,
-                       context_tokens=(0, args.context_tokens))
-    name, prompts = held_out_prompts(opts)
-    print(f"held out: {name}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, k=3, {args.dtype}")
-    print("| drafter | τ short (± SE) | per position | τ +%d (± SE) | per position |" % args.context_tokens)
-    print("|---|---|---|---|---|")
-    results = {}
+    print(f"held out: the first {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, k=3, "
+          f"{args.dtype}; each drafter replayed beside EAGLE-3 on one target pass per prompt (eaglekit compare), "
+          "95 % bootstrap intervals over prompts, the difference's paired")
+    contexts = (0, args.context_tokens)
+    print("| drafter | " + " | ".join(f"τ +{c} [95 %] | vs EAGLE-3 [paired 95 %]" for c in contexts) + " |")
+    print("|---|" + "---|---|" * len(contexts))
+    source, diffs = {}, {}
     for label, path in drafts.items():
-        spec = apply_target(load_draft(path), info)
-        drafter = Drafter.from_spec(spec, dtype=target.dtype, embed_tokens=target.embed_tokens,
-                                    lm_head=target.lm_head)
-        row = [acceptance(target, drafter, spec.aux.ids, prompts, opts, c) for c in opts.context_tokens]
-        results[label] = row
-        cells = [f"{a.acceptance_length:.3f} ± {standard_error(a):.3f} | {' '.join(f'{r:.2f}' for r in a.per_position)}"
-                 for a in row]
+        if label == "EAGLE-3":
+            continue
+        cells = []
+        for context in contexts:
+            options = VerifyOptions(num_speculative_tokens=3, max_new_tokens=args.max_new_tokens, limit=args.limit,
+                                    context_tokens=context, device="cpu", dtype=args.dtype)
+            row = compare(drafts["EAGLE-3"], path, target_dir, options).rows()["all"]
+            source.setdefault(context, row["a"])  # the same prompts and target pass for every pair
+            diff = diffs[(label, context)] = row["b_minus_a"]
+            cells.append(f"{interval_cell(row['b'])} | {diff['acceptance_length_difference']:+.3f} "
+                         f"[{diff['interval']['low']:+.3f}, {diff['interval']['high']:+.3f}]")
         print(f"| {label} | {' | '.join(cells)} |", flush=True)
-    base, tuned = results["EAGLE-3"], results["upgraded + finetune"]
-    gain = [tuned[i].acceptance_length - base[i].acceptance_length for i in range(2)]
-    print(f"fine-tuned 3.1 vs its EAGLE-3 source: τ {gain[0]:+.3f} short (goal +0.05), {gain[1]:+.3f} at "
-          f"+{args.context_tokens} (goal +0.10)")
+    print("| EAGLE-3 (source) | " + " | ".join(f"{interval_cell(source[c])} | —" for c in contexts) + " |")
+    tuned = [diffs[("upgraded + finetune", c)] for c in contexts]
+    print(f"fine-tuned 3.1 vs its EAGLE-3 source: τ {tuned[0]['acceptance_length_difference']:+.3f} short (goal +0.05, "
+          f"{tuned[0]['verdict']}), {tuned[1]['acceptance_length_difference']:+.3f} at +{args.context_tokens} "
+          f"(goal +0.10, {tuned[1]['verdict']})")
 
+
+def interval_cell(summary: dict) -> str:
+    interval = summary["acceptance_length_interval"]
+    return f"{summary['acceptance_length']:.3f} [{interval['low']:.2f}, {interval['high']:.2f}]"
 
 if __name__ == "__main__":
     main()
