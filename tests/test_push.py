@@ -476,8 +476,11 @@ def test_the_card_names_no_local_path_and_reads_provenance_as_text(tmp_path):
     outer = {"version": "0.1.0", "command": "finetune", "source": "/home/me/work/upgraded", "source_provenance": inner,
              "summary": "trained 100 steps", "options": {"steps": 100, "resume": False}}
     spec = load_draft(make_draft(str(tmp_path / "d"), "vllm", config_patch={"eaglekit": outer}))
-    card = build_card(spec, REPO, target=TARGET, license="apache-2.0")
+    report = {"lossless": True, "acceptance_length": 1.9, "measured": {"draft_files": {}, "target": {
+        "name_or_path": "/home/me/models/llama", "folder": "llama", "config_sha256": "sha256:" + "3" * 64}}}
+    card = build_card(spec, REPO, target=TARGET, license="apache-2.0", report=report)
     assert "/home/me" not in card and "```json" not in card
+    assert "| Target measured | a local copy in a folder named llama (config.json 333333333333…) |" in card
     assert card_data(card)["license"] == "apache-2.0"
     assert ("- `eaglekit finetune` (eaglekit 0.1.0) from a local folder named `upgraded`: trained 100 steps"
             in card)

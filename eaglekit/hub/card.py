@@ -262,7 +262,8 @@ def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = ()) -
     measured = report.get("measured") if isinstance(report.get("measured"), Mapping) else {}
     target = measured.get("target") if isinstance(measured.get("target"), Mapping) else {}
     if target:
-        origin = target.get("name_or_path") or f"a local copy in a folder named {target.get('folder')}"
+        name = target.get("name_or_path")
+        origin = name if is_repo_id(name) else f"a local copy in a folder named {target.get('folder')}"
         rows.append(("Target measured", f"{origin} (config.json {str(target.get('config_sha256', ''))[7:19]}…)"))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     warning = ("> **Warning: these figures were measured on other files** than the ones published "
