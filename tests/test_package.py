@@ -45,6 +45,22 @@ def test_a_missing_optional_dependency_is_one_line_naming_the_extra(tmp_path, bl
         f"Error: this command needs {blocked}, which is not installed: pip install 'eaglekit[{extra}]'"]
 
 
+def test_a_parquet_prompt_file_without_pyarrow_names_the_speedbench_extra(tmp_path):
+    from tests.factory import make_draft, make_target_config
+
+    draft = make_draft(str(tmp_path / "d"), "vllm")
+    target = make_target_config(str(tmp_path / "t"))
+    prompts = tmp_path / "speed.parquet"
+    prompts.write_bytes(b"PAR1")  # never opened: the reader's import fails first
+    code = ("import sys; sys.modules['pyarrow'] = None\n"
+            "from eaglekit.cli.main import main\n"
+            f"main(['verify', {draft!r}, '--target', {target!r}, '--prompts', {str(prompts)!r}])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: this command needs pyarrow, which is not installed: pip install 'eaglekit[speedbench]'"]
+
+
 def _module_imports() -> dict[str, set[str]]:
     """eaglekit module -> the eaglekit modules it imports (module level or inside functions)."""
     import ast
