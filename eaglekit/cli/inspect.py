@@ -7,7 +7,6 @@ from rich.panel import Panel
 from rich.table import Table
 
 from eaglekit.cli.output import (
-    target_path,
     emit_json,
     findings_table,
     format_option,
@@ -16,6 +15,7 @@ from eaglekit.cli.output import (
     key_value_table,
     out,
     styled,
+    target_path,
 )
 
 EXAMPLES = """

@@ -12,7 +12,6 @@ from rich.panel import Panel
 from rich.table import Table
 
 from eaglekit.cli.output import (
-    target_path,
     emit_json,
     err,
     findings_table,
@@ -22,6 +21,7 @@ from eaglekit.cli.output import (
     key_value_table,
     out,
     styled,
+    target_path,
 )
 from eaglekit.errors import UsageError
 

@@ -6,13 +6,13 @@ import click
 from rich.table import Table
 
 from eaglekit.cli.output import (
-    target_path,
     SEVERITY_STYLE,
     emit_json,
     findings_table,
     format_option,
     out,
     styled,
+    target_path,
 )
 
 EXAMPLES = """

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
 from eaglekit.families import apply_target, load_draft
-from eaglekit.rules import checked_engines, fix_command, run_rules
+from eaglekit.rules import checked_engines
 from eaglekit.spec import DraftSpec
 from eaglekit.target import read_target
 from eaglekit.verify.checks import compatibility_checks, refuse_failures
@@ -232,9 +232,7 @@ def served_section(spec: DraftSpec, info, options: VerifyOptions, flags: dict[st
     eaglekit's, τ decoded that way beside τ as eaglekit reads the draft (what `eaglekit upgrade` makes vLLM read)."""
     reading = served_reading(spec, info, options.engine_version, options.vllm_runner)
     doc = {**reading.to_dict(), "differs": False, "acceptance_length": None, "per_position_acceptance": None}
-    fix = fix_command(spec, run_rules(spec, target=info, engine="vllm", engine_version=options.engine_version,
-                                      groups=("structure", "target", "engine")).findings)
-    upgraded = f"after `{fix}`" if fix else "as eaglekit reads it"
+    upgraded = f"after `{reading.fix}`" if reading.fix else "as eaglekit reads it"
     if reading.refusal is not None:
         doc.update(differs=True, message=f"as served by {reading.engine}: it refuses to load the files "
                                          f"({reading.refusal}); {upgraded}: τ {counter.acceptance_length:.3f}")

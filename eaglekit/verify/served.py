@@ -25,6 +25,7 @@ class ServedReading:
     flags: dict[str, bool]
     refusal: str | None = None  # why its loader raises on these files
     silent: list[str] = field(default_factory=list)  # what it substitutes without a message
+    fix: str | None = None  # the `eaglekit upgrade` command that writes what vLLM reads as eaglekit does
 
     def to_dict(self) -> dict:
         return {"engine": self.engine, "loads": self.refusal is None, "refusal": self.refusal,
@@ -36,7 +37,7 @@ def served_reading(spec: DraftSpec, target: TargetInfo, version: str | None = No
                    runner: str | None = None) -> ServedReading:
     """vLLM `version` (default: the latest modelled) with `runner` (default: that version's default runner for this
     target) reading the draft's files as they are."""
-    from eaglekit.rules import run_rules
+    from eaglekit.rules import fix_command, run_rules
 
     parsed = parse_version(version or LATEST[VLLM])
     runner = runner or vllm_default_runner(parsed, target.architectures[0] if target.architectures else None)
@@ -62,4 +63,5 @@ def served_reading(spec: DraftSpec, target: TargetInfo, version: str | None = No
         silent.append(f"maps draft id i to target id i (no d2t, Vd={Vd} < V={target.vocab_size})")
     if not ids:
         silent.append(f"captures its default aux ids {list(target.default_aux_ids)}: the draft names none it reads")
-    return ServedReading(engine, tuple(sorted(ids or target.default_aux_ids)), source, flags, refusal, silent)
+    return ServedReading(engine, tuple(sorted(ids or target.default_aux_ids)), source, flags, refusal, silent,
+                         fix_command(spec, report.findings))
