@@ -64,7 +64,7 @@ def test_human_output_names_the_essentials(drafts):
     result = run(["inspect", drafts["vllm31"], "--target", drafts["target"]])
     assert result.exit_code == 0, result.output
     text = result.stdout
-    for needle in ("vllm", "3.1", "fc_norm=True", "[2, 6, 9]", "Serving as is"):
+    for needle in ("vllm", "3.1", "fc_norm=True", "[2, 6, 9]", "Serving these files"):
         assert needle in text, needle
 
 

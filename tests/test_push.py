@@ -155,9 +155,15 @@ def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
     assert {"eagle3", "eagle3.1", "speculative-decoding", "draft-model", "vllm", "eaglekit", "arxiv:2503.01840"} <= set(meta["tags"])
     assert (f"vllm serve {TARGET} --speculative-config "
             f"'{{\"model\": \"{REPO}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'") in readme
-    assert (f"python -m sglang.launch_server --model {TARGET} --speculative-algorithm EAGLE3 "
-            f"--speculative-draft-model-path {REPO} --speculative-num-steps 3 --speculative-eagle-topk 1 "
-            "--speculative-num-draft-tokens 4") in readme
+    # vLLM-convention ids in eagle_config: SGLang would shift them, so the card gives no SGLang command but its layout
+    assert "launch_server" not in readme
+    assert (f"- **SGLang**: SGLang's Llama-target path (always adds 1) turns eagle_config ids [2, 6, 9] into layers "
+            "[3, 7, 10]") in readme and f"`eaglekit upgrade {REPO} draft-sglang --to sglang`" in readme
+    # TensorRT-LLM and tokenspeed are served with the setting that pins the trained layers
+    assert "  eagle3_layers_to_capture: [1, 5, 8]" in readme
+    assert (f"tokenspeed serve {TARGET} --speculative-algorithm EAGLE3 --speculative-draft-model-path {REPO} "
+            "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 "
+            "--eagle3-layers-to-capture 1,5,8") in readme
     assert "`[2, 6, 9]` (vLLM convention: input of layer i / HF `hidden_states` index)" in readme
     assert "forced despite validation errors" not in readme
 

@@ -111,6 +111,12 @@ def _nan(a):
     return a
 
 
+def _nested_norm_before_fc(c):
+    """norm_before_fc where TensorRT-LLM reads it: inside eagle_config only."""
+    c.pop("norm_before_fc")
+    c["eagle_config"]["norm_before_fc"] = True
+
+
 def _d2t_as_i32(t):
     _, shape, raw = t["d2t"]
     t["d2t"] = ("I32", shape, np.frombuffer(raw, dtype="<i8").astype("<i4").tobytes())
@@ -286,6 +292,37 @@ CASES = [
     Case("EK355", lambda p: draft(p, "specforge", config_patch={"num_aux_hidden_states": 4}), lambda p: draft(p, "specforge")),
     Case("EK356", lambda p: draft(p, "specforge", add={"fc.bias": np.zeros(64, np.float32)}), lambda p: draft(p, "specforge")),
     Case("EK357", lambda p: draft(p, "speculators"), lambda p: draft(p, "specforge")),
+    # ---------------------------------------------------------------- TensorRT-LLM (twins carry a target: its
+    # capture default is then known, and equals the factory's ids)
+    Case("EK361", lambda p: (draft(p, aux_ids=(3, 6, 9)), target(p)), lambda p: (draft(p), target(p))),
+    Case("EK361", lambda p: draft(p), lambda p: (draft(p), target(p)), label="no-target-no-default-known"),
+    Case("EK362", lambda p: (draft(p, aux_ids=(0, 6, 9)), target(p)), lambda p: (draft(p), target(p))),
+    Case("EK363", lambda p: (draft(p, norm_before_fc=True), target(p)),
+         lambda p: (edit_config(draft(p, norm_before_fc=True), _nested_norm_before_fc), target(p))),
+    Case("EK365", lambda p: (draft(p, config_patch={"draft_vocab_size": None}), target(p)),
+         lambda p: (draft(p), target(p))),
+    Case("EK366", lambda p: (draft(p, attention="qwen3"), target(p)), lambda p: (draft(p), target(p))),
+    # ---------------------------------------------------------------- llama.cpp
+    Case("EK371", lambda p: draft(p, fc_norm=True, norm_output=True), lambda p: draft(p)),
+    Case("EK372", lambda p: draft(p, k=4, aux_ids=(2, 4, 6, 9)), lambda p: draft(p)),
+    Case("EK373", lambda p: draft(p, layers=2), lambda p: draft(p)),
+    Case("EK374", lambda p: draft(p, attention="mla"), lambda p: draft(p), label="mla"),
+    Case("EK374", lambda p: draft(p, attention="qwen3"), lambda p: draft(p), label="qwen3"),
+    Case("EK375", lambda p: (draft(p, aux_ids=(3, 6, 9)), target(p)), lambda p: (draft(p), target(p))),
+    Case("EK376", lambda p: (draft(p), edit_config(target(p), lambda c: c.update(model_type="falcon_h1"))),
+         lambda p: (draft(p), target(p))),
+    # ---------------------------------------------------------------- tokenspeed (output-of-layer ids: SpecForge's)
+    Case("EK381", lambda p: draft(p), lambda p: draft(p, "specforge"), label="vllm-ids-in-eagle-config"),
+    Case("EK381", lambda p: draft(p, config_patch={"eagle_config": None}), lambda p: draft(p, "specforge"),
+         label="vllm-ids-top-level"),
+    Case("EK382", lambda p: draft(p, "specforge", k=4, aux_ids=(2, 4, 6, 9)), lambda p: draft(p, "specforge")),
+    Case("EK383", lambda p: draft(p, "specforge", target_hidden=96), lambda p: draft(p, "specforge")),
+    Case("EK384", lambda p: draft(p, "specforge", config_patch={"eagle_config": {
+        "eagle_aux_hidden_state_layer_ids": [1, 5, 8], "return_hidden_post_norm": True}}),
+         lambda p: draft(p, "specforge", norm_output=True)),
+    Case("EK385", lambda p: draft(p, layers=2), lambda p: draft(p, "specforge")),
+    Case("EK386", lambda p: draft(p, "specforge", config_patch={"architectures": ["Eagle3LlamaForCausalLM"]}),
+         lambda p: draft(p, "specforge")),
     # ---------------------------------------------------------------- deep
     Case("EK401", lambda p: draft(p, add=with_array("layers.0.mlp.down_proj.weight", _nan)), lambda p: draft(p)),
     Case("EK402", lambda p: draft(p, add=with_array("fc.weight", np.zeros_like)), lambda p: draft(p)),

@@ -130,7 +130,7 @@ def test_usage_errors(tmp_path):
     with pytest.raises(UsageError):
         run_rules(spec, engine="all", engine_version="0.30")
     with pytest.raises(UsageError):
-        run_rules(spec, engine="trtllm")
+        run_rules(spec, engine="mlc")
     with pytest.raises(UsageError):
         run_rules(spec, groups=("structure", "vibes"))
 
@@ -142,10 +142,15 @@ def test_target_recorded_by_load_draft_is_used(tmp_path):
     assert "EK201" not in {f.code for f in run_rules(load_draft(str(tmp_path / "d"))).findings}
 
 
-def test_engine_all_runs_both_engines_once_each(tmp_path):
+def test_engine_all_runs_every_engine_once_each(tmp_path):
     report = run_rules(spec_of(tmp_path), engine="all")
-    assert report.engines == {"vllm": "0.33.0", "sglang": "0.5.23"}
-    assert [f.code for f in report.findings] == ["EK351"]
+    assert report.engines == {"vllm": "0.33.0", "sglang": "0.5.23", "trtllm": "1.2.0", "llamacpp": "b9606",
+                              "tokenspeed": "0.1.0"}
+    # vLLM-convention ids in eagle_config: SGLang shifts them (error); TensorRT-LLM and tokenspeed need a setting
+    assert [f.code for f in report.findings] == ["EK351", "EK361", "EK381"]
+    pair = run_rules(spec_of(tmp_path, name="e"), engine="vllm,sglang")
+    assert pair.engines == {"vllm": "0.33.0", "sglang": "0.5.23"}
+    assert [f.code for f in pair.findings] == ["EK351"]
 
 
 def test_header_groups_never_read_tensor_bytes(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 from eaglekit.engines import VLLM_OLDEST_KNOWN
 from eaglekit.families import load_draft
 from eaglekit.hub.card import build_card
-from eaglekit.serving import minimum_versions, serving_support
+from eaglekit.serving import ENGINE_LABELS, NOT_AS_IS, minimum_versions, serving_support
 from tests.factory import LAYOUTS, edit_config, make_draft
 from tests.test_rules_catalogue import CASES
 
@@ -33,31 +33,42 @@ def _fixtures(tmp_path):
 
 
 def _card_versions(card: str) -> dict[str, str | None]:
+    """engine label -> the floor the card states ("any": no floor); engines without a section are absent."""
     out = {}
-    for engine in ("vLLM", "SGLang"):
-        m = re.search(rf"Requires {engine} ≥ (\S+) \(", card)
-        out[engine] = m.group(1) if m else None
-        assert m or f"Any {engine} release with EAGLE-3 support serves it" in card
+    for label in ENGINE_LABELS.values():
+        m = re.search(rf"Requires {re.escape(label)} ≥ (\S+) \(", card)
+        if m:
+            out[label] = m.group(1)
+        elif f"Any {label} release with EAGLE-3 support serves it" in card:
+            out[label] = "any"
     return out
 
 
 def test_card_and_inspect_agree_on_minimum_versions(tmp_path):
-    checked = 0
+    checked = refused = 0
     for name, path in _fixtures(tmp_path):
         spec = load_draft(path)
-        card = _card_versions(build_card(spec, "org/draft"))
+        card_text = build_card(spec, "org/draft")
+        card = _card_versions(card_text)
         floors = minimum_versions(spec)
-        assert card == {"vLLM": floors["vllm"].version, "SGLang": floors["sglang"].version}, name
         for support in serving_support(spec):
-            if not support.as_is:
-                continue  # not served as is: inspect names the blocking rule, not a version
-            stated = card["vLLM" if support.engine == "vllm" else "SGLang"]
+            label = ENGINE_LABELS[support.engine]
+            if support.verdict == NOT_AS_IS and support.engine_specific:
+                assert label not in card and f"- **{label}**: " in card_text, name
+                refused += 1
+                continue
+            stated = card[label]
+            assert stated == (floors[support.engine].version or "any"), name
+            if support.min_version is None:
+                continue  # a fault of the files alone: inspect names the rule, the card its Validation section
             if support.engine == "vllm":
-                assert support.min_version == (stated or VLLM_OLDEST_KNOWN), name
+                assert support.min_version == (floors["vllm"].version or VLLM_OLDEST_KNOWN), name
             else:
-                assert stated in (None, support.min_version), name
+                assert stated in ("any", support.min_version), name
+            for setting in support.settings:
+                assert setting in card_text, name
             checked += 1
-    assert checked > 50
+    assert checked > 100 and refused > 20
 
 
 @pytest.mark.parametrize("edit, floor", [
@@ -66,4 +77,4 @@ def test_card_and_inspect_agree_on_minimum_versions(tmp_path):
 ])
 def test_card_states_the_engine_floor_of_keys_it_used_to_miss(tmp_path, edit, floor):
     path = edit_config(make_draft(str(tmp_path / "d"), "vllm"), edit)
-    assert _card_versions(build_card(load_draft(path), "org/draft"))["vLLM"] == floor
+    assert _card_versions(build_card(load_draft(path), "org/draft")).get("vLLM") == (floor or "any")

@@ -90,16 +90,24 @@ def test_engine_version_selects_the_rules(drafts):
     old = run(drafts["mla"], "--engine-version", "0.22", "--format", "json")
     assert old.exit_code == 1
     doc = _json(old)
-    assert doc["engines"] == [{"engine": "vllm", "version": "0.22.0", "errors": 1, "ok": False}]
+    assert doc["engines"] == [{"engine": "vllm", "version": "0.22.0", "errors": 1, "ok": False, "settings": [],
+                               "fix": doc["fix"]}]
     assert "EK311" in {f["code"] for f in doc["findings"]}
 
 
 def test_engine_all_and_sglang(drafts):
     doc = _json(run(drafts["ready"], "--engine", "all", "--format", "json"))
-    assert [(e["engine"], e["ok"]) for e in doc["engines"]] == [("vllm", True), ("sglang", False)]
-    assert {f["code"] for f in doc["findings"] if f["severity"] != "info"} == {"EK351"}
+    assert [(e["engine"], e["ok"]) for e in doc["engines"]] == [
+        ("vllm", True), ("sglang", False), ("trtllm", True), ("llamacpp", False), ("tokenspeed", True)]
+    # SGLang shifts the eagle_config ids; llama.cpp has no EAGLE-3.1; TensorRT-LLM and tokenspeed need their setting
+    assert {f["code"] for f in doc["findings"] if f["severity"] != "info"} == {"EK351", "EK361", "EK371", "EK381"}
+    by_engine = {e["engine"]: e for e in doc["engines"]}
+    assert by_engine["sglang"]["fix"].endswith("-sglang --to sglang") and by_engine["llamacpp"]["fix"] is None
+    assert by_engine["trtllm"]["settings"] == ["eagle3_layers_to_capture: [1, 5, 8]"]
+    assert by_engine["tokenspeed"]["settings"] == ["--eagle3-layers-to-capture 1,5,8"]
     human = run(drafts["ready"], "--engine", "all").stdout
     assert "vllm 0.33.0: serves it" in human and "sglang 0.5.23: 1 error(s) stop it" in human
+    assert "trtllm 1.2.0: serves it with eagle3_layers_to_capture: [1, 5, 8]" in human
     assert run(drafts["specforge"], "--engine", "sglang").exit_code == 0
 
 
@@ -115,7 +123,8 @@ def test_list_rules(drafts):
     ([], 2, "PATH is required"),
     (["{ready}", "--engine", "all", "--engine-version", "0.30"], 2, "needs a single --engine"),
     (["{ready}", "--engine-version", "zero"], 2, "is not X.Y"),
-    (["{ready}", "--engine", "trtllm"], 2, "Invalid value"),
+    (["{ready}", "--engine", "mlc"], 2, "unknown engine 'mlc'"),
+    (["{ready}", "--engine", "vllm,mlc"], 2, "unknown engine 'mlc'"),
     (["{missing}"], 1, "no such file or directory"),
     (["{ready}", "--target", "{missing}"], 1, "no such file or directory"),
 ])

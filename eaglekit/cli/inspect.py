@@ -94,12 +94,18 @@ def render(doc: dict) -> None:
     ]
     out.print(Panel(key_value_table(rows), title=styled((doc["path"], "bold")), expand=False))
 
-    serving = Table(title="Serving as is", title_justify="left")
-    for col in ("engine", "min version", "as is", "why"):
+    serving = Table(title="Serving these files", title_justify="left")
+    for col in ("engine", "min version", "serves them", "why / what to pass"):
         serving.add_column(col)
     for s in doc["serving"]:
-        serving.add_row(s["engine"], s.get("min_version") or "—", "yes" if s["as_is"] else styled(("no", "red")), s.get("reason") or "")
+        verdict = styled(("no", "red")) if s["verdict"] == "not as is" else s["verdict"]
+        why = "; ".join(s["settings"]) if s["verdict"] == "with settings" else (
+            "loads GGUF: the command below converts" if s["verdict"] == "after conversion" else s.get("reason") or "")
+        serving.add_row(s["engine"], s.get("min_version") or "—", verdict, why)
     out.print(serving)
+    for s in doc["serving"]:
+        if s["verdict"] == "after conversion" and s["fix"]:
+            out.print(styled(f"{s['engine']}: ", (s["fix"], "bold")), soft_wrap=True)  # a command to copy
 
     if doc["findings"]:
         out.print(findings_table(doc["findings"]))

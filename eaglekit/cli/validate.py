@@ -21,6 +21,7 @@ Examples:
   eaglekit validate ./my-draft
   eaglekit validate ./my-draft --target ./Llama-3.1-8B-Instruct --deep
   eaglekit validate ./my-draft --engine vllm --engine-version 0.22 --strict --format json
+  eaglekit validate ./my-draft --target ./Llama-3.1-8B-Instruct --engine vllm,sglang,tokenspeed
   eaglekit validate --list-rules
 """
 
@@ -32,8 +33,9 @@ _ORDER = {"error": 0, "warning": 1, "info": 2}
 @click.option("--target", callback=target_path,
               help="Target model dir, its config.json, or a Hub id (through the Hugging Face cache): L, T, V, "
                    "tie_word_embeddings, architecture.")
-@click.option("--engine", type=click.Choice(["vllm", "sglang", "all"]), default="vllm", show_default=True,
-              help="Serving engine whose rules run.")
+@click.option("--engine", default="vllm", show_default=True, metavar="NAME[,NAME...]|all",
+              help="Serving engine(s) whose rules run: vllm, sglang, trtllm, llamacpp, tokenspeed, a comma list "
+                   "(also says where they read one config differently) or all.")
 @click.option("--engine-version", metavar="X.Y", help="Engine version to check against (default: latest known).")
 @click.option("--deep", is_flag=True, help="Also read every tensor once: NaN/Inf, zero or constant weights, d2t/t2d.")
 @click.option("--strict", is_flag=True, help="Warnings fail too.")
@@ -47,8 +49,9 @@ _ORDER = {"error": 0, "warning": 1, "info": 2}
 def validate_command(ctx, path, target, engine, engine_version, deep, strict, list_rules, subfolder, revision, family,
                      allow_pickle, output_format):
     """Check a draft against every known pitfall; exit 1 on errors (or warnings with --strict)."""
-    from eaglekit.rules import all_rules
+    from eaglekit.rules import all_rules, checked_engines
 
+    checked_engines(engine, engine_version)  # a bad --engine is refused before the draft is read
     if list_rules:
         rules = [r.to_dict() for r in all_rules()]
         emit_json({"rules": rules}) if output_format == "json" else render_rules(rules)
@@ -82,12 +85,19 @@ def render_report(doc: dict, family: str, producer: str) -> None:
     if findings:
         out.print(findings_table(findings))
     counts = f"{doc['errors']} error(s), {doc['warnings']} warning(s), {doc['infos']} info"
-    if len(doc["engines"]) > 1:
+    if len(doc["engines"]) > 1 or any(e["settings"] for e in doc["engines"]):
         for e in doc["engines"]:
             verdict = ("serves it", "green") if e["ok"] else (f"{e['errors']} error(s) stop it", "bold red")
-            out.print(styled(f"{e['engine']} {e['version']}: ", verdict))
-    if doc["fix"]:
-        out.print("fix (rewrites what the engine rules check, validates its output, never changes the source):")
+            needs = f" with {'; '.join(e['settings'])}" if e["ok"] and e["settings"] else ""
+            out.print(styled(f"{e['engine']} {e['version']}: ", verdict, needs), soft_wrap=True)
+            if len(doc["engines"]) > 1 and e["fix"]:
+                out.print(styled("  fix: ", (e["fix"], "bold")), soft_wrap=True)
+    for note in doc["conflicts"]:
+        out.print(styled(("conflict: ", "bold yellow"), note))
+    if doc["fix"] and len(doc["engines"]) == 1:
+        out.print("convert (llama.cpp loads GGUF only; the source is never changed):" if doc["engines"][0]["engine"]
+                  == "llamacpp" else "fix (rewrites what the engine rules check, validates its output, never "
+                  "changes the source):")
         out.print(styled("  ", (doc["fix"], "bold")), soft_wrap=True)  # a command to copy: never wrapped
     if doc["ok"]:
         out.print(styled(("PASSED", "green"), f": {counts}"))

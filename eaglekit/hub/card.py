@@ -13,9 +13,17 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.config_view import REPO_ID
-from eaglekit.engines import SGLANG, VLLM
+from eaglekit.engines import ENGINES, LLAMACPP
 from eaglekit.findings import Finding
-from eaglekit.serving import ENGINE_LABELS, MinimumVersion, minimum_versions
+from eaglekit.rules import UPGRADE_DIALECT
+from eaglekit.serving import (
+    ENGINE_LABELS,
+    NOT_AS_IS,
+    MinimumVersion,
+    minimum_versions,
+    serve_command,
+    serving_support,
+)
 from eaglekit.spec import DraftSpec
 
 EAGLE3_ARXIV = "2503.01840"
@@ -71,19 +79,6 @@ def card_tags(spec: DraftSpec) -> list[str]:
     if spec.eagle_version == "3.1":
         tags.append(f"arxiv:{EAGLE31_ARXIV}")
     return tags
-
-
-def vllm_command(target: str | None, repo_id: str) -> str:
-    config = json.dumps({"model": repo_id, "method": "eagle3", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS})
-    return f"vllm serve {target or TARGET_PLACEHOLDER} --speculative-config '{config}'"
-
-
-def sglang_command(target: str | None, repo_id: str) -> str:
-    return (
-        f"python -m sglang.launch_server --model {target or TARGET_PLACEHOLDER} --speculative-algorithm EAGLE3 "
-        f"--speculative-draft-model-path {repo_id} --speculative-num-steps {NUM_SPECULATIVE_TOKENS} "
-        f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {NUM_SPECULATIVE_TOKENS + 1}"
-    )
 
 
 def build_card(
@@ -220,13 +215,34 @@ def _requirement(need: MinimumVersion) -> str:
 
 
 def _serving(spec: DraftSpec, repo_id: str, target: str | None) -> str:
+    """One section per engine that serves these files (its command with the settings it needs), the GGUF route
+    for llama.cpp, then the engines that cannot serve them as they are, and why."""
     needs = minimum_versions(spec)
-    return (
-        "## Use with vLLM\n\n"
-        f"```bash\n{vllm_command(target, repo_id)}\n```\n\n{_requirement(needs[VLLM])}\n\n"
-        "## Use with SGLang\n\n"
-        f"```bash\n{sglang_command(target, repo_id)}\n```\n\n{_requirement(needs[SGLANG])}\n"
-    )
+    support = {s.engine: s for s in serving_support(spec)}
+    shown = target or TARGET_PLACEHOLDER
+    k = NUM_SPECULATIVE_TOKENS
+    sections, refused = [], []
+    for engine in ENGINES:
+        s, label = support[engine], ENGINE_LABELS[engine]
+        if s.verdict == NOT_AS_IS and s.engine_specific:  # a fault of the files alone is the Validation section's
+            to = UPGRADE_DIALECT.get(engine, "vllm")
+            remedy = f" `eaglekit upgrade {repo_id} draft-{to} --to {to}` writes the files it reads." if s.fix else ""
+            refused.append(f"- **{label}**: {s.reason.split(': ', 1)[-1]}.{remedy}")
+        elif engine == LLAMACPP:
+            gguf = "draft-gguf/draft.gguf"
+            commands = (f"eaglekit upgrade {repo_id} draft-gguf --to gguf --target <TARGET_GGUF>\n"
+                        f"{serve_command(engine, '<TARGET_GGUF>', gguf, k)}")
+            sections.append(f"## Use with {label}\n\nllama.cpp loads GGUF: convert the draft with eaglekit (it "
+                            f"writes the draft's own target layers and vocabulary map), then serve it.\n\n"
+                            f"```bash\n{commands}\n```\n\n{_requirement(needs[engine])}\n")
+        else:
+            pinned = (f" The setting pins the target layers the draft was trained on: {label} does not take them "
+                      "from the config as written." if s.settings else "")
+            sections.append(f"## Use with {label}\n\n```bash\n{serve_command(engine, shown, repo_id, k, s.settings)}"
+                            f"\n```\n\n{_requirement(needs[engine])}{pinned}\n")
+    if refused:
+        sections.append("## Engines that cannot serve these files as they are\n\n" + "\n".join(refused) + "\n")
+    return "\n".join(sections)
 
 
 def _number(value: Any, digits: int = 2) -> str:

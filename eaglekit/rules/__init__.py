@@ -9,11 +9,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import eaglekit.rules.deep
+import eaglekit.rules.engine_llamacpp
 import eaglekit.rules.engine_sglang
+import eaglekit.rules.engine_tokenspeed
+import eaglekit.rules.engine_trtllm
 import eaglekit.rules.engine_vllm
 import eaglekit.rules.structure
 import eaglekit.rules.target  # noqa: F401 (importing a rule module registers its rules)
-from eaglekit.engines import ENGINES, LATEST, OLDEST_MODELLED, Version, format_version, parse_version
+from eaglekit.engines import (
+    ENGINES,
+    LATEST,
+    LLAMACPP,
+    OLDEST_MODELLED,
+    SGLANG,
+    TRTLLM,
+    Version,
+    format_version,
+    parse_version,
+)
+from eaglekit.engines.conflicts import conflicts
+from eaglekit.engines.settings import engine_settings
 from eaglekit.errors import UsageError
 from eaglekit.findings import Finding
 from eaglekit.rules.expected import expected_tensors, tensor_expectations
@@ -38,7 +53,14 @@ class ValidationReport:
     findings: list[Finding]
     groups: tuple[str, ...]
     engines: dict[str, str] = field(default_factory=dict)  # engine -> version checked
-    fix: str | None = None  # the command that rewrites what the failing engine rules check
+    fixes: dict[str, str | None] = field(default_factory=dict)  # engine -> the upgrade that serves it (None: none)
+    settings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # engine -> what to pass it beside the files
+    conflicts: list[str] = field(default_factory=list)  # engines that read one key of this config differently
+
+    @property
+    def fix(self) -> str | None:
+        """The first checked engine's fix: the command that rewrites what its failing rules check."""
+        return next((f for f in self.fixes.values() if f), None)
 
     def count(self, severity: str) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -76,21 +98,27 @@ class ValidationReport:
             "warnings": self.warnings,
             "infos": self.infos,
             "groups": list(self.groups),
-            "engines": [{"engine": e, "version": v, "errors": n, "ok": n == 0}
+            "engines": [{"engine": e, "version": v, "errors": n, "ok": n == 0,
+                         "settings": list(self.settings.get(e, ())), "fix": self.fixes.get(e)}
                         for e, v in self.engines.items() for n in [self.errors_for(e)]],
             "findings": [f.to_dict() for f in self.findings],
             "fix": self.fix,
+            "conflicts": list(self.conflicts),
         }
 
 
 def checked_engines(engine: str, engine_version: str | None) -> dict[str, Version]:
-    """The engine(s) and version(s) to model; a version older than eaglekit models is a usage error."""
-    if engine == "all":
+    """The engine(s) and version(s) to model: one engine, a comma list, or all; a version older than eaglekit
+    models is a usage error."""
+    names = list(ENGINES) if engine == "all" else [e.strip() for e in engine.split(",") if e.strip()]
+    unknown = [e for e in names if e not in ENGINES]
+    if unknown or not names:
+        raise UsageError(f"unknown engine {(unknown or [engine])[0]!r}; known: {', '.join(ENGINES)}, all "
+                         "(or a comma list)")
+    if len(names) > 1:
         if engine_version is not None:
-            raise UsageError("--engine-version needs a single --engine (vllm or sglang), not all")
-        return {e: parse_version(LATEST[e]) for e in ENGINES}
-    if engine not in ENGINES:
-        raise UsageError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}, all")
+            raise UsageError(f"--engine-version needs a single --engine ({', '.join(ENGINES)}), not {engine}")
+        return {e: parse_version(LATEST[e]) for e in ENGINES if e in names}
     version = parse_version(engine_version or LATEST[engine])
     oldest = OLDEST_MODELLED[engine]
     if version < parse_version(oldest):
@@ -108,7 +136,8 @@ def run_rules(
     deep: bool = False,
     groups: tuple[str, ...] | None = None,
 ) -> ValidationReport:
-    """Run the selected rule groups over a draft. engine is vllm, sglang or all; versions default to the latest known."""
+    """Run the selected rule groups over a draft. engine is one of ENGINES, a comma list or all; versions default
+    to the latest modelled."""
     selected = tuple(groups) if groups is not None else DEFAULT_GROUPS
     unknown = [g for g in selected if g not in GROUPS]
     if unknown:
@@ -132,15 +161,28 @@ def run_rules(
             findings.append(Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key, refuses))
     checked = {e: format_version(v) for e, v in versions.items()} if "engine" in selected else {}
     ran = tuple(g for g in selected if g != "target" or target is not None)
-    return ValidationReport(spec.path, findings, ran, checked, fix_command(spec, findings))
+    fixes = {e: fix_command(spec, findings, e) for e in checked}
+    settings = {e: engine_settings(spec, e, target) for e in checked}
+    clashes = conflicts(spec, tuple(checked), target) if len(checked) > 1 else []
+    return ValidationReport(spec.path, findings, ran, checked, fixes, settings, clashes)
 
 
-def fix_command(spec: DraftSpec, findings: list[Finding]) -> str | None:
-    """`eaglekit upgrade` rewrites names, ids and config for the engine: the fix for engine-group errors.
+# what `eaglekit upgrade --to` writes for each engine (tokenspeed reads the vLLM layout, given its capture flag)
+UPGRADE_DIALECT = {SGLANG: "sglang", TRTLLM: "trtllm", LLAMACPP: "gguf"}
+
+
+def fix_command(spec: DraftSpec, findings: list[Finding], engine: str) -> str | None:
+    """`eaglekit upgrade` rewrites names, ids and config for the engine: the fix for its engine-group errors,
+    None when there are none or one of them is a function the engine lacks.
     An EAGLE-3 source keeps its function (no fc_norm / norm_output added); a 3.1 source keeps its trained norms."""
-    group = {r.code: r.group for r in all_rules()}
-    if not any(f.severity == "error" and group.get(f.code) == "engine" for f in findings):
-        return None
+    rules = {r.code: r for r in all_rules()}
+    failing = [rules[f.code] for f in findings if f.severity == "error" and f.code in rules
+               and rules[f.code].group == "engine" and rules[f.code].engine == engine]
+    if not all(r.convertible for r in failing) or not (failing or engine == LLAMACPP):
+        return None  # llama.cpp loads GGUF only: the conversion is its fix even when nothing fails
+    dialect = UPGRADE_DIALECT.get(engine)
     keep = " --no-fc-norm --no-norm-output" if spec.eagle_version == "3" else ""
-    target = f" --target {spec.target.path}" if spec.target is not None else ""
-    return f"eaglekit upgrade {spec.path} {spec.path.rstrip('/')}-vllm{target}{keep}"
+    target = f" --target {spec.target.path}" if spec.target is not None else (
+        " --target <TARGET>" if engine == LLAMACPP else "")  # a GGUF carries the target's tokenizer
+    to = f" --to {dialect}" if dialect else ""
+    return f"eaglekit upgrade {spec.path} {spec.path.rstrip('/')}-{dialect or 'vllm'}{target}{to}{keep}"

@@ -8,6 +8,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from eaglekit.engines import SglangView, Version, VllmView, sglang_view, vllm_view
+from eaglekit.engines.tokenspeed import TokenspeedView, tokenspeed_view
+from eaglekit.engines.trtllm import TrtllmView, trtllm_view
 from eaglekit.findings import SEVERITIES
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
@@ -54,6 +56,14 @@ class RuleContext:
         return sglang_view(self.spec, self.target)
 
     @cached_property
+    def trtllm(self) -> TrtllmView:
+        return trtllm_view(self.spec)
+
+    @cached_property
+    def tokenspeed(self) -> TokenspeedView:
+        return tokenspeed_view(self.spec, self.target)
+
+    @cached_property
     def stats(self) -> dict[str, TensorStats]:
         from eaglekit.rules.scan import scan_draft
 
@@ -72,7 +82,8 @@ class Rule:
     title: str
     engine: str | None = None  # engine rules: the engine whose behaviour they describe
     check: Check | None = field(default=None, repr=False, compare=False)
-    refuses_load: bool = False  # a hit means vLLM's loader raises on these files (not a silent misreading)
+    refuses_load: bool = False  # a hit means the engine's loader raises on these files (not a silent misreading)
+    convertible: bool = True  # engine rules: `eaglekit upgrade` can write what the engine needs
 
     def to_dict(self) -> dict:
         return {"code": self.code, "severity": self.severity, "group": self.group, "engine": self.engine,
@@ -83,8 +94,9 @@ _RULES: dict[str, Rule] = {}
 
 
 def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, engine: str | None = None,
-         refuses_load: bool = False):
-    """Register a check under a stable code; `refuses_load`: vLLM will not load a draft this rule hits."""
+         refuses_load: bool = False, convertible: bool = True):
+    """Register a check under a stable code; `refuses_load`: the engine will not load a draft this rule hits;
+    `convertible=False`: no rewrite of the files serves the draft on that engine (a function it lacks)."""
     if severity not in SEVERITIES or group not in GROUPS:
         raise ValueError(f"rule {code}: bad severity {severity!r} or group {group!r}")
     if (group == "engine") != (engine is not None):
@@ -93,7 +105,7 @@ def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, 
     def register(fn: Check) -> Check:
         if code in _RULES:
             raise ValueError(f"rule code {code} registered twice")
-        _RULES[code] = Rule(code, severity, group, pitfall, title, engine, fn, refuses_load)
+        _RULES[code] = Rule(code, severity, group, pitfall, title, engine, fn, refuses_load, convertible)
         return fn
 
     return register

@@ -37,7 +37,7 @@ def served_reading(spec: DraftSpec, target: TargetInfo, version: str | None = No
                    runner: str | None = None) -> ServedReading:
     """vLLM `version` (default: the latest modelled) with `runner` (default: that version's default runner for this
     target) reading the draft's files as they are."""
-    from eaglekit.rules import fix_command, run_rules
+    from eaglekit.rules import run_rules
 
     parsed = parse_version(version or LATEST[VLLM])
     runner = runner or vllm_default_runner(parsed, target.architectures[0] if target.architectures else None)
@@ -64,4 +64,4 @@ def served_reading(spec: DraftSpec, target: TargetInfo, version: str | None = No
     if not ids:
         silent.append(f"captures its default aux ids {list(target.default_aux_ids)}: the draft names none it reads")
     return ServedReading(engine, tuple(sorted(ids or target.default_aux_ids)), source, flags, refusal, silent,
-                         fix_command(spec, report.findings))
+                         report.fixes.get(VLLM))

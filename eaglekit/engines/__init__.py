@@ -1,6 +1,7 @@
 """What each serving engine reads from a draft, by version: the one source for validate's engine rules and inspect.
 
 vLLM facts follow reference §4 and §11 (0.21.0 .. 0.33.0); SGLang facts follow 0.5.23, the only release modelled.
+TensorRT-LLM, llama.cpp and tokenspeed have a module each (one release modelled, read from their code).
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from eaglekit.target import TargetInfo
 
 VLLM = "vllm"
 SGLANG = "sglang"
-ENGINES = (VLLM, SGLANG)
-LATEST = {VLLM: "0.33.0", SGLANG: "0.5.23"}
+TRTLLM = "trtllm"
+LLAMACPP = "llamacpp"
+TOKENSPEED = "tokenspeed"
+ENGINES = (VLLM, SGLANG, TRTLLM, LLAMACPP, TOKENSPEED)
+LABELS = {VLLM: "vLLM", SGLANG: "SGLang", TRTLLM: "TensorRT-LLM", LLAMACPP: "llama.cpp", TOKENSPEED: "tokenspeed"}
+LATEST = {VLLM: "0.33.0", SGLANG: "0.5.23", TRTLLM: "1.2.0", LLAMACPP: "b9606", TOKENSPEED: "0.1.0"}
 VLLM_OLDEST_KNOWN = "0.21.0"
-OLDEST_MODELLED = {VLLM: VLLM_OLDEST_KNOWN, SGLANG: LATEST[SGLANG]}
+OLDEST_MODELLED = {VLLM: VLLM_OLDEST_KNOWN, SGLANG: LATEST[SGLANG], TRTLLM: LATEST[TRTLLM],
+                   LLAMACPP: LATEST[LLAMACPP], TOKENSPEED: LATEST[TOKENSPEED]}
 
 Version = tuple[int, int, int]
 
@@ -57,10 +63,15 @@ SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3
 DEEPSEEK_TARGET_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "kimi_k25")
 
 _VERSION = re.compile(r"^v?(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?$")
+_BUILD = re.compile(r"^b?(\d{4,6})$")  # llama.cpp names releases by build number: b9606
+FIRST_BUILD_NUMBER = 1000
 
 
 def parse_version(text: str) -> Version:
     """'0.23' or '0.23.1' -> (0, 23, 1); anything else is a usage error."""
+    build = _BUILD.match(text.strip())
+    if build:
+        return int(build.group(1)), 0, 0
     m = _VERSION.match(text.strip())
     if not m:
         raise UsageError(f"engine version {text!r} is not X.Y or X.Y.Z")
@@ -68,7 +79,15 @@ def parse_version(text: str) -> Version:
 
 
 def format_version(v: Version) -> str:
+    if v[0] >= FIRST_BUILD_NUMBER and v[1:] == (0, 0):
+        return f"b{v[0]}"
     return ".".join(str(p) for p in v)
+
+
+def output_of_layer(ids: tuple[int, ...]) -> tuple[int, ...] | None:
+    """vLLM-convention ids (input of layer i) as the output-of-layer ids TensorRT-LLM, tokenspeed and SGLang's
+    Llama path take; None when the list holds the embedding (0), which that convention cannot name."""
+    return tuple(i - 1 for i in ids) if ids and min(ids) >= 1 else None
 
 
 def other_draft_method(architectures: Any) -> str | None:
@@ -230,10 +249,25 @@ def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
 
 def sglang_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
     """Version floors for SGLang; 0.5.23 is the only release modelled, so it is the floor of any 3.1 flag."""
+    return _single_release(spec, SGLANG, "EAGLE-3.1 in the Llama and MLA drafts")
+
+
+def _single_release(spec: DraftSpec, engine: str, what: str) -> list[tuple[Version, str]]:
     flags = spec.flags
     if (flags.fc_norm or flags.norm_output) and not flags.norm_output_legacy_specforge:
-        return [(parse_version(LATEST[SGLANG]), "EAGLE-3.1 in the Llama and MLA drafts")]
+        return [(parse_version(LATEST[engine]), what)]
     return []
+
+
+def engine_requirements(spec: DraftSpec, engine: str) -> list[tuple[Version, str]]:
+    """Version floors of one engine for this draft, with why (empty: nothing above the oldest release modelled)."""
+    if engine == VLLM:
+        return vllm_requirements(spec)
+    if engine == LLAMACPP:
+        return [(parse_version(LATEST[LLAMACPP]), "EAGLE-3 drafts (--spec-type draft-eagle3)")]
+    what = {SGLANG: "EAGLE-3.1 in the Llama and MLA drafts", TRTLLM: "EAGLE-3.1 as read at 1.2.0",
+            TOKENSPEED: "EAGLE-3.1 as read at 0.1.0"}[engine]
+    return _single_release(spec, engine, what)
 
 
 @dataclass(frozen=True)
