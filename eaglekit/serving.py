@@ -115,5 +115,5 @@ def serve_command(engine: str, target: str, draft: str, k: int, settings: tuple[
                  f"trtllm-serve {target} --extra_llm_api_options eagle3.yaml"]
         return "\n".join(lines)
     if engine == LLAMACPP:
-        return f"llama-server -m {target} -md {draft} --spec-type draft-eagle3 --draft-max {k}"
+        return f"llama-server -m {target} -md {draft} --spec-type draft-eagle3 --spec-draft-n-max {k}"
     raise ValueError(f"unknown engine {engine!r}")

@@ -85,7 +85,47 @@ def target_config_path(path: str) -> str:
     return path if path.endswith(".json") else os.path.join(path, "config.json")
 
 
+# llama.cpp's GGUF architecture names -> the Hugging Face model_type of the same family
+GGUF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
+                    "qwen3next": "qwen3_next", "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "gemma3": "gemma3",
+                    "gemma4": "gemma4", "minimax-m2": "minimax_m2", "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v3",
+                    "mistral3": "mistral3"}
+
+
+def read_gguf_target(path: str) -> TargetInfo:
+    """A target given as its GGUF file (what llama.cpp serves): L, T, V and the family from the metadata."""
+    from eaglekit.io.gguf import read_gguf
+
+    contents, _ = read_gguf(path)
+    arch = contents.value("general.architecture")
+    if not isinstance(arch, str):
+        raise CheckpointError("GGUF without general.architecture", path)
+
+    def positive(key: str) -> int:
+        value = contents.value(f"{arch}.{key}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"GGUF metadata {arch}.{key} must be a positive integer, not {value!r}"[:200], path)
+        return value
+
+    tokens = contents.fields.get("tokenizer.ggml.tokens")
+    vocab = contents.value(f"{arch}.vocab_size") or (len(tokens.value) if tokens else None)
+    if not isinstance(vocab, int) or vocab < 1:
+        raise CheckpointError("GGUF has neither a vocab_size nor tokenizer.ggml.tokens", path)
+    context = contents.value(f"{arch}.context_length")
+    name = contents.value("general.name")
+    model_type = GGUF_MODEL_TYPES.get(arch, arch)
+    return TargetInfo(
+        path=os.path.abspath(path), num_layers=positive("block_count"), hidden_size=positive("embedding_length"),
+        vocab_size=vocab, tie_word_embeddings="output.weight" not in contents.tensors, architectures=(),
+        model_type=model_type, max_position_embeddings=context if isinstance(context, int) and context > 0 else None,
+        name_or_path=name if isinstance(name, str) else None,
+    )
+
+
 def read_target(path: str) -> TargetInfo:
+    """A target's facts from its folder, its config.json, or its GGUF file."""
+    if path.endswith(".gguf") and not os.path.isdir(path):
+        return read_gguf_target(path)
     cfg_path = target_config_path(path)
     if not os.path.lexists(cfg_path):
         raise CheckpointError("target config not found (give a model directory or its config.json)", cfg_path)

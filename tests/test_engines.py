@@ -22,7 +22,7 @@ def _spec(tmp_path, layout="vllm", name="d", **kw):
 
 def test_llama_cpp_builds_are_versions():
     assert parse_version("b9606") == parse_version("9606") == (9606, 0, 0)
-    assert format_version(parse_version(LATEST["llamacpp"])) == "b9606"
+    assert format_version(parse_version(LATEST["llamacpp"])) == LATEST["llamacpp"] == "b11434"
     assert format_version((0, 33, 0)) == "0.33.0"
 
 
@@ -91,6 +91,6 @@ def test_serve_commands_carry_the_settings():
                         "  speculative_model: D", "  eagle3_layers_to_capture: [1, 5, 8]"]
     assert trt[-1] == "trtllm-serve T --extra_llm_api_options eagle3.yaml"
     assert serve_command("llamacpp", "T.gguf", "D.gguf", 3) == (
-        "llama-server -m T.gguf -md D.gguf --spec-type draft-eagle3 --draft-max 3")
+        "llama-server -m T.gguf -md D.gguf --spec-type draft-eagle3 --spec-draft-n-max 3")
     config = serve_command("vllm", "T", "D", 3).split("--speculative-config ", 1)[1].strip("'")
     assert json.loads(config) == {"model": "D", "method": "eagle3", "num_speculative_tokens": 3}

@@ -308,7 +308,9 @@ CASES = [
     Case("EK373", lambda p: draft(p, layers=2), lambda p: draft(p)),
     Case("EK374", lambda p: draft(p, attention="mla"), lambda p: draft(p), label="mla"),
     Case("EK374", lambda p: draft(p, attention="qwen3"), lambda p: draft(p), label="qwen3"),
-    Case("EK375", lambda p: (draft(p, aux_ids=(3, 6, 9)), target(p)), lambda p: (draft(p), target(p))),
+    # SpecForge keeps its ids in eagle_config only, which llama.cpp's converter never reads: it writes the default
+    Case("EK375", lambda p: (draft(p, "specforge", aux_ids=(3, 6, 9)), target(p)),
+         lambda p: (draft(p, aux_ids=(3, 6, 9)), target(p))),
     Case("EK376", lambda p: (draft(p), edit_config(target(p), lambda c: c.update(model_type="falcon_h1"))),
          lambda p: (draft(p), target(p))),
     # ---------------------------------------------------------------- tokenspeed (output-of-layer ids: SpecForge's)

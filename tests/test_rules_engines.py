@@ -144,7 +144,7 @@ def test_target_recorded_by_load_draft_is_used(tmp_path):
 
 def test_engine_all_runs_every_engine_once_each(tmp_path):
     report = run_rules(spec_of(tmp_path), engine="all")
-    assert report.engines == {"vllm": "0.33.0", "sglang": "0.5.23", "trtllm": "1.2.0", "llamacpp": "b9606",
+    assert report.engines == {"vllm": "0.33.0", "sglang": "0.5.23", "trtllm": "1.2.0", "llamacpp": "b11434",
                               "tokenspeed": "0.1.0"}
     # vLLM-convention ids in eagle_config: SGLang shifts them (error); TensorRT-LLM and tokenspeed need a setting
     assert [f.code for f in report.findings] == ["EK351", "EK361", "EK381"]

@@ -103,12 +103,14 @@ def _progress(enabled: bool):
                    "else ones].")
 @click.option("--calibration-file", type=click.Path(exists=True, dir_okay=False),
               help="Text to run the target on for calibration (default: a bundled prose and code sample).")
-@click.option("--fc-norm/--no-fc-norm", default=True, show_default=True,
-              help="Add EAGLE-3.1 per-aux RMSNorms before fc.")
-@click.option("--norm-output/--no-norm-output", default=True, show_default=True,
-              help="Feed the post-norm state to the next step (EAGLE-3.1). Both off: lossless normalisation.")
-@click.option("--to", "to", type=click.Choice(["vllm", "sglang", "speculators"]), default="vllm", show_default=True,
-              help="Output dialect (MLA drafts: vllm or sglang).")
+@click.option("--fc-norm/--no-fc-norm", default=None,
+              help="Add EAGLE-3.1 per-aux RMSNorms before fc [default: on; off with --to gguf].")
+@click.option("--norm-output/--no-norm-output", default=None,
+              help="Feed the post-norm state to the next step (EAGLE-3.1) [default: on; off with --to gguf]. Both "
+                   "off: lossless normalisation.")
+@click.option("--to", "to", type=click.Choice(["vllm", "sglang", "speculators", "trtllm", "gguf"]), default="vllm",
+              show_default=True, help="Output dialect (MLA drafts: vllm or sglang); gguf: one DST.gguf file for "
+                                      "llama.cpp, with --target the target's GGUF (EAGLE-3 drafts only).")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), help="Write every float tensor in this dtype.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Shard the weights above this size.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (every tensor) and write nothing.")
@@ -131,9 +133,11 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
     from eaglekit.io.dtypes import dtype_from_name
     from eaglekit.upgrade import UpgradeOptions, upgrade
 
+    eagle31_default = to != "gguf"  # llama.cpp has no EAGLE-3.1 functions
     options = UpgradeOptions(
         source_family=source_family, target=target, aux_layer_ids=parse_ids(aux_layer_ids),
-        aux_convention=aux_convention, fc_norm=fc_norm, norm_output=norm_output, fc_norm_init=fc_norm_init,
+        aux_convention=aux_convention, fc_norm=eagle31_default if fc_norm is None else fc_norm,
+        norm_output=eagle31_default if norm_output is None else norm_output, fc_norm_init=fc_norm_init,
         calibration_file=calibration_file, to=to, dtype=dtype_from_name(dtype) if dtype else None,
         max_shard_size=parse_size(max_shard_size), dry_run=dry_run, force=force, allow_pickle=allow_pickle,
         subfolder=subfolder, revision=revision, device=device,
@@ -210,8 +214,13 @@ def render(doc: dict) -> None:
         out.print(styled(("Dry run: nothing was written.", "bold")))
     else:
         seconds = doc["timings"].get("total_s", 0.0)
+        checked = {"sglang": "validated for SGLang", "trtllm": "validated for TensorRT-LLM",
+                   "gguf": "read back and checked against llama.cpp's eagle3 loader"}.get(dst["dialect"],
+                                                                                          "validated for vLLM")
         out.print(styled(("Wrote", "green"), f" {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
-                         "validated for " + ("SGLang" if dst["dialect"] == "sglang" else "vLLM") + "."))
-    if doc["next_command"]:
+                         f"{checked}."))
+    if doc["next_command"] and dst["dialect"] == "gguf":
+        out.print(styled("serve: ", (doc["next_command"], "bold")), soft_wrap=True)
+    elif doc["next_command"]:
         out.print(styled("next: ", (doc["next_command"], "bold"), "  (trains the new function; until then this "
                          "draft accepts fewer tokens than its source)"))

@@ -22,8 +22,9 @@ LLAMACPP = "llamacpp"
 TOKENSPEED = "tokenspeed"
 ENGINES = (VLLM, SGLANG, TRTLLM, LLAMACPP, TOKENSPEED)
 LABELS = {VLLM: "vLLM", SGLANG: "SGLang", TRTLLM: "TensorRT-LLM", LLAMACPP: "llama.cpp", TOKENSPEED: "tokenspeed"}
-LATEST = {VLLM: "0.33.0", SGLANG: "0.5.23", TRTLLM: "1.2.0", LLAMACPP: "b9606", TOKENSPEED: "0.1.0"}
+LATEST = {VLLM: "0.33.0", SGLANG: "0.5.23", TRTLLM: "1.2.0", LLAMACPP: "b11434", TOKENSPEED: "0.1.0"}
 VLLM_OLDEST_KNOWN = "0.21.0"
+LLAMACPP_FIRST_EAGLE3 = "b9606"  # ggml-org/llama.cpp #18039: --spec-type draft-eagle3
 OLDEST_MODELLED = {VLLM: VLLM_OLDEST_KNOWN, SGLANG: LATEST[SGLANG], TRTLLM: LATEST[TRTLLM],
                    LLAMACPP: LATEST[LLAMACPP], TOKENSPEED: LATEST[TOKENSPEED]}
 
@@ -264,9 +265,11 @@ def engine_requirements(spec: DraftSpec, engine: str) -> list[tuple[Version, str
     if engine == VLLM:
         return vllm_requirements(spec)
     if engine == LLAMACPP:
-        return [(parse_version(LATEST[LLAMACPP]), "EAGLE-3 drafts (--spec-type draft-eagle3)")]
-    what = {SGLANG: "EAGLE-3.1 in the Llama and MLA drafts", TRTLLM: "EAGLE-3.1 as read at 1.2.0",
-            TOKENSPEED: "EAGLE-3.1 as read at 0.1.0"}[engine]
+        needs = [(parse_version(LLAMACPP_FIRST_EAGLE3), "EAGLE-3 drafts (--spec-type draft-eagle3)")]
+        if spec.flags.norm_before_fc:
+            needs.append((parse_version(LATEST[LLAMACPP]), f"norm_before_fc as read at {LATEST[LLAMACPP]}"))
+        return needs
+    what = "EAGLE-3.1 in the Llama and MLA drafts" if engine == SGLANG else f"EAGLE-3.1 as read at {LATEST[engine]}"
     return _single_release(spec, engine, what)
 
 

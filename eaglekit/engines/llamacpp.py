@@ -1,25 +1,24 @@
-"""What llama.cpp (upstream, build 9606 and later: `--spec-type draft-eagle3`) reads from an EAGLE-3 draft.
+"""What llama.cpp reads from an EAGLE-3 draft, as read at build b11434 (`--spec-type draft-eagle3`, from b9606).
 
-llama.cpp loads GGUF only. Its converter (`convert_hf_to_gguf.py --target-model-dir`, conversion/llama.py) detects
-a draft by `draft_vocab_size` plus one layer, and writes `eagle3.target_layers` = [2, N//2, N-3] whatever the draft
-was trained on; it never reads fc_norm, norm_output or norm_before_fc. The loader (src/models/eagle3.cpp) wants
-exactly three target layers (input-of-layer, vLLM's convention), one decoder layer, Llama attention (no q/k norms,
-no bias), an I64 `d2t` of absolute target ids, and borrows a missing token_embd / output from the target. Only
+llama.cpp loads GGUF only. Its converter (`convert_hf_to_gguf.py --target-model-dir`, conversion/llama.py)
+detects a draft by `draft_vocab_size` plus one layer, writes `eagle3.target_layers` from the *top-level*
+`eagle_aux_hidden_state_layer_ids` as written (else [2, N//2, N-3]; an id list only in eagle_config is never
+read), and carries `norm_before_fc` / `norm_before_residual`; fc_norm and norm_output are dropped silently. The
+loader (src/models/eagle3.cpp) wants exactly three target layers (input-of-layer, vLLM's convention), one
+decoder layer, Llama attention (no q/k norms, no bias), an I64 `d2t` of absolute target ids and, with
+norm_before_fc, `enc.output_norm.weight`; a missing token_embd / output is borrowed from the target. Only
 target graphs that record layer inputs can feed it.
 """
 
 from __future__ import annotations
 
-NAME = "llamacpp"
-LABEL = "llama.cpp"
-VERSION = "9606"  # the first build with EAGLE-3 drafts (ggml-org/llama.cpp #18039)
 ARCH = "eagle3"
 NUM_TARGET_LAYERS = 3
 # Hugging Face model_type of the targets whose llama.cpp graphs record layer inputs (t_layer_inp)
 TARGET_MODEL_TYPES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma4",
-                      "minimax_m2", "gpt_oss")
+                      "minimax_m2", "gpt_oss", "lfm2", "nemotron_h", "deepseek_v4", "bailing_moe_v3", "mimo_v2")
 
 
-def converter_layers(num_layers: int) -> tuple[int, ...]:
-    """What llama.cpp's own converter writes as target layers, whatever the draft's config says."""
-    return (2, num_layers // 2, num_layers - 3)
+def converter_layers(top_level_ids: tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
+    """What llama.cpp's own converter writes as target layers: the top-level list as written, else the default."""
+    return tuple(top_level_ids) if top_level_ids else (2, num_layers // 2, num_layers - 3)

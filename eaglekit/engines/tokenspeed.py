@@ -17,9 +17,6 @@ from eaglekit.config_view import as_ids, nested
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
-NAME = "tokenspeed"
-LABEL = "tokenspeed"
-VERSION = "0.1.0"
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
 UNSHIFTED_TARGET_TYPES = ("kimi_k3",)
 DEFAULT_K = 3

@@ -15,9 +15,6 @@ from eaglekit.config_view import as_int, nested
 from eaglekit.engines import output_of_layer
 from eaglekit.spec import DraftSpec
 
-NAME = "trtllm"
-LABEL = "TensorRT-LLM"
-VERSION = "1.2.0"
 ARCHITECTURES = ("EAGLE3LlamaForCausalLM", "Eagle3DeepSeekV3ForCausalLM")
 """Registered draft classes; the default one-model path ignores `architectures` and builds `eagle3_model_arch`."""
 DEFAULT_K = 3

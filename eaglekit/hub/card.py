@@ -229,8 +229,8 @@ def _serving(spec: DraftSpec, repo_id: str, target: str | None) -> str:
             remedy = f" `eaglekit upgrade {repo_id} draft-{to} --to {to}` writes the files it reads." if s.fix else ""
             refused.append(f"- **{label}**: {s.reason.split(': ', 1)[-1]}.{remedy}")
         elif engine == LLAMACPP:
-            gguf = "draft-gguf/draft.gguf"
-            commands = (f"eaglekit upgrade {repo_id} draft-gguf --to gguf --target <TARGET_GGUF>\n"
+            gguf = "draft.gguf"
+            commands = (f"eaglekit upgrade {repo_id} {gguf} --to gguf --target <TARGET_GGUF>\n"
                         f"{serve_command(engine, '<TARGET_GGUF>', gguf, k)}")
             sections.append(f"## Use with {label}\n\nllama.cpp loads GGUF: convert the draft with eaglekit (it "
                             f"writes the draft's own target layers and vocabulary map), then serve it.\n\n"

@@ -185,4 +185,5 @@ def fix_command(spec: DraftSpec, findings: list[Finding], engine: str) -> str | 
     target = f" --target {spec.target.path}" if spec.target is not None else (
         " --target <TARGET>" if engine == LLAMACPP else "")  # a GGUF carries the target's tokenizer
     to = f" --to {dialect}" if dialect else ""
-    return f"eaglekit upgrade {spec.path} {spec.path.rstrip('/')}-{dialect or 'vllm'}{target}{to}{keep}"
+    out = spec.path.rstrip("/") + (".gguf" if engine == LLAMACPP else f"-{dialect or 'vllm'}")
+    return f"eaglekit upgrade {spec.path} {out}{target}{to}{keep}"

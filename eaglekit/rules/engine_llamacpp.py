@@ -1,4 +1,4 @@
-"""llama.cpp rules: what its EAGLE-3 GGUF path (build b9606 on) can carry of this checkpoint (eaglekit.engines.llamacpp).
+"""llama.cpp rules: what its EAGLE-3 GGUF path (build b11434) can carry of this checkpoint (eaglekit.engines.llamacpp).
 
 llama.cpp loads GGUF, so every finding here is about the conversion: what a GGUF for `--spec-type draft-eagle3`
 can hold, and what llama.cpp's own converter would silently get wrong.
@@ -6,17 +6,18 @@ can hold, and what llama.cpp's own converter would silently get wrong.
 
 from __future__ import annotations
 
-from eaglekit.engines import LLAMACPP
+from eaglekit.config_view import as_ids
+from eaglekit.engines import LATEST, LLAMACPP
 from eaglekit.engines.llamacpp import NUM_TARGET_LAYERS, TARGET_MODEL_TYPES, converter_layers
 from eaglekit.rules.facts import fmt_ids
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 
-@rule("EK371", "error", "engine", "P38", "EAGLE-3.1 functions llama.cpp does not implement", engine=LLAMACPP, convertible=False)
+@rule("EK371", "error", "engine", "P38", "EAGLE-3.1 functions llama.cpp does not implement", engine=LLAMACPP,
+      convertible=False)
 def eagle31(ctx: RuleContext):
     flags = ctx.spec.flags
-    missing = [name for name, on in (("fc_norm", flags.fc_norm), ("norm_output", flags.norm_output),
-                                     ("norm_before_fc", flags.norm_before_fc)) if on]
+    missing = [name for name, on in (("fc_norm", flags.fc_norm), ("norm_output", flags.norm_output)) if on]
     if missing and not flags.norm_output_legacy_specforge:
         yield Hit(f"{' and '.join(missing)} on: llama.cpp's EAGLE-3 draft has no such function (its converter drops "
                   "the flags silently); serve this draft with vLLM, SGLang, TensorRT-LLM or tokenspeed",
@@ -52,23 +53,24 @@ def attention(ctx: RuleContext):
         yield Hit("attention bias: llama.cpp's eagle3 draft has no q/k/v/o bias tensors", key="attention_bias")
 
 
-@rule("EK375", "warning", "engine", "P17", "llama.cpp's own converter writes the default target layers",
+@rule("EK375", "warning", "engine", "P17", "llama.cpp's own converter would write other target layers",
       engine=LLAMACPP)
 def converter_ids(ctx: RuleContext):
     ids = ctx.spec.aux.ids
     if not ids or ctx.target is None:
         return
-    written = converter_layers(ctx.target.num_layers)
-    if sorted(ids) != sorted(written):
-        yield Hit(f"convert_hf_to_gguf.py writes eagle3.target_layers {fmt_ids(written)} for L={ctx.target.num_layers} "
-                  f"whatever the config says, but the draft was trained on {fmt_ids(ids)}: convert with eaglekit "
-                  "upgrade --to gguf, which writes the draft's own layers", key="eagle_aux_hidden_state_layer_ids")
+    written = converter_layers(as_ids(ctx.spec.config.get("eagle_aux_hidden_state_layer_ids")), ctx.target.num_layers)
+    if sorted(written) != sorted(ids):
+        yield Hit(f"convert_hf_to_gguf.py writes eagle3.target_layers {fmt_ids(written)} (the top-level id list as "
+                  f"written, else [2, L//2, L-3]), but the draft was trained on {fmt_ids(ids)} (vLLM convention): "
+                  "convert with eaglekit upgrade --to gguf, which writes the draft's own layers",
+                  key="eagle_aux_hidden_state_layer_ids")
 
 
-@rule("EK376", "error", "engine", "P21", "target whose llama.cpp graph does not hand out layer inputs",
-      engine=LLAMACPP, convertible=False)
+@rule("EK376", "warning", "engine", "P21", "target whose llama.cpp graph is not known to hand out layer inputs",
+      engine=LLAMACPP)
 def target_graph(ctx: RuleContext):
     target = ctx.target
     if target is not None and target.model_type and target.model_type not in TARGET_MODEL_TYPES:
-        yield Hit(f"target model_type {target.model_type!r}: llama.cpp records the target's layer inputs for EAGLE-3 "
-                  f"only in the {', '.join(TARGET_MODEL_TYPES)} graphs")
+        yield Hit(f"target model_type {target.model_type!r}: llama.cpp {LATEST[LLAMACPP]} records the layer inputs EAGLE-3 "
+                  f"reads in the {', '.join(TARGET_MODEL_TYPES)} graphs, not known for this one")

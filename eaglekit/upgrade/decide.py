@@ -53,6 +53,9 @@ class Decisions:
 
 
 def target_has_weights(target: TargetInfo) -> bool:
+    """Weights eaglekit can run for calibration: a Hugging Face folder (a GGUF target gives its metadata only)."""
+    if target.path.endswith(".gguf"):
+        return False
     folder = os.path.dirname(target.path)
     return any(name.endswith(WEIGHT_SUFFIXES) for name in os.listdir(folder))
 
@@ -238,9 +241,15 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
     if spec.attention == "mla" and opts.to == "speculators":
         raise UsageError("MLA drafts cannot be written in the speculators layout (vLLM maps only llama and qwen3 "
                          "there, P31): use --to vllm or --to sglang")
-    if spec.attention == "qwen3" and opts.to == "sglang":
-        raise UsageError("SGLang has no EAGLE-3 draft class with Qwen3 q/k norms: use --to vllm or --to speculators")
+    if spec.attention == "qwen3" and opts.to in ("sglang", "trtllm", "gguf"):
+        raise UsageError(f"--to {opts.to}: that engine has no EAGLE-3 draft class with Qwen3 q/k norms; use --to vllm "
+                         "or --to speculators")
 
+    trained_31 = bool(spec.facts.fc_norm_tensor_ids) or (spec.flags.norm_output
+                                                          and not spec.flags.norm_output_legacy_specforge)
+    if opts.to == "gguf" and trained_31:
+        raise UsageError("--to gguf: the source is an EAGLE-3.1 draft (trained fc_norm / norm_output), which "
+                         "llama.cpp cannot run; serve it with vLLM, SGLang, TensorRT-LLM or tokenspeed")
     aux = _aux(spec, opts, target, k, warnings)
     vocab_size = _vocab_size(spec, target, warnings)
     source_fc_norm, source_norm_output, norm_before_fc = _trained_flags(spec, opts, warnings)

@@ -8,7 +8,7 @@ from typing import Any
 from eaglekit.errors import UsageError
 from eaglekit.spec import FAMILIES
 
-DIALECTS = ("vllm", "sglang", "speculators")
+DIALECTS = ("vllm", "sglang", "speculators", "trtllm", "gguf")
 FC_NORM_INITS = ("ones", "calibrated")
 DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # the Hugging Face default, "5GB"
 

@@ -57,7 +57,12 @@ class UpgradeReport:
 
     @property
     def next_command(self) -> str | None:
-        """What to run next: a function changed untrained needs `finetune` (which trains vLLM-layout drafts)."""
+        """What to run next: a function changed untrained needs `finetune` (which trains vLLM-layout drafts); a GGUF
+        is served by llama.cpp."""
+        if self.output.get("dialect") == "gguf":
+            from eaglekit.serving import serve_command
+
+            return serve_command("llamacpp", self.target or "TARGET.gguf", self.output["path"], 3)
         if self.function != "warm-start" or self.output.get("dialect") != "vllm":
             return None
         dst = self.output["path"].rstrip("/")

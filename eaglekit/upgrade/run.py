@@ -13,6 +13,7 @@ import numpy as np
 
 from eaglekit import __version__
 from eaglekit.upgrade.dialects import get_dialect
+from eaglekit.engines.llamacpp import ARCH as ARCH_GGUF
 from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.tensors import read_array
@@ -159,6 +160,10 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
     spec = load_draft(source, subfolder=opts.subfolder, revision=opts.revision, allow_pickle=opts.allow_pickle,
                       family=family, target=target)
     refuse_overlap(spec.path, destination)
+    if opts.to == "gguf":
+        d = decide(spec, opts, target)
+        return _upgrade_to_gguf(source, destination, spec, d, plan_vocab(spec, d.vocab_size), opts, target, started,
+                                progress, on_start)
     stage = StagedDirectory(destination, force=opts.force)
     refusal = None
     try:
@@ -211,4 +216,54 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
     report.output["files"] = sorted(os.listdir(stage.dst))
     report.timings.update(calibrate_s=calibrate_s, write_s=write_s, validate_s=validate_s,
                           total_s=time.perf_counter() - started)
+    return report
+
+
+def _upgrade_to_gguf(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab: VocabPlan,
+                     opts: UpgradeOptions, target, started: float,
+                     progress: Callable[[int], None] | None, on_start: Callable[[int], None] | None) -> UpgradeReport:
+    """One GGUF file for llama.cpp: canonical tensors (the vLLM plan's names, vocabulary handling and casts), then
+    llama.cpp's names and layouts; written beside DST, read back and checked, renamed into place."""
+    from eaglekit.io.gguf import read_gguf, write_gguf
+    from eaglekit.upgrade.gguf import check_gguf, destination_problem, plan_gguf, publish_file, refusals
+
+    why = refusals(spec, d, target)
+    if why:
+        raise UsageError(f"--to gguf: {why}")
+    refusal = destination_problem(destination, opts.force)
+    if refusal and not opts.dry_run:
+        raise UsageError(refusal)
+    plan = build_plan(spec, d, vocab, get_dialect("vllm"))
+    tensors = out_tensors(spec, plan, _arrays(d, vocab, None), vocab.row_order)
+    target_gguf, _ = read_gguf(target.path)
+    files = source_files(spec)
+
+    def gguf_plan(digests: dict[str, str]):
+        summary = summary_line(d.function, None, d.norm_output_added, d.changes)
+        return plan_gguf(spec, d, tensors, target_gguf, _provenance(source, spec, opts, d, vocab, digests, summary,
+                                                                    None))
+
+    draft = gguf_plan(placeholders(files))
+    report = _report(source, destination, spec, d, vocab, plan, {}, opts, None)
+    report.tensors = draft.steps
+    report.config = {f.key: f.value for f in draft.fields if not f.key.startswith(("tokenizer.", "eaglekit."))}
+    report.output["total_bytes"] = sum(t.nbytes for t in draft.tensors)
+    if opts.dry_run:
+        if refusal:
+            report.warnings.append(f"a real run would stop here: {refusal}")
+        report.timings["total_s"] = time.perf_counter() - started
+        return report
+    t = time.perf_counter()
+    if on_start:
+        on_start(report.output["total_bytes"])
+    final = gguf_plan(hash_files(spec.path, files))
+
+    def write(tmp: str) -> None:
+        write_gguf(tmp, ARCH_GGUF, final.fields, final.tensors, progress)
+        check_gguf(tmp, spec, d, target)
+
+    publish_file(destination, write)
+    report.validated = True
+    report.output["files"] = [os.path.basename(destination)]
+    report.timings.update(write_s=time.perf_counter() - t, total_s=time.perf_counter() - started)
     return report

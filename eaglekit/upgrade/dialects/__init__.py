@@ -12,7 +12,7 @@ from types import ModuleType
 
 from eaglekit.errors import UsageError
 
-NAMES = ("vllm", "sglang", "speculators")
+NAMES = ("vllm", "sglang", "speculators", "trtllm")  # gguf: eaglekit.upgrade.gguf, a file of its own
 
 
 def get_dialect(name: str) -> ModuleType:

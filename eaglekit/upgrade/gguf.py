@@ -1,0 +1,266 @@
+"""`eaglekit upgrade --to gguf`: an EAGLE-3 draft as the GGUF llama.cpp loads with `--spec-type draft-eagle3`.
+
+What llama.cpp's eagle3 loader reads (src/models/eagle3.cpp, as read at build b11434) and its converter writes:
+arch `eagle3`; `eagle3.target_layers` (exactly three, input-of-layer: vLLM's convention) and
+`eagle3.target_hidden_size`; one decoder layer under `blk.0.` with the Llama names, `hidden_norm` as
+`attn_norm_2`; q/k rows interleaved per head for its NORM rope; 1-D norms in F32; `d2t` as absolute target ids
+(I64); `t2d` dropped; `input_norm` (norm_before_fc) as `enc.output_norm`; a missing token_embd / output borrowed
+from the target. Unlike llama.cpp's own converter, the target layers written are the ids the draft was trained
+on wherever its config records them. The target's tokenizer is copied from its GGUF, so llama.cpp's draft/target
+vocabulary check passes. EAGLE-3.1 drafts are refused: llama.cpp has no fc_norm or norm_output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from eaglekit.engines.llamacpp import ARCH, NUM_TARGET_LAYERS
+from eaglekit.errors import CheckpointError, OutputError, UsageError
+from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf, write_gguf
+from eaglekit.io.writer import PARTIAL_MARK, ByteRange, OutTensor
+from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+from eaglekit.upgrade.decide import Decisions
+from eaglekit.upgrade.encode import decode
+from eaglekit.upgrade.plan import TensorStep
+
+TOP_NAMES = {"fc.weight": "fc.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight",
+             "embed_tokens.weight": "token_embd.weight", "input_norm.weight": "enc.output_norm.weight", "d2t": "d2t"}
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "hidden_norm.weight": "attn_norm_2.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+DROPPED = {"t2d": "llama.cpp scatters the draft logits with d2t alone"}
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def gguf_name(canonical: str) -> str | None:
+    if canonical in TOP_NAMES:
+        return TOP_NAMES[canonical]
+    if canonical.startswith("layers.0."):
+        rest = LAYER_NAMES.get(canonical[len("layers.0."):])
+        return f"blk.0.{rest}" if rest else None
+    return None
+
+
+def refusals(spec: DraftSpec, d: Decisions, target: TargetInfo | None) -> str | None:
+    """Why this draft cannot become an upstream llama.cpp EAGLE-3 GGUF (None: it can)."""
+    if d.fc_norm or d.norm_output:
+        what = [n for n, on in (("fc_norm", d.fc_norm), ("norm_output", d.norm_output)) if on]
+        return (f"{' and '.join(what)}: llama.cpp's EAGLE-3 draft has no such function; an EAGLE-3.1 draft cannot be "
+                "written as GGUF for it (an EAGLE-3 source needs --no-fc-norm --no-norm-output)")
+    if d.num_aux != NUM_TARGET_LAYERS:
+        return f"K={d.num_aux} target states: llama.cpp's eagle3 loader takes exactly {NUM_TARGET_LAYERS}"
+    if spec.geometry.num_layers != 1:
+        return f"{spec.geometry.num_layers} decoder layers: llama.cpp's eagle3 graph has exactly one"
+    if spec.attention != "llama" or spec.geometry.attention_bias:
+        kind = "attention bias" if spec.geometry.attention_bias else f"{spec.attention} attention"
+        return f"{kind}: llama.cpp's eagle3 draft is Llama attention without bias"
+    scaling = spec.geometry.rope_scaling
+    if scaling and _rope_type(scaling) not in ("llama3", "default"):
+        return f"rope_scaling {_rope_type(scaling)!r}: llama.cpp's eagle3 draft reads llama3 rope factors only"
+    if target is None or not target.path.endswith(".gguf"):
+        return ("--target must be the target's GGUF file: its tokenizer goes into the draft, whose vocabulary "
+                "llama.cpp checks against the target's")
+    unsupported = sorted(n for n in spec.tensors if gguf_name(n) is None and n not in DROPPED)
+    if unsupported:
+        return f"tensors llama.cpp's eagle3 draft has no place for: {', '.join(unsupported[:4])}"
+    return None
+
+
+def _rope_type(scaling: dict) -> str:
+    return str(scaling.get("rope_type") or scaling.get("type") or "default")
+
+
+def llama3_rope_factors(scaling: dict, theta: float, head_dim: int) -> np.ndarray:
+    """Per-frequency divisors of Llama-3 rope scaling (the `rope_freqs` tensor llama.cpp multiplies in)."""
+    factor = float(scaling.get("factor", 8.0))
+    low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+    context = float(scaling.get("original_max_position_embeddings", 8192))
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < context / high:
+            out.append(1.0)
+        elif wavelen > context / low:
+            out.append(factor)
+        else:
+            smooth = (context / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def interleave_rotary_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """q/k rows from Hugging Face's half-split rotary layout to the pairwise layout of llama.cpp's NORM rope."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _raw(t: OutTensor) -> bytes:
+    if isinstance(t.source, ByteRange):
+        with open(t.source.path, "rb") as fh:
+            fh.seek(t.source.start)
+            data = fh.read(t.source.end - t.source.start)
+        if len(data) != t.source.end - t.source.start:
+            raise CheckpointError(f"tensor {t.name!r}: file truncated", t.source.path)
+        return data
+    return b"".join(t.source())
+
+
+def _maker(t: OutTensor, ggml_type: str, heads: int | None) -> Callable[[], np.ndarray]:
+    def make() -> np.ndarray:
+        raw = _raw(t)
+        if t.name == "d2t":
+            offsets = np.frombuffer(raw, dtype="<i8")
+            return offsets + np.arange(offsets.size, dtype=np.int64)  # llama.cpp wants absolute target ids
+        if ggml_type == "F32":
+            values = decode(raw, t.dtype).reshape(t.shape)
+        else:
+            values = np.frombuffer(raw, dtype={"F16": "<f2", "BF16": "<u2"}[ggml_type]).reshape(t.shape)
+        return interleave_rotary_rows(values, heads) if heads else values
+    return make
+
+
+@dataclass
+class GgufPlan:
+    tensors: list[GgufTensor]
+    steps: list[TensorStep]
+    fields: list[GgufField]
+
+
+def plan_gguf(spec: DraftSpec, d: Decisions, out: list[OutTensor], target_gguf: GgufContents,
+              provenance: dict) -> GgufPlan:
+    gguf = gguf_module()
+    V = gguf.GGUFValueType
+    g = spec.geometry
+    tensors, steps = [], []
+    heads = {"layers.0.self_attn.q_proj.weight": g.num_heads, "layers.0.self_attn.k_proj.weight": g.num_kv_heads}
+    by_name = {t.name: t for t in out}
+    for t in out:
+        if t.name in DROPPED:
+            steps.append(TensorStep("", "drop", t.dtype, t.shape, t.name, None, DROPPED[t.name]))
+            continue
+        name = gguf_name(t.name)
+        if t.name == "d2t":
+            ggml, note = "I64", "absolute target ids (d2t[i] + i)"
+        elif t.dtype not in FLOAT_TYPES:
+            raise UsageError(f"tensor {t.name} is {t.dtype}: GGUF output takes F32, F16 or BF16 weights")
+        elif len(t.shape) == 1:
+            ggml, note = "F32", "norm in F32, as llama.cpp keeps 1-D tensors"
+        else:
+            ggml, note = t.dtype, ""
+        if t.name in heads:
+            note = f"rows interleaved per head ({heads[t.name]} heads) for llama.cpp's rope"
+        tensors.append(GgufTensor(name, t.shape, ggml, _maker(t, ggml, heads.get(t.name))))
+        steps.append(TensorStep(name, "transform" if note else "rename", ggml, t.shape, t.name, None, note))
+    if _rope_type(g.rope_scaling or {}) == "llama3":
+        factors = llama3_rope_factors(g.rope_scaling, g.rope_theta, g.head_dim)
+        tensors.append(GgufTensor("rope_freqs.weight", factors.shape, "F32", lambda: factors))
+        steps.append(TensorStep("rope_freqs.weight", "add", "F32", factors.shape, None, None,
+                                "llama3 rope factors, as llama.cpp's converter computes them"))
+    if "fc.weight" not in by_name:
+        raise CheckpointError("no fc.weight", spec.path)
+
+    a = ARCH
+    scalars = [
+        ("general.type", "model", V.STRING), ("general.name", os.path.basename(spec.path.rstrip("/")), V.STRING),
+        (f"{a}.block_count", 1, V.UINT32), (f"{a}.embedding_length", g.hidden_size, V.UINT32),
+        (f"{a}.feed_forward_length", g.intermediate_size, V.UINT32),
+        (f"{a}.attention.head_count", g.num_heads, V.UINT32),
+        (f"{a}.attention.head_count_kv", g.num_kv_heads, V.UINT32),
+        (f"{a}.attention.key_length", g.head_dim, V.UINT32), (f"{a}.attention.value_length", g.head_dim, V.UINT32),
+        (f"{a}.attention.layer_norm_rms_epsilon", float(g.rms_norm_eps), V.FLOAT32),
+        (f"{a}.rope.freq_base", float(g.rope_theta), V.FLOAT32), (f"{a}.rope.dimension_count", g.head_dim, V.UINT32),
+        (f"{a}.vocab_size", d.vocab_size, V.UINT32), (f"{a}.target_hidden_size", d.target_hidden, V.UINT32),
+        (f"{a}.norm_before_residual", d.norm_before_residual, V.BOOL),
+        (f"{a}.norm_before_fc", d.norm_before_fc, V.BOOL),
+        ("eaglekit.provenance", json.dumps(provenance, sort_keys=True), V.STRING),
+    ]
+    context = g.max_position_embeddings or (d.target.max_position_embeddings if d.target else None)
+    if context:
+        scalars.append((f"{a}.context_length", context, V.UINT32))
+    fields = [GgufField(k, v, t) for k, v, t in scalars]
+    fields.append(GgufField(f"{a}.target_layers", list(d.aux.ids), V.ARRAY, V.INT32))
+    fields += [f for k, f in target_gguf.fields.items() if k.startswith("tokenizer.")]
+    return GgufPlan(tensors, steps, fields)
+
+
+def check_gguf(path: str, spec: DraftSpec, d: Decisions, target: TargetInfo) -> None:
+    """Read the written file back with gguf-py and check what llama.cpp's loader requires of it."""
+    contents, arrays = read_gguf(path, tensor_data=lambda n: n == "d2t")
+    g, H, T = spec.geometry, spec.geometry.hidden_size, d.target_hidden
+    problems = []
+    if contents.value("general.architecture") != ARCH:
+        problems.append(f"general.architecture is {contents.value('general.architecture')!r}")
+    if contents.value(f"{ARCH}.target_layers") != list(d.aux.ids):
+        problems.append(f"target_layers {contents.value(f'{ARCH}.target_layers')} != {list(d.aux.ids)}")
+    expected = {
+        "fc.weight": (H, d.num_aux * T), "output_norm.weight": (H,), "blk.0.attn_norm.weight": (H,),
+        "blk.0.attn_norm_2.weight": (H,), "blk.0.attn_q.weight": (g.num_heads * g.head_dim, 2 * H),
+        "blk.0.attn_k.weight": (g.num_kv_heads * g.head_dim, 2 * H),
+        "blk.0.attn_v.weight": (g.num_kv_heads * g.head_dim, 2 * H),
+        "blk.0.attn_output.weight": (H, g.num_heads * g.head_dim), "blk.0.ffn_norm.weight": (H,),
+        "blk.0.ffn_gate.weight": (g.intermediate_size, H), "blk.0.ffn_up.weight": (g.intermediate_size, H),
+        "blk.0.ffn_down.weight": (H, g.intermediate_size),
+    }
+    if d.norm_before_fc:
+        expected["enc.output_norm.weight"] = (d.num_aux * T,)
+    for name, shape in expected.items():
+        if contents.tensors.get(name) != shape:
+            problems.append(f"{name} has shape {contents.tensors.get(name)}, the loader wants {shape}")
+    rows = contents.tensors.get("output.weight", (target.vocab_size,))[0]
+    if "d2t" in arrays:
+        ids = arrays["d2t"]
+        if contents.tensor_types["d2t"] != "I64" or ids.shape != (rows,):
+            problems.append(f"d2t is {contents.tensor_types['d2t']} {ids.shape}, the loader wants I64 ({rows},)")
+        elif ids.min() < 0 or ids.max() >= target.vocab_size or np.unique(ids).size != ids.size:
+            problems.append("d2t holds ids outside the target vocabulary or repeats one")
+    elif rows != target.vocab_size:
+        problems.append(f"output.weight has {rows} rows but there is no d2t")
+    tokens = contents.fields.get("tokenizer.ggml.tokens")
+    if tokens is None or len(tokens.value) != target.vocab_size:
+        problems.append("the tokenizer copied from the target does not have the target's vocabulary size")
+    if problems:
+        raise OutputError(f"the GGUF written fails its read-back check, nothing was written: {problems[0]}"
+                          + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), path)
+
+
+def destination_problem(destination: str, force: bool) -> str | None:
+    """Why DST cannot receive the GGUF (None: it can)."""
+    if not destination.endswith(".gguf"):
+        return f"--to gguf writes one file: name DST *.gguf, not {destination}"
+    if os.path.isdir(destination):
+        return f"{destination} is a folder: --to gguf writes one file"
+    if os.path.lexists(destination) and not force:
+        return f"{destination} exists (pass --force to replace it once the new file is complete)"
+    return None
+
+
+def publish_file(destination: str, write: Callable[[str], None]) -> None:
+    """`write(tmp)` next to `destination`, fsync, then rename into place: no half-written file ever has its name."""
+    parent = os.path.dirname(os.path.abspath(destination))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f"{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(destination)}")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, destination)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
