@@ -47,6 +47,7 @@ LAYER_NAMES = {
 }
 DROPPED = {"t2d": "llama.cpp scatters the draft logits with d2t alone"}
 FLOAT_TYPES = ("F32", "F16", "BF16")
+FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32}  # llama.cpp's llama_ftype of a file whose matrices are all this type
 
 
 def gguf_name(canonical: str) -> str | None:
@@ -177,6 +178,7 @@ def plan_gguf(spec: DraftSpec, d: Decisions, out: list[OutTensor], target_gguf: 
         raise CheckpointError("no fc.weight", spec.path)
 
     a = ARCH
+    matrices = {t.ggml_type for t in tensors if len(t.shape) == 2}
     scalars = [
         ("general.type", "model", V.STRING), ("general.name", os.path.basename(spec.path.rstrip("/")), V.STRING),
         (f"{a}.block_count", 1, V.UINT32), (f"{a}.embedding_length", g.hidden_size, V.UINT32),
@@ -190,7 +192,10 @@ def plan_gguf(spec: DraftSpec, d: Decisions, out: list[OutTensor], target_gguf: 
         (f"{a}.norm_before_residual", d.norm_before_residual, V.BOOL),
         (f"{a}.norm_before_fc", d.norm_before_fc, V.BOOL),
         ("eaglekit.provenance", json.dumps(provenance, sort_keys=True), V.STRING),
+        ("general.quantization_version", gguf.GGML_QUANT_VERSION, V.UINT32),
     ]
+    if len(matrices) == 1:
+        scalars.append(("general.file_type", FILE_TYPES[matrices.pop()], V.UINT32))
     context = g.max_position_embeddings or (d.target.max_position_embeddings if d.target else None)
     if context:
         scalars.append((f"{a}.context_length", context, V.UINT32))
