@@ -2,7 +2,8 @@
 
 Each case runs in a child process (wall time and that child's own peak RSS), `--repeat` times (median and min),
 with `sync` and the previous output removed before every run. upgrade writes fsync'd files; cp does not, so
-`cp -r + sync` is shown as the like-for-like durable baseline too. With `--speculators PATH` (the
+`cp -r + sync` is shown as the like-for-like durable baseline too, and the last lines pair each upgrade with a
+durable copy run just before it (median of the per-pair ratios). With `--speculators PATH` (the
 `speculators` executable of a throwaway venv), `speculators convert` of the same input is timed as well.
 The `--dtype fp32` case computes every tensor in chunks (nothing is a raw copy): the streaming transform path.
 
@@ -123,6 +124,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{'':4}inside: write+hash {t['write_s']:.2f} s, validate {t['validate_s']:.2f} s, "
                   f"total {t['total_s']:.2f} s")
     print(f"\nRSS bound (largest tensor + 300 MB): {largest / 2**20 + 300:.0f} MB")
+    print("\npaired against the durable copy (cp -r + sync, then upgrade, back to back; goal <= 1.3x):")
+    for name, src in sources.items():
+        for label, extra in (("lossless", ["--no-fc-norm", "--no-norm-output"]), ("3.1, fc_norm ones", [])):
+            ratios = []
+            for _ in range(args.repeat):
+                copy = timed("cp", ["cp", "-r", src, out], out, 1, sync=True)
+                up = timed("upgrade", cli + [src, out, "--format", "json", *extra], out, 1)
+                ratios.append(up["wall"] / copy["wall"])
+            shown = " ".join(f"{r:.2f}" for r in ratios)
+            print(f"  upgrade {label} ({name}): median {statistics.median(ratios):.2f}x  ({shown})")
 
 
 if __name__ == "__main__":

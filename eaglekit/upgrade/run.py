@@ -7,6 +7,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -129,13 +130,15 @@ def _write(stage: StagedDirectory, spec: DraftSpec, tensors: list[OutTensor], co
     def metadata(digests: dict[str, str]) -> dict[str, str]:
         return {"format": "pt", "eaglekit": json.dumps(provenance(digests), sort_keys=True)}
 
-    written = write_checkpoint_weights(stage.path, tensors, metadata(placeholders(files)), opts.max_shard_size,
-                                       progress, fsync=False)
-    for name in written:
-        stage.sync_later(name)
-    # hashed after the copy, while the disk flushes: on a 2-core machine copying and hashing at the same
-    # time is slower than one after the other (they compete for the same cores and memory bandwidth)
-    digests = hash_files(spec.path, files)
+    # the source is hashed on the second core while the kernel copies its bytes (copy_file_range and hashlib
+    # both release the GIL): 0.55 s instead of 0.77 s for 0.85 GB on two cores
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = pool.submit(hash_files, spec.path, files)
+        written = write_checkpoint_weights(stage.path, tensors, metadata(placeholders(files)), opts.max_shard_size,
+                                           progress, fsync=False)
+        for name in written:
+            stage.sync_later(name)
+        digests = hashing.result()
     for name, group in written.items():
         patch_header(os.path.join(stage.path, name), group, metadata(digests))
     config["eaglekit"] = provenance(digests)
