@@ -122,6 +122,9 @@ class SourceFacts:
     rope_theta_written: bool = False
     norm_output_written: bool = False
     norm_before_residual_default: bool | None = None  # what the producer's consumer assumes when the key is absent
+    trained_on_default_ids: bool = False  # the producer hard-wires the engine default ids (SafeAILab EAGLE, SGLang)
+    norm_before_residual_forced: bool = False  # true written by a converter, not by training (ModelOpt, P12)
+    norm_output_meaning_versioned: bool = False  # norm_output's meaning changed between producer releases (P35)
 
 
 @dataclass

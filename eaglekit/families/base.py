@@ -88,6 +88,11 @@ class Traits:
     aux_keys: tuple[str, ...] = ("top-level", "eagle_config")  # where the producer writes ids, in read order
     norm_before_residual_default: bool | None = None  # what the producer's consumer assumed when absent
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # quirks the rules read by name (never by family string)
+    trained_on_default_ids: bool = False  # the producer hard-wires (2, L//2, L-3): a missing id list means those
+    norm_before_residual_forced: bool = False  # the converter writes true whatever training used (P12)
+    norm_output_meaning_versioned: bool = False  # norm_output meant another recurrence in older releases (P35)
+    hidden_norm_is_input_norm: bool = False  # layers >= 1 store their input norm as hidden_norm (P32)
 
 
 def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
@@ -149,7 +154,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
                               "layers, so this is not a draft checkpoint", files.root)
     for i in layer_ids:
         if i >= 1 and f"layers.{i}.hidden_norm.weight" in tensors and f"layers.{i}.input_layernorm.weight" not in tensors:
-            if traits.family == "modelopt-megatron":
+            if traits.hidden_norm_is_input_norm:
                 ref = tensors.pop(f"layers.{i}.hidden_norm.weight")
                 tensors[f"layers.{i}.input_layernorm.weight"] = TensorRef(
                     f"layers.{i}.input_layernorm.weight", ref.source_name, ref.file, ref.dtype, ref.shape, ref.data_start, ref.data_end
@@ -272,6 +277,9 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         rope_theta_written=rope_theta is not None,
         norm_output_written="norm_output" in cfg,
         norm_before_residual_default=traits.norm_before_residual_default,
+        trained_on_default_ids=traits.trained_on_default_ids,
+        norm_before_residual_forced=traits.norm_before_residual_forced,
+        norm_output_meaning_versioned=traits.norm_output_meaning_versioned,
     )
 
     dtypes = Counter(t.dtype for t in tensors.values() if t.dtype in FLOAT_DTYPES)

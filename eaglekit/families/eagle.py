@@ -10,4 +10,4 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("eagle", "SafeAILab EAGLE", "input", ("top-level",), False)
+    return Traits("eagle", "SafeAILab EAGLE", "input", ("top-level",), False, trained_on_default_ids=True)

@@ -14,4 +14,5 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("modelopt-megatron", "ModelOpt Megatron export", "output", ("eagle_config", "top-level"), False)
+    return Traits("modelopt-megatron", "ModelOpt Megatron export", "output", ("eagle_config", "top-level"), False,
+                  hidden_norm_is_input_norm=True)

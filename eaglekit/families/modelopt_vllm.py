@@ -10,4 +10,5 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("modelopt-vllm", "ModelOpt convert_to_vllm_ckpt", "input", ("top-level",), True)
+    return Traits("modelopt-vllm", "ModelOpt convert_to_vllm_ckpt", "input", ("top-level",), True,
+                  norm_before_residual_forced=True)

@@ -10,4 +10,5 @@ def matches(obs: Observed) -> bool:
 
 
 def traits(obs: Observed) -> Traits:
-    return Traits("sglang", "SGLang repack of EAGLE", "output", ("eagle_config", "top-level"), False)
+    return Traits("sglang", "SGLang repack of EAGLE", "output", ("eagle_config", "top-level"), False,
+                  trained_on_default_ids=True)

@@ -18,4 +18,5 @@ def matches(obs: Observed) -> bool:
 def traits(obs: Observed) -> Traits:
     hf = obs.has_exact("embed_tokens.weight")
     producer = "SpecForge export --to hf" if hf else "SpecForge export --to sglang"
-    return Traits("specforge", producer, "output", ("eagle_config", "top-level"), False)
+    return Traits("specforge", producer, "output", ("eagle_config", "top-level"), False,
+                  norm_output_meaning_versioned=True)

