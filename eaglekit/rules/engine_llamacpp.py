@@ -9,7 +9,7 @@ from __future__ import annotations
 from eaglekit.config_view import as_ids
 from eaglekit.engines import LATEST, LLAMACPP
 from eaglekit.engines.llamacpp import NUM_TARGET_LAYERS, TARGET_MODEL_TYPES, converter_layers
-from eaglekit.rules.facts import fmt_ids
+from eaglekit.rules.facts import fmt_ids, not_one_layer
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 
@@ -36,8 +36,7 @@ def three_layers(ctx: RuleContext):
 @rule("EK373", "error", "engine", "P2", "more than one draft layer, which llama.cpp refuses", engine=LLAMACPP,
       refuses_load=True, convertible=False)
 def one_layer(ctx: RuleContext):
-    n = ctx.spec.geometry.num_layers
-    if n != 1:
+    if n := not_one_layer(ctx.spec):
         yield Hit(f"{n} decoder layers: llama.cpp's eagle3 graph asserts exactly one", key="num_hidden_layers")
 
 

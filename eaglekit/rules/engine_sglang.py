@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from eaglekit.engines import SGLANG, sglang_capture
-from eaglekit.rules.facts import examples, fmt_ids, names_in_source
+from eaglekit.rules.facts import examples, fc_k_disagreeing, fmt_ids, names_in_source
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 _IGNORED = re.compile(r"(^|\.)(context_proj|context_norm|final_norm)\.")
@@ -65,10 +65,7 @@ def ignored_names(ctx: RuleContext):
 
 @rule("EK355", "error", "engine", "P11", "SGLang's K disagrees with fc", engine=SGLANG)
 def k_resolved(ctx: RuleContext):
-    K = ctx.spec.num_aux_hidden_states
-    if K is None or not ctx.spec.facts.fc_in_features:
-        return
-    if ctx.sglang.k != K:
+    if K := fc_k_disagreeing(ctx.spec, ctx.sglang.k):
         yield Hit(f"SGLang takes K={ctx.sglang.k} from {ctx.sglang.k_source} but fc.weight holds K={K}: loading fails "
                   f"on shape; write num_aux_hidden_states: {K}", key="num_aux_hidden_states")
 

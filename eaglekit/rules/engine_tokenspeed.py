@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from eaglekit.engines import TOKENSPEED
 from eaglekit.engines.tokenspeed import ARCHITECTURES, capture_flag_value, tokenspeed_capture
-from eaglekit.rules.facts import fmt_ids
+from eaglekit.rules.facts import fc_k_disagreeing, fmt_ids, not_one_layer
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 
@@ -30,10 +30,7 @@ def capture(ctx: RuleContext):
 
 @rule("EK382", "error", "engine", "P11", "tokenspeed's K disagrees with fc", engine=TOKENSPEED, refuses_load=True)
 def k_resolved(ctx: RuleContext):
-    K = ctx.spec.num_aux_hidden_states
-    if K is None or not ctx.spec.facts.fc_in_features:
-        return
-    if ctx.tokenspeed.k != K:
+    if K := fc_k_disagreeing(ctx.spec, ctx.tokenspeed.k):
         yield Hit(f"tokenspeed takes K={ctx.tokenspeed.k} from {ctx.tokenspeed.k_source} but fc.weight holds K={K}: "
                   f"loading fails on shape; write the {K} ids at the top level", key="eagle_aux_hidden_state_layer_ids")
 
@@ -62,8 +59,7 @@ def flag_place(ctx: RuleContext):
 @rule("EK385", "error", "engine", "P2", "more than one draft layer, which tokenspeed refuses", engine=TOKENSPEED,
       refuses_load=True, convertible=False)
 def one_layer(ctx: RuleContext):
-    n = ctx.spec.geometry.num_layers
-    if n != 1:
+    if n := not_one_layer(ctx.spec):
         yield Hit(f"{n} decoder layers: tokenspeed's EAGLE-3 drafts have exactly one", key="num_hidden_layers")
 
 

@@ -62,3 +62,17 @@ _NORM = re.compile(r"norm(\.\d+)?\.weight$")
 def is_norm(name: str) -> bool:
     """RMSNorm weights: input_layernorm, hidden_norm, norm, q/k_norm, fc_norm.{k}, input_norm, ..."""
     return bool(_NORM.search(name))
+
+
+def fc_k_disagreeing(spec: DraftSpec, engine_k: int) -> int | None:
+    """fc's K when an engine's own K differs from it (None: they agree, or fc's K is unknown)."""
+    K = spec.num_aux_hidden_states
+    if K is None or not spec.facts.fc_in_features or engine_k == K:
+        return None
+    return K
+
+
+def not_one_layer(spec: DraftSpec) -> int | None:
+    """The draft's layer count when it is not the single layer most EAGLE-3 engines build."""
+    n = spec.geometry.num_layers
+    return n if n != 1 else None
