@@ -127,6 +127,13 @@ class SourceFacts:
     norm_output_meaning_versioned: bool = False  # norm_output's meaning changed between producer releases (P35)
 
 
+def eagle_version(fc_norm: bool, norm_output: bool) -> str:
+    """"3.1" with both EAGLE-3.1 functions, "3.1-partial" with one, else "3"."""
+    if fc_norm and norm_output:
+        return "3.1"
+    return "3.1-partial" if fc_norm or norm_output else "3"
+
+
 @dataclass
 class DraftSpec:
     path: str
@@ -155,11 +162,7 @@ class DraftSpec:
     def eagle_version(self) -> str:
         if self.flags.norm_output_legacy_specforge:
             return "3"
-        if self.flags.fc_norm and self.flags.norm_output:
-            return "3.1"
-        if self.flags.fc_norm or self.flags.norm_output:
-            return "3.1-partial"
-        return "3"
+        return eagle_version(self.flags.fc_norm, self.flags.norm_output)
 
     @property
     def num_parameters(self) -> int:

@@ -100,6 +100,8 @@ def read_gguf_target(path: str) -> TargetInfo:
     arch = contents.value("general.architecture")
     if not isinstance(arch, str):
         raise CheckpointError("GGUF without general.architecture", path)
+    if arch == "eagle3":
+        raise CheckpointError("this GGUF is an EAGLE-3 draft, not a target model", path)
 
     def positive(key: str) -> int:
         value = contents.value(f"{arch}.{key}")

@@ -156,6 +156,14 @@ def test_cli_defaults_to_eagle3_for_gguf_and_guards_the_destination(tmp_path):
     assert {s["name"] for s in json.loads(result.stdout)["tensors"]} >= {"blk.0.attn_q.weight", "d2t"}
 
 
+def test_a_draft_gguf_is_no_target(tmp_path):
+    target = tiny_target_gguf(str(tmp_path / "target.gguf"))
+    out = str(tmp_path / "d.gguf")
+    upgrade(make_draft(str(tmp_path / "d"), "vllm"), out, UpgradeOptions(target=target, to="gguf", **EAGLE3_ONLY))
+    result = run_cli(["validate", str(tmp_path / "d"), "--target", out])
+    assert result.exit_code == 1 and "is an EAGLE-3 draft, not a target model" in result.stderr
+
+
 def test_a_damaged_target_gguf_is_one_line(tmp_path):
     bad = tmp_path / "target.gguf"
     bad.write_bytes(b"GGUF" + os.urandom(64))

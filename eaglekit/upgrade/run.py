@@ -20,7 +20,7 @@ from eaglekit.families import load_draft
 from eaglekit.io.tensors import read_array
 from eaglekit.io.writer import (OutTensor, StagedDirectory, patch_header, refuse_overlap, write_checkpoint_weights,
                                 write_json)
-from eaglekit.spec import DraftSpec
+from eaglekit.spec import DraftSpec, eagle_version
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import Decisions, decide
 from eaglekit.upgrade.materialize import out_tensors
@@ -81,7 +81,7 @@ def _fc_norm_weights(spec: DraftSpec, opts: UpgradeOptions, d: Decisions) -> tup
 
 def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab: VocabPlan, plan: UpgradePlan,
             config: dict[str, Any], opts: UpgradeOptions, fidelity: FidelityReport | None) -> UpgradeReport:
-    eagle = "3.1" if d.fc_norm and d.norm_output else ("3.1-partial" if d.fc_norm or d.norm_output else "3")
+    eagle = eagle_version(d.fc_norm, d.norm_output)
     return UpgradeReport(
         source={"path": spec.path, "given": source, "family": spec.family, "producer": spec.producer,
                 "eagle_version": spec.eagle_version, "files": list(spec.files), "total_bytes": spec.total_bytes},
