@@ -39,7 +39,7 @@ def _card_versions(card: str) -> dict[str, str | None]:
         m = re.search(rf"Requires {re.escape(label)} ≥ (\S+) \(", card)
         if m:
             out[label] = m.group(1)
-        elif f"Any {label} release with EAGLE-3 support serves it" in card:
+        elif f"Any {label} release with EAGLE-3 support serves it" in card or f"Checked against {label} " in card:
             out[label] = "any"
     return out
 

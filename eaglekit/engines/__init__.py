@@ -265,7 +265,7 @@ def engine_requirements(spec: DraftSpec, engine: str) -> list[tuple[Version, str
     if engine == VLLM:
         return vllm_requirements(spec)
     if engine == LLAMACPP:
-        needs = [(parse_version(LLAMACPP_FIRST_EAGLE3), "EAGLE-3 drafts (--spec-type draft-eagle3)")]
+        needs = [(parse_version(LLAMACPP_FIRST_EAGLE3), "EAGLE-3 drafts: --spec-type draft-eagle3")]
         if spec.flags.norm_before_fc:
             needs.append((parse_version(LATEST[LLAMACPP]), f"norm_before_fc as read at {LATEST[LLAMACPP]}"))
         return needs

@@ -13,7 +13,7 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.config_view import REPO_ID
-from eaglekit.engines import ENGINES, LLAMACPP
+from eaglekit.engines import ENGINES, LATEST, LLAMACPP, VLLM
 from eaglekit.findings import Finding
 from eaglekit.rules import UPGRADE_DIALECT
 from eaglekit.serving import (
@@ -211,7 +211,9 @@ def _requirement(need: MinimumVersion) -> str:
     engine = ENGINE_LABELS[need.engine]
     if need.version:
         return f"Requires {engine} ≥ {need.version} ({'; '.join(need.reasons)})."
-    return f"Any {engine} release with EAGLE-3 support serves it (it relies on no later feature)."
+    if need.engine == VLLM:
+        return f"Any {engine} release with EAGLE-3 support serves it (it relies on no later feature)."
+    return f"Checked against {engine} {LATEST[need.engine]}, the release eaglekit models; it relies on no later feature."
 
 
 def _serving(spec: DraftSpec, repo_id: str, target: str | None) -> str:
