@@ -133,11 +133,9 @@ def _flag(cfg: dict, key: str) -> bool:
     return bool(cfg.get(key, False))
 
 
-def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
+def read_tensors(obs: Observed, traits: Traits) -> tuple[dict[str, TensorRef], list[int], list[int]]:
+    """Canonical name -> byte range; the decoder layers that have tensors; layers whose hidden_norm was renamed."""
     files = obs.files
-    cfg = obs.config
-    lcfg = obs.layer_config
-
     tensors: dict[str, TensorRef] = {}
     for src in obs.names:
         rel, entry = files.entries[src]
@@ -146,13 +144,12 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
             raise CheckpointError(f"tensors {tensors[canon].source_name!r} and {src!r} map to the same name {canon!r}", files.root)
         tensors[canon] = TensorRef(canon, src, rel, entry.dtype, entry.shape, entry.start, entry.end)
 
-    renamed_hidden_norm: list[int] = []
-    # ModelOpt Megatron: layers >= 1 store their input norm as hidden_norm (P32)
     layer_ids = sorted({i for n in tensors if (i := layer_index(n)) is not None})
     if layer_ids and layer_ids[-1] >= MAX_DRAFT_LAYERS:
         raise CheckpointError(f"a tensor names decoder layer {layer_ids[-1]}; a draft has at most {MAX_DRAFT_LAYERS} "
                               "layers, so this is not a draft checkpoint", files.root)
-    for i in layer_ids:
+    renamed_hidden_norm: list[int] = []
+    for i in layer_ids:  # ModelOpt Megatron: layers >= 1 store their input norm as hidden_norm (P32)
         if i >= 1 and f"layers.{i}.hidden_norm.weight" in tensors and f"layers.{i}.input_layernorm.weight" not in tensors:
             if traits.hidden_norm_is_input_norm:
                 ref = tensors.pop(f"layers.{i}.hidden_norm.weight")
@@ -160,13 +157,38 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
                     f"layers.{i}.input_layernorm.weight", ref.source_name, ref.file, ref.dtype, ref.shape, ref.data_start, ref.data_end
                 )
                 renamed_hidden_norm.append(i)
+    return tensors, layer_ids, renamed_hidden_norm
+
+
+def attention_kind(obs: Observed, tensors: dict[str, TensorRef]) -> str:
+    if obs.is_mla:
+        return "mla"
+    qk_norm = any(n.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")) for n in tensors)
+    return "qwen3" if qk_norm else "llama"
+
+
+@dataclass(frozen=True)
+class GeometryReading:
+    """The geometry (the tensors win over the config), K, and what the config itself wrote about them."""
+
+    geometry: Geometry
+    k: int | None
+    fc_in: int | None
+    fc_norm_ids: tuple[int, ...]
+    config_hidden_size: int | None
+    config_num_layers: int | None
+    config_k: int | None
+    config_target_hidden_size: int | None
+    rope_theta_written: bool
+
+
+def read_geometry(obs: Observed, tensors: dict[str, TensorRef], layer_ids: list[int],
+                  attention: str) -> GeometryReading:
+    files, cfg, lcfg = obs.files, obs.config, obs.layer_config
 
     def shape(name: str) -> tuple[int, ...] | None:
         return tensors[name].shape if name in tensors else None
 
-    attention = "mla" if obs.is_mla else ("qwen3" if any(n.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")) for n in tensors) else "llama")
-
-    # --- geometry: the tensors win over the config
     cfg_h = int_at(lcfg, "hidden_size")
     h = None
     for probe in ("norm.weight", "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight"):
@@ -237,53 +259,62 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         sliding_window=sliding,
         mla=mla,
     )
+    return GeometryReading(geometry, k, fc_in if t else None, tuple(fc_norm_ids), cfg_h, cfg_layers, k_cfg, t_cfg,
+                           rope_theta is not None)
 
-    # --- vocabulary
+
+def read_vocabulary(obs: Observed, tensors: dict[str, TensorRef]) -> tuple[VocabMap, int | None, int | None]:
+    """V and Vd (the tensors win), with the config's own vocab_size and draft_vocab_size."""
+    cfg, lcfg = obs.config, obs.layer_config
     v_cfg = int_at(lcfg, "vocab_size") or int_at(cfg, "vocab_size")
-    embed = shape("embed_tokens.weight")
-    head = shape("lm_head.weight")
-    d2t = shape("d2t")
+    embed = tensors["embed_tokens.weight"].shape if "embed_tokens.weight" in tensors else None
+    head = tensors["lm_head.weight"].shape if "lm_head.weight" in tensors else None
+    d2t = tensors["d2t"].shape if "d2t" in tensors else None
     vd_cfg = int_at(cfg, "draft_vocab_size") or int_at(lcfg, "draft_vocab_size")
     vd = head[0] if head else (d2t[0] if d2t else (vd_cfg or v_cfg or 0))
-    vocab = VocabMap(
-        vocab_size=embed[0] if embed else v_cfg,
-        draft_vocab_size=vd,
-        has_d2t="d2t" in tensors,
-        has_t2d="t2d" in tensors,
-    )
+    vocab = VocabMap(vocab_size=embed[0] if embed else v_cfg, draft_vocab_size=vd, has_d2t="d2t" in tensors,
+                     has_t2d="t2d" in tensors)
+    return vocab, v_cfg, vd_cfg
 
-    # --- flags as written
-    ec = obs.eagle_config
+
+def read_flags(obs: Observed) -> Flags:
+    """The EAGLE-3.1 and norm flags as written (norm_before_fc: eagle_config first)."""
+    cfg, ec = obs.config, obs.eagle_config
     nbr = cfg.get("norm_before_residual")
-    flags = Flags(
+    return Flags(
         fc_norm=_flag(cfg, "fc_norm") or _flag(cfg, "use_aux_norm"),
         norm_output=_flag(cfg, "norm_output"),
         norm_before_fc=bool(ec.get("norm_before_fc", cfg.get("norm_before_fc", False))),
         norm_before_residual=nbr if isinstance(nbr, bool) else None,
     )
 
-    aux = read_aux(obs, traits)
+
+def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
+    """The canonical description, from the small readers above and the family's traits."""
+    files, cfg = obs.files, obs.config
+    tensors, layer_ids, renamed_hidden_norm = read_tensors(obs, traits)
+    attention = attention_kind(obs, tensors)
+    g = read_geometry(obs, tensors, layer_ids, attention)
+    vocab, v_cfg, vd_cfg = read_vocabulary(obs, tensors)
     facts = SourceFacts(
         tensor_layer_ids=tuple(layer_ids),
         renamed_hidden_norm_layers=tuple(renamed_hidden_norm),
-        fc_in_features=fc_in if t else None,
-        fc_norm_tensor_ids=tuple(fc_norm_ids),
-        config_hidden_size=cfg_h,
-        config_num_layers=cfg_layers,
-        config_num_aux_hidden_states=k_cfg,
+        fc_in_features=g.fc_in,
+        fc_norm_tensor_ids=g.fc_norm_ids,
+        config_hidden_size=g.config_hidden_size,
+        config_num_layers=g.config_num_layers,
+        config_num_aux_hidden_states=g.config_k,
         config_vocab_size=v_cfg,
         config_draft_vocab_size=vd_cfg,
-        target_hidden_size_written=t_cfg is not None,
-        rope_theta_written=rope_theta is not None,
+        target_hidden_size_written=g.config_target_hidden_size is not None,
+        rope_theta_written=g.rope_theta_written,
         norm_output_written="norm_output" in cfg,
         norm_before_residual_default=traits.norm_before_residual_default,
         trained_on_default_ids=traits.trained_on_default_ids,
         norm_before_residual_forced=traits.norm_before_residual_forced,
         norm_output_meaning_versioned=traits.norm_output_meaning_versioned,
     )
-
     dtypes = Counter(t.dtype for t in tensors.values() if t.dtype in FLOAT_DTYPES)
-    dtype = dtypes.most_common(1)[0][0] if dtypes else "F32"
     return DraftSpec(
         path=files.root,
         files=list(files.weight_files),
@@ -294,14 +325,14 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         if isinstance(cfg.get("architectures"), list) else [],
         model_type=cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None,
         config_layout="speculators" if obs.speculators_layout else "flat",
-        geometry=geometry,
-        num_aux_hidden_states=k,
-        aux=aux,
+        geometry=g.geometry,
+        num_aux_hidden_states=g.k,
+        aux=read_aux(obs, traits),
         vocab=vocab,
-        flags=flags,
+        flags=read_flags(obs),
         has_embed_tokens="embed_tokens.weight" in tensors,
         has_lm_head="lm_head.weight" in tensors,
-        dtype=dtype,
+        dtype=dtypes.most_common(1)[0][0] if dtypes else "F32",
         tensors=tensors,
         config=cfg,
         metadata=dict(files.metadata),
