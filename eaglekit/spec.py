@@ -16,10 +16,6 @@ DTYPE_SIZES: dict[str, int] = {
 }
 
 ATTENTION_KINDS = ("llama", "qwen3", "mla")
-FAMILIES = (
-    "eagle", "sglang", "specforge", "speculators", "modelopt", "modelopt-megatron",
-    "modelopt-vllm", "torchspec", "angelslim", "mla", "vllm",
-)
 
 
 @dataclass(frozen=True)

@@ -1,52 +1,43 @@
-"""Layout detection: one module per family, tried in PRIORITY order; the first match reads the draft."""
+"""Layout detection: one registered family per producer, tried in priority order; the first match reads the draft."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import pkgutil
-from types import ModuleType
 
 from eaglekit.engines import other_draft_method
 from eaglekit.errors import UnknownLayoutError, UsageError
-from eaglekit.families.base import Observed, build_spec
+from eaglekit.families.base import FAMILIES, Observed, Traits, build_spec
 from eaglekit.io.checkpoint import CheckpointFiles, read_checkpoint
 from eaglekit.spec import AuxLayers, DraftSpec
 from eaglekit.target import TargetInfo
 
 _SUPPORT = {"base", "names"}
-
-
-def family_modules() -> list[ModuleType]:
-    mods = [
-        importlib.import_module(f"{__name__}.{info.name}")
-        for info in pkgutil.iter_modules(__path__)
-        if info.name not in _SUPPORT
-    ]
-    return sorted(mods, key=lambda m: m.PRIORITY)
+for _module in pkgutil.iter_modules(__path__):  # importing a layout module registers its family
+    if _module.name not in _SUPPORT:
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def family_names() -> list[str]:
-    return sorted({m.traits.__module__.rsplit(".", 1)[1].replace("_", "-") for m in family_modules()})
+    return sorted(FAMILIES)
 
 
-def detect(files: CheckpointFiles, family: str | None = None):
+def detect(files: CheckpointFiles, family: str | None = None) -> tuple[Observed, Traits]:
     obs = Observed.from_files(files)
     method = other_draft_method(obs.config.get("architectures"))
     if method is not None:
         raise UnknownLayoutError(f"architectures {obs.config['architectures']} is a {method} draft, which vLLM serves as "
                                  "its own speculative method, not EAGLE-3; eaglekit reads EAGLE-3 drafts only",
                                  files.config_path)
-    for mod in family_modules():
-        name = mod.__name__.rsplit(".", 1)[1].replace("_", "-")
-        if family is not None:
-            if name == family:
-                return obs, mod.traits(obs)
-            continue
-        if mod.matches(obs):
-            return obs, mod.traits(obs)
     if family is not None:
-        raise UsageError(f"unknown family {family!r}; known: {', '.join(family_names())}")
+        if family not in FAMILIES:
+            raise UsageError(f"unknown family {family!r}; known: {', '.join(family_names())}")
+        chosen = FAMILIES[family]
+    else:
+        chosen = next((f for f in sorted(FAMILIES.values(), key=lambda f: f.priority) if f.matches(obs)), None)
+    if chosen is not None:
+        return obs, dataclasses.replace(chosen.traits(obs), family=chosen.name)
     signals = [
         f"architectures={obs.config.get('architectures')}",
         f"model_type={obs.config.get('model_type')!r}",

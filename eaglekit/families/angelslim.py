@@ -1,16 +1,17 @@
 """AngelSlim (F8): target_model_type / modal_type keys, or Eagle3LlamaForCausalLM with midlayer. names."""
 
-from eaglekit.families.base import Observed, Traits
-
-PRIORITY = 60
+from eaglekit.families.base import Observed, Traits, family
 
 
-def matches(obs: Observed) -> bool:
-    cfg = obs.config
-    if "target_model_type" in cfg or "modal_type" in cfg:
-        return True
-    return obs.architecture == "Eagle3LlamaForCausalLM" and "midlayer." in obs.forms
+@family("angelslim", priority=60)
+class AngelSlim:
+    @staticmethod
+    def matches(obs: Observed) -> bool:
+        cfg = obs.config
+        if "target_model_type" in cfg or "modal_type" in cfg:
+            return True
+        return obs.architecture == "Eagle3LlamaForCausalLM" and "midlayer." in obs.forms
 
-
-def traits(obs: Observed) -> Traits:
-    return Traits("angelslim", "AngelSlim", None, ("top-level", "eagle_config"), False)
+    @staticmethod
+    def traits(obs: Observed) -> Traits:
+        return Traits("AngelSlim", None, ("top-level", "eagle_config"), False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,9 +81,8 @@ class Observed:
 
 @dataclass(frozen=True)
 class Traits:
-    """What a layout module knows about its producer."""
+    """What a layout reader knows about its producer."""
 
-    family: str
     producer: str
     aux_convention: str | None  # "input" | "output" | None (decide by heuristic)
     aux_keys: tuple[str, ...] = ("top-level", "eagle_config")  # where the producer writes ids, in read order
@@ -93,6 +93,30 @@ class Traits:
     norm_before_residual_forced: bool = False  # the converter writes true whatever training used (P12)
     norm_output_meaning_versioned: bool = False  # norm_output meant another recurrence in older releases (P35)
     hidden_norm_is_input_norm: bool = False  # layers >= 1 store their input norm as hidden_norm (P32)
+    family: str = ""  # filled in from the registered name by detection
+
+
+@dataclass(frozen=True)
+class Family:
+    """One producer's layout: how to recognise its checkpoints, and what they mean."""
+
+    name: str
+    priority: int  # lower is tried first
+    matches: Callable[[Observed], bool]
+    traits: Callable[[Observed], Traits]
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def family(name: str, priority: int):
+    """Register a layout reader: a class with static `matches(obs)` and `traits(obs)`."""
+    def register(cls):
+        if name in FAMILIES:
+            raise ValueError(f"family {name!r} registered twice")
+        FAMILIES[name] = Family(name, priority, cls.matches, cls.traits)
+        return cls
+    return register
 
 
 def read_aux(obs: Observed, traits: Traits) -> AuxLayers:

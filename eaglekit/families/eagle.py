@@ -1,13 +1,14 @@
 """SafeAILab EAGLE (F1): LlamaForCausalLM + midlayer. + draft_vocab_size; ids hard-wired to (2, L//2, L-3)."""
 
-from eaglekit.families.base import Observed, Traits
-
-PRIORITY = 70
+from eaglekit.families.base import Observed, Traits, family
 
 
-def matches(obs: Observed) -> bool:
-    return obs.architecture == "LlamaForCausalLM" and "midlayer." in obs.forms
+@family("eagle", priority=70)
+class SafeAILabEagle:
+    @staticmethod
+    def matches(obs: Observed) -> bool:
+        return obs.architecture == "LlamaForCausalLM" and "midlayer." in obs.forms
 
-
-def traits(obs: Observed) -> Traits:
-    return Traits("eagle", "SafeAILab EAGLE", "input", ("top-level",), False, trained_on_default_ids=True)
+    @staticmethod
+    def traits(obs: Observed) -> Traits:
+        return Traits("SafeAILab EAGLE", "input", ("top-level",), False, trained_on_default_ids=True)

@@ -1,13 +1,14 @@
 """Kimi / DeepSeek MLA drafts (F9) without a producer marker: nested ids, convention by the first id (P47)."""
 
-from eaglekit.families.base import Observed, Traits
-
-PRIORITY = 95
+from eaglekit.families.base import Observed, Traits, family
 
 
-def matches(obs: Observed) -> bool:
-    return obs.is_mla
+@family("mla", priority=95)
+class MlaDraft:
+    @staticmethod
+    def matches(obs: Observed) -> bool:
+        return obs.is_mla
 
-
-def traits(obs: Observed) -> Traits:
-    return Traits("mla", "MLA draft", None, ("top-level", "eagle_config"), False)
+    @staticmethod
+    def traits(obs: Observed) -> Traits:
+        return Traits("MLA draft", None, ("top-level", "eagle_config"), False)

@@ -1,13 +1,14 @@
 """ModelOpt HF export (F6): eagle_config with ModelOpt extras, output-of-layer ids, frequency-ordered d2t."""
 
-from eaglekit.families.base import MODELOPT_EAGLE_KEYS, Observed, Traits
-
-PRIORITY = 50
+from eaglekit.families.base import MODELOPT_EAGLE_KEYS, Observed, Traits, family
 
 
-def matches(obs: Observed) -> bool:
-    return any(k in obs.eagle_config for k in MODELOPT_EAGLE_KEYS)
+@family("modelopt", priority=50)
+class ModelOptHf:
+    @staticmethod
+    def matches(obs: Observed) -> bool:
+        return any(k in obs.eagle_config for k in MODELOPT_EAGLE_KEYS)
 
-
-def traits(obs: Observed) -> Traits:
-    return Traits("modelopt", "ModelOpt HF export", "output", ("eagle_config", "top-level"), False)
+    @staticmethod
+    def traits(obs: Observed) -> Traits:
+        return Traits("ModelOpt HF export", "output", ("eagle_config", "top-level"), False)

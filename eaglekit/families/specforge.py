@@ -3,20 +3,21 @@
 Its ids are output-of-layer. d2t and t2d are always written, even when the vocabulary is not pruned.
 """
 
-from eaglekit.families.base import Observed, Traits
-
-PRIORITY = 80
+from eaglekit.families.base import Observed, Traits, family
 
 
-def matches(obs: Observed) -> bool:
-    if obs.architecture != "LlamaForCausalLMEagle3" or "midlayer." not in obs.forms:
-        return False
-    cfg = obs.config
-    return "rope_theta" in cfg or "eagle_config" in cfg or "rope_parameters" in cfg
+@family("specforge", priority=80)
+class SpecForge:
+    @staticmethod
+    def matches(obs: Observed) -> bool:
+        if obs.architecture != "LlamaForCausalLMEagle3" or "midlayer." not in obs.forms:
+            return False
+        cfg = obs.config
+        return "rope_theta" in cfg or "eagle_config" in cfg or "rope_parameters" in cfg
 
-
-def traits(obs: Observed) -> Traits:
-    hf = obs.has_exact("embed_tokens.weight")
-    producer = "SpecForge export --to hf" if hf else "SpecForge export --to sglang"
-    return Traits("specforge", producer, "output", ("eagle_config", "top-level"), False,
-                  norm_output_meaning_versioned=True)
+    @staticmethod
+    def traits(obs: Observed) -> Traits:
+        hf = obs.has_exact("embed_tokens.weight")
+        producer = "SpecForge export --to hf" if hf else "SpecForge export --to sglang"
+        return Traits(producer, "output", ("eagle_config", "top-level"), False,
+                      norm_output_meaning_versioned=True)

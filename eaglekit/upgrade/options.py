@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eaglekit.errors import UsageError
-from eaglekit.spec import FAMILIES
+from eaglekit.families import family_names
 
 DIALECTS = ("vllm", "sglang", "speculators", "trtllm", "gguf")
 FC_NORM_INITS = ("ones", "calibrated")
@@ -35,8 +35,8 @@ class UpgradeOptions:
     device: str = "cpu"  # where the target runs for calibration
 
     def check(self) -> None:
-        if self.source_family != "eagle3" and self.source_family not in FAMILIES:
-            raise UsageError(f"--from {self.source_family!r}: expected eagle3 or one of {', '.join(FAMILIES)}")
+        if self.source_family != "eagle3" and self.source_family not in family_names():
+            raise UsageError(f"--from {self.source_family!r}: expected eagle3 or one of {', '.join(family_names())}")
         if self.to not in DIALECTS:
             raise UsageError(f"--to {self.to!r}: expected one of {', '.join(DIALECTS)}")
         if self.aux_convention not in (None, "input", "output"):
