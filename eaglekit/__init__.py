@@ -14,6 +14,21 @@ short names.)
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests/test_package.py keeps the two lists equal)
+    from eaglekit.errors import EaglekitError
+    from eaglekit.families import load_draft
+    from eaglekit.finetune.run import FinetuneOptions
+    from eaglekit.finetune.run import finetune as finetune_draft
+    from eaglekit.hub.push import push
+    from eaglekit.report import inspect_draft
+    from eaglekit.rules import run_rules
+    from eaglekit.serving import serving_support
+    from eaglekit.upgrade import UpgradeOptions
+    from eaglekit.upgrade import upgrade as upgrade_draft
+    from eaglekit.verify.run import VerifyOptions
+    from eaglekit.verify.run import verify as verify_draft
 
 __version__ = "0.1.0"
 
@@ -22,6 +37,7 @@ _EXPORTS = {  # public name -> (module, attribute)
     "load_draft": ("eaglekit.families", "load_draft"),
     "inspect_draft": ("eaglekit.report", "inspect_draft"),
     "run_rules": ("eaglekit.rules", "run_rules"),
+    "serving_support": ("eaglekit.serving", "serving_support"),
     "upgrade_draft": ("eaglekit.upgrade", "upgrade"),
     "UpgradeOptions": ("eaglekit.upgrade", "UpgradeOptions"),
     "verify_draft": ("eaglekit.verify.run", "verify"),

@@ -147,3 +147,14 @@ def test_a_failure_under_format_json_is_also_a_json_document(tmp_path):
         assert result.stderr.strip().splitlines()[-1] == "Error: " + doc["error"]["message"]
     plain = run_cli(["inspect", str(tmp_path / "missing")])
     assert plain.stdout == "" and plain.exit_code == 1
+
+
+def test_type_checkers_see_every_public_name():
+    import ast
+
+    import eaglekit
+
+    tree = ast.parse(open(eaglekit.__file__, encoding="utf-8").read())
+    guarded = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    seen = {(node.module, alias.name, alias.asname or alias.name) for node in guarded.body for alias in node.names}
+    assert seen == {(module, attribute, name) for name, (module, attribute) in eaglekit._EXPORTS.items()}
