@@ -21,7 +21,6 @@ from eaglekit.engines import (
     sglang_capture,
     sglang_view,
     vllm_default_runner,
-    vllm_view,
 )
 from eaglekit.engines.tokenspeed import tokenspeed_capture, tokenspeed_view
 from eaglekit.spec import DraftSpec
@@ -78,11 +77,8 @@ def conflicts(spec: DraftSpec, engines: tuple[str, ...], target: TargetInfo | No
                 other = b if flagged is a else a
                 remedy = (f"write the ids for {LABELS[other.engine]} and pin {LABELS[flagged.engine]} with "
                           f"{flagged.flag}")
-            elif a.key == NESTED:
-                remedy = (f"write vLLM's ids at the top level (vLLM reads them first) and SGLang's in "
-                          "eagle_config")
             else:
-                remedy = "serve each engine its own upgrade output"
+                remedy = "serve each engine its own `eaglekit upgrade --to` output"
             notes.append(f"{how}: no value of {a.key} is right for both; {remedy}")
     return notes
 

@@ -6,7 +6,6 @@ standalone LM. The YAML is built with `ModelCardData.to_yaml()` and no template 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any

@@ -23,7 +23,7 @@ import numpy as np
 
 from eaglekit.engines.llamacpp import ARCH, NUM_TARGET_LAYERS
 from eaglekit.errors import CheckpointError, OutputError, UsageError
-from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf, write_gguf
+from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf
 from eaglekit.io.writer import PARTIAL_MARK, ByteRange, OutTensor
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
