@@ -3,7 +3,8 @@
 from eaglekit.families.base import Observed, Traits, family
 
 
-@family("angelslim", priority=60)
+@family("angelslim", priority=60,
+        traits=Traits("AngelSlim", None, ("top-level", "eagle_config"), False))
 class AngelSlim:
     @staticmethod
     def matches(obs: Observed) -> bool:
@@ -11,7 +12,3 @@ class AngelSlim:
         if "target_model_type" in cfg or "modal_type" in cfg:
             return True
         return obs.architecture == "Eagle3LlamaForCausalLM" and "midlayer." in obs.forms
-
-    @staticmethod
-    def traits(obs: Observed) -> Traits:
-        return Traits("AngelSlim", None, ("top-level", "eagle_config"), False)

@@ -109,12 +109,13 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 
 
-def family(name: str, priority: int):
-    """Register a layout reader: a class with static `matches(obs)` and `traits(obs)`."""
+def family(name: str, priority: int, traits: Traits | None = None):
+    """Register a layout reader: a class with a static `matches(obs)`, and either the producer's `traits` here or a
+    static `traits(obs)` when they depend on the checkpoint."""
     def register(cls):
         if name in FAMILIES:
             raise ValueError(f"family {name!r} registered twice")
-        FAMILIES[name] = Family(name, priority, cls.matches, cls.traits)
+        FAMILIES[name] = Family(name, priority, cls.matches, cls.traits if traits is None else lambda obs: traits)
         return cls
     return register
 

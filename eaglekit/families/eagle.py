@@ -3,12 +3,9 @@
 from eaglekit.families.base import Observed, Traits, family
 
 
-@family("eagle", priority=70)
+@family("eagle", priority=70,
+        traits=Traits("SafeAILab EAGLE", "input", ("top-level",), False, trained_on_default_ids=True))
 class SafeAILabEagle:
     @staticmethod
     def matches(obs: Observed) -> bool:
         return obs.architecture == "LlamaForCausalLM" and "midlayer." in obs.forms
-
-    @staticmethod
-    def traits(obs: Observed) -> Traits:
-        return Traits("SafeAILab EAGLE", "input", ("top-level",), False, trained_on_default_ids=True)

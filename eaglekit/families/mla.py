@@ -3,12 +3,9 @@
 from eaglekit.families.base import Observed, Traits, family
 
 
-@family("mla", priority=95)
+@family("mla", priority=95,
+        traits=Traits("MLA draft", None, ("top-level", "eagle_config"), False))
 class MlaDraft:
     @staticmethod
     def matches(obs: Observed) -> bool:
         return obs.is_mla
-
-    @staticmethod
-    def traits(obs: Observed) -> Traits:
-        return Traits("MLA draft", None, ("top-level", "eagle_config"), False)

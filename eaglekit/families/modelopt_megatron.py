@@ -3,7 +3,9 @@
 from eaglekit.families.base import Observed, Traits, family
 
 
-@family("modelopt-megatron", priority=40)
+@family("modelopt-megatron", priority=40,
+        traits=Traits("ModelOpt Megatron export", "output", ("eagle_config", "top-level"), False,
+                      hidden_norm_is_input_norm=True))
 class ModelOptMegatron:
     @staticmethod
     def matches(obs: Observed) -> bool:
@@ -12,8 +14,3 @@ class ModelOptMegatron:
         cfg = obs.config
         nulls = all(k in cfg and cfg[k] is None for k in ("bos_token_id", "eos_token_id", "pad_token_id"))
         return nulls and "midlayer.{i}." in obs.forms
-
-    @staticmethod
-    def traits(obs: Observed) -> Traits:
-        return Traits("ModelOpt Megatron export", "output", ("eagle_config", "top-level"), False,
-                      hidden_norm_is_input_norm=True)

@@ -3,13 +3,9 @@
 from eaglekit.families.base import Observed, Traits, family
 
 
-@family("modelopt-vllm", priority=10)
+@family("modelopt-vllm", priority=10,
+        traits=Traits("ModelOpt convert_to_vllm_ckpt", "input", ("top-level",), True, norm_before_residual_forced=True))
 class ModelOptVllm:
     @staticmethod
     def matches(obs: Observed) -> bool:
         return obs.speculators_layout and obs.config.get("speculators_version") == "0.1.0.dev14"
-
-    @staticmethod
-    def traits(obs: Observed) -> Traits:
-        return Traits("ModelOpt convert_to_vllm_ckpt", "input", ("top-level",), True,
-                      norm_before_residual_forced=True)

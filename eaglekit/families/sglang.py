@@ -3,13 +3,10 @@
 from eaglekit.families.base import Observed, Traits, family
 
 
-@family("sglang", priority=90)
+@family("sglang", priority=90,
+        traits=Traits("SGLang repack of EAGLE", "output", ("eagle_config", "top-level"), False,
+                      trained_on_default_ids=True))
 class SglangRepack:
     @staticmethod
     def matches(obs: Observed) -> bool:
         return obs.architecture == "LlamaForCausalLMEagle3" and "midlayer." in obs.forms
-
-    @staticmethod
-    def traits(obs: Observed) -> Traits:
-        return Traits("SGLang repack of EAGLE", "output", ("eagle_config", "top-level"), False,
-                      trained_on_default_ids=True)

@@ -9,7 +9,8 @@ ARCHITECTURES = (
 )
 
 
-@family("vllm", priority=92)
+@family("vllm", priority=92,
+        traits=Traits("vLLM flat layout", "input", ("top-level", "eagle_config"), False))
 class VllmFlat:
     @staticmethod
     def matches(obs: Observed) -> bool:
@@ -17,7 +18,3 @@ class VllmFlat:
             return False
         # an MLA draft counts as vLLM layout only once its ids are written top-level
         return not obs.is_mla or "eagle_aux_hidden_state_layer_ids" in obs.config
-
-    @staticmethod
-    def traits(obs: Observed) -> Traits:
-        return Traits("vLLM flat layout", "input", ("top-level", "eagle_config"), False)
