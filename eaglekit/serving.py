@@ -28,7 +28,6 @@ from eaglekit.rules import all_rules, run_rules
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
-ENGINE_LABELS = LABELS
 AS_IS, WITH_SETTINGS, AFTER_CONVERSION, NOT_AS_IS = "as is", "with settings", "after conversion", "not as is"
 
 

@@ -132,6 +132,11 @@ def test_what_llama_cpp_cannot_run_is_refused_in_one_line(tmp_path, recipe, opti
     assert sorted(os.listdir(tmp_path)) == ["d", "target.gguf"]
 
 
+def test_gguf_defaults_to_eagle3_everywhere_else_to_3_1():
+    assert UpgradeOptions(to="gguf").lossless and not UpgradeOptions().lossless
+    assert UpgradeOptions(to="gguf", fc_norm=True).fc_norm  # an explicit choice stays (and is refused later)
+
+
 def test_cli_defaults_to_eagle3_for_gguf_and_guards_the_destination(tmp_path):
     target = tiny_target_gguf(str(tmp_path / "target.gguf"))
     src = make_draft(str(tmp_path / "d"), "vllm")

@@ -133,11 +133,9 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
     from eaglekit.io.dtypes import dtype_from_name
     from eaglekit.upgrade import UpgradeOptions, upgrade
 
-    eagle31_default = to != "gguf"  # llama.cpp has no EAGLE-3.1 functions
     options = UpgradeOptions(
         source_family=source_family, target=target, aux_layer_ids=parse_ids(aux_layer_ids),
-        aux_convention=aux_convention, fc_norm=eagle31_default if fc_norm is None else fc_norm,
-        norm_output=eagle31_default if norm_output is None else norm_output, fc_norm_init=fc_norm_init,
+        aux_convention=aux_convention, fc_norm=fc_norm, norm_output=norm_output, fc_norm_init=fc_norm_init,
         calibration_file=calibration_file, to=to, dtype=dtype_from_name(dtype) if dtype else None,
         max_shard_size=parse_size(max_shard_size), dry_run=dry_run, force=force, allow_pickle=allow_pickle,
         subfolder=subfolder, revision=revision, device=device,

@@ -248,12 +248,8 @@ def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
     return needs
 
 
-def sglang_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
-    """Version floors for SGLang; 0.5.23 is the only release modelled, so it is the floor of any 3.1 flag."""
-    return _single_release(spec, SGLANG, "EAGLE-3.1 in the Llama and MLA drafts")
-
-
 def _single_release(spec: DraftSpec, engine: str, what: str) -> list[tuple[Version, str]]:
+    """An engine modelled at one release: that release is the floor of any EAGLE-3.1 flag."""
     flags = spec.flags
     if (flags.fc_norm or flags.norm_output) and not flags.norm_output_legacy_specforge:
         return [(parse_version(LATEST[engine]), what)]

@@ -12,11 +12,10 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.config_view import REPO_ID
-from eaglekit.engines import ENGINES, LATEST, LLAMACPP, VLLM
+from eaglekit.engines import ENGINES, LABELS, LATEST, LLAMACPP, VLLM
 from eaglekit.findings import Finding
 from eaglekit.rules import UPGRADE_DIALECT
 from eaglekit.serving import (
-    ENGINE_LABELS,
     NOT_AS_IS,
     MinimumVersion,
     minimum_versions,
@@ -207,7 +206,7 @@ def _draft_table(spec: DraftSpec, target: str | None) -> str:
 
 
 def _requirement(need: MinimumVersion) -> str:
-    engine = ENGINE_LABELS[need.engine]
+    engine = LABELS[need.engine]
     if need.version:
         return f"Requires {engine} ≥ {need.version} ({'; '.join(need.reasons)})."
     if need.engine == VLLM:
@@ -224,7 +223,7 @@ def _serving(spec: DraftSpec, repo_id: str, target: str | None) -> str:
     k = NUM_SPECULATIVE_TOKENS
     sections, refused = [], []
     for engine in ENGINES:
-        s, label = support[engine], ENGINE_LABELS[engine]
+        s, label = support[engine], LABELS[engine]
         if s.verdict == NOT_AS_IS and s.engine_specific:  # a fault of the files alone is the Validation section's
             to = UPGRADE_DIALECT.get(engine, "vllm")
             remedy = f" `eaglekit upgrade {repo_id} draft-{to} --to {to}` writes the files it reads." if s.fix else ""

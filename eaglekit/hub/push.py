@@ -28,7 +28,8 @@ from eaglekit.hub.card import build_card, provenance, recorded_target
 from eaglekit.io.jsonfile import finite, load_json_object
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.hub_client import bounded_hub_client
-from eaglekit.serving import ENGINE_LABELS, minimum_versions
+from eaglekit.engines import LABELS
+from eaglekit.serving import minimum_versions
 from eaglekit.upgrade.provenance import untrained_warm_start
 from eaglekit.spec import DraftSpec
 
@@ -252,7 +253,7 @@ def _manifest(
             "dtype": spec.dtype,
             "num_parameters": spec.num_parameters,
         },
-        "engines": {ENGINE_LABELS[engine]: {"min_version": need.version, "why": "; ".join(need.reasons) or "relies on no feature newer than EAGLE-3"}
+        "engines": {LABELS[engine]: {"min_version": need.version, "why": "; ".join(need.reasons) or "relies on no feature newer than EAGLE-3"}
                     for engine, need in minimum_versions(spec).items()},
         "provenance": provenance(spec) or None,
         "validation": {

@@ -24,7 +24,7 @@ import numpy as np
 from eaglekit.engines.llamacpp import ARCH, NUM_TARGET_LAYERS
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf
-from eaglekit.io.writer import PARTIAL_MARK, ByteRange, OutTensor
+from eaglekit.io.writer import PARTIAL_MARK, ByteRange, OutTensor, iter_file_chunks
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 from eaglekit.upgrade.decide import Decisions
@@ -113,14 +113,9 @@ def interleave_rotary_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _raw(t: OutTensor) -> bytes:
-    if isinstance(t.source, ByteRange):
-        with open(t.source.path, "rb") as fh:
-            fh.seek(t.source.start)
-            data = fh.read(t.source.end - t.source.start)
-        if len(data) != t.source.end - t.source.start:
-            raise CheckpointError(f"tensor {t.name!r}: file truncated", t.source.path)
-        return data
-    return b"".join(t.source())
+    chunks = (iter_file_chunks(t.source.path, t.source.start, t.source.end) if isinstance(t.source, ByteRange)
+              else t.source())
+    return b"".join(chunks)
 
 
 def _maker(t: OutTensor, ggml_type: str, heads: int | None) -> Callable[[], np.ndarray]:

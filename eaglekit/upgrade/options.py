@@ -19,8 +19,8 @@ class UpgradeOptions:
     target: str | None = None  # target model dir (or its config.json): L, T, V; weights for calibration
     aux_layer_ids: tuple[int, ...] | None = None
     aux_convention: str | None = None  # "input" | "output": how --aux-layer-ids (or unknown source ids) count
-    fc_norm: bool = True
-    norm_output: bool = True
+    fc_norm: bool | None = None  # None: on, except for --to gguf (llama.cpp has no EAGLE-3.1 functions)
+    norm_output: bool | None = None  # None: as fc_norm
     fc_norm_init: str | None = None  # "ones" | "calibrated"; None: calibrated when the target has weights
     calibration_file: str | None = None
     calibration_tokens: int = 2048
@@ -33,6 +33,11 @@ class UpgradeOptions:
     subfolder: str | None = None
     revision: str | None = None
     device: str = "cpu"  # where the target runs for calibration
+
+    def __post_init__(self) -> None:
+        for key in ("fc_norm", "norm_output"):
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, self.to != "gguf")
 
     def check(self) -> None:
         if self.source_family != "eagle3" and self.source_family not in family_names():
