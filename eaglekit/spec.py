@@ -7,14 +7,6 @@ from typing import Any
 
 from eaglekit.target import TargetInfo
 
-# safetensors dtype name -> bytes per element
-DTYPE_SIZES: dict[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-}
-
 ATTENTION_KINDS = ("llama", "qwen3", "mla")
 
 

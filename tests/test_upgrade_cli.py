@@ -81,8 +81,9 @@ def test_dry_run_prints_every_tensor(drafts, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_ids_and_convention_on_the_command_line(drafts, tmp_path):
-    result = run(["upgrade", drafts["sglang"], str(tmp_path / "out"), "--aux-layer-ids", "1,5,8",
+@pytest.mark.parametrize("ids", ["1,5,8", "1 5 8", "1, 5, 8"])
+def test_ids_and_convention_on_the_command_line(drafts, tmp_path, ids):
+    result = run(["upgrade", drafts["sglang"], str(tmp_path / "out"), "--aux-layer-ids", ids,
                   "--aux-convention", "output", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["aux"]["ids"] == [2, 6, 9]
@@ -90,6 +91,8 @@ def test_ids_and_convention_on_the_command_line(drafts, tmp_path):
 
 @pytest.mark.parametrize("args,code,message", [
     (["--aux-layer-ids", "2,x,9"], 2, "--aux-layer-ids"),
+    (["--aux-layer-ids", "-1,5,9"], 2, "non-negative"),
+    (["--aux-layer-ids", ","], 2, "--aux-layer-ids"),
     (["--max-shard-size", "lots"], 2, "--max-shard-size"),
     (["--fc-norm-init", "calibrated"], 2, "needs --target"),
     (["--to", "speculators", "--from", "nonsense"], 2, "--from"),

@@ -9,6 +9,7 @@ import time
 import click
 
 from eaglekit.cli.output import (
+    aux_ids,
     emit_json,
     err,
     findings_table,
@@ -19,7 +20,7 @@ from eaglekit.cli.output import (
     styled,
     target_path,
 )
-from eaglekit.cli.upgrade import _terminate_cleanly, parse_ids
+from eaglekit.cli.upgrade import _terminate_cleanly
 from eaglekit.errors import UsageError
 
 EXAMPLES = """
@@ -174,7 +175,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         target=target,
         data=DataOptions(data_file=data_file, limit=data_limit, generate=generate, context_tokens=context_tokens,
                          context_every=context_every, max_length=max_length, code_tokens=code_tokens, hidden_states=hidden_states,
-                         captured_ids=parse_ids(captured_ids), cache_dir=cache_dir),
+                         captured_ids=aux_ids(captured_ids, "--captured-ids"), cache_dir=cache_dir),
         train=TrainOptions(steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps,
                            depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed),
         eval=None if no_eval else EvalOptions(prompts_file=eval_prompts, limit=eval_limit,

@@ -25,16 +25,21 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def int_list(value: str, option: str, example: str) -> tuple[int, ...]:
-    """Non-negative integers from a comma list such as `2,15,27` (spaces ignored)."""
+    """Non-negative integers from a list such as `2,15,27` (commas and/or spaces between them)."""
     from eaglekit.errors import UsageError
 
     try:
-        numbers = tuple(int(v) for v in value.replace(" ", "").split(",") if v)
+        numbers = tuple(int(v) for v in value.replace(",", " ").split())
     except ValueError:
         raise UsageError(f"{option} {value!r}: expected comma-separated integers such as {example}") from None
     if not numbers or any(n < 0 for n in numbers):
         raise UsageError(f"{option} {value!r}: expected non-negative integers such as {example}")
     return numbers
+
+
+def aux_ids(value: str | None, option: str = "--aux-layer-ids") -> tuple[int, ...] | None:
+    """An aux-id option (vLLM convention); None when not given."""
+    return None if value is None else int_list(value, option, "2,15,27")
 
 
 def target_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

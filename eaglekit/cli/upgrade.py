@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from eaglekit.cli.output import (
+    aux_ids,
     emit_json,
     err,
     findings_table,
@@ -47,15 +48,6 @@ def parse_size(text: str) -> int:
     if not m or unit not in _UNITS:
         raise UsageError(f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB or 2GiB")
     return int(float(m.group(1)) * _UNITS[unit])
-
-
-def parse_ids(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(part) for part in text.replace(" ", ",").split(",") if part)
-    except ValueError:
-        raise UsageError(f"--aux-layer-ids {text!r}: expected integers such as 2,16,29") from None
 
 
 @contextmanager
@@ -134,7 +126,7 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
     from eaglekit.upgrade import UpgradeOptions, upgrade
 
     options = UpgradeOptions(
-        source_family=source_family, target=target, aux_layer_ids=parse_ids(aux_layer_ids),
+        source_family=source_family, target=target, aux_layer_ids=aux_ids(aux_layer_ids),
         aux_convention=aux_convention, fc_norm=fc_norm, norm_output=norm_output, fc_norm_init=fc_norm_init,
         calibration_file=calibration_file, to=to, dtype=dtype_from_name(dtype) if dtype else None,
         max_shard_size=parse_size(max_shard_size), dry_run=dry_run, force=force, allow_pickle=allow_pickle,

@@ -8,12 +8,12 @@ import click
 from rich.table import Table
 
 from eaglekit.cli.output import (
+    aux_ids,
     decode_options,
     emit_json,
     err,
     format_option,
     identifier_table,
-    int_list,
     key_value_table,
     out,
     styled,
@@ -30,10 +30,6 @@ Examples:
 """
 
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "info": "cyan"}
-
-
-def _ids(value: str | None) -> tuple[int, ...] | None:
-    return None if value is None else int_list(value, "--aux-layer-ids", "2,15,27")
 
 
 @click.command("verify", epilog=EXAMPLES)
@@ -76,7 +72,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
 
     options = VerifyOptions(
         num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file, limit=limit,
-        context_tokens=context_tokens, device=device, dtype=dtype, aux_layer_ids=_ids(aux_layer_ids),
+        context_tokens=context_tokens, device=device, dtype=dtype, aux_layer_ids=aux_ids(aux_layer_ids),
         diagnose=diagnose, min_acceptance=min_acceptance, engine=engine, categories=tuple(categories), turns=turns,
         as_eaglekit_reads=as_eaglekit_reads, engine_version=engine_version, vllm_runner=vllm_runner,
         engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,

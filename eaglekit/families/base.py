@@ -11,6 +11,7 @@ from eaglekit.config_view import as_ids, int_at, nested
 from eaglekit.errors import CheckpointError
 from eaglekit.families.names import FC_NORM, canonical_name, layer_index, name_forms
 from eaglekit.io.checkpoint import CheckpointFiles
+from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.spec import (
     AuxLayers,
     DraftSpec,
@@ -23,7 +24,6 @@ from eaglekit.spec import (
 )
 
 MAX_DRAFT_LAYERS = 1024  # drafts have 1..8 layers; an index past this would only make every layer check huge
-FLOAT_DTYPES = ("BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "F64")
 MODELOPT_EAGLE_KEYS = (
     "use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm",
     "next_layer_regular", "parallel_draft_step", "parallel_draft_heads_num_layers",

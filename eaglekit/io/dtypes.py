@@ -1,14 +1,24 @@
-"""Mapping between safetensors dtype names, numpy and torch (torch imported only when asked)."""
+"""Safetensors dtype facts: element sizes, which are floats, and the numpy / torch names (neither imported here)."""
 
 from __future__ import annotations
 
-import numpy as np
+DTYPE_SIZES: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}
+"""Bytes per element (F4 packs two elements per byte; its entry is the per-byte unit)."""
+
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2")
+"""Every floating-point dtype a draft's weights may hold."""
 
 NUMPY_DTYPES = {
-    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "U16": np.uint16,
-    "F16": np.float16, "I32": np.int32, "U32": np.uint32, "F32": np.float32,
-    "I64": np.int64, "U64": np.uint64, "F64": np.float64,
+    "BOOL": "?", "U8": "u1", "I8": "i1", "I16": "i2", "U16": "u2",
+    "F16": "f2", "I32": "i4", "U32": "u4", "F32": "f4",
+    "I64": "i8", "U64": "u8", "F64": "f8",
 }
+"""numpy type codes of the dtypes numpy reads natively."""
 
 _TORCH_NAMES = {
     "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "F16": "float16",
@@ -18,6 +28,7 @@ _TORCH_NAMES = {
 
 
 FLOAT_NAMES = ("BF16", "F16", "F32", "F64")
+"""The floats eaglekit casts between (the fp8 formats are copied, never cast)."""
 
 
 def torch_name(name: str) -> str | None:

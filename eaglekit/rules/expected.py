@@ -12,7 +12,6 @@ from eaglekit.spec import DraftSpec
 
 ROTARY_BUFFERS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 QUANT_SUFFIXES = ("_scale", "_scale_2", ".weight_zero_point", ".weight_g_idx")
-FLOAT_DTYPES = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2")
 
 
 @dataclass(frozen=True)

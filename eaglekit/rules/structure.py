@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from eaglekit.config_view import int_at
 from eaglekit.families.names import layer_index
+from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.rules.expected import (
-    FLOAT_DTYPES,
     format_shape,
     shape_matches,
     tolerated_extra,

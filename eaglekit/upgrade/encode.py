@@ -8,7 +8,7 @@ import numpy as np
 
 from eaglekit.errors import UsageError
 from eaglekit.io.dtypes import FLOAT_NAMES
-from eaglekit.spec import DTYPE_SIZES
+from eaglekit.io.dtypes import DTYPE_SIZES
 
 FLOAT_CASTABLE = FLOAT_NAMES
 F16_MAX = 65504.0
