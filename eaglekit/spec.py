@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from eaglekit.io.dtypes import element_count
 from eaglekit.target import TargetInfo
 
 ATTENTION_KINDS = ("llama", "qwen3", "mla")
@@ -28,10 +29,7 @@ class TensorRef:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return element_count(self.shape)
 
 
 @dataclass(frozen=True)

@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 _MIDLAYER_MULTI = re.compile(r"^midlayer\.(\d{1,9})\.")
 _LAYER_INDEX = re.compile(r"^layers\.(\d{1,9})\.")
 FC_NORM = re.compile(r"^fc_norm\.(\d{1,6})\.weight$")
 """Canonical name of the EAGLE-3.1 norm of aux state k."""
-_LEGACY = {
-    "aux_norm_low.": "fc_norm.0.",
-    "aux_norm_mid.": "fc_norm.1.",
-    "aux_norm_high.": "fc_norm.2.",
-    "context_proj.": "fc.",
-    "context_norm.": "hidden_norm.",
-    "final_norm.": "norm.",
+class LegacyName(NamedTuple):
+    canonical: str  # the prefix it is renamed to
+    producer: str
+    renamed_by: tuple[str, ...] = ()  # engines whose loader renames it themselves
+
+
+LEGACY_NAMES: dict[str, LegacyName] = {
+    "aux_norm_low.": LegacyName("fc_norm.0.", "older SGLang exports", renamed_by=("sglang",)),
+    "aux_norm_mid.": LegacyName("fc_norm.1.", "older SGLang exports", renamed_by=("sglang",)),
+    "aux_norm_high.": LegacyName("fc_norm.2.", "older SGLang exports", renamed_by=("sglang",)),
+    "context_proj.": LegacyName("fc.", "the TorchSpec fork"),
+    "context_norm.": LegacyName("hidden_norm.", "the TorchSpec fork"),
+    "final_norm.": LegacyName("norm.", "the TorchSpec fork"),
 }
+"""Tensor names of earlier producers: eaglekit reads them under the canonical names and upgrade renames them."""
+
+
+def legacy_pattern(engine: str) -> re.Pattern[str]:
+    """The legacy names `engine` does not rename itself (its loader then skips them as unknown)."""
+    prefixes = [old[:-1] for old, legacy in LEGACY_NAMES.items() if engine not in legacy.renamed_by]
+    return re.compile(r"(^|\.)(" + "|".join(map(re.escape, prefixes)) + r")\.")
 
 
 def name_forms(names: list[str]) -> set[str]:
@@ -35,7 +49,7 @@ def name_forms(names: list[str]) -> set[str]:
             forms.add("layers.0.0.")
         elif _LAYER_INDEX.match(n):
             forms.add("layers.{i}.")
-        if any(n.startswith(k) or f".{k}" in n for k in _LEGACY):
+        if any(n.startswith(k) or f".{k}" in n for k in LEGACY_NAMES):
             forms.add("legacy")
     return forms
 
@@ -48,7 +62,7 @@ def canonical_name(name: str) -> str:
         name = f"layers.{m.group(1)}." + name[m.end() :]
     elif name.startswith("midlayer."):
         name = "layers.0." + name[len("midlayer.") :]
-    for old, new in _LEGACY.items():
+    for old, (new, *_) in LEGACY_NAMES.items():
         if name.startswith(old):
             name = new + name[len(old) :]
         elif old in name:

@@ -13,6 +13,19 @@ DTYPE_SIZES: dict[str, int] = {
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2")
 """Every floating-point dtype a draft's weights may hold."""
 
+def element_count(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def tensor_nbytes(dtype: str, shape) -> int:
+    """Bytes a tensor of `dtype` and `shape` occupies in a safetensors file (F4: two values per byte)."""
+    numel = element_count(shape)
+    return (numel + 1) // 2 if dtype == "F4" else numel * DTYPE_SIZES[dtype]
+
+
 NUMPY_DTYPES = {
     "BOOL": "?", "U8": "u1", "I8": "i1", "I16": "i2", "U16": "u2",
     "F16": "f2", "I32": "i4", "U32": "u4", "F32": "f4",

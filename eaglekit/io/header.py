@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from eaglekit.errors import CheckpointError
 from eaglekit.io.jsonfile import open_regular, parse_json
-from eaglekit.io.dtypes import DTYPE_SIZES
+from eaglekit.io.dtypes import DTYPE_SIZES, tensor_nbytes
 
 # The safetensors library refuses headers above 100 MB; a real draft header is a few KB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -34,15 +34,6 @@ class SafetensorsHeader:
     @property
     def data_start(self) -> int:
         return 8 + self.header_size
-
-
-def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    numel = 1
-    for d in shape:
-        numel *= d
-    if dtype == "F4":  # two 4-bit values per byte
-        return (numel + 1) // 2
-    return numel * DTYPE_SIZES[dtype]
 
 
 def parse_header_bytes(raw: bytes, file_size: int, path: str) -> SafetensorsHeader:
@@ -83,7 +74,7 @@ def parse_header_bytes(raw: bytes, file_size: int, path: str) -> SafetensorsHead
         ):
             raise CheckpointError(f"tensor {name!r}: data_offsets must be [begin, end] with 0 <= begin <= end", path)
         begin, end = offsets
-        expected = _nbytes(dtype, tuple(shape))
+        expected = tensor_nbytes(dtype, tuple(shape))
         if end - begin != expected:
             raise CheckpointError(
                 f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but data_offsets span {end - begin}", path

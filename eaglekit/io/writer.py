@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.header import MAX_HEADER_BYTES
-from eaglekit.io.dtypes import DTYPE_SIZES
+from eaglekit.io.dtypes import tensor_nbytes
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per copy call: bounds progress granularity, not memory
 READ_CHUNK = 8 * 1024 * 1024  # buffer of the read/write fallback
@@ -52,13 +52,6 @@ class OutTensor:
     @property
     def nbytes(self) -> int:
         return tensor_nbytes(self.dtype, self.shape)
-
-
-def tensor_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    numel = 1
-    for d in shape:
-        numel *= d
-    return (numel + 1) // 2 if dtype == "F4" else numel * DTYPE_SIZES[dtype]
 
 
 def header_bytes(tensors: list[OutTensor], metadata: dict[str, str] | None) -> bytes:

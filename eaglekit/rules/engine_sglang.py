@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 from eaglekit.engines import SGLANG, sglang_capture
+from eaglekit.families.names import legacy_pattern
 from eaglekit.rules.facts import examples, fc_k_disagreeing, fmt_ids, names_in_source
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
-_IGNORED = re.compile(r"(^|\.)(context_proj|context_norm|final_norm)\.")
+_IGNORED = legacy_pattern("sglang")
 
 
 @rule("EK351", "error", "engine", "P19", "SGLang captures other layers than the draft was trained on", engine=SGLANG)

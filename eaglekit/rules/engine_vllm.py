@@ -14,6 +14,7 @@ from eaglekit.engines import (
     parse_version,
     vllm_requirements,
 )
+from eaglekit.families.names import legacy_pattern
 from eaglekit.rules.facts import (
     eagle_config,
     examples,
@@ -24,7 +25,7 @@ from eaglekit.rules.facts import (
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 _MIDLAYER_MULTI = re.compile(r"^(model\.)?midlayer\.\d+\.")
-_LEGACY = re.compile(r"(^|\.)(aux_norm_(low|mid|high)|context_proj|context_norm|final_norm)\.")
+_LEGACY = legacy_pattern("vllm")
 
 
 def _v(ctx: RuleContext) -> str:

@@ -76,7 +76,7 @@ class UpgradePlan:
 
     @property
     def total_bytes(self) -> int:
-        from eaglekit.io.writer import tensor_nbytes
+        from eaglekit.io.dtypes import tensor_nbytes
 
         return sum(tensor_nbytes(s.dtype, s.shape) for s in self.written)
 
