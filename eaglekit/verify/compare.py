@@ -19,6 +19,7 @@ from eaglekit.verify.checks import compatibility_checks, refuse_failures
 from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_decode
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.metrics import AcceptanceCounter
+from eaglekit.verify.report import DecodeSettings
 from eaglekit.verify.run import VerifyOptions, _prompt_set, resolve_aux_ids, turns
 from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
 from eaglekit.verify.target import load_target
@@ -36,13 +37,7 @@ class Measured:
 
 @dataclass
 class CompareReport:
-    target: str
-    num_speculative_tokens: int
-    max_new_tokens: int
-    dtype: str
-    device: str
-    prompts_name: str
-    context_tokens: int
+    settings: DecodeSettings
     names: list[str]
     categories: list[str | None]
     conversations: list[str]
@@ -51,7 +46,7 @@ class CompareReport:
 
     def _summary(self, m: Measured, picked: list[int]) -> dict:
         cs, gs = [m.counters[i] for i in picked], [self.conversations[i] for i in picked]
-        return summary(pooled(cs, self.num_speculative_tokens), tau_interval(cs, gs), len(picked), len(set(gs)))
+        return summary(pooled(cs, self.settings.num_speculative_tokens), tau_interval(cs, gs), len(picked), len(set(gs)))
 
     def _difference(self, picked: list[int]) -> dict:
         point, interval = paired_difference([self.a.counters[i] for i in picked], [self.b.counters[i] for i in picked],
@@ -78,16 +73,17 @@ class CompareReport:
                        "b_minus_a": self._difference(picked)} for name, picked in groups.items()}
 
     def to_dict(self) -> dict[str, Any]:
+        run = self.settings
         return {
             "eaglekit_version": __version__,
-            "target": self.target,
+            "target": run.target,
             "drafts": {key: {"draft": m.draft, "eagle_version": m.eagle_version, "aux_layer_ids": m.aux_layer_ids}
                        for key, m in (("a", self.a), ("b", self.b))},
-            "num_speculative_tokens": self.num_speculative_tokens,
-            "max_new_tokens": self.max_new_tokens,
-            "dtype": self.dtype,
-            "device": self.device,
-            "prompts": {"name": self.prompts_name, "count": len(self.names), "context_tokens": self.context_tokens},
+            "num_speculative_tokens": run.num_speculative_tokens,
+            "max_new_tokens": run.max_new_tokens,
+            "dtype": run.dtype,
+            "device": run.device,
+            "prompts": {"name": run.prompts_name, "count": len(self.names), "context_tokens": run.context_tokens},
             "categories": self.rows(),
             "per_prompt": [{"name": n, "category": c, "conversation": g,
                             "a_acceptance_length": a.acceptance_length, "b_acceptance_length": b.acceptance_length}
@@ -132,5 +128,6 @@ def compare(draft_a: str, draft_b: str, target: str, options: VerifyOptions = Ve
         conversations.append(prompt.conversation or prompt.name)
         if on_prompt is not None:
             on_prompt(len(names), prompts.turns, prompt.name)
-    return CompareReport(target, k, options.max_new_tokens, str(model.dtype).replace("torch.", ""), str(model.device),
-                         prompts.name, options.context_tokens, names, categories, conversations, *measured)
+    settings = DecodeSettings(target, k, options.max_new_tokens, str(model.dtype).replace("torch.", ""),
+                              str(model.device), prompts.name, options.context_tokens)
+    return CompareReport(settings, names, categories, conversations, *measured)

@@ -17,6 +17,19 @@ from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.stats import Interval, by_category, tau_interval
 
 
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What a verify or compare run decoded under: both reports carry it and write it the same way."""
+
+    target: str
+    num_speculative_tokens: int
+    max_new_tokens: int
+    dtype: str
+    device: str
+    prompts_name: str
+    context_tokens: int
+
+
 @dataclass
 class PromptOutcome:
     name: str
@@ -33,17 +46,11 @@ class PromptOutcome:
 @dataclass
 class VerifyReport:
     draft: str
-    target: str
+    settings: DecodeSettings
     eagle_version: str
     flags: dict[str, bool]
     aux_layer_ids: list[int]
     aux_layer_ids_source: str
-    num_speculative_tokens: int
-    max_new_tokens: int
-    dtype: str
-    device: str
-    prompts_name: str
-    context_tokens: int
     chat_template: bool
     checks: list[Check]
     counter: AcceptanceCounter
@@ -100,24 +107,25 @@ class VerifyReport:
 
     def speculation_profile(self) -> dict:
         """This run as specdec_bench's speculation_profile.json (schema 1.0)."""
+        run = self.settings
         return speculation_profile(
             self.counter, per_request=[o.acceptance_length for o in self.outcomes if o.counter and o.counter.drafts],
-            draft=self.draft, target=self.target, eagle_version=self.eagle_version, per_category=self.categories(),
-            conditions={"engine": "eaglekit reference decode", "dataset": self.prompts_name,
-                        "prompts": len(self.outcomes), "context_tokens": self.context_tokens,
-                        "max_new_tokens": self.max_new_tokens, "sampling": "greedy", "concurrency": 1,
-                        "dtype": self.dtype, "device": self.device})
+            draft=self.draft, target=run.target, eagle_version=self.eagle_version, per_category=self.categories(),
+            conditions={"engine": "eaglekit reference decode", "dataset": run.prompts_name,
+                        "prompts": len(self.outcomes), "context_tokens": run.context_tokens,
+                        "max_new_tokens": run.max_new_tokens, "sampling": "greedy", "concurrency": 1,
+                        "dtype": run.dtype, "device": run.device})
 
     @property
     def passed(self) -> bool:
         return self.lossless and (self.min_acceptance is None or self.acceptance_length >= self.min_acceptance)
 
     def to_dict(self) -> dict[str, Any]:
-        c = self.counter
+        c, run = self.counter, self.settings
         doc: dict[str, Any] = {
             "eaglekit_version": __version__,
             "draft": self.draft,
-            "target": self.target,
+            "target": run.target,
             "passed": self.passed,
             "lossless": self.lossless,
             "exact_match": self.exact,
@@ -148,16 +156,16 @@ class VerifyReport:
             "aux_layer_ids": self.aux_layer_ids,
             "aux_layer_ids_source": self.aux_layer_ids_source,
             "prompts": {
-                "name": self.prompts_name,
+                "name": run.prompts_name,
                 "count": len(self.outcomes),
-                "context_tokens": self.context_tokens,
+                "context_tokens": run.context_tokens,
                 "chat_template": self.chat_template,
                 "mean_prompt_tokens": (sum(o.prompt_tokens for o in self.outcomes) / len(self.outcomes)
                                        if self.outcomes else 0.0),
             },
-            "max_new_tokens": self.max_new_tokens,
-            "dtype": self.dtype,
-            "device": self.device,
+            "max_new_tokens": run.max_new_tokens,
+            "dtype": run.dtype,
+            "device": run.device,
             "tie_tolerance": self.tie_tolerance,
             "per_prompt": [
                 {

@@ -22,7 +22,7 @@ from eaglekit.verify.engine import EngineOptions, EngineRun, check_engine_availa
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
 from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
-from eaglekit.verify.report import PromptOutcome, VerifyReport
+from eaglekit.verify.report import DecodeSettings, PromptOutcome, VerifyReport
 from eaglekit.verify.served import ServedReading, served_reading
 from eaglekit.verify.stats import by_category, tau_interval
 from eaglekit.verify.target import TargetModel, load_target
@@ -182,9 +182,9 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
         comparison = compare_engine(counter, run, aux_ids, engine_ids, rerun, target_outputs,
                                     [o.counter for o in outcomes])
     report = VerifyReport(
-        draft=raw.path, target=target, eagle_version=spec.eagle_version, flags=flags, aux_layer_ids=list(aux_ids),
-        aux_layer_ids_source=aux_source, num_speculative_tokens=k, max_new_tokens=options.max_new_tokens,
-        dtype=dtype_name, device=str(model.device), prompts_name=prompts.name, context_tokens=options.context_tokens,
+        draft=raw.path, settings=DecodeSettings(target, k, options.max_new_tokens, dtype_name, str(model.device),
+                                                prompts.name, options.context_tokens),
+        eagle_version=spec.eagle_version, flags=flags, aux_layer_ids=list(aux_ids), aux_layer_ids_source=aux_source,
         chat_template=bool(getattr(model.tokenizer, "chat_template", None)), checks=checks, counter=counter,
         drift=drift, spec_clock=clock, target_only_s=target_s, spec_tokens=spec_tokens, target_tokens=target_tokens,
         outcomes=outcomes, tie_tolerance=tolerance, diagnosis=conclude(sweep.results()) if sweep else None,
