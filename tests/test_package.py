@@ -107,6 +107,26 @@ def test_no_import_cycles():
             visit(start, [start])
 
 
+SHARED_FACTS = ("DTYPE_SIZES", "FLOAT_DTYPES", "NUMPY_DTYPES", "REPO_ID", "LEGACY_NAMES", "tensor_nbytes",
+                "element_count", "eagle_version", "as_ids", "int_at", "aux_ids", "int_list", "engine_requirements")
+
+
+def test_each_shared_fact_is_defined_in_one_module():
+    """One home per fact: a table, pattern or reader used across modules is defined once, at module level."""
+    import ast
+    import pathlib
+
+    homes: dict[str, list[str]] = {name: [] for name in SHARED_FACTS}
+    for path in pathlib.Path(eaglekit.__file__).parent.rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else [
+                t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+            for name in names:
+                if name in homes:
+                    homes[name].append(str(path))
+    assert {name: len(paths) for name, paths in homes.items()} == dict.fromkeys(SHARED_FACTS, 1), homes
+
+
 def test_the_json_schemas_ship_with_the_package():
     """--format json names its schema; it must be there for an installed wheel, not only in a checkout."""
     import json
