@@ -111,6 +111,7 @@ class SourceFacts:
     trained_on_default_ids: bool = False  # the producer hard-wires the engine default ids (SafeAILab EAGLE, SGLang)
     norm_before_residual_forced: bool = False  # true written by a converter, not by training (ModelOpt, P12)
     norm_output_meaning_versioned: bool = False  # norm_output's meaning changed between producer releases (P35)
+    vllm_layout: bool = False  # vLLM's own flat layout (what upgrade writes)
 
 
 def eagle_version(fc_norm: bool, norm_output: bool) -> str:

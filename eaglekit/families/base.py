@@ -93,6 +93,7 @@ class Traits:
     norm_before_residual_forced: bool = False  # the converter writes true whatever training used (P12)
     norm_output_meaning_versioned: bool = False  # norm_output meant another recurrence in older releases (P35)
     hidden_norm_is_input_norm: bool = False  # layers >= 1 store their input norm as hidden_norm (P32)
+    vllm_layout: bool = False  # vLLM's own flat layout, as upgrade writes it: trained tensors can be written back as is
     family: str = ""  # filled in from the registered name by detection
 
 
@@ -338,6 +339,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         trained_on_default_ids=traits.trained_on_default_ids,
         norm_before_residual_forced=traits.norm_before_residual_forced,
         norm_output_meaning_versioned=traits.norm_output_meaning_versioned,
+        vllm_layout=traits.vllm_layout,
     )
     dtypes = Counter(t.dtype for t in tensors.values() if t.dtype in FLOAT_DTYPES)
     return DraftSpec(

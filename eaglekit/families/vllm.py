@@ -10,7 +10,7 @@ ARCHITECTURES = (
 
 
 @family("vllm", priority=92,
-        traits=Traits("vLLM flat layout", "input", ("top-level", "eagle_config"), False))
+        traits=Traits("vLLM flat layout", "input", ("top-level", "eagle_config"), False, vllm_layout=True))
 class VllmFlat:
     @staticmethod
     def matches(obs: Observed) -> bool:

@@ -80,7 +80,7 @@ class FinetuneReport:
 
 def _source_spec(source: str, info: TargetInfo) -> DraftSpec:
     spec = load_draft(source, target=info)
-    if spec.family != "vllm":
+    if not spec.facts.vllm_layout:
         raise UsageError(f"finetune trains drafts in vLLM's layout; this one reads as {spec.family}: run "
                          f"`eaglekit upgrade {source} DIR` first and fine-tune DIR", spec.path)
     spec = apply_target(spec, info)
