@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job on the bundled example, offline: inspect, validate, upgrade, verify, push --dry-run.
+# The main job on the bundled example, offline: inspect, validate, upgrade, verify, push --dry-run, then the
+# EAGLE-3 -> EAGLE-3.1 upgrade with finetune, measured against its source.
 #
 # The draft is a small EAGLE-3 drafter trained for SmolLM2-135M-Instruct (examples/train_tiny_drafter.py),
 # shipped in SpecForge's published layout (`midlayer.` names, output-of-layer aux ids, d2t + t2d).
@@ -26,3 +27,17 @@ step eaglekit verify "$OUT/smollm2-eagle3-vllm" --target "$TARGET" --limit 4 --m
     --save-report "$OUT/verify.json"
 step eaglekit push "$OUT/smollm2-eagle3-vllm" --repo-id your-org/SmolLM2-135M-Instruct-EAGLE3 \
     --target HuggingFaceTB/SmolLM2-135M-Instruct --report "$OUT/verify.json" --dry-run
+
+# EAGLE-3 -> EAGLE-3.1. The default upgrade calibrates fc_norm on the target and switches on norm_output, which
+# changes every draft step after the first: untrained, the chain falls apart after the first token.
+step eaglekit upgrade "$DRAFT" "$OUT/smollm2-eagle3.1-untrained" --target "$TARGET"
+# finetune trains that function: the target's own greedy tokens as labels, its aux states captured once and
+# cached, a warm start, then EAGLE-3's training-time test; tau on held-out prompts before and after.
+step eaglekit finetune "$OUT/smollm2-eagle3.1-untrained" "$OUT/smollm2-eagle3.1" --target "$TARGET" \
+    --data-limit 96 --generate 48 --steps 30 --eval-limit 4 --eval-max-new-tokens 48 --eval-context-tokens 0 \
+    --cache-dir "$OUT/finetune-cache"
+# The fine-tuned EAGLE-3.1 draft against its EAGLE-3 source, paired on one target pass per prompt.
+step eaglekit compare "$OUT/smollm2-eagle3-vllm" "$OUT/smollm2-eagle3.1" --target "$TARGET" --limit 4 \
+    --max-new-tokens 48
+# Speed in the dtype that is fast on this CPU (bfloat16).
+step eaglekit verify "$OUT/smollm2-eagle3.1" --target "$TARGET" --limit 4 --max-new-tokens 48 --dtype bfloat16

@@ -9,6 +9,8 @@ _MIDLAYER_MULTI = re.compile(r"^midlayer\.(\d{1,9})\.")
 _LAYER_INDEX = re.compile(r"^layers\.(\d{1,9})\.")
 FC_NORM = re.compile(r"^fc_norm\.(\d{1,6})\.weight$")
 """Canonical name of the EAGLE-3.1 norm of aux state k."""
+
+
 class LegacyName(NamedTuple):
     canonical: str  # the prefix it is renamed to
     producer: str

@@ -13,6 +13,7 @@ DTYPE_SIZES: dict[str, int] = {
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2")
 """Every floating-point dtype a draft's weights may hold."""
 
+
 def element_count(shape) -> int:
     n = 1
     for d in shape:
