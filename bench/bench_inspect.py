@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.make_bench_drafter import write_bench_drafter  # noqa: E402
-from eaglekit.report import inspect_draft  # noqa: E402
+from eaglekit.inspection import inspect_draft  # noqa: E402
 from tests.factory import make_draft  # noqa: E402
 
 

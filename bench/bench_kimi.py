@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.make_bench_drafter import write_bench_drafter  # noqa: E402
-from eaglekit.report import inspect_draft  # noqa: E402
+from eaglekit.inspection import inspect_draft  # noqa: E402
 
 
 def _timed(argv: list[str]) -> float:

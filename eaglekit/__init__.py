@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests/test_pack
     from eaglekit.finetune.run import FinetuneOptions
     from eaglekit.finetune.run import finetune as finetune_draft
     from eaglekit.hub.push import push
-    from eaglekit.report import inspect_draft
+    from eaglekit.inspection import inspect_draft
     from eaglekit.rules import run_rules
     from eaglekit.serving import serving_support
     from eaglekit.upgrade import UpgradeOptions
@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 _EXPORTS = {  # public name -> (module, attribute)
     "EaglekitError": ("eaglekit.errors", "EaglekitError"),
     "load_draft": ("eaglekit.families", "load_draft"),
-    "inspect_draft": ("eaglekit.report", "inspect_draft"),
+    "inspect_draft": ("eaglekit.inspection", "inspect_draft"),
     "run_rules": ("eaglekit.rules", "run_rules"),
     "serving_support": ("eaglekit.serving", "serving_support"),
     "upgrade_draft": ("eaglekit.upgrade", "upgrade"),

@@ -174,7 +174,7 @@ def test_progress_lines_without_a_terminal(env, tmp_path):
 
 
 def test_vllm_captured_hidden_states_train_without_loading_the_target(env, tmp_path):
-    from eaglekit.verify.target import load_target
+    from eaglekit.target_model import load_target
 
     target = load_target(env["target"])
     folder = tmp_path / "captured"
@@ -233,7 +233,7 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
     from eaglekit.finetune import warm_start
     from eaglekit.finetune.data import build_data
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from eaglekit.verify.target import load_target
+    from eaglekit.target_model import load_target
 
     source = make_draft(str(tmp_path / "e3"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(1, 2, 4),
                         target_layers=4, dtype="F32")
@@ -268,7 +268,7 @@ def test_warm_start_fits_unit_fc_norm_weights(env, tmp_path):
     from eaglekit.finetune import warm_start
     from eaglekit.finetune.data import build_data
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from eaglekit.verify.target import load_target
+    from eaglekit.target_model import load_target
 
     source = make_draft(str(tmp_path / "e3"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(1, 2, 4),
                         target_layers=4, dtype="F32")

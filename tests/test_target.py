@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
-from eaglekit.verify.target import load_target  # noqa: E402
+from eaglekit.target_model import load_target  # noqa: E402
 
 LAYERS = 4
 

@@ -21,7 +21,7 @@ from eaglekit.verify.decode import (  # noqa: E402
 )
 from eaglekit.verify.eagle import EagleProposer  # noqa: E402
 from eaglekit.verify.metrics import DriftStats  # noqa: E402
-from eaglekit.verify.target import load_target  # noqa: E402
+from eaglekit.target_model import load_target  # noqa: E402
 from tests.factory import make_draft  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
 

@@ -29,7 +29,7 @@ from eaglekit.verify.decode import (  # noqa: E402
 )
 from eaglekit.verify.prompts import bundled_prompts  # noqa: E402
 from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
-from eaglekit.verify.target import load_target  # noqa: E402
+from eaglekit.target_model import load_target  # noqa: E402
 from tests.cli import run_cli  # noqa: E402
 from tests.factory import make_draft  # noqa: E402
 from tests.test_verify_decode import PROMPTS  # noqa: E402

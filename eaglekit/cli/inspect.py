@@ -40,7 +40,7 @@ Examples:
 @format_option
 def inspect_command(path, target, subfolder, revision, family, with_tensors, allow_pickle, output_format):
     """Show exactly what a draft checkpoint is: layout, geometry, aux ids, vocab map, flags, findings."""
-    from eaglekit.report import inspect_draft
+    from eaglekit.inspection import inspect_draft
 
     report = inspect_draft(path, subfolder=subfolder, revision=revision, target=target, allow_pickle=allow_pickle,
                            family=family, include_tensors=with_tensors)

@@ -218,7 +218,7 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     from eaglekit.finetune.train import Checkpoints, TrainOptions, barrier, init_distributed, train
     from eaglekit.io.writer import StagedDirectory, refuse_overlap
     from eaglekit.upgrade.provenance import hash_files, source_files
-    from eaglekit.verify.target import load_target, resolve_device
+    from eaglekit.target_model import load_target, resolve_device
 
     started = time.perf_counter()
     train_opts = opts.train or TrainOptions()

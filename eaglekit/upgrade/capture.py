@@ -49,7 +49,7 @@ def calibrate_fc_norm(target_dir: str, aux_ids: tuple[int, ...], fc_weight: np.n
     """Fit fc_norm weights for `aux_ids` (vLLM convention, ascending) and measure them through `fc_weight`."""
     import torch
 
-    from eaglekit.verify.target import load_target
+    from eaglekit.target_model import load_target
 
     text, where = calibration_text(text_file)
     target = load_target(target_dir, device=device, dtype="auto")

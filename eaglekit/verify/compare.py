@@ -22,7 +22,7 @@ from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.report import DecodeSettings
 from eaglekit.verify.run import VerifyOptions, _prompt_set, resolve_aux_ids, turns
 from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
-from eaglekit.verify.target import load_target
+from eaglekit.target_model import load_target
 
 
 @dataclass

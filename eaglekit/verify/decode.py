@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eaglekit.verify.metrics import AcceptanceCounter
-from eaglekit.verify.target import TargetModel
+from eaglekit.target_model import TargetModel
 
 
 @dataclass

@@ -25,7 +25,7 @@ from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_pro
 from eaglekit.verify.report import DecodeSettings, PromptOutcome, VerifyReport
 from eaglekit.verify.served import ServedReading, served_reading
 from eaglekit.verify.stats import by_category, tau_interval
-from eaglekit.verify.target import TargetModel, load_target
+from eaglekit.target_model import TargetModel, load_target
 
 ENGINES = ("reference", "vllm", "both")
 AUX_IDS_IN_LOG = re.compile(r"\[([\d,\s]+)\]|\(([\d,\s]+)\)")
@@ -275,7 +275,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(target)
     encoded = [encode(p, tokenizer, context_tokens=options.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
-    from eaglekit.verify.target import resolve_device
+    from eaglekit.target_model import resolve_device
 
     device = resolve_device(options.device)
     dtype = options.dtype if options.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
