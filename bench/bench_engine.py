@@ -37,7 +37,7 @@ def main(argv=None) -> None:
     from eaglekit.upgrade import UpgradeOptions, upgrade
     from eaglekit.verify.engine import EngineOptions
     from eaglekit.verify.run import VerifyOptions, verify
-    from eaglekit.verify.smollm2 import materialize_smollm2
+    from examples.smollm2 import materialize_smollm2
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     work = tempfile.mkdtemp(prefix="bench-engine-")

@@ -45,6 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--context-tokens", type=int, default=1024)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target dtype for evaluation")
+    p.add_argument("--no-control", action="store_true", help="skip the EAGLE-3 source fine-tuned the same way")
     p.add_argument("--work", help="folder for the drafts written on the way (default: a temporary one)")
     p.add_argument("--cache-dir", help="captured-data cache (default: finetune's, ~/.cache/eaglekit/finetune)")
     return p.parse_args(argv)
@@ -60,7 +61,7 @@ def main(argv=None) -> None:
     from eaglekit.upgrade import UpgradeOptions, upgrade
     from eaglekit.verify.compare import compare
     from eaglekit.verify.run import VerifyOptions
-    from eaglekit.verify.smollm2 import materialize_smollm2
+    from examples.smollm2 import materialize_smollm2
 
     target_dir = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     work = args.work or tempfile.mkdtemp(prefix="bench-finetune-")
@@ -86,6 +87,10 @@ def main(argv=None) -> None:
         target=target_dir, eval=None, force=True, data=data, train=TrainOptions(steps=0)))
     drafts["upgraded + warm start only (--steps 0)"] = os.path.join(work, "warm")
     drafts["upgraded + finetune"] = os.path.join(work, "tuned")
+    if not args.no_control:  # the same training on the EAGLE-3 source: what the extra steps give without 3.1
+        finetune(drafts["EAGLE-3"], os.path.join(work, "eagle3-tuned"), FinetuneOptions(
+            target=target_dir, eval=None, force=True, data=data, train=TrainOptions(steps=args.steps, lr=args.lr)))
+        drafts["EAGLE-3 + the same finetune (control)"] = os.path.join(work, "eagle3-tuned")
     drafts["EAGLE-3.1 from scratch"] = write("eagle31", BUNDLED["EAGLE-3.1 from scratch"])[0]  # kept: lossless
     data, training = report.data, report.training
     print(f"upgrade {upgrade_s:.1f} s; finetune {finetune_s:.0f} s: data {data['seconds']:.0f} s "

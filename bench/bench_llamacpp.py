@@ -60,7 +60,7 @@ def main(argv=None) -> None:
     from eaglekit.upgrade import UpgradeOptions, upgrade
     from eaglekit.verify.prompts import bundled_prompts
     from eaglekit.verify.run import VerifyOptions, verify
-    from eaglekit.verify.smollm2 import gguf_path, materialize_smollm2
+    from examples.smollm2 import gguf_path, materialize_smollm2
 
     binary = os.path.join(args.llama_cpp, "build", "bin", "llama-speculative-simple")
     target_gguf, target_dir = gguf_path(), materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))

@@ -21,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
-from eaglekit.verify.smollm2 import materialize_smollm2  # noqa: E402
+from examples.smollm2 import materialize_smollm2  # noqa: E402
 
 DRAFTERS = {
     "EAGLE-3": os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3"),

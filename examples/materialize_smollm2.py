@@ -15,7 +15,7 @@ import argparse
 import os
 import time
 
-from eaglekit.verify.smollm2 import materialize_smollm2
+from smollm2 import materialize_smollm2
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

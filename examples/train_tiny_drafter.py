@@ -43,9 +43,9 @@ from eaglekit.drafter.model import Drafter, DrafterConfig
 from eaglekit.finetune.data import CODE_MODULES, code_sequences, left_padded
 from eaglekit.finetune.train import TrainOptions
 from eaglekit.finetune.train import train as run_training
-from eaglekit.verify.prompts import Prompt, encode, parse_jsonl
-from eaglekit.verify.smollm2 import materialize_smollm2
 from eaglekit.target_model import load_target
+from eaglekit.verify.prompts import Prompt, encode, parse_jsonl
+from smollm2 import materialize_smollm2
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUX_IDS = (2, 15, 27)  # vLLM convention; SpecForge writes them as output-of-layer ids 1, 14, 26

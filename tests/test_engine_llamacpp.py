@@ -54,7 +54,7 @@ def chat_prompts(smollm2_dir):  # noqa: F811
 
 
 def test_llama_cpp_drafts_with_the_converted_drafter(tmp_path, chat_prompts):
-    from eaglekit.verify.smollm2 import gguf_path
+    from examples.smollm2 import gguf_path
 
     target = gguf_path()
     draft = str(tmp_path / "draft.gguf")

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from eaglekit.verify.smollm2 import is_materialized, materialize_smollm2  # noqa: E402
+from examples.smollm2 import is_materialized, materialize_smollm2  # noqa: E402
 from eaglekit.target_model import load_target  # noqa: E402
 
 CACHE_DIR = Path(__file__).resolve().parents[1] / ".cache" / "smollm2"

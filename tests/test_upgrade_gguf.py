@@ -39,7 +39,7 @@ def tiny_target_gguf(path: str, layers: int = 12, hidden: int = 64, vocab: int =
 
 @pytest.fixture(scope="module")
 def smollm2_gguf():
-    from eaglekit.verify.smollm2 import gguf_path
+    from examples.smollm2 import gguf_path
 
     try:
         return gguf_path()

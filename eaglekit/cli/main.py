@@ -34,7 +34,7 @@ def exit_status(exc: Exception) -> int:
     return 2 if isinstance(exc, UsageError) else 130 if isinstance(exc, TrainingInterrupted) else 1
 
 
-OPTIONAL_MODULES = {"torch": "torch", "transformers": "torch", "accelerate": "torch", "gguf": "gguf",
+OPTIONAL_MODULES = {"torch": "torch", "transformers": "torch", "gguf": "gguf",
                     "triton": "triton", "matplotlib": "plot", "pyarrow": "speedbench"}
 """Import name -> the eaglekit extra that installs it."""
 

