@@ -29,17 +29,26 @@ def test_the_demo_command_names_the_bundled_example():
     assert os.path.exists(os.path.join(ROOT, draft, "config.json"))
 
 
-def test_the_recipes_use_only_options_the_commands_have():
-    """Every `eaglekit ...` line in the README parses: each option it passes exists on that command."""
+def _readme_commands() -> list[list[str]]:
+    blocks = README.split("```bash\n")[1:]
+    return [line.split("#")[0].split() for block in blocks for line in block.split("```")[0].splitlines()
+            if line.startswith("eaglekit ")]
+
+
+def _demo_commands() -> list[list[str]]:
+    demo = open(os.path.join(ROOT, "examples", "demo.sh"), encoding="utf-8").read().replace("\\\n", " ")
+    return [line.split()[1:] for line in demo.splitlines() if line.startswith("step eaglekit ")]
+
+
+def test_the_recipes_and_the_demo_use_only_options_the_commands_have():
+    """Every `eaglekit ...` line in the README and the demo parses: each option it passes exists on that command."""
     import click
 
     from eaglekit.cli.main import COMMANDS, cli
 
-    blocks = README.split("```bash\n")[1:]
-    lines = [line.split("#")[0].split() for block in blocks for line in block.split("```")[0].splitlines()
-             if line.startswith("eaglekit ")]
-    assert len(lines) >= 10
-    for words in lines:
+    readme, demo = _readme_commands(), _demo_commands()
+    assert len(readme) >= 10 and {"finetune", "compare", "verify", "upgrade"} <= {words[1] for words in demo}
+    for words in readme + demo:
         name = words[1]
         assert name in COMMANDS, words
         command = cli.get_command(click.Context(cli), name)
