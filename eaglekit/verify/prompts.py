@@ -1,8 +1,10 @@
-"""Prompt sets for verify: the bundled coding prompts, a user's JSONL file, and a long-context mode.
+"""Prompt sets for verify: the bundled coding prompts, a user's JSONL file, a long-context mode and templates.
 
 Long context prepends real Python source (from standard-library modules, read with `inspect.getsource`
 at run time) cut to an exact number of target tokens, so acceptance can be compared at short and long
-context with everything else equal.
+context with everything else equal. A template says how the prompt reaches the target (its chat template, the
+chat template under another system message, or plain text without one), so acceptance can be compared across
+prompt shapes a draft was not trained on.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import dataclasses
 import importlib
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -27,6 +29,8 @@ CONTEXT_MODULES = (
     "fractions", "statistics", "calendar", "ipaddress", "pprint", "string", "bisect", "csv",
 )
 CONTEXT_TEMPLATE = "Here is some Python source code for reference:\n\n```python\n{context}\n```\n\n{prompt}"
+SYSTEM_MESSAGE = "You are a terse senior engineer. Answer with code first."
+RAW_QUESTION, RAW_ANSWER = "Q: ", "A:"
 
 
 @dataclass(frozen=True)
@@ -166,14 +170,66 @@ def with_context(prompt: Prompt, tokenizer, context_tokens: int, index: int = 0,
     return dataclasses.replace(prompt, messages=tuple(messages))
 
 
+def _messages(prompt: Prompt) -> tuple[dict[str, str], ...]:
+    return prompt.messages if prompt.messages is not None else ({"role": "user", "content": prompt.text},)
+
+
+def as_chat(prompt: Prompt) -> Prompt:
+    """The prompt as written: messages through the target's chat template, text as is."""
+    return prompt
+
+
+def with_system(prompt: Prompt) -> Prompt:
+    """The chat template with SYSTEM_MESSAGE as the system message, in place of the prompt's own (or the template's
+    default); a text prompt becomes the user message."""
+    turns = tuple(dict(m) for m in _messages(prompt) if m["role"] != "system")
+    return dataclasses.replace(prompt, messages=({"role": "system", "content": SYSTEM_MESSAGE}, *turns), text=None)
+
+
+def as_raw(prompt: Prompt) -> Prompt:
+    """No chat template: plain "Q: {user text}\nA:" text, the shape a base model continues. Earlier turns keep
+    their answers ("A: ..."), a system message stays as a plain first line."""
+    lines = []
+    for m in _messages(prompt):
+        prefix = {"user": RAW_QUESTION, "assistant": RAW_ANSWER + " "}.get(m["role"], "")
+        lines.append(prefix + m["content"])
+    return dataclasses.replace(prompt, messages=None, text="\n".join([*lines, RAW_ANSWER]))
+
+
+@dataclass(frozen=True)
+class Template:
+    apply: Callable[[Prompt], Prompt]
+    description: str
+
+
+TEMPLATES = {
+    "chat": Template(as_chat, "the target's chat template with the prompt's own messages"),
+    "system": Template(with_system, f"the chat template with the system message {SYSTEM_MESSAGE!r} (replacing the "
+                                    "prompt's own or the template's default)"),
+    "raw": Template(as_raw, f"no chat template: the plain text \"{RAW_QUESTION}<user message>\\n{RAW_ANSWER}\""),
+}
+"""Prompt conditions by name: how each prompt reaches the target (verify and compare --template)."""
+
+
+def check_template(name: str) -> None:
+    if name not in TEMPLATES:
+        raise UsageError(f"--template {name!r}: use one of {', '.join(TEMPLATES)}")
+
+
+def with_template(prompt: Prompt, template: str) -> Prompt:
+    check_template(template)
+    return TEMPLATES[template].apply(prompt)
+
+
 def encode(prompt: Prompt, tokenizer, *, context_tokens: int = 0, index: int = 0,
-           modules: Sequence[str] = CONTEXT_MODULES) -> list[int]:
-    """Token ids for one prompt (chat template applied to messages), with optional long context prepended.
+           modules: Sequence[str] = CONTEXT_MODULES, template: str = "chat") -> list[int]:
+    """Token ids for one prompt (chat template applied to messages), with optional long context prepended and the
+    prompt put in the shape `template` names (TEMPLATES).
 
     `modules` are the standard-library modules the context is cut from (training uses others than verify)."""
     if tokenizer is None:
         raise UsageError("the target has no tokenizer: it is needed to encode the prompts")
-    prompt = with_context(prompt, tokenizer, context_tokens, index, modules)
+    prompt = with_template(with_context(prompt, tokenizer, context_tokens, index, modules), template)
     if prompt.messages is not None and getattr(tokenizer, "chat_template", None):
         messages = [dict(m) for m in prompt.messages]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
