@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -238,7 +239,10 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
     source = make_draft(str(tmp_path / "e3"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(1, 2, 4),
                         target_layers=4, dtype="F32")
     upgraded = str(tmp_path / "up")
-    upgrade(source, upgraded, UpgradeOptions(target=env["target"], fc_norm=False, norm_output=True))
+    config_only = tmp_path / "config-only"  # no weights: upgrade cannot rescale, the output is a plain warm start
+    config_only.mkdir()
+    shutil.copy(os.path.join(env["target"], "config.json"), config_only / "config.json")
+    assert upgrade(source, upgraded, UpgradeOptions(target=str(config_only), fc_norm=False)).function == "warm-start"
     target = load_target(env["target"])
     data = build_data(target, env["target"], (1, 2, 4), DataOptions(data_file=env["data"], cache_dir=env["cache"]))
 
@@ -246,6 +250,10 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
         return Drafter.from_spec(load_draft(path), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
 
     eagle3, tuned = drafter(source), drafter(upgraded)
+    with_weights = upgrade(source, str(tmp_path / "up-rescaled"), UpgradeOptions(target=env["target"], fc_norm=False))
+    assert with_weights.function == "eagle3-function"  # upgrade set the start up itself: nothing left to do here
+    assert warm_start.apply(drafter(str(tmp_path / "up-rescaled")), load_draft(str(tmp_path / "up-rescaled")), data,
+                            "auto") == warm_start.WarmStart()
     warm = warm_start.apply(tuned, load_draft(upgraded), data, "auto")
     assert warm.changed == {"norm.weight", "lm_head.weight"} and "pre-norm RMS" in warm.notes[0]
     c = float(tuned.norm.weight.detach()[0])

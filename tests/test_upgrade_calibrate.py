@@ -145,7 +145,7 @@ def test_calibrated_fc_norm_beats_unit_weights_on_a_real_target(tiny_target, tmp
     src = make_draft(str(tmp_path / "src"), "specforge", vocab=vocab, draft_vocab=200, aux_ids=(1, 2, 3),
                      target_layers=4)
     report = upgrade(src, str(tmp_path / "cal"), UpgradeOptions(target=target_dir))
-    assert report.flags["fc_norm_init"] == "calibrated" and report.function == "warm-start"
+    assert report.flags["fc_norm_init"] == "calibrated" and report.function == "eagle3-function"
     fid = report.fidelity
     assert fid is not None and fid.tokens >= 64 and fid.fit_tokens > fid.tokens
     assert fid.relative_error < 0.5 * fid.ones_relative_error
@@ -205,3 +205,82 @@ def test_calibration_on_smollm2(tmp_path):
     assert fid.relative_error < fid.ones_relative_error
     assert fid.cosine > fid.ones_cosine
     assert load_json(os.path.join(tmp_path, "out", "config.json"))["eaglekit"]["fidelity"]
+
+
+# ---------------------------------------------------------------- the function-preserving EAGLE-3.1 start
+
+
+def _fresh_capture(target_dir, ids):
+    """Tokens and aux states (HF's own output_hidden_states) of text the calibration never saw."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    text = ("The ferry leaves at nine unless the wind is strong; then it waits for the afternoon tide. "
+            "for i in range(10):\n    print(i * i)\n") * 4
+    tokens = torch.tensor(tok(text)["input_ids"])
+    with torch.no_grad():
+        hs = model(tokens[None], output_hidden_states=True).hidden_states
+    return tokens, torch.cat([hs[i][0] for i in ids], dim=-1)
+
+
+def _chain(drafter, tokens, aux, depth=3):
+    from eaglekit.drafter.unroll import unrolled_steps
+
+    rows = len(tokens) - depth
+    with torch.no_grad():
+        return list(unrolled_steps(drafter, tokens[1:][None], drafter.combine(aux[:rows][None]), depth))
+
+
+@pytest.mark.parametrize("layout,dtype,draft_vocab", [("vllm", "F32", None), ("specforge", "BF16", 200)])
+def test_the_default_upgrade_keeps_the_source_function(tiny_target, tmp_path, layout, dtype, draft_vocab):
+    """norm_output on, with the rescale: the same first-step logits, the EAGLE-3 state fed back up to its
+    per-token magnitude, and chained drafts that agree with the source's far more than a plain switch-on."""
+    from eaglekit.drafter.model import Drafter
+    from eaglekit.families import load_draft
+
+    target_dir, vocab = tiny_target
+    ids = (1, 2, 3)
+    src = make_draft(str(tmp_path / "src"), layout, vocab=vocab, draft_vocab=draft_vocab, aux_ids=ids,
+                     target_layers=4, dtype=dtype, embed=True, frequency_ordered=draft_vocab is not None)
+    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir, fc_norm=False))
+    assert report.function == "eagle3-function" and report.flags["norm_output_added"]
+    assert report.summary.startswith("EAGLE-3.1 flags, EAGLE-3 function, not yet trained as 3.1")
+    start = report.start
+    # fc_norm is off: the first step's logits are the source's, up to the folded head's rounding (near-ties)
+    assert start.agreement[0] == 1.0 if dtype == "F32" else start.agreement[0] >= 0.99
+    assert all(a > b for a, b in zip(start.agreement[1:], start.agreement_without_rescale[1:]))
+    cfg = load_json(tmp_path / "out" / "config.json")
+    assert cfg["norm_output"] is True
+    assert cfg["eaglekit"]["function"] == "eagle3-function"
+    assert cfg["eaglekit"]["norm_output_rescale"]["scale"] == pytest.approx(start.scale)
+
+    # measured here, independently, on text neither the calibration nor the report saw
+    source = Drafter.from_spec(load_draft(src))
+    output = Drafter.from_spec(load_draft(str(tmp_path / "out")))
+    plain = Drafter.from_spec(load_draft(src), overrides={"norm_output": True})
+    tokens, aux = _fresh_capture(target_dir, ids)
+    a, b, p = _chain(source, tokens, aux), _chain(output, tokens, aux), _chain(plain, tokens, aux)
+    tol = {"F32": 1e-4, "BF16": 2e-2}[dtype]  # the folded lm_head is rounded once into the draft's dtype
+    torch.testing.assert_close(source.to_target_vocab(a[0].draft_logits).softmax(-1),
+                               output.to_target_vocab(b[0].draft_logits).softmax(-1), atol=tol, rtol=0)
+    h = a[0].feedback[0]  # EAGLE-3 feeds back the pre-norm state; the output feeds h · c / rms(h)
+    expected = h * start.scale / h.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    torch.testing.assert_close(b[0].feedback[0], expected, atol=1e-3 * start.scale, rtol=1e-3)
+
+    def agree(x, y):  # in target ids: the output's vocabulary map is sorted, the source's frequency-ordered
+        return float((x.logits.argmax(-1) == y.logits.argmax(-1)).float().mean())
+
+    rescaled = [agree(x, y) for x, y in zip(a, b)]
+    switched = [agree(x, y) for x, y in zip(a, p)]
+    assert rescaled[0] >= 0.98
+    assert min(rescaled[1:]) >= 0.8 and rescaled[2] > switched[2]
+
+
+def test_a_draft_that_borrows_the_head_stays_a_warm_start(tiny_target, tmp_path):
+    target_dir, vocab = tiny_target
+    src = make_draft(str(tmp_path / "src"), "vllm", vocab=vocab, draft_vocab=None, aux_ids=(1, 2, 3),
+                     target_layers=4, lm_head=False)
+    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir))
+    assert report.function == "warm-start" and report.start is None
+    assert any("borrows the target's lm_head" in w for w in report.warnings)

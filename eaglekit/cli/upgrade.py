@@ -35,7 +35,8 @@ Examples:
   eaglekit upgrade --from modelopt ./nvidia-draft ./draft-sglang --to sglang --target ./target
 """
 
-FUNCTION_STYLE = {"preserved": "bold green", "approximate": "bold yellow", "warm-start": "bold red"}
+FUNCTION_STYLE = {"preserved": "bold green", "approximate": "bold yellow", "eagle3-function": "bold yellow",
+                  "warm-start": "bold red"}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
           "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "k": 1000, "m": 1000**2, "g": 1000**3}
@@ -117,8 +118,10 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
                     device, output_format):
     """Write SRC as a correct EAGLE-3.1 draft for vLLM (or SGLang / speculators) in DST.
 
-    Adds fc_norm and switches on norm_output by default: that changes the function, so the output is a warm
-    start for fine-tuning (or, with calibrated fc_norm only, an approximation whose fidelity is measured).
+    Adds fc_norm and switches on norm_output by default. With the target's weights both are set up to keep the
+    source's function (calibrated fc_norm, the final norm rescaled into lm_head), measured on held-out text: the
+    output serves at its source's acceptance, with EAGLE-3.1's flags, not yet trained as 3.1. Without them the
+    output is a warm start that needs `finetune`.
     --no-fc-norm --no-norm-output keeps the function exactly and only fixes layout, ids and vocabulary map.
     DST appears only when complete and validated; the source is never modified.
     """
@@ -185,6 +188,18 @@ def render(doc: dict) -> None:
         table.add_row("calibrated (written)", f"{fid['cosine']:.4f}", f"{fid['relative_error']:.4f}")
         table.add_row("ones (for comparison)", f"{fid['ones_cosine']:.4f}", f"{fid['ones_relative_error']:.4f}")
         out.print(table)
+    start = doc["start"]
+    if start:
+        table = Table(title=f"norm_output rescale: final norm weight {start['scale']:.4g} folded into lm_head "
+                            f"({start['tokens']} held-out tokens)", title_justify="left")
+        table.add_column("top-1 agreement with the source")
+        for step in range(len(start["agreement"])):
+            table.add_column(f"step {step + 1}", justify="right")
+        table.add_row("rescaled (written)", *(f"{a:.3f}" for a in start["agreement"]))
+        table.add_row("plain norm_output (for comparison)", *(f"{a:.3f}" for a in start["agreement_without_rescale"]))
+        out.print(table)
+        out.print(f"Fed-back state against EAGLE-3's: mean error {start['feedback_relative_error']:.1%}, 99th "
+                  f"percentile {start['feedback_worst']:.1%} (its per-token magnitude, which no weight can carry).")
 
     steps = doc["tensors"] if doc["dry_run"] else [s for s in doc["tensors"] if s["action"] not in ("copy", "rename")]
     counts = ", ".join(f"{n} {a}" for a, n in doc["counts"].items() if n)

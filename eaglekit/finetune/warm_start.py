@@ -1,13 +1,9 @@
 """Start training from a function as close to the EAGLE-3 source as EAGLE-3.1 allows.
 
-`upgrade` switches on norm_output: every step after the first is then fed norm(h)·w instead of the pre-norm
-state h, whose RMS is ~40 in a trained EAGLE-3 draft. The next step reads its hidden input through the
-scale-invariant hidden_norm, but adds it to the residual stream as is, so 1/40 of the residual reaches the
-layer and the chain falls apart (vLLM measured τ 1.835 → 1.602). Setting the final norm's weight to the
-constant c = mean RMS of h and folding the old weight into lm_head (lm_head·diag(w)/c) keeps every logit
-exactly and feeds h·c/rms(h): the EAGLE-3 state up to its per-token magnitude spread (about ±10 %).
-fc_norm added with unit weights (an upgrade without the target) gets the least-squares weights upgrade
-computes when it has the target, from the captured aux states.
+`upgrade` writes that start itself when it has the target's weights (eaglekit.upgrade.start). A draft an
+upgrade left as a plain warm start (no target weights, unit fc_norm, or an older eaglekit) gets the same
+set-up here from the captured training data: the norm_output rescale folded into lm_head, and the
+least-squares fc_norm weights in place of unit ones.
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eaglekit.drafter.unroll import unrolled_steps
 from eaglekit.errors import UsageError
 from eaglekit.spec import DraftSpec
 
@@ -31,18 +26,19 @@ def upgrade_changes(spec: DraftSpec) -> dict[str, bool]:
         return {"norm_output": False, "fc_norm_ones": False}
     conversion = " ".join(str(c) for c in block.get("conversion") or [])
     options = block.get("options") if isinstance(block.get("options"), dict) else {}
-    return {"norm_output": "norm_output switched on" in conversion,
+    return {"norm_output": "norm_output switched on" in conversion and "norm_output_rescale" not in block,
             "fc_norm_ones": "fc_norm added" in conversion and options.get("fc_norm_init") == "ones"}
 
 
 def _sequences(data, limit: int):
-    """(aux [1, S, K*T] fp32, next tokens [1, S]) of whole sequences, until `limit` rows are covered."""
+    """Whole captured sequences (tokens and aux states) until `limit` rows are covered."""
+    from eaglekit.upgrade.capture import CapturedSequence
+
     offsets = data.offsets.tolist()
     for lo, hi in zip(offsets, offsets[1:]):
         if lo >= limit:
             return
-        if hi - lo > 1:  # the last row has no next token: dropped
-            yield data.aux[lo:hi - 1].float()[None], data.tokens[lo + 1:hi][None]
+        yield CapturedSequence(data.tokens[lo:hi], data.aux[lo:hi].float())
 
 
 def calibrate_fc_norm(drafter, data, eps: float, dtype: str) -> int:
@@ -63,28 +59,16 @@ def calibrate_fc_norm(drafter, data, eps: float, dtype: str) -> int:
 def rescale_for_norm_output(drafter, data) -> float | None:
     """Final norm weight := mean RMS of the pre-norm state; the old weight folded into lm_head. Returns c, or
     None when the draft borrows the target's head (nothing to fold into)."""
+    from eaglekit.upgrade.start import fold_scale, prenorm_rms
+
     if drafter.lm_head is None:
         return None
     with torch.no_grad():
-        rms = torch.cat([_prenorm(drafter, tokens, aux).pow(2).mean(-1).sqrt().reshape(-1)
-                         for aux, tokens in _sequences(data, CALIBRATION_ROWS)])
-        c = float(rms.mean())
-        old = drafter.norm.weight.detach().clone()
-        drafter.lm_head.weight.mul_((old / c)[None, :])
+        c = float(prenorm_rms(drafter, list(_sequences(data, CALIBRATION_ROWS))).mean())
+        scale = torch.from_numpy(fold_scale(drafter.norm.weight.detach().float().cpu().numpy(), c))
+        drafter.lm_head.weight.mul_(scale.to(drafter.lm_head.weight)[None, :])
         drafter.norm.weight.fill_(c)
     return c
-
-
-def _prenorm(drafter, tokens: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
-    """The first step's pre-norm state h, which the drafter feeds back when norm_output is off."""
-    config = drafter.config
-    device = drafter.norm.weight.device
-    drafter.config = config.with_overrides({"norm_output": False})
-    try:
-        out = next(unrolled_steps(drafter, tokens.to(device), drafter.combine(aux.to(device)), 1))
-    finally:
-        drafter.config = config
-    return out.feedback.float()
 
 
 @dataclass

@@ -160,11 +160,17 @@ def _forced_notice(findings: Sequence[Finding]) -> str:
 
 
 def _warm_start_notice(spec: DraftSpec) -> str:
-    from eaglekit.upgrade.provenance import untrained_warm_start
+    from eaglekit.upgrade.provenance import untrained_upgrade
 
-    summary = untrained_warm_start(spec.config)
-    if not summary:
+    found = untrained_upgrade(spec.config)
+    if not found:
         return ""
+    function, summary = found
+    if function == "eagle3-function":
+        return ("> **Not yet trained as EAGLE-3.1.** eaglekit upgrade switched on the EAGLE-3.1 flags (`fc_norm`, "
+                "`norm_output`) and set their weights so the draft keeps its EAGLE-3 source's function "
+                f"({summary}). It serves at its source's acceptance; the gains EAGLE-3.1 is trained for (depth, "
+                "long context, template drift) come only from training it as 3.1.\n")
     return ("> **Warning: untrained warm start.** eaglekit upgrade changed this draft's function without training "
             f"({summary}); it accepts fewer tokens than the draft it came from until it is fine-tuned "
             "(`eaglekit finetune`).\n")

@@ -1,14 +1,16 @@
-"""Run the target on calibration text and fit the added fc_norm weights from its aux hidden states.
+"""Run the target once on calibration text and keep what the EAGLE-3.1 start is fitted and measured on.
 
-The first three quarters of the tokens feed the least-squares statistics; the last quarter is held out to
-measure fidelity. Position 0 of every sequence is skipped: that token's hidden state is an attention sink with
-outsized activations which would dominate the fit, and drafting proposes from later positions.
+The first three quarters of the tokens feed the fits (fc_norm least squares, the norm_output rescale); the
+last quarter is held out to measure fidelity. Position 0 of every sequence is left out of the fc_norm fit:
+that token's hidden state is an attention sink with outsized activations which would dominate it, and
+drafting proposes from later positions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +19,26 @@ from eaglekit.upgrade.calibrate import FcNormFit, Fidelity, fc_fidelity
 
 SEQUENCE_LENGTH = 256
 HELD_OUT_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class CapturedSequence:
+    tokens: Any  # torch.LongTensor [S]
+    aux: Any  # torch.FloatTensor [S, K*T]: the K aux states (ascending id) of each position, concatenated
+
+
+@dataclass(frozen=True)
+class CalibrationCapture:
+    fit: list[CapturedSequence]
+    held_out: list[CapturedSequence]
+    text_source: str
+    embed_tokens: Any  # the target's input embedding [V, T], for drafts that share it
+
+    def chunks(self, part: list[CapturedSequence], k: int) -> list[np.ndarray]:
+        """The K aux states of `part` as K arrays [N, T] (position 0 of each sequence left out)."""
+        joined = np.concatenate([s.aux[1:].numpy() for s in part])
+        width = joined.shape[1] // k
+        return [joined[:, i * width:(i + 1) * width] for i in range(k)]
 
 
 @dataclass(frozen=True)
@@ -44,9 +66,9 @@ def _sequences(ids: list[int]) -> list[list[int]]:
     return [c for c in chunks if len(c) > 1]
 
 
-def calibrate_fc_norm(target_dir: str, aux_ids: tuple[int, ...], fc_weight: np.ndarray, *, eps: float, dtype: str,
-                      text_file: str | None = None, max_tokens: int = 2048, device: str = "cpu") -> Calibration:
-    """Fit fc_norm weights for `aux_ids` (vLLM convention, ascending) and measure them through `fc_weight`."""
+def capture_calibration(target_dir: str, aux_ids: tuple[int, ...], *, text_file: str | None = None,
+                        max_tokens: int = 2048, device: str = "cpu") -> CalibrationCapture:
+    """One target pass over the calibration text, keeping tokens and the aux states `aux_ids` (vLLM convention)."""
     import torch
 
     from eaglekit.target_model import load_target
@@ -59,26 +81,30 @@ def calibrate_fc_norm(target_dir: str, aux_ids: tuple[int, ...], fc_weight: np.n
     held = max(SEQUENCE_LENGTH // 4, int(len(ids) * HELD_OUT_FRACTION))
     if len(ids) - held < 64:
         raise UsageError(f"calibration text is too short: {len(ids)} tokens (need at least {64 + held})", where)
-    fit_ids, test_ids = ids[:-held], ids[-held:]
 
-    width = int(fc_weight.shape[1]) // len(aux_ids)
-    fit = FcNormFit(len(aux_ids), width, eps, dtype)
-    test: list[list[np.ndarray]] = [[] for _ in aux_ids]
-    for part, sink in ((fit_ids, None), (test_ids, test)):
+    def run(part: list[int]) -> list[CapturedSequence]:
+        out = []
         for seq in _sequences(part):
-            out = target.forward(torch.tensor([seq], dtype=torch.long), aux_ids, logits_to_keep=1)
-            chunks = [a[0, 1:].float().cpu().numpy() for a in out.aux]
-            if sink is None:
-                fit.update(chunks)
-            else:
-                for k, c in enumerate(chunks):
-                    sink[k].append(c)
+            tokens = torch.tensor([seq], dtype=torch.long)
+            aux = target.forward(tokens, aux_ids, logits_to_keep=1).aux
+            out.append(CapturedSequence(tokens[0], torch.cat([a[0].float().cpu() for a in aux], dim=-1)))
+        return out
+
+    return CalibrationCapture(run(ids[:-held]), run(ids[-held:]), where, target.embed_tokens.detach().float().cpu())
+
+
+def fit_fc_norm(capture: CalibrationCapture, num_aux: int, fc_weight: np.ndarray, *, eps: float,
+                dtype: str) -> Calibration:
+    """Least-squares fc_norm weights from the fit part, measured through `fc_weight` on the held-out part."""
+    fit_chunks = capture.chunks(capture.fit, num_aux)
+    fit = FcNormFit(num_aux, fit_chunks[0].shape[1], eps, dtype)
+    fit.update(fit_chunks)
     weights = fit.weights()
-    held_chunks = [np.concatenate(parts) for parts in test]
+    held = capture.chunks(capture.held_out, num_aux)
     return Calibration(
         weights=weights,
         fit_tokens=fit.tokens,
-        calibrated=fc_fidelity(fc_weight, held_chunks, weights, eps, dtype),
-        ones=fc_fidelity(fc_weight, held_chunks, np.ones_like(weights), eps, dtype),
-        text_source=where,
+        calibrated=fc_fidelity(fc_weight, held, weights, eps, dtype),
+        ones=fc_fidelity(fc_weight, held, np.ones_like(weights), eps, dtype),
+        text_source=capture.text_source,
     )

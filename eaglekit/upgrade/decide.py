@@ -16,7 +16,8 @@ from eaglekit.upgrade.encode import FLOAT_CASTABLE, is_exact_cast
 from eaglekit.upgrade.options import UpgradeOptions
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-FUNCTION_RANK = {"preserved": 0, "approximate": 1, "warm-start": 2}
+FUNCTION_RANK = {"preserved": 0, "approximate": 1, "eagle3-function": 2, "warm-start": 3}
+RESCALABLE_DTYPES = ("BF16", "F16", "F32", "F64", "I64", "BOOL")  # what the reference drafter runs as values
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,13 @@ class Decisions:
     fc_norm_init: str | None  # "ones" | "calibrated" when added
     norm_output: bool
     norm_output_added: bool
+    norm_output_rescale: bool  # the final norm rescaled into lm_head so the fed-back state keeps EAGLE-3's scale
     norm_before_fc: bool
     norm_before_residual: bool
     norm_before_residual_origin: str
     compute_dtype: str  # dtype of fc (and of added fc_norm weights)
     cast_to: str | None  # --dtype: every float tensor is written in this dtype
-    function: str  # "preserved" | "approximate" | "warm-start" (before calibration figures)
+    function: str  # "preserved" | "approximate" | "eagle3-function" | "warm-start" (before calibration figures)
     changes: tuple[str, ...]  # one sentence per change of function
     target: TargetInfo | None
     warnings: list[str] = field(default_factory=list)
@@ -171,6 +173,23 @@ def _fc_norm_init(opts: UpgradeOptions, target: TargetInfo | None, added: bool, 
     return opts.fc_norm_init
 
 
+def _norm_output_rescale(spec: DraftSpec, target: TargetInfo | None, added: bool, fc_norm_init: str | None
+                         ) -> str | None:
+    """Why switching norm_output on cannot keep the EAGLE-3 function here (None: it can, by the rescale)."""
+    if not added:
+        return "norm_output is not switched on"
+    if target is None or not target_has_weights(target):
+        return "no target weights to measure the draft's pre-norm state on"
+    if fc_norm_init == "ones":
+        return "fc_norm is added with unit weights, which changes the first step"
+    if not spec.has_lm_head or "norm.weight" not in spec.tensors:
+        return "the draft borrows the target's lm_head (or has no final norm), so there is no head to fold into"
+    odd = sorted({r.dtype for r in spec.tensors.values()} - set(RESCALABLE_DTYPES))
+    if odd:
+        return f"the draft holds {', '.join(odd)} tensors, which the reference drafter does not run"
+    return None
+
+
 def _norm_before_residual(spec: DraftSpec, warnings: list[str]) -> tuple[bool, str]:
     """As written; else what the source's consumer assumed (P12), said so."""
     if spec.flags.norm_before_residual is not None:
@@ -200,9 +219,9 @@ def _dtypes(spec: DraftSpec, opts: UpgradeOptions, fc_norm_added: bool) -> tuple
     return compute, cast
 
 
-def _function(spec: DraftSpec, fc_norm_init: str | None, norm_output_added: bool,
+def _function(spec: DraftSpec, fc_norm_init: str | None, norm_output_added: bool, norm_output_rescale: bool,
               cast: str | None, aux: AuxChoice) -> tuple[str, list[str]]:
-    """preserved / approximate / warm-start, with one sentence per change of the function."""
+    """preserved / approximate / eagle3-function / warm-start, with one sentence per change of the function."""
     changes: list[tuple[str, str]] = []
     if aux.source_ids is not None and list(aux.source_ids) != sorted(aux.source_ids):
         changes.append(("approximate", f"aux ids {list(aux.source_ids)} were unsorted and are written ascending: "
@@ -213,7 +232,11 @@ def _function(spec: DraftSpec, fc_norm_init: str | None, norm_output_added: bool
     elif fc_norm_init == "ones":
         changes.append(("warm-start", "fc_norm added with unit weights: RMSNorm is not the identity, the first "
                                       "step changes"))
-    if norm_output_added:
+    if norm_output_added and norm_output_rescale:
+        changes.append(("eagle3-function", "norm_output switched on with the final norm rescaled into lm_head: "
+                                           "every step after the first is fed the EAGLE-3 state up to its "
+                                           "per-token magnitude"))
+    elif norm_output_added:
         changes.append(("warm-start", "norm_output switched on: every step after the first is fed the post-norm "
                                       "state"))
     if cast is not None:
@@ -258,9 +281,11 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
     init = _fc_norm_init(opts, target, fc_norm_added, warnings)
     nbr, nbr_origin = _norm_before_residual(spec, warnings)
     compute, cast = _dtypes(spec, opts, fc_norm_added)
-    function, changes = _function(spec, init, norm_output_added, cast, aux)
+    no_rescale = _norm_output_rescale(spec, target, norm_output_added, init)
+    function, changes = _function(spec, init, norm_output_added, no_rescale is None, cast, aux)
     if function == "warm-start":
-        warnings.append("the output is a warm start for EAGLE-3.1 fine-tuning, not a trained 3.1 draft (P36)")
+        why = f" ({no_rescale})" if norm_output_added and no_rescale else ""
+        warnings.append(f"the output is a warm start for EAGLE-3.1 fine-tuning, not a trained 3.1 draft{why} (P36)")
 
     if spec.geometry.max_position_embeddings is None and target is None:
         warnings.append("max_position_embeddings is not in the source config: pass --target to take the target's "
@@ -283,6 +308,7 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
         fc_norm_init=init,
         norm_output=opts.norm_output or source_norm_output,
         norm_output_added=norm_output_added,
+        norm_output_rescale=no_rescale is None,
         norm_before_fc=norm_before_fc,
         norm_before_residual=nbr,
         norm_before_residual_origin=nbr_origin,

@@ -54,14 +54,21 @@ def _read_whole(spec: DraftSpec, ref: TensorRef) -> np.ndarray:
     return buf
 
 
-def _rows(spec: DraftSpec, ref: TensorRef, order: np.ndarray, cast_to: str | None) -> Iterator[bytes]:
-    """Rows of a 2-D tensor in `order`, a few MB at a time; the source tensor is read once."""
+def _rows(spec: DraftSpec, ref: TensorRef, order: np.ndarray | None, cast_to: str | None,
+          column_scale: np.ndarray | None = None) -> Iterator[bytes]:
+    """Rows of a 2-D tensor in `order` (None: as they are), each times `column_scale` when given, a few MB at a
+    time; the source tensor is read once and every value rounded once, into the output dtype."""
     table = _read_whole(spec, ref).reshape(ref.shape[0], -1)
+    order = np.arange(table.shape[0]) if order is None else order
     step = max(1, READ_CHUNK // max(table.shape[1], 1))
     for start in range(0, len(order), step):
         block = table[order[start:start + step]].tobytes()
         try:
-            yield encode(decode(block, ref.dtype), cast_to) if cast_to else block
+            if column_scale is not None:
+                values = decode(block, ref.dtype).reshape(-1, ref.shape[1]) * column_scale[None, :]
+                yield encode(values, cast_to or ref.dtype)
+            else:
+                yield encode(decode(block, ref.dtype), cast_to) if cast_to else block
         except CastRangeError as exc:
             raise CheckpointError(f"tensor {ref.source_name!r} {exc}", spec.path) from None
 
@@ -99,7 +106,8 @@ def out_tensor(spec: DraftSpec, plan: UpgradePlan, step: TensorStep, arrays: dic
     elif recipe.kind == "cast":
         source = partial(_cast, spec, ref, recipe.cast_to)
     elif recipe.kind == "rows":
-        source = partial(_rows, spec, ref, row_order, recipe.cast_to)
+        scale = arrays[recipe.column_scale].astype(np.float32) if recipe.column_scale else None
+        source = partial(_rows, spec, ref, row_order, recipe.cast_to, scale)
     else:
         source = partial(_constant, _array_bytes(arrays[recipe.array], step.dtype))
     return OutTensor(step.name, step.dtype, step.shape, source)

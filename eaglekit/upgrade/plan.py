@@ -59,7 +59,8 @@ class Recipe:
     kind: str  # "bytes" (source bytes) | "cast" | "rows" (permuted rows, maybe cast) | "array" (computed)
     source: str | None = None  # canonical source name
     cast_to: str | None = None
-    array: str | None = None  # key into the computed arrays (fc_norm.{k}.weight, d2t, t2d)
+    array: str | None = None  # key into the computed arrays (fc_norm.{k}.weight, d2t, t2d, norm.weight)
+    column_scale: str | None = None  # "rows": key of a per-column factor (the norm_output rescale of lm_head)
 
 
 @dataclass
@@ -138,9 +139,16 @@ def build_plan(spec: DraftSpec, d: Decisions, vocab: VocabPlan, dialect: ModuleT
             note = "canonical name"
             if name.startswith("layers.") and "hidden_norm" in ref.source_name and "input_layernorm" in name:
                 note = "Megatron hidden_norm of a layer >= 1 is its input norm (P32)"
-        if name == "lm_head.weight" and vocab.row_order is not None:
-            add_step(name, "transform", dtype, ref.shape, name, "rows reordered with d2t into target-id order",
-                     Recipe("rows", name, cast_to=dtype if dtype != ref.dtype else None))
+        rescaled = d.norm_output_rescale and name in ("lm_head.weight", "norm.weight")
+        if name == "lm_head.weight" and (vocab.row_order is not None or rescaled):
+            what = [("rows reordered with d2t into target-id order" if vocab.row_order is not None else ""),
+                    ("the final norm's weight folded into its columns (norm_output rescale)" if rescaled else "")]
+            add_step(name, "transform", dtype, ref.shape, name, "; ".join(w for w in what if w),
+                     Recipe("rows", name, cast_to=dtype if dtype != ref.dtype else None,
+                            column_scale="lm_head.column_scale" if rescaled else None))
+        elif rescaled:
+            add_step(name, "transform", dtype, ref.shape, name, "the mean pre-norm RMS (norm_output rescale)",
+                     Recipe("array", array=name))
         elif dtype != ref.dtype:
             add_step(name, "transform", dtype, ref.shape, name, f"{ref.dtype} -> {dtype}", Recipe("cast", name, dtype))
         else:

@@ -51,8 +51,9 @@ def placeholders(files: list[str]) -> dict[str, str]:
     return {rel: PLACEHOLDER for rel in files}
 
 
-def untrained_warm_start(config: dict) -> str | None:
-    """The summary of the eaglekit upgrade that changed the function without training, unless a finetune followed.
+def untrained_upgrade(config: dict) -> tuple[str, str] | None:
+    """(function, summary) of the newest eaglekit upgrade that changed the function (warm-start) or switched the
+    3.1 flags on over the EAGLE-3 function (eagle3-function), unless a finetune followed it.
 
     Walks the provenance chain (each block keeps its source's block as `source_provenance`), newest first."""
     block = config.get("eaglekit")
@@ -60,7 +61,13 @@ def untrained_warm_start(config: dict) -> str | None:
     while isinstance(block, dict) and seen < 64:
         if block.get("command") == "finetune":
             return None
-        if block.get("command") == "upgrade" and block.get("function") == "warm-start":
-            return str(block.get("summary") or "warm start")
+        if block.get("command") == "upgrade" and block.get("function") in ("warm-start", "eagle3-function"):
+            return str(block["function"]), str(block.get("summary") or block["function"])
         block, seen = block.get("source_provenance"), seen + 1
     return None
+
+
+def untrained_warm_start(config: dict) -> str | None:
+    """The summary of the upgrade that changed the function without training, unless a finetune followed."""
+    found = untrained_upgrade(config)
+    return found[1] if found and found[0] == "warm-start" else None

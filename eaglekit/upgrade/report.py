@@ -8,10 +8,12 @@ from typing import Any
 from eaglekit.findings import Finding
 from eaglekit.upgrade.calibrate import Fidelity
 from eaglekit.upgrade.plan import TensorStep
+from eaglekit.upgrade.start import StartFidelity
 
 FUNCTION_SUMMARY = {
     "preserved": "function-preserving: the output computes exactly what the source computes",
     "approximate": "approximately preserving",
+    "eagle3-function": "EAGLE-3.1 flags, EAGLE-3 function, not yet trained as 3.1",
     "warm-start": "warm start: the function changed and needs fine-tuning before serving",
 }
 
@@ -40,7 +42,7 @@ class UpgradeReport:
     source: dict[str, Any]  # path, family, producer, eagle_version, files, total_bytes
     output: dict[str, Any]  # path, dialect, eagle_version, files, total_bytes
     dry_run: bool
-    function: str  # "preserved" | "approximate" | "warm-start"
+    function: str  # "preserved" | "approximate" | "eagle3-function" | "warm-start"
     summary: str
     changes: list[str]
     aux: dict[str, Any]
@@ -49,6 +51,7 @@ class UpgradeReport:
     tensors: list[TensorStep]
     config: dict[str, Any]
     fidelity: FidelityReport | None = None
+    start: StartFidelity | None = None  # the norm_output rescale and how closely the output keeps the source
     findings: list[Finding] = field(default_factory=list)
     validated: bool = False
     warnings: list[str] = field(default_factory=list)
@@ -86,6 +89,7 @@ class UpgradeReport:
             "vocab": self.vocab,
             "flags": self.flags,
             "fidelity": asdict(self.fidelity) if self.fidelity else None,
+            "start": self.start.to_dict() if self.start else None,
             "counts": self.counts,
             "tensors": [s.to_dict() for s in self.tensors],
             "config": self.config,
@@ -98,8 +102,13 @@ class UpgradeReport:
 
 
 def summary_line(function: str, fidelity: FidelityReport | None, norm_output_added: bool,
-                 changes: list[str] | tuple[str, ...] = ()) -> str:
+                 changes: list[str] | tuple[str, ...] = (), start: StartFidelity | None = None) -> str:
     """The one sentence the report leads with."""
+    if function == "eagle3-function" and start is not None:
+        return (f"{FUNCTION_SUMMARY[function]}: top-1 agreement with the source "
+                f"{' / '.join(f'{a:.3f}' for a in start.agreement)} at draft steps 1-{len(start.agreement)} "
+                f"({' / '.join(f'{a:.3f}' for a in start.agreement_without_rescale)} without the rescale), fed-back "
+                f"state within {start.feedback_relative_error:.1%} of EAGLE-3's, on {start.tokens} held-out tokens")
     if function == "approximate" and fidelity is not None:
         return (f"approximately preserving: first-step fc output cosine {fidelity.cosine:.4f}, relative error "
                 f"{fidelity.relative_error:.4f} on {fidelity.tokens} held-out tokens")

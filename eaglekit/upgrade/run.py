@@ -28,13 +28,15 @@ from eaglekit.upgrade.options import UpgradeOptions
 from eaglekit.upgrade.plan import UpgradePlan, build_plan
 from eaglekit.upgrade.provenance import hash_files, placeholders, source_files
 from eaglekit.upgrade.report import FidelityReport, UpgradeReport, summary_line
+from eaglekit.upgrade.start import Start
 from eaglekit.upgrade.vocab import VocabPlan, plan_vocab
 
 CARRIED_FILES = ("hf_quant_config.json",)  # the draft's own quantisation description travels with its scales
 
 
 def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions, vocab: VocabPlan,
-                hashes: dict[str, str], summary: str, fidelity: FidelityReport | None) -> dict[str, Any]:
+                hashes: dict[str, str], summary: str, fidelity: FidelityReport | None,
+                start: Start | None = None) -> dict[str, Any]:
     block: dict[str, Any] = {
         "version": __version__,
         "command": "upgrade",
@@ -62,25 +64,49 @@ def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions
         block["fidelity"] = {"fc_output_cosine": round(fidelity.cosine, 6),
                              "fc_output_relative_error": round(fidelity.relative_error, 6),
                              "held_out_tokens": fidelity.tokens, "calibration_text": fidelity.text}
+    if start is not None:
+        block["norm_output_rescale"] = start.fidelity.to_dict()
     return block
 
 
-def _fc_norm_weights(spec: DraftSpec, opts: UpgradeOptions, d: Decisions) -> tuple[np.ndarray, FidelityReport | None]:
-    if d.fc_norm_init != "calibrated":
-        return np.ones((d.num_aux, d.target_hidden)), None
-    from eaglekit.upgrade.capture import calibrate_fc_norm
+def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
+               ) -> tuple[np.ndarray | None, FidelityReport | None, Start | None]:
+    """One target pass over the calibration text, then what it feeds: the fc_norm fit and the norm_output rescale.
 
-    cal = calibrate_fc_norm(os.path.dirname(d.target.path), d.aux.ids, read_array(spec, "fc.weight", as_float32=True),
-                            eps=spec.geometry.rms_norm_eps, dtype=d.compute_dtype, text_file=opts.calibration_file,
-                            max_tokens=opts.calibration_tokens, device=opts.device)
-    if not np.all(np.isfinite(cal.weights)):
-        raise OutputError("calibration produced non-finite fc_norm weights (are the target's hidden states finite?)",
-                          d.target.path)
-    return cal.weights, FidelityReport.of(cal.calibrated, cal.ones, cal.fit_tokens, cal.text_source)
+    Returns the fc_norm weights to write (None: nothing added), their fidelity, and the function-preserving start
+    (None unless norm_output is switched on with a rescale)."""
+    if d.fc_norm_added and d.fc_norm_init != "calibrated":
+        return np.ones((d.num_aux, d.target_hidden)), None, None
+    if not (d.fc_norm_added or d.norm_output_rescale):
+        return None, None, None
+    from eaglekit.upgrade.capture import capture_calibration, fit_fc_norm
+
+    capture = capture_calibration(os.path.dirname(d.target.path), d.aux.ids, text_file=opts.calibration_file,
+                                  max_tokens=opts.calibration_tokens, device=opts.device)
+    weights = fidelity = start = None
+    if d.fc_norm_added:
+        cal = fit_fc_norm(capture, d.num_aux, read_array(spec, "fc.weight", as_float32=True),
+                          eps=spec.geometry.rms_norm_eps, dtype=d.compute_dtype)
+        if not np.all(np.isfinite(cal.weights)):
+            raise OutputError("calibration produced non-finite fc_norm weights (are the target's hidden states "
+                              "finite?)", d.target.path)
+        weights = cal.weights
+        fidelity = FidelityReport.of(cal.calibrated, cal.ones, cal.fit_tokens, cal.text_source)
+    if d.norm_output_rescale:
+        from eaglekit.upgrade.start import function_preserving_start
+
+        start = function_preserving_start(spec, capture, fc_norm_weights=weights, fc_norm_dtype=d.compute_dtype,
+                                          norm_dtype=d.cast_to or spec.tensors["norm.weight"].dtype,
+                                          head_dtype=d.cast_to or spec.tensors["lm_head.weight"].dtype)
+        if not (np.isfinite(start.fidelity.scale) and start.fidelity.scale > 0):
+            raise OutputError(f"the draft's pre-norm state has RMS {start.fidelity.scale} on the calibration text: "
+                              "no rescale fits it", d.target.path)
+    return weights, fidelity, start
 
 
 def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab: VocabPlan, plan: UpgradePlan,
-            config: dict[str, Any], opts: UpgradeOptions, fidelity: FidelityReport | None) -> UpgradeReport:
+            config: dict[str, Any], opts: UpgradeOptions, fidelity: FidelityReport | None,
+            start: Start | None = None) -> UpgradeReport:
     eagle = eagle_version(d.fc_norm, d.norm_output)
     return UpgradeReport(
         source={"path": spec.path, "given": source, "family": spec.family, "producer": spec.producer,
@@ -89,7 +115,7 @@ def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab:
                 "total_bytes": plan.total_bytes},
         dry_run=opts.dry_run,
         function=d.function,
-        summary=summary_line(d.function, fidelity, d.norm_output_added, d.changes),
+        summary=summary_line(d.function, fidelity, d.norm_output_added, d.changes, start.fidelity if start else None),
         changes=list(d.changes),
         aux={"ids": list(d.aux.ids), "origin": d.aux.origin, "detail": d.aux.detail,
              "convention_known": d.aux.convention_known,
@@ -104,16 +130,20 @@ def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab:
         tensors=list(plan.steps),
         config=config,
         fidelity=fidelity,
+        start=start.fidelity if start else None,
         warnings=list(d.warnings),
         target=opts.target,
     )
 
 
-def _arrays(d: Decisions, vocab: VocabPlan, weights: np.ndarray | None) -> dict[str, np.ndarray]:
+def _arrays(d: Decisions, vocab: VocabPlan, weights: np.ndarray | None, start: Start | None = None
+            ) -> dict[str, np.ndarray]:
     """The computed tensors' values, by the names the plan's recipes use."""
     arrays: dict[str, np.ndarray] = {}
     if weights is not None:
         arrays.update({f"fc_norm.{k}.weight": weights[k] for k in range(d.num_aux)})
+    if start is not None:
+        arrays.update({"norm.weight": start.norm_weight, "lm_head.column_scale": start.column_scale})
     if vocab.d2t is not None:
         arrays["d2t"] = vocab.d2t
     if vocab.t2d is not None:
@@ -189,13 +219,13 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
         return report
 
     t = time.perf_counter()
-    weights, fidelity = _fc_norm_weights(spec, opts, d) if d.fc_norm_added else (None, None)
+    weights, fidelity, start = _calibrate(spec, opts, d)
     calibrate_s = time.perf_counter() - t
-    report = _report(source, destination, spec, d, vocab, plan, config, opts, fidelity)
-    tensors = out_tensors(spec, plan, _arrays(d, vocab, weights), vocab.row_order)
+    report = _report(source, destination, spec, d, vocab, plan, config, opts, fidelity, start)
+    tensors = out_tensors(spec, plan, _arrays(d, vocab, weights, start), vocab.row_order)
 
     def provenance(digests: dict[str, str]) -> dict[str, Any]:
-        return _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity)
+        return _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity, start)
 
     from eaglekit.upgrade.check import check_output
 
