@@ -7,6 +7,7 @@ import json
 import click
 
 from eaglekit.cli.output import (
+    conditions,
     decode_options,
     emit_json,
     err,
@@ -22,6 +23,7 @@ EXAMPLES = """
 Examples:
   eaglekit compare ./eagle3 ./eagle3.1 --target ./SmolLM2-135M-Instruct
   eaglekit compare ./a ./b --target ./target --prompts speed-bench-qualitative.jsonl --category coding --turns all
+  eaglekit compare ./eagle3 ./eagle3.1 --target ./target --context-tokens 0,1024,2048 --template chat,raw --plot c.png
 """
 
 
@@ -33,16 +35,21 @@ Examples:
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @format_option
 def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, limit, categories, turns,
-                    context_tokens, device, dtype, save_report, no_progress, output_format):
-    """Measure DRAFT_A and DRAFT_B on one target pass per prompt: τ of each and the paired difference B − A."""
-    from eaglekit.verify.compare import compare
+                    context_tokens, template, plot, device, dtype, save_report, no_progress, output_format):
+    """Measure DRAFT_A and DRAFT_B on one target pass per prompt: τ of each and the paired difference B − A, under
+    each condition (template x context length) asked for."""
+    from eaglekit.verify.compare import compare_conditions
+    from eaglekit.verify.plot import check_plot_path, plot_compare
     from eaglekit.verify.run import VerifyOptions
 
     options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file,
-                            limit=limit, categories=tuple(categories), turns=turns, context_tokens=context_tokens,
-                            device=device, dtype=dtype)
+                            limit=limit, categories=tuple(categories), turns=turns,
+                            **conditions(context_tokens, template), device=device, dtype=dtype)
+    options.check()
+    if plot:
+        check_plot_path(plot, [draft_a, draft_b, target])
     if no_progress or not err.is_terminal:
-        report = compare(draft_a, draft_b, target, options)
+        sweep = compare_conditions(draft_a, draft_b, target, options)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -50,16 +57,19 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
                       TextColumn("{task.description}", markup=False), TimeElapsedColumn(), console=err,
                       transient=True) as progress:
             task = progress.add_task("loading", total=None)
-            report = compare(draft_a, draft_b, target, options,
-                             on_prompt=lambda done, total, name: progress.update(task, completed=done, total=total,
-                                                                                  description=name))
-    doc = report.to_dict()
+            sweep = compare_conditions(draft_a, draft_b, target, options,
+                                       on_prompt=lambda done, total, name: progress.update(
+                                           task, completed=done, total=total, description=name))
+    doc = sweep.to_dict()
     if save_report:
         write_text_atomically(save_report, json.dumps(doc, indent=2) + "\n")
+    written = plot_compare(sweep, plot) if plot else None
     if output_format == "json":
         emit_json(doc)
     else:
         render(doc)
+        if written:
+            out.print(f"plot: {written}")
 
 
 def _interval(interval: dict | None, signed: bool = False) -> str:
@@ -69,10 +79,22 @@ def _interval(interval: dict | None, signed: bool = False) -> str:
     return f"{f.format(interval['low'])} – {f.format(interval['high'])}"
 
 
+def _rates(values: list[float]) -> str:
+    return " ".join(f"{v:.2f}" for v in values)
+
+
 def render(doc: dict) -> None:
+    from eaglekit.verify.report import Condition
+
     a, b = doc["drafts"]["a"], doc["drafts"]["b"]
     prompts = doc["prompts"]
-    context = f", {prompts['context_tokens']} tokens of context" if prompts["context_tokens"] else ""
+    sweep = doc.get("conditions")
+    if sweep is None:
+        context = f", {prompts['context_tokens']} tokens of context" if prompts["context_tokens"] else ""
+        measured = [("τ by category", doc)]
+    else:
+        context = f"; {len(sweep)} conditions"
+        measured = [(f"τ by category: {Condition(c['template'], c['context_tokens']).label}", c) for c in sweep]
     out.print(key_value_table([
         ("A", f"{a['draft']}  (EAGLE-{a['eagle_version']}, aux ids {a['aux_layer_ids']})"),
         ("B", f"{b['draft']}  (EAGLE-{b['eagle_version']}, aux ids {b['aux_layer_ids']})"),
@@ -81,14 +103,16 @@ def render(doc: dict) -> None:
                 f"{doc['device']}; one target pass per prompt, both drafts replayed on it"),
         ("prompts", f"{prompts['name']} ({prompts['count']} prompt turns{context})"),
     ], title="eaglekit compare"))
-    out.print()
-    rows = []
-    for name, row in doc["categories"].items():
-        diff = row["b_minus_a"]
-        rows.append([name, str(row["a"]["prompts"]), f"{row['a']['acceptance_length']:.3f}",
-                     f"{row['b']['acceptance_length']:.3f}", f"{diff['acceptance_length_difference']:+.3f}",
-                     _interval(diff["interval"], signed=True), diff["verdict"]])
-    identifier_table("τ by category", ["category", "prompts", "τ A", "τ B", "B − A", "95 % interval", "verdict"], rows,
-                     prose="verdict")
-    out.print("intervals: 95 % bootstrap over conversations; B − A paired (the same conversations drawn for both)",
-              style="dim")
+    for title, condition in measured:
+        out.print()
+        rows = []
+        for name, row in condition["categories"].items():
+            diff = row["b_minus_a"]
+            rows.append([name, str(row["a"]["prompts"]), f"{row['a']['acceptance_length']:.3f}",
+                         f"{row['b']['acceptance_length']:.3f}", f"{diff['acceptance_length_difference']:+.3f}",
+                         _interval(diff["interval"], signed=True), diff["verdict"],
+                         _rates(row["a"]["per_position_acceptance"]), _rates(row["b"]["per_position_acceptance"])])
+        identifier_table(title, ["category", "prompts", "τ A", "τ B", "B − A", "95 % interval", "verdict",
+                                 "per position A", "per position B"], rows, prose="verdict")
+    out.print("intervals: 95 % bootstrap over conversations; B − A paired (the same conversations drawn for both); "
+              "per position: unconditional acceptance of each draft position", style="dim")

@@ -24,12 +24,17 @@ format_option = click.option(
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
+def list_items(value: str) -> list[str]:
+    """The items of a list option such as `2,15,27` or `chat raw` (commas and/or spaces between them)."""
+    return value.replace(",", " ").split()
+
+
 def int_list(value: str, option: str, example: str) -> tuple[int, ...]:
     """Non-negative integers from a list such as `2,15,27` (commas and/or spaces between them)."""
     from eaglekit.errors import UsageError
 
     try:
-        numbers = tuple(int(v) for v in value.replace(",", " ").split())
+        numbers = tuple(int(v) for v in list_items(value))
     except ValueError:
         raise UsageError(f"{option} {value!r}: expected comma-separated integers such as {example}") from None
     if not numbers or any(n < 0 for n in numbers):
@@ -42,6 +47,15 @@ def aux_ids(value: str | None, option: str = "--aux-layer-ids") -> tuple[int, ..
     return None if value is None else int_list(value, option, "2,15,27")
 
 
+def conditions(context_tokens: str, template: str) -> dict[str, Any]:
+    """VerifyOptions' condition fields from --context-tokens and --template: one value each is one condition, as
+    before sweeps existed; lists are a sweep over every template with every context length."""
+    contexts = int_list(context_tokens, "--context-tokens", "0,1024,2048")
+    templates = tuple(list_items(template))
+    return {"context_tokens": contexts[0] if len(contexts) == 1 else contexts,
+            "template": templates[0] if len(templates) == 1 else templates}
+
+
 def target_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--target: a local folder, its config.json, or a Hub id (through the Hugging Face cache, as DRAFT is)."""
     from eaglekit.target import resolve_target
@@ -51,7 +65,10 @@ def target_path(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 def decode_options(fn):
     """The options every command that decodes against a target shares (verify, compare): the target, k, the prompt
-    set and how it is selected, and where and in what dtype the target runs."""
+    set and how it is selected, where and in what dtype the target runs, the conditions (templates x context
+    lengths) the prompts are decoded under, and their plot."""
+    from eaglekit.verify.prompts import TEMPLATES
+
     options = [
         click.option("--target", required=True, callback=target_path,
                      help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the "
@@ -71,9 +88,16 @@ def decode_options(fn):
         click.option("--turns", type=click.Choice(["first", "all"]), default="first", show_default=True,
                      help="SPEED-Bench conversations: the first user turn only, or every turn, each asked after the "
                           "target's own answer to the one before."),
-        click.option("--context-tokens", type=int, default=0, show_default=True,
+        click.option("--context-tokens", default="0", show_default=True, metavar="N[,N...]",
                      help="Long-context mode: prepend this many tokens of Python standard-library source to every "
-                          "prompt."),
+                          "prompt; a list (0,1024,2048) measures each length, the target loaded once."),
+        click.option("--template", default="chat", show_default=True, metavar="NAME[,NAME...]",
+                     help="How prompts reach the target: " + "; ".join(
+                         f"{name}: {t.description}" for name, t in TEMPLATES.items())
+                     + ". A list measures each, with every --context-tokens value."),
+        click.option("--plot", type=click.Path(dir_okay=False),
+                     help="Write a PNG of τ and per-position acceptance against context length, one line per "
+                          "template (needs matplotlib: eaglekit[plot])."),
         click.option("--device", default="auto", show_default=True,
                      help="auto (CUDA when there is a device, else CPU), cpu or cuda[:N]; the report names it."),
         click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from eaglekit.cli.output import (
     aux_ids,
+    conditions,
     decode_options,
     emit_json,
     err,
@@ -19,7 +20,7 @@ from eaglekit.cli.output import (
     styled,
     write_text_atomically,
 )
-from eaglekit.errors import EaglekitError
+from eaglekit.errors import EaglekitError, UsageError
 
 EXAMPLES = """
 \b
@@ -27,6 +28,7 @@ Examples:
   eaglekit verify ./draft --target ./SmolLM2-135M-Instruct
   eaglekit verify ./draft --target ./Llama-3.1-8B-Instruct --device cuda -k 6 --diagnose
   eaglekit verify ./draft --target ./target --context-tokens 2000 --min-acceptance 2.0 --save-report verify.json
+  eaglekit verify ./draft --target ./target -k 8 --context-tokens 0,1024,2048 --template chat,system,raw --plot v.png
 """
 
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "info": "cyan"}
@@ -62,22 +64,33 @@ STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "info": "
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Extra vLLM LLM(...) argument, repeatable (JSON values), e.g. max_model_len=4096.")
 @format_option
-def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, categories, turns, context_tokens, device,
-                   dtype, aux_layer_ids, as_eaglekit_reads, engine_version, vllm_runner, diagnose, min_acceptance,
-                   save_report, profile_out, no_progress, engine, engine_python, tensor_parallel_size, engine_args,
-                   output_format):
-    """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis."""
+def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, categories, turns, context_tokens, template,
+                   plot, device, dtype, aux_layer_ids, as_eaglekit_reads, engine_version, vllm_runner, diagnose,
+                   min_acceptance, save_report, profile_out, no_progress, engine, engine_python, tensor_parallel_size,
+                   engine_args, output_format):
+    """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis; under
+    each condition (template x context length) asked for."""
     from eaglekit.verify.engine import EngineOptions, parse_engine_args
-    from eaglekit.verify.run import VerifyOptions, verify, verify_in_engine
+    from eaglekit.verify.plot import check_plot_path, plot_verify
+    from eaglekit.verify.report import plain_report
+    from eaglekit.verify.run import VerifyOptions, verify_conditions, verify_in_engine
 
     options = VerifyOptions(
         num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file, limit=limit,
-        context_tokens=context_tokens, device=device, dtype=dtype, aux_layer_ids=aux_ids(aux_layer_ids),
+        **conditions(context_tokens, template), device=device, dtype=dtype, aux_layer_ids=aux_ids(aux_layer_ids),
         diagnose=diagnose, min_acceptance=min_acceptance, engine=engine, categories=tuple(categories), turns=turns,
         as_eaglekit_reads=as_eaglekit_reads, engine_version=engine_version, vllm_runner=vllm_runner,
         engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
                                      engine_args=parse_engine_args(engine_args)),
     )
+    options.check()
+    if profile_out and not plain_report(options.conditions):
+        raise UsageError("--profile-out describes the chat template at one context length: give one "
+                         "--context-tokens value and --template chat")
+    if plot:
+        if engine == "vllm":
+            raise UsageError("--plot draws the reference decode's conditions: use --engine reference or both")
+        check_plot_path(plot, [draft, target])
     if engine == "vllm":
         doc = verify_in_engine(draft, target, options)
         if save_report:
@@ -90,29 +103,37 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
                                 f"prompt(s) {doc['engine']['mismatched_prompts']}")
         return
     if no_progress or not err.is_terminal:  # a bar in a log is noise (and a stray line before any error)
-        report = verify(draft, target, options)
+        sweep = verify_conditions(draft, target, options)
     else:
-        report = _with_progress(draft, target, options, verify)
-    doc = report.to_dict()
+        sweep = _with_progress(draft, target, options, verify_conditions)
+    doc = sweep.to_dict()
     if save_report:
         _write_json(save_report, doc)
-    profile = report.speculation_profile() if profile_out else None
+    profile = sweep.reports[0].speculation_profile() if profile_out else None
     if profile is not None:
         _write_json(profile_out, profile)
+    written = plot_verify(sweep, plot) if plot else None
     if output_format == "json":
         emit_json(doc)
     else:
         render(doc)
         if profile is not None:
             render_profile(profile, profile_out)
-    if not report.lossless:
-        bad = [p for p in doc["per_prompt"] if not p["identical"] and not p["divergence"]["numerical_tie"]]
-        first = bad[0]
-        raise EaglekitError(f"{draft}: speculative output differs from the target's own greedy output on "
-                            f"{len(bad)} prompt(s) (first: {first['name']!r} at token {first['divergence']['position']})")
-    if not report.passed:
-        raise EaglekitError(f"{draft}: mean acceptance length {report.acceptance_length:.2f} is below "
-                            f"--min-acceptance {min_acceptance}")
+        if written:
+            out.print(f"plot: {written}")
+    def under(report) -> str:
+        return f" under {report.settings.condition.label}" if len(sweep.reports) > 1 else ""
+
+    for report in sweep.reports:
+        if not report.lossless:
+            bad = [o for o in report.outcomes if not o.identical and not o.divergence["numerical_tie"]]
+            raise EaglekitError(f"{draft}: speculative output differs from the target's own greedy output"
+                                f"{under(report)} on {len(bad)} prompt(s) (first: {bad[0].name!r} at token "
+                                f"{bad[0].divergence['position']})")
+    for report in sweep.reports:
+        if not report.passed:
+            raise EaglekitError(f"{draft}: mean acceptance length {report.acceptance_length:.2f}{under(report)} is "
+                                f"below --min-acceptance {min_acceptance}")
 
 
 def _with_progress(draft, target, options, verify):
@@ -172,14 +193,14 @@ def render_profile(profile: dict, path: str) -> None:
     out.print("vLLM speculative-config keys that replay it: " + json.dumps(synthetic), soft_wrap=True)
 
 
-def category_rows(categories: dict) -> None:
+def category_rows(categories: dict, title: str = "By category") -> None:
     rows = []
     for name, row in categories.items():
         interval = row["acceptance_length_interval"]
         rows.append([name, str(row["prompts"]), f"{row['acceptance_length']:.3f}",
                      f"{interval['low']:.3f} – {interval['high']:.3f}" if interval else "—",
                      _rates(row["per_position_acceptance"], " "), _rates(row["conditional_acceptance"], " ")])
-    identifier_table("By category", ["category", "prompts", "τ", "95 % interval", "per position", "conditional"], rows)
+    identifier_table(title, ["category", "prompts", "τ", "95 % interval", "per position", "conditional"], rows)
     out.print("interval: 95 % bootstrap over conversations", style="dim")
 
 
@@ -187,9 +208,7 @@ def _rates(values, sep: str = "  ") -> str:
     return sep.join(f"{v:.2f}" for v in values)
 
 
-def render(doc: dict) -> None:
-    prompts = doc["prompts"]
-    context = f", {prompts['context_tokens']} tokens of context" if prompts["context_tokens"] else ""
+def _header(doc: dict, prompts: str) -> None:
     out.print(key_value_table([
         ("draft", doc["draft"]),
         ("target", doc["target"]),
@@ -197,10 +216,9 @@ def render(doc: dict) -> None:
         ("aux ids", styled(f"{doc['aux_layer_ids']}  ", (doc["aux_layer_ids_source"], "dim"))),
         ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, {doc['dtype']} on "
                 f"{doc['device']}"),
-        ("prompts", f"{prompts['name']} ({prompts['count']}, mean {prompts['mean_prompt_tokens']:.0f} tokens{context})"),
+        ("prompts", prompts),
     ], title="eaglekit verify"))
     out.print()
-
     checks = Table(title="Compatibility", title_justify="left")
     checks.add_column("check", no_wrap=True)
     checks.add_column("status", no_wrap=True)
@@ -209,23 +227,51 @@ def render(doc: dict) -> None:
         checks.add_row(c["name"], styled((c["status"], STATUS_STYLE[c["status"]])), c["message"])
     out.print(checks)
 
-    lossless = styled(("yes", "green")) if doc["lossless"] else styled(("NO", "bold red"))
-    if doc["lossless"] and not doc["exact_match"]:
+
+def _result(measured: dict, k: int, title: str) -> None:
+    """One condition's measurement: the lossless verdict, τ, both rate definitions and the speed."""
+    lossless = styled(("yes", "green")) if measured["lossless"] else styled(("NO", "bold red"))
+    if measured["lossless"] and not measured["exact_match"]:
         lossless.append(" (differs only after numerical ties)", "dim")
-    split = doc["time_split"]
-    speedup = f"{doc['speedup']:.2f}×" if doc["speedup"] is not None else "—"
+    split = measured["time_split"]
+    speedup = f"{measured['speedup']:.2f}×" if measured["speedup"] is not None else "—"
     out.print(key_value_table([
         ("lossless", lossless),
-        ("acceptance length τ", styled((f"{doc['acceptance_length']:.2f}", "bold"),
-                                       f" (max {doc['num_speculative_tokens'] + 1})", _interval_text(doc))),
-        ("per position", _rates(doc["per_position_acceptance"])),
-        ("conditional", _rates(doc["conditional_acceptance"])),
-        ("tokens/s", f"{doc['tokens_per_s_spec']:.1f} with the draft vs {doc['tokens_per_s_target']:.1f} target alone "
-                     f"({speedup})"),
+        ("acceptance length τ", styled((f"{measured['acceptance_length']:.2f}", "bold"), f" (max {k + 1})",
+                                       _interval_text(measured))),
+        ("per position", _rates(measured["per_position_acceptance"])),
+        ("conditional", _rates(measured["conditional_acceptance"])),
+        ("tokens/s", f"{measured['tokens_per_s_spec']:.1f} with the draft vs {measured['tokens_per_s_target']:.1f} "
+                     f"target alone ({speedup})"),
         ("time", f"spec {split['spec_total_s']:.1f} s (draft {split['spec_draft_s']:.1f} s, target "
                  f"{split['spec_target_s']:.1f} s); target alone {split['target_only_s']:.1f} s"),
-    ], title="Result"))
+    ], title=title))
     out.print()
+
+
+def render_sweep(doc: dict) -> None:
+    """Several conditions (or another template): the draft and its checks once, then one table per condition."""
+    from eaglekit.verify.report import Condition
+
+    first = doc["conditions"][0]["prompts"]
+    _header(doc, f"{first['name']} ({first['count']}); {len(doc['conditions'])} condition(s)")
+    for entry in doc["conditions"]:
+        label = Condition(entry["template"], entry["context_tokens"]).label
+        _result(entry, doc["num_speculative_tokens"],
+                f"Result: {label} (mean {entry['prompts']['mean_prompt_tokens']:.0f} prompt tokens)")
+        if entry["categories"]:
+            category_rows(entry["categories"], f"By category: {label}")
+            out.print()
+
+
+def render(doc: dict) -> None:
+    if "conditions" in doc:
+        render_sweep(doc)
+        return
+    prompts = doc["prompts"]
+    context = f", {prompts['context_tokens']} tokens of context" if prompts["context_tokens"] else ""
+    _header(doc, f"{prompts['name']} ({prompts['count']}, mean {prompts['mean_prompt_tokens']:.0f} tokens{context})")
+    _result(doc, doc["num_speculative_tokens"], "Result")
 
     served = doc["served"]
     if served is not None:

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
+from eaglekit.errors import UsageError
 from eaglekit.families import apply_target, load_draft
 from eaglekit.target import read_target
 from eaglekit.verify.checks import compatibility_checks, refuse_failures
 from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_decode
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.metrics import AcceptanceCounter
-from eaglekit.verify.report import DecodeSettings
+from eaglekit.verify.report import Condition, DecodeSettings, plain_report, sweep_document
 from eaglekit.verify.run import VerifyOptions, _prompt_set, resolve_aux_ids, turns
 from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
 from eaglekit.target_model import load_target
@@ -72,7 +73,8 @@ class CompareReport:
         return {name: {"a": self._summary(self.a, picked), "b": self._summary(self.b, picked),
                        "b_minus_a": self._difference(picked)} for name, picked in groups.items()}
 
-    def to_dict(self) -> dict[str, Any]:
+    def header(self) -> dict[str, Any]:
+        """What every condition of a sweep shares: versions, target, drafts, decode settings."""
         run = self.settings
         return {
             "eaglekit_version": __version__,
@@ -83,7 +85,12 @@ class CompareReport:
             "max_new_tokens": run.max_new_tokens,
             "dtype": run.dtype,
             "device": run.device,
-            "prompts": {"name": run.prompts_name, "count": len(self.names), "context_tokens": run.context_tokens},
+            "prompts": {"name": run.prompts_name, "count": len(self.names)},
+        }
+
+    def measurement(self) -> dict[str, Any]:
+        """This condition's own figures: per category and per prompt turn."""
+        return {
             "categories": self.rows(),
             "per_prompt": [{"name": n, "category": c, "conversation": g,
                             "a_acceptance_length": a.acceptance_length, "b_acceptance_length": b.acceptance_length}
@@ -91,11 +98,44 @@ class CompareReport:
                                                     self.a.counters, self.b.counters)],
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        doc = self.header()
+        doc["prompts"]["context_tokens"] = self.settings.context_tokens
+        return {**doc, **self.measurement()}
+
+
+@dataclass
+class CompareSweep:
+    """compare under several conditions (templates x contexts), one report each, on one loaded target and pair of
+    drafters. A sweep of one chat-template condition writes exactly that condition's report."""
+
+    reports: list[CompareReport]
+
+    @property
+    def conditions(self) -> list[Condition]:
+        return [r.settings.condition for r in self.reports]
+
+    def to_dict(self) -> dict[str, Any]:
+        if plain_report(self.conditions):
+            return self.reports[0].to_dict()
+        return sweep_document(self.reports[0].header(), [(r.settings.condition, r.measurement()) for r in self.reports])
+
 
 def compare(draft_a: str, draft_b: str, target: str, options: VerifyOptions = VerifyOptions(), *,
             on_prompt: Callable[[int, int, str], None] | None = None) -> CompareReport:
-    """Measure both drafts on one captured target pass per prompt turn; refuse either before decoding if it does
-    not fit the target."""
+    """Measure both drafts on one captured target pass per prompt turn under one condition; refuse either before
+    decoding if it does not fit the target."""
+    options.check()
+    if len(options.conditions) > 1:
+        raise UsageError("compare() measures one condition: compare_conditions() runs several --context-tokens or "
+                         "--template values")
+    return compare_conditions(draft_a, draft_b, target, options, on_prompt=on_prompt).reports[0]
+
+
+def compare_conditions(draft_a: str, draft_b: str, target: str, options: VerifyOptions = VerifyOptions(), *,
+                       on_prompt: Callable[[int, int, str], None] | None = None) -> CompareSweep:
+    """compare under every condition of `options` (each template with each context length); the target and both
+    drafters are loaded once."""
     options.check()
     info = read_target(target)
     specs = []
@@ -112,22 +152,26 @@ def compare(draft_a: str, draft_b: str, target: str, options: VerifyOptions = Ve
 
     drafters = [Drafter.from_spec(spec, device=model.device, dtype=model.dtype, embed_tokens=model.embed_tokens,
                                   lm_head=model.lm_head) for _, spec, _ in specs]
-    measured = [Measured(path, spec.eagle_version, list(ids)) for path, spec, ids in specs]
     captured = sorted({i for _, _, ids in specs for i in ids})
-    k = options.num_speculative_tokens
-    names, categories, conversations = [], [], []
-    for prompt, ids, plain in turns(prompts, model, options, lookahead=k + 1):
-        capture = capture_pass(model, ids, plain.tokens, captured)
-        for drafter, m in zip(drafters, measured):
-            proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + k + 2)
-            run = speculative_decode(ReplayVerifier(capture, m.aux_layer_ids), proposer, ids, k=k,
-                                     max_new_tokens=options.max_new_tokens, eos_ids=model.eos_token_ids)
-            m.counters.append(run.counter)
-        names.append(prompt.name)
-        categories.append(prompt.category)
-        conversations.append(prompt.conversation or prompt.name)
-        if on_prompt is not None:
-            on_prompt(len(names), prompts.turns, prompt.name)
-    settings = DecodeSettings(target, k, options.max_new_tokens, str(model.dtype).replace("torch.", ""),
-                              str(model.device), prompts.name, options.context_tokens)
-    return CompareReport(settings, names, categories, conversations, *measured)
+    k, conditions = options.num_speculative_tokens, options.conditions
+    reports = []
+    for condition in conditions:
+        measured = [Measured(path, spec.eagle_version, list(ids)) for path, spec, ids in specs]
+        names, categories, conversations = [], [], []
+        for prompt, ids, plain in turns(prompts, model, options.at(condition), lookahead=k + 1):
+            capture = capture_pass(model, ids, plain.tokens, captured)
+            for drafter, m in zip(drafters, measured):
+                proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + k + 2)
+                run = speculative_decode(ReplayVerifier(capture, m.aux_layer_ids), proposer, ids, k=k,
+                                         max_new_tokens=options.max_new_tokens, eos_ids=model.eos_token_ids)
+                m.counters.append(run.counter)
+            names.append(prompt.name)
+            categories.append(prompt.category)
+            conversations.append(prompt.conversation or prompt.name)
+            if on_prompt is not None:
+                label = f"{condition.label}: {prompt.name}" if len(conditions) > 1 else prompt.name
+                on_prompt(prompts.turns * len(reports) + len(names), prompts.turns * len(conditions), label)
+        settings = DecodeSettings(target, k, options.max_new_tokens, str(model.dtype).replace("torch.", ""),
+                                  str(model.device), prompts.name, condition.context_tokens, condition.template)
+        reports.append(CompareReport(settings, names, categories, conversations, *measured))
+    return CompareSweep(reports)

@@ -5,6 +5,7 @@ Its JSON form is described by schemas/verify-report.schema.json.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,23 @@ from eaglekit.verify.diagnose import Diagnosis
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
 from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.stats import Interval, by_category, tau_interval
+
+SWEEP_SHARED = ("eaglekit_version", "draft", "target", "eagle_version", "flags", "aux_layer_ids", "aux_layer_ids_source",
+                "checks", "num_speculative_tokens", "max_new_tokens", "dtype", "device", "min_acceptance",
+                "tie_tolerance", "notes", "measured")
+"""Verify report keys every condition of a sweep shares: written once, before the conditions."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """What the prompts were decoded under in one measurement of a sweep: their template and long context."""
+
+    template: str = "chat"
+    context_tokens: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.template}, +{self.context_tokens} tokens of context" if self.context_tokens else self.template
 
 
 @dataclass(frozen=True)
@@ -28,6 +46,23 @@ class DecodeSettings:
     device: str
     prompts_name: str
     context_tokens: int
+    template: str = "chat"
+
+    @property
+    def condition(self) -> Condition:
+        return Condition(self.template, self.context_tokens)
+
+
+def plain_report(conditions: Sequence[Condition]) -> bool:
+    """One condition under the chat template is written as a report without a `conditions` list."""
+    return len(conditions) == 1 and conditions[0].template == "chat"
+
+
+def sweep_document(header: dict[str, Any], conditions: list[tuple[Condition, dict[str, Any]]]) -> dict[str, Any]:
+    """The JSON of a run over several conditions (or another template): what they share, then one entry per
+    condition with its own measurement."""
+    return {**header, "conditions": [{"template": c.template, "context_tokens": c.context_tokens, **doc}
+                                     for c, doc in conditions]}
 
 
 @dataclass
@@ -194,3 +229,33 @@ class VerifyReport:
             doc["hypotheses"] = d.result_rows()
             doc["diagnosis"] = {"verdict": d.verdict, "best": d.best, "message": d.message, "fix": d.fix}
         return doc
+
+
+@dataclass
+class VerifySweep:
+    """verify under several conditions (templates x contexts), one report each, decoded with one loaded target and
+    drafter. A sweep of one chat-template condition writes exactly that condition's report."""
+
+    reports: list[VerifyReport]
+
+    @property
+    def conditions(self) -> list[Condition]:
+        return [r.settings.condition for r in self.reports]
+
+    @property
+    def lossless(self) -> bool:
+        return all(r.lossless for r in self.reports)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.reports)
+
+    def to_dict(self) -> dict[str, Any]:
+        docs = [r.to_dict() for r in self.reports]
+        if plain_report(self.conditions):
+            return docs[0]
+        first = docs[0]
+        header = {key: first[key] for key in ("eaglekit_version", "draft", "target")}
+        header.update(passed=self.passed, lossless=self.lossless, **{key: first[key] for key in SWEEP_SHARED})
+        return sweep_document(header, [(c, {k: v for k, v in doc.items() if k not in SWEEP_SHARED})
+                                       for c, doc in zip(self.conditions, docs)])

@@ -21,8 +21,8 @@ from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.engine import EngineOptions, EngineRun, check_engine_available, run_vllm
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
 from eaglekit.verify.acceptance_profile import speculation_profile
-from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
-from eaglekit.verify.report import DecodeSettings, PromptOutcome, VerifyReport
+from eaglekit.verify.prompts import PromptSet, bundled_prompts, check_template, encode, read_prompts, with_context
+from eaglekit.verify.report import Condition, DecodeSettings, PromptOutcome, VerifyReport, VerifySweep, plain_report
 from eaglekit.verify.served import ServedReading, served_reading
 from eaglekit.verify.stats import by_category, tau_interval
 from eaglekit.target_model import TargetModel, load_target
@@ -41,7 +41,7 @@ class VerifyOptions:
     max_new_tokens: int = 64
     prompts_file: str | None = None
     limit: int | None = None  # first N prompts only
-    context_tokens: int = 0
+    context_tokens: int | tuple[int, ...] = 0  # several values: a sweep, one condition per value and template
     device: str = "auto"  # CUDA when present
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
     aux_layer_ids: tuple[int, ...] | None = None  # override, vLLM convention
@@ -55,6 +55,18 @@ class VerifyOptions:
     vllm_runner: str | None = None  # v1 | v2 (default: that version's default runner for the target)
     categories: tuple[str, ...] = ()  # only prompts of these categories (SPEED-Bench's, or a JSONL "category")
     turns: str = "first"  # SPEED-Bench conversations: the first user turn, or every turn after the target's answers
+    template: str | tuple[str, ...] = "chat"  # how prompts reach the target (prompts.TEMPLATES); several: a sweep
+
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        """Every template with every context length, in the order given (templates outer)."""
+        contexts = (self.context_tokens,) if isinstance(self.context_tokens, int) else tuple(self.context_tokens)
+        templates = (self.template,) if isinstance(self.template, str) else tuple(self.template)
+        return tuple(Condition(template, context) for template in templates for context in contexts)
+
+    def at(self, condition: Condition) -> "VerifyOptions":
+        """These options for one condition of the sweep."""
+        return dataclasses.replace(self, context_tokens=condition.context_tokens, template=condition.template)
 
     def check(self) -> None:
         if self.engine not in ENGINES:
@@ -65,8 +77,15 @@ class VerifyOptions:
             raise UsageError("--max-new-tokens must be at least 1")
         if self.limit is not None and self.limit < 1:
             raise UsageError("--limit must be at least 1")
-        if self.context_tokens < 0:
+        conditions = self.conditions
+        if not conditions:
+            raise UsageError("--context-tokens and --template need at least one value each")
+        if any(c.context_tokens < 0 for c in conditions):
             raise UsageError("--context-tokens must not be negative")
+        for c in conditions:
+            check_template(c.template)
+        if len(set(conditions)) != len(conditions):
+            raise UsageError("--context-tokens and --template: each value once")
         if self.vllm_runner is not None and self.vllm_runner not in VLLM_RUNNERS:
             raise UsageError(f"--vllm-runner {self.vllm_runner!r}: use one of {', '.join(VLLM_RUNNERS)}")
         if self.engine_version is not None:
@@ -107,8 +126,25 @@ def _divergence(spec_tokens: list[int], target_tokens: list[int], margins: list[
 
 def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
            on_prompt: Callable[[int, int, str], None] | None = None) -> VerifyReport:
-    """Run `draft` against `target` on every prompt; raise before decoding if the two do not fit."""
+    """Run `draft` against `target` on every prompt under one condition; raise before decoding if the two do not
+    fit."""
     options.check()
+    if len(options.conditions) > 1:
+        raise UsageError("verify() measures one condition: verify_conditions() runs several --context-tokens or "
+                         "--template values")
+    return verify_conditions(draft, target, options, on_prompt=on_prompt).reports[0]
+
+
+def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
+                      on_prompt: Callable[[int, int, str], None] | None = None) -> VerifySweep:
+    """verify under every condition of `options` (each template with each context length), the target and the
+    drafter loaded once; a sweep of several decodes eaglekit's reading of the draft only."""
+    options.check()
+    conditions = options.conditions
+    several = len(conditions) > 1
+    if several and (options.diagnose or options.engine != "reference"):
+        raise UsageError("--diagnose and --engine measure one condition: give one --context-tokens value and one "
+                         "--template")
     if options.engine == "both":
         check_engine_available(options.engine_options)  # before minutes of reference decoding
     info = read_target(target)
@@ -133,75 +169,80 @@ def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
     k, eos = options.num_speculative_tokens, model.eos_token_ids
     if options.warmup:
         _warm_up(model, drafter, aux_ids, encode(prompts.prompts[0], model.tokenizer), k)
-
-    sweep = None
-    if options.diagnose:
-        written_order = spec.aux.ids if options.aux_layer_ids is None else None
-        hyps = hypotheses(aux_ids, written_order, info.num_layers, info.default_aux_ids,
-                          bool(drafter.config.norm_before_residual), bool(drafter.config.norm_output))
-        sweep = Sweep(hyps, make_drafter, k=k, max_new_tokens=options.max_new_tokens, eos_ids=eos)
-
-    counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
-    target_s, spec_tokens, target_tokens, outcomes, target_outputs, encoded = 0.0, 0, 0, [], [], []
-    for prompt, ids, plain in turns(prompts, model, options):
-        proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + options.max_new_tokens + k + 2, drift=drift)
-        spec_run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k,
-                                      max_new_tokens=options.max_new_tokens, eos_ids=eos)
-        counter.merge(spec_run.counter)
-        clock.merge(spec_run.clock)
-        target_s += plain.seconds
-        spec_tokens += len(spec_run.tokens)
-        target_tokens += len(plain.tokens)
-        target_outputs.append(list(plain.tokens))
-        encoded.append(ids)
-        divergence = _divergence(spec_run.tokens, plain.tokens, plain.margins, tolerance)
-        outcomes.append(PromptOutcome(prompt.name, len(ids), len(spec_run.tokens),
-                                      spec_run.counter.acceptance_length, divergence is None, divergence,
-                                      prompt.category, prompt.conversation or prompt.name, spec_run.counter))
-        if sweep is not None:
-            sweep.add(capture_pass(model, ids, plain.tokens, needed_ids(sweep.hyps)))
-        if on_prompt is not None:
-            on_prompt(len(outcomes), prompts.turns, prompt.name)
-
     flags = {name: bool(getattr(drafter.config, name)) for name in ("fc_norm", "norm_output", "norm_before_fc",
                                                                      "norm_before_residual")}
-    served = None
-    if not options.as_eaglekit_reads and options.aux_layer_ids is None:
-        served = served_section(spec, info, options, flags, aux_ids, counter,
-                           lambda reading: _acceptance(model, make_drafter(_flips(flags, reading.flags)),
-                                                       reading.aux_ids, encoded, k, options.max_new_tokens, eos))
-    engine = comparison = None
-    if options.engine == "both":
-        run = run_vllm(raw.path, target, encoded, k=k, max_new_tokens=options.max_new_tokens, dtype=dtype_name,
-                       opts=options.engine_options)
-        engine = run.to_dict()
-        engine_ids = engine_aux_ids(run, info)
-        rerun = None
-        if engine_ids is not None and tuple(engine_ids) != tuple(aux_ids):
-            rerun = _acceptance(model, drafter, engine_ids, encoded, k, options.max_new_tokens, eos)
-        comparison = compare_engine(counter, run, aux_ids, engine_ids, rerun, target_outputs,
-                                    [o.counter for o in outcomes])
-    report = VerifyReport(
-        draft=raw.path, settings=DecodeSettings(target, k, options.max_new_tokens, dtype_name, str(model.device),
-                                                prompts.name, options.context_tokens),
-        eagle_version=spec.eagle_version, flags=flags, aux_layer_ids=list(aux_ids), aux_layer_ids_source=aux_source,
-        chat_template=bool(getattr(model.tokenizer, "chat_template", None)), checks=checks, counter=counter,
-        drift=drift, spec_clock=clock, target_only_s=target_s, spec_tokens=spec_tokens, target_tokens=target_tokens,
-        outcomes=outcomes, tie_tolerance=tolerance, diagnosis=conclude(sweep.results()) if sweep else None,
-        min_acceptance=options.min_acceptance, engine=engine, engine_comparison=comparison, served=served,
-        measured=measured_files(raw, info),
-    )
-    return report
+    measured, total, reports = measured_files(raw, info), prompts.turns * len(conditions), []
+    for condition in conditions:
+        condition_options = options.at(condition)
+        readings = None
+        if options.diagnose:
+            written_order = spec.aux.ids if options.aux_layer_ids is None else None
+            hyps = hypotheses(aux_ids, written_order, info.num_layers, info.default_aux_ids,
+                              bool(drafter.config.norm_before_residual), bool(drafter.config.norm_output))
+            readings = Sweep(hyps, make_drafter, k=k, max_new_tokens=options.max_new_tokens, eos_ids=eos)
+
+        counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
+        target_s, spec_tokens, target_tokens, outcomes, target_outputs, encoded = 0.0, 0, 0, [], [], []
+        for prompt, ids, plain in turns(prompts, model, condition_options):
+            proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + options.max_new_tokens + k + 2, drift=drift)
+            spec_run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k,
+                                          max_new_tokens=options.max_new_tokens, eos_ids=eos)
+            counter.merge(spec_run.counter)
+            clock.merge(spec_run.clock)
+            target_s += plain.seconds
+            spec_tokens += len(spec_run.tokens)
+            target_tokens += len(plain.tokens)
+            target_outputs.append(list(plain.tokens))
+            encoded.append(ids)
+            divergence = _divergence(spec_run.tokens, plain.tokens, plain.margins, tolerance)
+            outcomes.append(PromptOutcome(prompt.name, len(ids), len(spec_run.tokens),
+                                          spec_run.counter.acceptance_length, divergence is None, divergence,
+                                          prompt.category, prompt.conversation or prompt.name, spec_run.counter))
+            if readings is not None:
+                readings.add(capture_pass(model, ids, plain.tokens, needed_ids(readings.hyps)))
+            if on_prompt is not None:
+                label = f"{condition.label}: {prompt.name}" if several else prompt.name
+                on_prompt(prompts.turns * len(reports) + len(outcomes), total, label)
+
+        served = None
+        if not options.as_eaglekit_reads and options.aux_layer_ids is None and not several:
+            served = served_section(spec, info, options, flags, aux_ids, counter,
+                                    lambda reading: _acceptance(model, make_drafter(_flips(flags, reading.flags)),
+                                                                reading.aux_ids, encoded, k, options.max_new_tokens,
+                                                                eos))
+        engine = comparison = None
+        if options.engine == "both":
+            run = run_vllm(raw.path, target, encoded, k=k, max_new_tokens=options.max_new_tokens, dtype=dtype_name,
+                           opts=options.engine_options)
+            engine = run.to_dict()
+            engine_ids = engine_aux_ids(run, info)
+            rerun = None
+            if engine_ids is not None and tuple(engine_ids) != tuple(aux_ids):
+                rerun = _acceptance(model, drafter, engine_ids, encoded, k, options.max_new_tokens, eos)
+            comparison = compare_engine(counter, run, aux_ids, engine_ids, rerun, target_outputs,
+                                        [o.counter for o in outcomes])
+        reports.append(VerifyReport(
+            draft=raw.path, settings=DecodeSettings(target, k, options.max_new_tokens, dtype_name, str(model.device),
+                                                    prompts.name, condition.context_tokens, condition.template),
+            eagle_version=spec.eagle_version, flags=flags, aux_layer_ids=list(aux_ids),
+            aux_layer_ids_source=aux_source, chat_template=bool(getattr(model.tokenizer, "chat_template", None)),
+            checks=checks, counter=counter, drift=drift, spec_clock=clock, target_only_s=target_s,
+            spec_tokens=spec_tokens, target_tokens=target_tokens, outcomes=outcomes, tie_tolerance=tolerance,
+            diagnosis=conclude(readings.results()) if readings else None, min_acceptance=options.min_acceptance,
+            engine=engine, engine_comparison=comparison, served=served, measured=measured,
+        ))
+    return VerifySweep(reports)
 
 
 def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0):
-    """(prompt, token ids, the target's own greedy decode) for every prompt and each of its follow-up turns; a
-    follow-up is asked after the target's greedy answer to the turn before, as a served conversation would be.
+    """(prompt, token ids, the target's own greedy decode) for every prompt and each of its follow-up turns, under
+    the one condition of `options`; a follow-up is asked after the target's greedy answer to the turn before, as a
+    served conversation would be.
     `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them)."""
     for index, first in enumerate(prompts.prompts):
         prompt = with_context(first, model.tokenizer, options.context_tokens, index)
         while True:
-            ids = encode(prompt, model.tokenizer)
+            ids = encode(prompt, model.tokenizer, template=options.template)
             plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens + lookahead,
                                   eos_ids=model.eos_token_ids)
             yield prompt, ids, plain
@@ -260,6 +301,10 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     """--engine vllm: the engine alone (a target of any size, with vLLM's tensor parallelism); the tokenizer is the
     only part of the target loaded here."""
     options.check()
+    if not plain_report(options.conditions):
+        raise UsageError("--engine vllm measures the chat template at one context length: give one "
+                         "--context-tokens value and --template chat")
+    options = options.at(options.conditions[0])
     check_engine_available(options.engine_options)
     from transformers import AutoTokenizer
 
