@@ -208,6 +208,19 @@ def test_verify_sweep_has_one_table_per_condition_and_its_json_lists_them(env, t
     assert all(c["served"] is None for c in doc["conditions"])  # a sweep decodes eaglekit's reading only
 
 
+def test_one_condition_under_another_template_is_the_whole_report(env):
+    args = ["verify", env["a"], "--target", env["target"], "--template", "raw", "--diagnose", "--limit", "1",
+            "--max-new-tokens", "6", "--no-progress"]
+    doc = json.loads(run_cli([*args, "--format", "json"]).stdout)
+    jsonschema.validate(doc, schema("verify-report"))
+    (condition,) = doc["conditions"]
+    assert condition["template"] == "raw" and condition["diagnosis"]["verdict"] and condition["hypotheses"]
+    human = run_cli(args)
+    assert human.exit_code == 0, human.stderr
+    for text in ("template raw", "Drift per draft depth", "Diagnosis: one target pass"):
+        assert text in human.stdout
+
+
 def test_plot_and_sweep_refusals_are_one_line_before_any_decode(env, tmp_path):
     base = ["--target", env["target"], *FAST]
     cases = [

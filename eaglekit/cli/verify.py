@@ -250,7 +250,7 @@ def _result(measured: dict, k: int, title: str) -> None:
 
 
 def render_sweep(doc: dict) -> None:
-    """Several conditions (or another template): the draft and its checks once, then one table per condition."""
+    """Several conditions: the draft and its checks once, then one table per condition."""
     from eaglekit.verify.report import Condition
 
     first = doc["conditions"][0]["prompts"]
@@ -265,11 +265,15 @@ def render_sweep(doc: dict) -> None:
 
 
 def render(doc: dict) -> None:
-    if "conditions" in doc:
+    conditions = doc.get("conditions")
+    if conditions is not None and len(conditions) > 1:
         render_sweep(doc)
         return
+    if conditions is not None:  # one condition under another template: the whole report, as for chat
+        doc = {**doc, **conditions[0]}
     prompts = doc["prompts"]
     context = f", {prompts['context_tokens']} tokens of context" if prompts["context_tokens"] else ""
+    context += f", template {doc['template']}" if "template" in doc else ""
     _header(doc, f"{prompts['name']} ({prompts['count']}, mean {prompts['mean_prompt_tokens']:.0f} tokens{context})")
     _result(doc, doc["num_speculative_tokens"], "Result")
 
