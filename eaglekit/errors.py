@@ -38,3 +38,7 @@ class EngineError(EaglekitError):
 
 class TrainingInterrupted(EaglekitError):
     """Ctrl-C during training: the last finished step was saved as a resumable checkpoint."""
+
+
+class ResolvedWorse(EaglekitError):
+    """A trained draft measured worse than its source with the interval below zero: it is not written."""

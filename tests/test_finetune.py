@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from eaglekit.errors import UsageError  # noqa: E402
+from eaglekit.errors import EaglekitError, UsageError  # noqa: E402
 from eaglekit.families import load_draft  # noqa: E402
 from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
@@ -49,6 +49,7 @@ def options(env, **changes) -> FinetuneOptions:
     train = dict(steps=8, batch_tokens=256, depth=3, lr=3e-3, log_every=2, seed=0)
     train.update(changes.pop("train", {}))
     data = DataOptions(**{"data_file": env["data"], "cache_dir": env["cache"], **changes.pop("data", {})})
+    changes.setdefault("validation_fraction", 0.0)  # these tests check the training loop itself, not the selection
     return FinetuneOptions(target=env["target"], data=data, train=TrainOptions(**train), eval=None, **changes)
 
 
@@ -303,3 +304,126 @@ def test_help_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "--hidden-states" in result.stdout and "torchrun" in result.stdout
+
+
+# ---------------------------------------------------------------- never worse than the source
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    """A target whose greedy token is one token forever and a draft that always drafts it (τ = k + 1): a source
+    any damaging fine-tune is measurably worse than (bench/gpu_smoke.py's pair)."""
+    from bench.gpu_smoke import build_draft, build_target
+
+    base = tmp_path_factory.mktemp("oracle")
+    target, draft = str(base / "target"), str(base / "draft")
+    build_target(target, hidden=64, layers=8, vocab=64)
+    build_draft(draft, target, eagle31=True)
+    data = base / "data.jsonl"
+    data.write_text("\n".join(json.dumps({"text": " ".join(f"w{(i * j) % 60 + 2}" for j in range(40))})
+                              for i in range(12)) + "\n")
+    return {"target": target, "draft": draft, "data": str(data), "cache": str(base / "cache")}
+
+
+def oracle_options(oracle, **changes) -> FinetuneOptions:
+    train = dict(steps=6, batch_tokens=256, depth=3, lr=2e-4, log_every=2, seed=0, select_every=2)
+    train.update(changes.pop("train", {}))
+    data = DataOptions(data_file=oracle["data"], cache_dir=oracle["cache"])
+    changes.setdefault("eval", None)
+    return FinetuneOptions(target=oracle["target"], data=data, train=TrainOptions(**train), **changes)
+
+
+def test_selection_keeps_the_start_when_training_only_hurts_the_held_out_sequences(env):
+    """Held-out labels that the untrained drafter predicts exactly (its own first-step top-1) and training labels
+    that are the target's: every step of training moves away from the held-out part, so step 0 is kept."""
+    import dataclasses
+
+    from eaglekit.drafter.model import Drafter
+    from eaglekit.drafter.unroll import unrolled_steps
+    from eaglekit.finetune.data import build_data
+    from eaglekit.finetune.train import train
+    from eaglekit.target_model import load_target
+
+    target = load_target(env["target"])
+    data = build_data(target, env["target"], (1, 2, 4), DataOptions(data_file=env["data"], cache_dir=env["cache"]))
+    drafter = Drafter.from_spec(load_draft(env["draft"]), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    own = data.labels.clone()
+    offsets = data.offsets.tolist()
+    with torch.no_grad():
+        for lo, hi in zip(offsets, offsets[1:]):
+            ids, aux = data.tokens[lo + 1:hi][None], data.aux[lo:hi - 1].float()[None]
+            first = next(unrolled_steps(drafter, ids, drafter.combine(aux), 1))
+            own[lo + 1:hi] = first.logits[0].argmax(-1)
+    held_out = dataclasses.replace(data, labels=own)
+    start = {n: p.detach().clone() for n, p in drafter.named_parameters()}
+    result = train(drafter, data, TrainOptions(steps=6, batch_tokens=256, depth=3, lr=3e-3, select_every=2),
+                   validation=held_out)
+    scores = result.validation
+    assert [v.step for v in scores] == [0, 2, 4, 6] and scores[0].accuracy[0] > 0.95  # bf16 autocast: near-ties
+    assert result.selected_step == 0 and scores[0].score > max(v.score for v in scores[1:])
+    assert all(torch.equal(p, start[n]) for n, p in drafter.named_parameters())  # the start, bit for bit
+
+
+def _eval(**kw):
+    from eaglekit.finetune.evaluate import EvalOptions
+
+    return EvalOptions(**{"limit": 6, "max_new_tokens": 16, "context_tokens": (0,), **kw})
+
+
+@pytest.mark.slow
+def test_a_finetune_resolved_worse_writes_nothing_and_says_why(tmp_path):
+    """The bundled EAGLE-3 drafter on SmolLM2 retrained from scratch for two steps: resolved worse, not written."""
+    from eaglekit.upgrade import UpgradeOptions, upgrade
+
+    target = smollm2_path()
+    source = str(tmp_path / "e3")
+    upgrade(os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3"), source,
+            UpgradeOptions(target=target, fc_norm=False, norm_output=False))
+    out = str(tmp_path / "out")
+    common = ["--target", target, "--data-limit", "8", "--cache-dir", str(tmp_path / "cache"), "--from-scratch",
+              "--steps", "2", "--validation-fraction", "0", "--eval-limit", "4", "--eval-max-new-tokens", "24",
+              "--eval-context-tokens", "0", "--no-progress"]
+    result = run(["finetune", source, out, *common])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "resolved worse than its source" in lines[0] and "--keep-worse" in lines[0], lines
+    assert not os.path.exists(out) and sorted(os.listdir(tmp_path)) == ["cache", "e3"]
+
+    result = run(["finetune", source, out, *common, "--keep-worse", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    paired = doc["evaluation"]["paired"]
+    assert paired[0]["verdict"] == "worse" and paired[0]["interval"]["high"] < 0
+    assert any("--keep-worse" in n for n in doc["notes"])
+    assert load_draft(out).config["eaglekit"]["paired_evaluation"][0]["verdict"] == "worse"
+
+    from eaglekit.hub.push import push
+
+    with pytest.raises(EaglekitError, match="measured worse than its source"):
+        push(out, "org/worse", dry_run=True)
+
+
+def test_the_default_finetune_is_measured_against_its_source(oracle, tmp_path):
+    out = str(tmp_path / "out")
+    report = finetune(oracle["draft"], out, oracle_options(oracle, eval=_eval(context_tokens=(0, 8))))
+    paired = report.evaluation["paired"][0]
+    assert paired["verdict"] != "worse" and report.evaluation["before"][0]["acceptance_length"] == 4.0
+    before, after = report.evaluation["before"][0], report.evaluation["after"][0]
+    assert paired["acceptance_length_difference"] == pytest.approx(
+        after["acceptance_length"] - before["acceptance_length"], abs=1e-3)
+    jsonschema.validate(json.loads(json.dumps(report.to_dict())), SCHEMA)
+
+
+def test_from_scratch_reinitialises_what_it_trains_and_keeps_the_vocabulary_map(env, tmp_path):
+    out = str(tmp_path / "out")
+    draft = make_draft(str(tmp_path / "src"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=512, aux_ids=(1, 2, 4),
+                       target_layers=4, fc_norm=True, norm_output=True, embed=True, frequency_ordered=True)
+    report = finetune(draft, out, options(env, from_scratch=True, train={"steps": 0}))
+    assert any("--from-scratch" in n for n in report.notes)
+    before, after = weights(draft), weights(out)
+    assert torch.equal(before["d2t"], after["d2t"]) and torch.equal(before["embed_tokens.weight"],
+                                                                    after["embed_tokens.weight"])
+    assert torch.all(after["norm.weight"] == 1) and torch.all(after["fc_norm.0.weight"] == 1)
+    assert not torch.equal(before["fc.weight"], after["fc.weight"])
+    assert float(after["fc.weight"].float().std()) == pytest.approx(0.02, rel=0.1)

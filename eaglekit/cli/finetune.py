@@ -130,6 +130,14 @@ class _Progress:
 @click.option("--warm-start", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: before training, set up what upgrade switched on untrained (norm_output: rescale the "
                    "final norm into lm_head; unit fc_norm: least-squares fit).")
+@click.option("--from-scratch", is_flag=True,
+              help="Re-initialise every trained weight (keep the vocabulary map and the target-shared embedding) and "
+                   "train the draft as EAGLE-3.1 from the start: the path to 3.1's gain, with a long schedule.")
+@click.option("--validation-fraction", type=float, default=0.1, show_default=True,
+              help="Share of the captured sequences held out to select the checkpoint (0: keep the last step).")
+@click.option("--select-every", type=int, help="Score the held-out sequences every N steps [default: steps / 10].")
+@click.option("--keep-worse", is_flag=True,
+              help="Write the output even when it is resolved worse than its source on the held-out prompts.")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N] (under torchrun: one GPU per rank).")
 @click.option("--target-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Target dtype for capture and evaluation.")
@@ -153,14 +161,17 @@ class _Progress:
 @format_option
 def finetune_command(draft, out_dir, target, data_file, data_limit, generate, context_tokens, context_every,
                      max_length, code_tokens, hidden_states, captured_ids, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
-                     depth_decay, freeze, precision, seed, warm_start, device, target_dtype, checkpoint_every,
+                     depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
+                     keep_worse, device, target_dtype, checkpoint_every,
                      checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_context_tokens, k, no_eval, plot,
                      force, no_progress, output_format):
     """Fine-tune DRAFT against its target with EAGLE-3's training-time test; write a vLLM-ready draft to OUT.
 
     Self-distillation: the labels are the target's own greedy tokens, the inputs its aux hidden states (captured
-    once and cached). τ on held-out prompts is measured before and after, short and long context. OUT appears
-    only when complete and validated; the source is never modified.
+    once and cached). A share of the captured sequences is held out and the best-scoring step's weights are kept;
+    the result is then paired with its source on held-out prompts (short and long context) and is not written if
+    it is resolved worse (--keep-worse writes it). OUT appears only when complete and validated; the source is
+    never modified.
     """
     from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.evaluate import EvalOptions
@@ -177,12 +188,14 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
                          context_every=context_every, max_length=max_length, code_tokens=code_tokens, hidden_states=hidden_states,
                          captured_ids=aux_ids(captured_ids, "--captured-ids"), cache_dir=cache_dir),
         train=TrainOptions(steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps,
-                           depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed),
+                           depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed,
+                           select_every=select_every),
         eval=None if no_eval else EvalOptions(prompts_file=eval_prompts, limit=eval_limit,
                                               max_new_tokens=eval_max_new_tokens, k=k,
                                               context_tokens=int_list(eval_context_tokens, "--eval-context-tokens", "0,1024")),
         device=device, target_dtype=target_dtype, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-        resume=resume, force=force, plot=plot, warm_start=warm_start,
+        resume=resume, force=force, plot=plot, warm_start=warm_start, from_scratch=from_scratch,
+        validation_fraction=validation_fraction, keep_worse=keep_worse,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
     with _terminate_cleanly(), _Progress(not no_progress and main_rank, sys.stderr.isatty(), steps) as progress:
@@ -214,6 +227,10 @@ def render(doc: dict) -> None:
         ("training", f"{training['steps']} steps in {training['seconds']:.0f} s on {training['world_size']} "
                      f"process(es){resumed}"),
     ]
+    if training.get("selected_step") is not None:
+        best = next(v for v in training["validation"] if v["step"] == training["selected_step"])
+        rows.append(("kept", f"step {training['selected_step']}: held-out chain score {best['score']:.3f}, top-1 by "
+                             "depth " + " ".join(f"{a:.2f}" for a in best["accuracy"])))
     if last:
         rows.append(("final", f"loss {last['loss']:.3f}, top-1 by depth "
                               + " ".join(f"{a:.2f}" for a in last["accuracy"])
@@ -228,13 +245,17 @@ def render(doc: dict) -> None:
         table.add_column("context", justify="right", no_wrap=True)
         table.add_column("before", no_wrap=True)
         table.add_column("after", no_wrap=True)
-        table.add_column("gain", justify="right", no_wrap=True)
+        table.add_column("after − before (paired, 95 %)", justify="right", no_wrap=True)
+        table.add_column("verdict", no_wrap=True)
         before = {e["context_tokens"]: e for e in evaluation["before"]}
-        gains = {g["context_tokens"]: g["acceptance_length_gain"] for g in evaluation["gain"]}
+        paired = {p["context_tokens"]: p for p in evaluation.get("paired", [])}
         for entry in evaluation["after"]:
             c = entry["context_tokens"]
-            style = "green" if gains[c] > 0 else "red"
-            table.add_row(str(c), _tau(before[c]), _tau(entry), styled((f"{gains[c]:+.3f}", style)))
+            p = paired[c]
+            span = f" [{p['interval']['low']:+.3f}, {p['interval']['high']:+.3f}]" if p["interval"] else ""
+            style = {"better": "green", "worse": "red"}.get(p["verdict"], "")
+            table.add_row(str(c), _tau(before[c]), _tau(entry),
+                          styled((f"{p['acceptance_length_difference']:+.3f}{span}", style)), p["verdict"])
         out.print(table)
     warnings = [f for f in doc["findings"] if f["severity"] != "info"]
     if warnings:

@@ -10,6 +10,7 @@ name and renamed, so a partial one is never read as complete.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -95,6 +96,29 @@ class TrainingData:
         return {"source": self.source, "sequences": self.sequences, "positions": self.positions,
                 "sha256": self.digest, "cache": self.cache_path, "reused": self.reused,
                 "seconds": round(self.seconds, 3), "notes": list(self.notes)}
+
+
+def split_validation(data: TrainingData, fraction: float) -> tuple[TrainingData, TrainingData | None]:
+    """(training part, held-out part): every round(1/fraction)-th whole sequence is held out for selecting the
+    checkpoint, so it is never trained on. None when there are too few sequences to spare one."""
+    import torch
+
+    if fraction <= 0 or data.sequences < 2:
+        return data, None
+    every = max(2, round(1 / fraction))
+    picked = [i for i in range(data.sequences) if i % every == every - 1] or [data.sequences - 1]
+    held = set(picked)
+    rest = [i for i in range(data.sequences) if i not in held]
+
+    def subset(indices: list[int], part: str) -> TrainingData:
+        offsets = data.offsets.tolist()
+        rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in indices])
+        lengths = torch.tensor([offsets[i + 1] - offsets[i] for i in indices])
+        return dataclasses.replace(data, tokens=data.tokens[rows], labels=data.labels[rows], aux=data.aux[rows],
+                                   offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+                                   source=f"{data.source} ({part})")
+
+    return subset(rest, "training part"), subset(picked, "held-out part")
 
 
 def default_cache_dir() -> str:

@@ -1,4 +1,5 @@
-"""Held-out acceptance before and after training: verify's own speculative decode on prompts never trained on.
+"""Held-out acceptance of a trained draft against its source: prompts never trained on, both drafts replayed on
+one target pass per prompt (compare), the difference with a paired bootstrap interval.
 
 Greedy speculative decoding is lossless by construction (and verify proves it on the same loop), so only the
 speculative pass runs here: τ and the per-position rates come from vLLM's counter definitions
@@ -7,14 +8,11 @@ speculative pass runs here: τ and the per-position rates come from vLLM's count
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eaglekit.verify.decode import LiveVerifier, speculative_decode
-from eaglekit.verify.eagle import EagleProposer
-from eaglekit.verify.metrics import AcceptanceCounter
-from eaglekit.verify.prompts import Prompt, bundled_prompts, encode, read_prompts
+from eaglekit.verify.prompts import Prompt, bundled_prompts, read_prompts
 
 
 @dataclass(frozen=True)
@@ -26,48 +24,47 @@ class EvalOptions:
     context_tokens: tuple[int, ...] = (0, 1024)  # one setting per entry; 0 = the prompts as they are
 
 
-@dataclass
-class Acceptance:
+@dataclass(frozen=True)
+class Paired:
+    """One context setting: the source (before) and the output (after) on the same prompts, and after − before."""
+
     context_tokens: int
-    prompts: int
-    acceptance_length: float
-    per_position: list[float]
-    drafts: int
+    before: dict[str, Any]  # context_tokens, prompts, acceptance_length, per_position_acceptance, drafts
+    after: dict[str, Any]
+    difference: float
+    interval: dict[str, Any] | None  # 95 % paired bootstrap over prompts
+    verdict: str  # "better" | "worse" | "not resolved" | "too few prompts"
 
     @classmethod
-    def of(cls, counter: AcceptanceCounter, context_tokens: int, prompts: int) -> Acceptance:
-        return cls(context_tokens, prompts, counter.acceptance_length, counter.per_position, counter.drafts)
+    def of(cls, context_tokens: int, row: dict[str, Any], prompts: int) -> Paired:
+        """From a compare row (a = the source, b = the output)."""
+        def side(s: dict[str, Any]) -> dict[str, Any]:
+            return {"context_tokens": context_tokens, "prompts": prompts,
+                    "acceptance_length": round(s["acceptance_length"], 4),
+                    "per_position_acceptance": [round(r, 4) for r in s["per_position_acceptance"]],
+                    "drafts": s["num_drafts"]}
+
+        diff = row["b_minus_a"]
+        verdict = {"B better": "better", "A better": "worse"}.get(diff["verdict"], diff["verdict"])
+        return cls(context_tokens, side(row["a"]), side(row["b"]), diff["acceptance_length_difference"],
+                   diff["interval"], verdict)
+
+    def describe(self) -> str:
+        where = f"+{self.context_tokens} tokens of context" if self.context_tokens else "prompts as they are"
+        span = (f" [{self.interval['low']:+.3f}, {self.interval['high']:+.3f}]" if self.interval else "")
+        return f"τ {self.difference:+.3f}{span} with {where}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"context_tokens": self.context_tokens, "prompts": self.prompts,
-                "acceptance_length": round(self.acceptance_length, 4),
-                "per_position_acceptance": [round(r, 4) for r in self.per_position], "drafts": self.drafts}
+        return {"context_tokens": self.context_tokens, "acceptance_length_difference": round(self.difference, 4),
+                "interval": self.interval, "verdict": self.verdict}
+
+
+def resolved_worse(paired: Sequence[Paired]) -> str | None:
+    """The settings where the output is resolved worse than its source (the whole interval below 0), or None."""
+    worse = [p.describe() for p in paired if p.verdict == "worse"]
+    return "; ".join(worse) or None
 
 
 def held_out_prompts(opts: EvalOptions) -> tuple[str, tuple[Prompt, ...]]:
     prompts = read_prompts(opts.prompts_file) if opts.prompts_file else bundled_prompts()
     return prompts.name, prompts.prompts[: opts.limit]
-
-
-def acceptance(target, drafter, aux_ids: Sequence[int], prompts: Sequence[Prompt], opts: EvalOptions,
-               context_tokens: int, *, on_prompt: Callable[[int, int], None] | None = None) -> Acceptance:
-    """τ of `drafter` on `prompts` with `context_tokens` of verify's long context prepended."""
-    import torch
-
-    counter = AcceptanceCounter(opts.k)
-    eos = target.eos_token_ids
-    was_training = drafter.training
-    drafter.eval()
-    try:
-        with torch.no_grad():
-            for i, prompt in enumerate(prompts):
-                ids = encode(prompt, target.tokenizer, context_tokens=context_tokens, index=i)
-                proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + opts.max_new_tokens + opts.k + 2)
-                run = speculative_decode(LiveVerifier(target, aux_ids), proposer, ids, k=opts.k,
-                                         max_new_tokens=opts.max_new_tokens, eos_ids=eos)
-                counter.merge(run.counter)
-                if on_prompt:
-                    on_prompt(i + 1, len(prompts))
-    finally:
-        drafter.train(was_training)
-    return Acceptance.of(counter, context_tokens, len(prompts))

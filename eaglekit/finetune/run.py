@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
-from eaglekit.errors import CheckpointError, OutputError, UsageError
+from eaglekit.errors import CheckpointError, OutputError, ResolvedWorse, UsageError
 from eaglekit.families import apply_target, load_draft
 from eaglekit.io.dtypes import torch_dtype
 from eaglekit.io.jsonfile import load_json_object
-from eaglekit.finetune.data import DataOptions, TrainingData, build_data, target_identity
-from eaglekit.finetune.evaluate import Acceptance, EvalOptions, acceptance, held_out_prompts
+from eaglekit.finetune.data import DataOptions, TrainingData, build_data, split_validation, target_identity
+from eaglekit.finetune.evaluate import EvalOptions, Paired, held_out_prompts, resolved_worse
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, read_target
 
@@ -43,6 +43,9 @@ class FinetuneOptions:
     force: bool = False
     plot: str | None = None  # PNG path of the loss and per-depth accuracy curves
     warm_start: str = "auto"  # auto: set up what upgrade switched on untrained (eaglekit.finetune.warm_start)
+    validation_fraction: float = 0.1  # captured sequences held out to select the checkpoint
+    from_scratch: bool = False  # re-initialise every trained weight: retrain as EAGLE-3.1
+    keep_worse: bool = False  # write the output even when it is resolved worse than its source
 
 
 @dataclass
@@ -115,21 +118,28 @@ def _fingerprint(hashes: dict[str, str], data: TrainingData, opts: FinetuneOptio
     from eaglekit.finetune.data import content_address
 
     return content_address({"source": hashes, "data": data.digest, "train": _options_dict(opts)["train"],
-                            "warm_start": opts.warm_start})
+                            "warm_start": opts.warm_start, "from_scratch": opts.from_scratch,
+                            "validation_fraction": opts.validation_fraction})
 
 
-def _evaluate(target, drafter, aux_ids, opts: EvalOptions, label: str, on_stage: Stage | None) -> list[Acceptance]:
-    _, prompts = held_out_prompts(opts)
-    results = []
-    for context in opts.context_tokens:
-        what = f"held-out τ {label}" + (f", +{context} tokens of context" if context else "")
-        results.append(acceptance(target, drafter, aux_ids, prompts, opts, context,
-                                  on_prompt=(lambda d, n, w=what: on_stage(w, d, n)) if on_stage else None))
-    return results
+def _paired_evaluation(source: str, output: str, opts: FinetuneOptions, on_stage: Stage | None) -> list[Paired]:
+    """The output against its source on held-out prompts, one target pass per prompt for both (compare)."""
+    from eaglekit.verify.compare import compare_conditions
+    from eaglekit.verify.run import VerifyOptions
+
+    ev = opts.eval
+    verify_opts = VerifyOptions(num_speculative_tokens=ev.k, max_new_tokens=ev.max_new_tokens,
+                                prompts_file=ev.prompts_file, limit=ev.limit, context_tokens=tuple(ev.context_tokens),
+                                device=opts.device, dtype=opts.target_dtype)
+    progress = (lambda done, total, name: on_stage("held-out τ, output vs source (paired)", done, total)) \
+        if on_stage else None
+    sweep = compare_conditions(source, output, opts.target, verify_opts, on_prompt=progress)
+    return [Paired.of(r.settings.context_tokens, r.rows()["all"], len(r.names)) for r in sweep.reports]
 
 
 def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: TrainingData, result,
-                hashes: dict[str, str], target_files: dict[str, str] | None, warm: list[str]) -> dict[str, Any]:
+                hashes: dict[str, str], target_files: dict[str, str] | None, warm: list[str],
+                paired: list[Paired] | None = None) -> dict[str, Any]:
     previous = spec.config.get("eaglekit")
     last = result.history[-1] if result.history else None
     return {
@@ -143,6 +153,8 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "warm_start": warm, "steps": result.steps, "trained_tensors": list(result.trained), "world_size": result.world_size,
         "final_loss": round(last.loss, 6) if last else None,
         "final_accuracy": [round(a, 4) for a in last.accuracy] if last else None,
+        "selected_step": result.selected_step,
+        "paired_evaluation": [p.to_dict() for p in paired] if paired is not None else None,
     }
 
 
@@ -194,19 +206,28 @@ def _check_output(path: str, spec: DraftSpec, info: TargetInfo) -> list[dict[str
     return findings
 
 
-def _write(destination: str, spec: DraftSpec, drafter, trained: set[str], provenance: dict[str, Any],
-           info: TargetInfo, force: bool) -> tuple[list[str], list[dict[str, Any]]]:
+def _write(destination: str, spec: DraftSpec, drafter, trained: set[str],
+           provenance: Callable[[list[Paired] | None], dict[str, Any]], info: TargetInfo, force: bool,
+           judge: Callable[[str], list[Paired] | None]) -> tuple[list[str], list[dict[str, Any]], list[Paired] | None]:
+    """Write into a staging directory, validate it, let `judge` measure it against the source (it raises to
+    refuse), then publish with the measurement in the provenance."""
     from eaglekit.io.writer import StagedDirectory, write_checkpoint_weights, write_json
 
-    metadata = {"format": "pt", "eaglekit": json.dumps(provenance, sort_keys=True)}
-    config = {**spec.config, "eaglekit": provenance}
+    def write(paired: list[Paired] | None) -> None:
+        block = provenance(paired)
+        write_checkpoint_weights(stage.path, tensors, {"format": "pt", "eaglekit": json.dumps(block, sort_keys=True)})
+        write_json(os.path.join(stage.path, "config.json"), {**spec.config, "eaglekit": block})
+
+    tensors = _out_tensors(spec, drafter, trained)
     stage = StagedDirectory(destination, force=force)
     with stage:
-        write_checkpoint_weights(stage.path, _out_tensors(spec, drafter, trained), metadata)
-        write_json(os.path.join(stage.path, "config.json"), config)
+        write(None)
         findings = _check_output(stage.path, spec, info)
+        paired = judge(stage.path)
+        if paired is not None:  # the same weights, with the measurement in their provenance
+            write(paired)
         stage.publish()
-    return sorted(os.listdir(stage.dst)), findings
+    return sorted(os.listdir(stage.dst)), findings, paired
 
 
 def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: Stage | None = None,
@@ -260,29 +281,35 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         head = None if spec.has_lm_head else _target_tensor(opts.target, ("lm_head.weight",))
     drafter = Drafter.from_spec(spec, device=device, dtype=torch.float32, embed_tokens=embed, lm_head=head)
 
-    evaluation: dict[str, list[dict[str, Any]]] = {}
-    eval_opts = opts.eval if target is not None else None
     if opts.eval is not None and target is None:
         notes.append(f"held-out evaluation skipped (--hidden-states: the target is not loaded); measure with "
-                     f"`eaglekit verify {destination} --target {opts.target}`")
-    if eval_opts is not None and ranks.main:
-        t = time.perf_counter()
-        evaluation["before"] = [a.to_dict() for a in _evaluate(target, drafter, aux_ids, eval_opts, "before", on_stage)]
-        timings["eval_before_s"] = time.perf_counter() - t
+                     f"`eaglekit compare {source} {destination} --target {opts.target}`")
+    del target  # compare loads its own; training needs only the captured data
 
     from eaglekit.finetune import warm_start
 
-    warm = warm_start.apply(drafter, spec, data, opts.warm_start)
+    if opts.from_scratch:
+        notes.append(reinitialise(drafter, train_opts.seed))
+        warm = warm_start.WarmStart()
+    else:
+        warm = warm_start.apply(drafter, spec, data, opts.warm_start)
     notes += warm.notes
+    train_data, held_out = split_validation(data, opts.validation_fraction)
+    if held_out is None:
+        why = "--validation-fraction 0" if opts.validation_fraction <= 0 else "too few captured sequences to hold any out"
+        notes.append(f"{why}: the last step's weights are kept")
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     hashes = hash_files(spec.path, source_files(spec))
     checkpoints = Checkpoints(checkpoint_dir, opts.checkpoint_every, _fingerprint(hashes, data, opts))
     t = time.perf_counter()
     drafter.train()
-    result = train(drafter, data, train_opts, ranks=ranks, checkpoints=checkpoints, resume=opts.resume,
-                   on_step=on_step, lr_scales=warm.lr_scales)
+    result = train(drafter, train_data, train_opts, ranks=ranks, checkpoints=checkpoints, resume=opts.resume,
+                   on_step=on_step, lr_scales=warm.lr_scales, validation=held_out)
     drafter.eval()
     timings["train_s"] = time.perf_counter() - t
+    if result.selected_step is not None and result.selected_step != result.steps:
+        notes.append(f"kept the weights of step {result.selected_step} of {result.steps}: the best on the "
+                     f"{held_out.sequences} held-out sequences (teacher-forced chain score)")
     report = FinetuneReport(
         source={"path": spec.path, "given": source, "family": spec.family, "eagle_version": spec.eagle_version},
         output={"path": os.path.abspath(destination), "files": []}, target=opts.target, data=data.to_dict(),
@@ -290,33 +317,71 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     if not ranks.main:
         return report
 
+    eval_opts = None if hidden_states_mode else opts.eval
     if eval_opts is not None:
-        t = time.perf_counter()
-        evaluation["after"] = [a.to_dict() for a in _evaluate(target, drafter, aux_ids, eval_opts, "after", on_stage)]
-        timings["eval_after_s"] = time.perf_counter() - t
         name, prompts = held_out_prompts(eval_opts)
         report.evaluation_prompts = (f"{name} ({len(prompts)} prompts, k={eval_opts.k}, "
                                      f"{eval_opts.max_new_tokens} new tokens)")
-    report.evaluation = evaluation
+
+    def judge(staged: str) -> list[Paired] | None:
+        """The staged output against its source, paired; refuses (nothing is published) when resolved worse."""
+        if eval_opts is None:
+            return None
+        t = time.perf_counter()
+        paired = _paired_evaluation(spec.path, staged, opts, on_stage)
+        timings["eval_s"] = time.perf_counter() - t
+        worse = resolved_worse(paired)
+        if worse and not opts.keep_worse:
+            raise ResolvedWorse(f"not written: the fine-tuned draft is resolved worse than its source on held-out "
+                                f"prompts ({worse}); nothing was written (--keep-worse writes it anyway)",
+                                os.path.abspath(destination))
+        return paired
 
     t = time.perf_counter()
     if on_stage:
         on_stage("writing and validating the output", 0, 1)
     target_files = None if hidden_states_mode else target_identity(opts.target)
-    provenance = _provenance(source, spec, opts, data, result, hashes, target_files, warm.notes)
+
+    def provenance(paired: list[Paired] | None) -> dict[str, Any]:
+        return _provenance(source, spec, opts, data, result, hashes, target_files, notes, paired)
+
     changed = set(result.trained) | warm.changed
-    report.output["files"], report.findings = _write(destination, spec, drafter, changed, provenance, info,
-                                                     opts.force)
-    timings["write_s"] = time.perf_counter() - t
+    report.output["files"], report.findings, paired = _write(destination, spec, drafter, changed, provenance, info,
+                                                             opts.force, judge)
+    if paired is not None:
+        report.evaluation = {"before": [p.before for p in paired], "after": [p.after for p in paired],
+                             "paired": [p.to_dict() for p in paired]}
+        worse = resolved_worse(paired)
+        if worse:
+            notes.append(f"written although resolved worse than its source (--keep-worse): {worse}")
+    timings["write_s"] = time.perf_counter() - t - timings.get("eval_s", 0.0)
     if opts.plot and result.history:
         from eaglekit.finetune.plot import plot_history
 
         report.plot = plot_history(result.history, opts.plot, title=os.path.basename(os.path.abspath(destination)))
     if not opts.checkpoint_dir:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    report.notes = notes + list(data.notes)
     timings["total_s"] = time.perf_counter() - started
     report.timings = timings
     return report
+
+
+def reinitialise(drafter, seed: int) -> str:
+    """Fresh weights for everything the draft trains (HF's Llama initialisation, seeded); the vocabulary map and
+    the embedding shared with the target stay: retraining as EAGLE-3.1 rather than fine-tuning the EAGLE-3
+    function."""
+    import torch
+
+    keep = {n: p.detach().clone() for n, p in drafter.named_parameters() if n.startswith("embed_tokens.")}
+    torch.manual_seed(seed)
+    drafter.reset_parameters()
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name in keep:
+                p.copy_(keep[name])
+    return f"--from-scratch: every trained weight re-initialised (seed {seed}); the vocabulary map and the " \
+           "embedding kept"
 
 
 def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
@@ -330,5 +395,6 @@ def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
         "train": {k: plain(v) for k, v in asdict(opts.train).items()},
         "eval": {k: plain(v) for k, v in asdict(opts.eval).items()} if opts.eval else None,
         "device": opts.device, "target_dtype": opts.target_dtype, "warm_start": opts.warm_start, "checkpoint_every": opts.checkpoint_every,
-        "resume": opts.resume,
+        "resume": opts.resume, "validation_fraction": opts.validation_fraction, "from_scratch": opts.from_scratch,
+        "keep_worse": opts.keep_worse,
     }

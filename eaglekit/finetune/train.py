@@ -21,7 +21,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -62,6 +62,7 @@ class TrainOptions:
     precision: str = "bf16"  # bf16: autocast compute, fp32 master weights; fp32: everything fp32
     seed: int = 0
     log_every: int = 10
+    select_every: int | None = None  # validation every N steps (default: steps // 10); the best state is kept
 
     def check(self) -> None:
         if self.steps < 0:
@@ -77,8 +78,14 @@ class TrainOptions:
         unknown = sorted(set(self.freeze) - set(FREEZE_GROUPS))
         if unknown:
             raise UsageError(f"--freeze {','.join(unknown)}: unknown group; known: {', '.join(FREEZE_GROUPS)}")
+        if self.select_every is not None and self.select_every < 1:
+            raise UsageError("--select-every must be at least 1")
         if self.warmup_steps is not None and not 0 <= self.warmup_steps <= self.steps:
             raise UsageError("--warmup-steps must lie between 0 and --steps")
+
+    @property
+    def selection_interval(self) -> int:
+        return max(1, self.steps // 10) if self.select_every is None else self.select_every
 
     @property
     def warmup(self) -> int:
@@ -102,6 +109,24 @@ class StepRecord:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Validation:
+    """The held-out part of the data, scored at one step."""
+
+    step: int
+    loss: float
+    accuracy: list[float]  # teacher-forced top-1 per depth
+    score: float  # expected accepted length of a chain drafted with these accuracies: 1 + Σ_j Π_{i≤j} acc_i
+
+    @classmethod
+    def of(cls, step: int, loss: float, accuracy: list[float]) -> Validation:
+        chain, score = 1.0, 1.0
+        for a in accuracy:
+            chain *= a
+            score += chain
+        return cls(step, loss, accuracy, score)
+
+
 @dataclass
 class TrainResult:
     history: list[StepRecord]
@@ -112,12 +137,15 @@ class TrainResult:
     seconds: float
     positions_seen: int = 0
     label_coverage: float = 1.0  # share of the target's greedy tokens inside the draft vocabulary
+    validation: list[Validation] = field(default_factory=list)
+    selected_step: int | None = None  # the step whose weights were kept (the best held-out score)
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "resumed_from": self.resumed_from, "trained_tensors": list(self.trained),
                 "world_size": self.world_size, "seconds": round(self.seconds, 3),
                 "positions_seen": self.positions_seen, "label_coverage": round(self.label_coverage, 4),
-                "history": [asdict(r) for r in self.history]}
+                "history": [asdict(r) for r in self.history],
+                "validation": [asdict(v) for v in self.validation], "selected_step": self.selected_step}
 
 
 # ------------------------------------------------------------------ batches
@@ -191,6 +219,37 @@ class UnrolledObjective(nn.Module):
             loss = loss + ce / counts[j].clamp_min(1) * self.depth_decay**j
             correct.append(((logits.argmax(-1) == target) & (target != IGNORE)).sum())
         return loss, torch.stack(correct)
+
+
+def validate(drafter: Drafter, data, depth: int, depth_decay: float, batch_tokens: int, to_draft: torch.Tensor,
+             autocast) -> tuple[float, list[float]]:
+    """(loss, top-1 per depth) on every held-out sequence, teacher forced, without gradients; the same on every
+    rank (each scores the whole held-out part), so the ranks keep the same weights."""
+    device = drafter.norm.weight.device
+    objective = UnrolledObjective(drafter, depth, depth_decay)
+    loss, hits, labelled = 0.0, torch.zeros(depth, dtype=torch.float64), torch.zeros(depth, dtype=torch.float64)
+    lengths = (data.offsets[1:] - data.offsets[:-1]).tolist()
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, batch, rows = [], [], 0
+    for i in order:
+        if batch and rows + lengths[i] > batch_tokens:
+            batches.append(batch)
+            batch, rows = [], 0
+        batch, rows = batch + [i], rows + lengths[i]
+    batches.append(batch)
+    was_training = drafter.training
+    drafter.eval()
+    with torch.no_grad(), autocast:
+        for seqs in batches:
+            ids, labels, aux, width = make_batch(data, seqs, depth, to_draft)
+            counts = label_counts(labels, depth, width).to(device)
+            batch_loss, correct = objective(ids.to(device), labels.to(device), aux.to(device), counts)
+            share = float(counts[0]) / max(1.0, float(sum(lengths)))
+            loss += float(batch_loss) * share
+            hits += correct.double().cpu()
+            labelled += counts.double().cpu()
+    drafter.train(was_training)
+    return loss, [float(v) for v in hits / labelled.clamp_min(1)]
 
 
 # ------------------------------------------------------------------ distributed
@@ -351,8 +410,12 @@ def trainable_parameters(drafter: Drafter, freeze: Sequence[str]) -> dict[str, n
 def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
           checkpoints: Checkpoints = Checkpoints(None), resume: bool = False,
           on_step: Callable[[int, StepRecord | None, dict[str, float]], None] | None = None,
-          lr_scales: dict[str, float] | None = None) -> TrainResult:
+          lr_scales: dict[str, float] | None = None, validation=None) -> TrainResult:
     """Train `drafter` in place on `data` (eaglekit.finetune.data.TrainingData); returns the loss history.
+
+    With `validation` (held-out TrainingData) the drafter is scored on it before training and every
+    `opts.selection_interval` steps, and ends with the weights of the best score: training that does not help
+    the held-out drafts returns the weights it started from.
 
     `on_step(done, record_or_None, live)` is called after every step; `live` holds the step's loss, first-depth
     accuracy and tokens/s (for a progress bar), `record` is set every `log_every` steps and at the end.
@@ -392,6 +455,20 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     began = time.perf_counter()
     window = _Window(opts.depth)
     done, positions = start, 0
+    scores: list[Validation] = []
+    best: dict[str, torch.Tensor] | None = None
+
+    def score(at: int) -> None:
+        nonlocal best
+        if validation is None:
+            return
+        loss, accuracy = validate(drafter, validation, opts.depth, opts.depth_decay, opts.batch_tokens, to_draft,
+                                  autocast)
+        scores.append(Validation.of(at, loss, accuracy))
+        if best is None or scores[-1].score > max(v.score for v in scores[:-1]):
+            best = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
+
+    score(start)
     try:
         for step in range(start, opts.steps):
             t0 = time.perf_counter()
@@ -423,6 +500,8 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
             if ranks.main and checkpoints.directory and checkpoints.every and done % checkpoints.every == 0 \
                     and done < opts.steps:
                 save_checkpoint(checkpoints, done, params, optimizer, history)
+            if done % opts.selection_interval == 0 or done == opts.steps:
+                score(done)
             if on_step is not None:
                 on_step(done, record, live)
     except KeyboardInterrupt:
@@ -431,6 +510,12 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
             raise TrainingInterrupted(f"interrupted after step {done}/{opts.steps}; checkpoint saved; rerun the "
                                       "same command with --resume to continue", path) from None
         raise TrainingInterrupted(f"interrupted after step {done}/{opts.steps}; nothing was saved") from None
+    selected = None
+    if scores:
+        selected = max(scores, key=lambda v: (v.score, -v.step)).step
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(best[name].to(p.device))
     return TrainResult(history=history, steps=done, resumed_from=resumed_from, trained=list(params),
                        world_size=ranks.world, seconds=time.perf_counter() - began, positions_seen=positions,
-                       label_coverage=coverage)
+                       label_coverage=coverage, validation=scores, selected_step=selected)

@@ -30,7 +30,7 @@ from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.hub_client import bounded_hub_client
 from eaglekit.engines import LABELS
 from eaglekit.serving import minimum_versions
-from eaglekit.upgrade.provenance import untrained_warm_start
+from eaglekit.upgrade.provenance import resolved_worse_finetune, untrained_warm_start
 from eaglekit.spec import DraftSpec
 
 log = logging.getLogger(__name__)
@@ -141,13 +141,17 @@ def push(
         raise EaglekitError(f"refusing to push an untrained warm start ({warm_start}): it accepts fewer tokens than "
                             "its source; run `eaglekit finetune DRAFT OUT --target TARGET` first, or pass --force "
                             "(the card then says so)", draft_dir)
+    worse = resolved_worse_finetune(spec.config)
+    if worse and not force:
+        raise EaglekitError(f"refusing to push a draft its finetune measured worse than its source ({worse}); pass "
+                            "--force to publish it anyway", draft_dir)
     target = target or recorded_target(spec)
     unbound = report_mismatches(report, spec, target) if report is not None else []
     if unbound and not force:
         raise EaglekitError(f"refusing to put this verify report in the card: {unbound[0]}; rerun `eaglekit verify` "
                             "on these files, or pass --force (the card then says the figures are for other files)",
                             draft_dir)
-    forced = bool(errors) or bool(warm_start) or bool(unbound)
+    forced = bool(errors) or bool(warm_start) or bool(worse) or bool(unbound)
     warnings = [] if target else ["no target model known: pass --target so the card's serve commands name it"]
     if license_link and license != "other":
         raise UsageError("--license-link names a licence of its own: use it with --license other")

@@ -71,3 +71,15 @@ def untrained_warm_start(config: dict) -> str | None:
     """The summary of the upgrade that changed the function without training, unless a finetune followed."""
     found = untrained_upgrade(config)
     return found[1] if found and found[0] == "warm-start" else None
+
+
+def resolved_worse_finetune(config: dict) -> str | None:
+    """What the newest finetune measured when it wrote a draft resolved worse than its source (--keep-worse)."""
+    block = config.get("eaglekit")
+    if not isinstance(block, dict) or block.get("command") != "finetune":
+        return None
+    paired = block.get("paired_evaluation")
+    worse = [p for p in paired if isinstance(p, dict) and p.get("verdict") == "worse"] if isinstance(paired, list) \
+        else []
+    return "; ".join(f"τ {p.get('acceptance_length_difference')} at +{p.get('context_tokens')} tokens of context"
+                     for p in worse) or None
