@@ -6,8 +6,9 @@ length and prompt template.
     python bench/bench_robustness.py --reference ./eagle3 --drafts tuned=./eagle3.1-tuned scratch=./eagle3.1 \\
         --k 3 --contexts 0,2048 --templates chat,raw
 
-For every k, one `eaglekit compare` sweep per drafter: the target and both drafters are loaded once, the target
-decodes each prompt once per condition (template x context length) and both drafters are replayed on that pass.
+For every k, one sweep for all drafters (eaglekit.verify.compare.compare_against): the target and every drafter
+are loaded once, the target decodes each prompt once per condition (template x context length) and every drafter
+is replayed on that pass.
 A cell is τ(drafter) − τ(reference) on identical text with its paired 95 % bootstrap interval over prompts
 (templates: eaglekit.verify.prompts.TEMPLATES). Figures are printed, never asserted.
 """
@@ -25,7 +26,7 @@ sys.path.insert(0, REPO)
 
 from eaglekit.cli.output import conditions, int_list  # noqa: E402
 from eaglekit.errors import EaglekitError  # noqa: E402
-from eaglekit.verify.compare import compare_conditions  # noqa: E402
+from eaglekit.verify.compare import compare_against  # noqa: E402
 from eaglekit.verify.run import VerifyOptions  # noqa: E402
 
 DRAFTERS = os.path.join(REPO, "examples", "drafters")
@@ -94,17 +95,18 @@ def main(argv=None) -> None:
           "[paired 95 %]")
     print("| drafter | " + " | ".join(f"k={k} {c.label}" for k, c in columns) + " |")
     print("|---|" + "---|" * len(columns))
-    for name, path in drafts.items():
-        start, cells = time.perf_counter(), []
-        for options in grid:
-            try:
-                measured = compare_conditions(args.reference, path, target, options)
-            except EaglekitError as exc:
-                sys.exit(f"error: {exc}")
-            cells += [cell(report.rows()["all"]["b_minus_a"]) for report in measured.reports]
-        print(f"| {name} | {' | '.join(cells)} |", flush=True)
-        print(f"<!-- {name}: {time.perf_counter() - start:.0f} s -->", flush=True)
-
+    cells: dict[str, list[str]] = {name: [] for name in drafts}
+    start = time.perf_counter()
+    for options in grid:
+        try:
+            sweeps = compare_against(args.reference, list(drafts.values()), target, options)
+        except EaglekitError as exc:
+            sys.exit(f"error: {exc}")
+        for name, sweep in zip(drafts, sweeps):
+            cells[name] += [cell(report.rows()["all"]["b_minus_a"]) for report in sweep.reports]
+    for name in drafts:
+        print(f"| {name} | {' | '.join(cells[name])} |")
+    print(f"<!-- {len(drafts)} drafters in {time.perf_counter() - start:.0f} s -->", flush=True)
 
 if __name__ == "__main__":
     main()

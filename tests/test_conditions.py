@@ -258,3 +258,20 @@ def test_each_condition_replays_what_verify_measures_live(tmp_path):
         [p["acceptance_length"] for p in live["conditions"][0]["per_prompt"]])
     for condition in compared["conditions"]:
         assert condition["categories"]["all"]["a"]["acceptance_length"] > 1.2, condition["template"]
+
+
+@pytest.mark.slow
+def test_one_target_pass_for_many_drafts_measures_what_pairs_measure(tmp_path):
+    """compare_against replays every draft on one target decode: each result equals its own pairwise compare."""
+    from eaglekit.verify.compare import compare_against, compare_conditions
+    from eaglekit.verify.run import VerifyOptions
+
+    drafters = os.path.join(REPO, "examples", "drafters")
+    e3, e31 = os.path.join(drafters, "smollm2-135m-eagle3"), os.path.join(drafters, "smollm2-135m-eagle3.1")
+    options = VerifyOptions(limit=2, max_new_tokens=12, context_tokens=(0, 32), template=("chat", "raw"),
+                            device="cpu", dtype="float32")
+    together = compare_against(e3, [e31, e3], smollm2_path(), options)
+    alone = compare_conditions(e3, e31, smollm2_path(), options)
+    assert together[0].to_dict() == alone.to_dict()
+    for report in together[1].reports:  # the reference against itself: identical counters, difference 0
+        assert report.rows()["all"]["b_minus_a"]["acceptance_length_difference"] == 0

@@ -110,6 +110,9 @@ class _Progress:
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Cut longer sequences.")
 @click.option("--code-tokens", type=int, default=0, show_default=True,
               help="Also train on about this many tokens of Python standard-library source (plain text).")
+@click.option("--templates", default="chat", show_default=True,
+              help="Prompt shapes in turn, one per training prompt: chat, system (another system prompt), raw "
+                   "(Q:/A: text without the chat template); e.g. chat,system,raw.")
 @click.option("--hidden-states", type=click.Path(file_okay=False),
               help="Aux states captured by vLLM's extract_hidden_states method (a target too big for this process).")
 @click.option("--captured-ids", help="The eagle_aux_hidden_state_layer_ids vLLM captured into --hidden-states "
@@ -160,7 +163,7 @@ class _Progress:
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
 def finetune_command(draft, out_dir, target, data_file, data_limit, generate, context_tokens, context_every,
-                     max_length, code_tokens, hidden_states, captured_ids, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
+                     max_length, code_tokens, templates, hidden_states, captured_ids, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
                      depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
                      keep_worse, device, target_dtype, checkpoint_every,
                      checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_context_tokens, k, no_eval, plot,
@@ -185,7 +188,9 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
     opts = FinetuneOptions(
         target=target,
         data=DataOptions(data_file=data_file, limit=data_limit, generate=generate, context_tokens=context_tokens,
-                         context_every=context_every, max_length=max_length, code_tokens=code_tokens, hidden_states=hidden_states,
+                         context_every=context_every, max_length=max_length, code_tokens=code_tokens,
+                         templates=tuple(t.strip() for t in templates.replace(" ", ",").split(",") if t.strip()),
+                         hidden_states=hidden_states,
                          captured_ids=aux_ids(captured_ids, "--captured-ids"), cache_dir=cache_dir),
         train=TrainOptions(steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps,
                            depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed,

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
-from eaglekit.verify.prompts import CONTEXT_MODULES, Prompt, encode, parse_jsonl, read_prompts
+from eaglekit.verify.prompts import CONTEXT_MODULES, Prompt, check_template, encode, parse_jsonl, read_prompts
 
 DATA_FORMAT = "1"
 BUNDLED_DATA = "eaglekit/data/prompts/train.jsonl"
@@ -50,11 +50,16 @@ class DataOptions:
     context_every: int = 4
     max_length: int = 2048  # longer sequences are cut
     code_tokens: int = 0  # add about this many tokens of standard-library source as plain text
+    templates: tuple[str, ...] = ("chat",)  # prompt shapes (verify's TEMPLATES), one per prompt in turn
     hidden_states: str | None = None  # states captured elsewhere (vLLM extract_hidden_states files)
     captured_ids: tuple[int, ...] | None = None  # the layer ids vLLM captured into those files (default: the draft's)
     cache_dir: str | None = None  # default: $EAGLEKIT_CACHE/finetune or ~/.cache/eaglekit/finetune
 
     def check(self) -> None:
+        if not self.templates:
+            raise UsageError("--templates needs at least one template")
+        for template in self.templates:
+            check_template(template)
         for name in ("generate", "context_tokens", "code_tokens"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must not be negative")
@@ -64,9 +69,10 @@ class DataOptions:
             raise UsageError("--max-length must be at least 2")
         if self.limit is not None and self.limit < 1:
             raise UsageError("--data-limit must be at least 1")
-        if self.hidden_states and (self.data_file or self.generate or self.context_tokens or self.code_tokens):
+        if self.hidden_states and (self.data_file or self.generate or self.context_tokens or self.code_tokens
+                                   or self.templates != ("chat",)):
             raise UsageError("--hidden-states brings its own sequences: it cannot be combined with --data, "
-                             "--generate, --context-tokens or --code-tokens")
+                             "--generate, --context-tokens, --code-tokens or --templates")
 
 
 @dataclass
@@ -138,11 +144,13 @@ def training_prompts(opts: DataOptions) -> tuple[str, tuple[Prompt, ...]]:
 
 
 def encode_all(prompts: Sequence[Prompt], tokenizer, opts: DataOptions, where: str) -> list[list[int]]:
-    """Token ids per prompt; every `context_every`-th one (from the first) gets long context."""
+    """Token ids per prompt; every `context_every`-th one (from the first) gets long context, and prompt i the
+    template `templates[i % len(templates)]`."""
     out = []
     for i, prompt in enumerate(prompts):
         context = opts.context_tokens if opts.context_tokens and i % opts.context_every == 0 else 0
-        ids = encode(prompt, tokenizer, context_tokens=context, index=i, modules=TRAINING_CONTEXT_MODULES)
+        ids = encode(prompt, tokenizer, context_tokens=context, index=i, modules=TRAINING_CONTEXT_MODULES,
+                     template=opts.templates[i % len(opts.templates)])
         if len(ids) < 2:
             raise CheckpointError(f"record {i + 1} ({prompt.name!r}) encodes to {len(ids)} token(s); "
                                   "training needs at least 2", where)
@@ -323,6 +331,8 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     source = name + (f", target answers up to {opts.generate} tokens" if opts.generate else "")
     if opts.context_tokens:
         source += f", {opts.context_tokens} tokens of context on every {opts.context_every}th"
+    if opts.templates != ("chat",):
+        source += f", templates {'/'.join(opts.templates)} in turn"
     if code:
         source += f", {sum(map(len, code))} tokens of standard-library source"
     return TrainingData(**data, digest=digest, source=source, cache_path=path, reused=reused,

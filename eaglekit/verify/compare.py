@@ -8,7 +8,7 @@ both, and the difference per category comes with a paired bootstrap interval ove
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,10 +136,18 @@ def compare_conditions(draft_a: str, draft_b: str, target: str, options: VerifyO
                        on_prompt: Callable[[int, int, str], None] | None = None) -> CompareSweep:
     """compare under every condition of `options` (each template with each context length); the target and both
     drafters are loaded once."""
+    return compare_against(draft_a, [draft_b], target, options, on_prompt=on_prompt)[0]
+
+
+def compare_against(reference: str, drafts: Sequence[str], target: str, options: VerifyOptions = VerifyOptions(), *,
+                    on_prompt: Callable[[int, int, str], None] | None = None) -> list[CompareSweep]:
+    """Each of `drafts` against `reference` under every condition of `options`: the target decodes each prompt once
+    per condition and every drafter is replayed on that pass, so N drafts cost one target decode, not N. One sweep
+    per draft, in order (A = the reference)."""
     options.check()
     info = read_target(target)
     specs = []
-    for path in (draft_a, draft_b):
+    for path in (reference, *drafts):
         raw = load_draft(path)
         spec = apply_target(raw, info)
         aux_ids, aux_source = resolve_aux_ids(spec, None)
@@ -154,8 +162,8 @@ def compare_conditions(draft_a: str, draft_b: str, target: str, options: VerifyO
                                   lm_head=model.lm_head) for _, spec, _ in specs]
     captured = sorted({i for _, _, ids in specs for i in ids})
     k, conditions = options.num_speculative_tokens, options.conditions
-    reports = []
-    for condition in conditions:
+    sweeps: list[list[CompareReport]] = [[] for _ in drafts]
+    for done, condition in enumerate(conditions):
         measured = [Measured(path, spec.eagle_version, list(ids)) for path, spec, ids in specs]
         names, categories, conversations = [], [], []
         for prompt, ids, plain in turns(prompts, model, options.at(condition), lookahead=k + 1):
@@ -170,8 +178,9 @@ def compare_conditions(draft_a: str, draft_b: str, target: str, options: VerifyO
             conversations.append(prompt.conversation or prompt.name)
             if on_prompt is not None:
                 label = f"{condition.label}: {prompt.name}" if len(conditions) > 1 else prompt.name
-                on_prompt(prompts.turns * len(reports) + len(names), prompts.turns * len(conditions), label)
+                on_prompt(prompts.turns * done + len(names), prompts.turns * len(conditions), label)
         settings = DecodeSettings(target, k, options.max_new_tokens, str(model.dtype).replace("torch.", ""),
                                   str(model.device), prompts.name, condition.context_tokens, condition.template)
-        reports.append(CompareReport(settings, names, categories, conversations, *measured))
-    return CompareSweep(reports)
+        for sweep, m in zip(sweeps, measured[1:]):
+            sweep.append(CompareReport(settings, names, categories, conversations, measured[0], m))
+    return [CompareSweep(reports) for reports in sweeps]
