@@ -1,0 +1,142 @@
+"""EAGLE-3.1's gain reached the way it is reached: retraining as 3.1 (`finetune --from-scratch`), against the same
+retrain as EAGLE-3, over several seeds, measured where 3.1 acts.
+
+    python bench/bench_from_scratch.py                               # 3 seeds, 300 steps, k=3, 0/1024, chat/raw
+    python bench/bench_from_scratch.py --seeds 0,1,2,3 --steps 500 --k 3,6 --contexts 0,1024,2048
+
+Both drafters start from the bundled EAGLE-3 SmolLM2 drafter: its lossless upgrade (EAGLE-3 flags) and its default
+upgrade (EAGLE-3.1 flags, the function-preserving start). `finetune --from-scratch` re-initialises every trained
+weight of each (keeping the vocabulary map and the target-shared embedding) and trains it with the same data,
+steps, depth and seed; only the function differs. The data are finetune's own pipeline on the bundled training
+prompts: the target's greedy answers, long context on every fifth prompt, standard-library source, and the
+prompt templates of --train-templates in turn.
+
+Every drafter is replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition
+(eaglekit.verify.compare.compare_against). Printed: each drafter minus the source, and per seed the EAGLE-3.1
+retrain minus the EAGLE-3 retrain (paired on the same prompts), with the mean and the spread over seeds, so a
+gain is read against what the seed alone moves. Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+SOURCE = os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", help="SmolLM2 directory (default: .cache/smollm2, materialised if missing)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--depth", type=int, default=4, help="training-time test depth (at least the k served)")
+    p.add_argument("--lr", type=float, default=2e-3, help="the bundled drafters were trained at 2e-3")
+    p.add_argument("--data-limit", type=int, default=256, help="bundled training prompts")
+    p.add_argument("--generate", type=int, default=64)
+    p.add_argument("--code-tokens", type=int, default=48000)
+    p.add_argument("--train-templates", default="chat", help="prompt templates of the training data, in turn")
+    p.add_argument("--k", default="3")
+    p.add_argument("--contexts", default="0,1024")
+    p.add_argument("--templates", default="chat,raw")
+    p.add_argument("--limit", type=int, default=8, help="held-out prompts (of the 16 bundled coding prompts)")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--work", help="folder for the drafts (default: a temporary one)")
+    p.add_argument("--cache-dir", help="captured-data cache (default: finetune's)")
+    return p.parse_args(argv)
+
+
+def cell(point: float, interval) -> str:
+    return f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" if interval else f"{point:+.3f}"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    import torch
+
+    from eaglekit.cli.output import conditions, int_list
+    from eaglekit.finetune.data import DataOptions
+    from eaglekit.finetune.run import FinetuneOptions, finetune
+    from eaglekit.finetune.train import TrainOptions
+    from eaglekit.upgrade import UpgradeOptions, upgrade
+    from eaglekit.verify.compare import compare_against
+    from eaglekit.verify.run import VerifyOptions
+    from eaglekit.verify.stats import paired_difference
+    from examples.smollm2 import materialize_smollm2
+
+    seeds, ks = int_list(args.seeds, "--seeds", "0,1,2"), int_list(args.k, "--k", "3")
+    sweep = conditions(args.contexts, args.templates)
+    target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
+    work = args.work or tempfile.mkdtemp(prefix="bench-from-scratch-")
+    os.makedirs(work, exist_ok=True)
+    print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+          f"torch {torch.__version__}; drafts in {work}")
+
+    starts = {"EAGLE-3": os.path.join(work, "eagle3"), "EAGLE-3.1": os.path.join(work, "eagle31-start")}
+    upgrade(SOURCE, starts["EAGLE-3"], UpgradeOptions(target=target, fc_norm=False, norm_output=False, force=True))
+    upgrade(SOURCE, starts["EAGLE-3.1"], UpgradeOptions(target=target, force=True))
+    data = DataOptions(limit=args.data_limit, generate=args.generate, context_tokens=384, context_every=5,
+                       code_tokens=args.code_tokens, cache_dir=args.cache_dir,
+                       templates=tuple(t for t in args.train_templates.split(",") if t))
+    drafts = {"default upgrade (EAGLE-3.1 flags, EAGLE-3 function)": starts["EAGLE-3.1"]}
+    for seed in seeds:
+        for function, start in starts.items():
+            out = os.path.join(work, f"{function.lower().replace('.', '')}-seed{seed}")
+            t = time.perf_counter()
+            report = finetune(start, out, FinetuneOptions(
+                target=target, data=data, eval=None, force=True, from_scratch=True, keep_worse=True,
+                train=TrainOptions(steps=args.steps, depth=args.depth, lr=args.lr, seed=seed)))
+            last = report.training["history"][-1]
+            print(f"{function} from scratch, seed {seed}: {time.perf_counter() - t:.0f} s, kept step "
+                  f"{report.training['selected_step']}, final loss {last['loss']:.3f}, top-1 by depth "
+                  + " ".join(f"{a:.2f}" for a in last["accuracy"]), flush=True)
+            drafts[f"{function} from scratch, seed {seed}"] = out
+
+    print(f"held out: the first {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, float32; "
+          "every drafter replayed beside the bundled EAGLE-3 source on one target decode per prompt, paired 95 % "
+          "bootstrap over prompts")
+    names = list(drafts)
+    columns, rows, gains = [], {n: [] for n in names}, {s: [] for s in seeds}
+    for k in ks:
+        options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=args.max_new_tokens, limit=args.limit,
+                                device="cpu", dtype="float32", **sweep)
+        t = time.perf_counter()
+        sweeps = compare_against(SOURCE, [drafts[n] for n in names], target, options)
+        print(f"<!-- k={k}: {len(names)} drafters in {time.perf_counter() - t:.0f} s -->", flush=True)
+        for index, condition in enumerate(options.conditions):
+            columns.append(f"k={k} {condition.label}")
+            reports = {n: s.reports[index] for n, s in zip(names, sweeps)}
+            for n, report in reports.items():
+                diff = report.rows()["all"]["b_minus_a"]
+                rows[n].append(f"{diff['acceptance_length_difference']:+.3f}"
+                               + (f" [{diff['interval']['low']:+.3f}, {diff['interval']['high']:+.3f}]"
+                                  if diff["interval"] else ""))
+            for seed in seeds:
+                e3 = reports[f"EAGLE-3 from scratch, seed {seed}"]
+                e31 = reports[f"EAGLE-3.1 from scratch, seed {seed}"]
+                point, interval = paired_difference(e3.b.counters, e31.b.counters, e3.conversations)
+                gains[seed].append((point, interval))
+    print("\n| drafter − bundled EAGLE-3 | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for n in names:
+        print(f"| {n} | {' | '.join(rows[n])} |")
+    print("\n| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired) | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for seed in seeds:
+        print(f"| seed {seed} | {' | '.join(cell(p, i) for p, i in gains[seed])} |")
+    means = [statistics.mean(gains[s][c][0] for s in seeds) for c in range(len(columns))]
+    spreads = [(min(gains[s][c][0] for s in seeds), max(gains[s][c][0] for s in seeds)) for c in range(len(columns))]
+    print(f"| mean over {len(seeds)} seeds (min .. max) | "
+          + " | ".join(f"{m:+.3f} ({lo:+.3f} .. {hi:+.3f})" for m, (lo, hi) in zip(means, spreads)) + " |")
+
+
+if __name__ == "__main__":
+    main()
