@@ -28,16 +28,18 @@ step eaglekit verify "$OUT/smollm2-eagle3-vllm" --target "$TARGET" --limit 4 --m
 step eaglekit push "$OUT/smollm2-eagle3-vllm" --repo-id your-org/SmolLM2-135M-Instruct-EAGLE3 \
     --target HuggingFaceTB/SmolLM2-135M-Instruct --report "$OUT/verify.json" --dry-run
 
-# EAGLE-3 -> EAGLE-3.1. The default upgrade calibrates fc_norm on the target and switches on norm_output, which
-# changes every draft step after the first: untrained, the chain falls apart after the first token.
-step eaglekit upgrade "$DRAFT" "$OUT/smollm2-eagle3.1-untrained" --target "$TARGET"
-# finetune trains that function: the target's own greedy tokens as labels, its aux states captured once and
-# cached, a warm start, then EAGLE-3's training-time test; tau on held-out prompts before and after.
-step eaglekit finetune "$OUT/smollm2-eagle3.1-untrained" "$OUT/smollm2-eagle3.1" --target "$TARGET" \
+# EAGLE-3 -> EAGLE-3.1. The default upgrade calibrates fc_norm on the target, switches on norm_output and folds
+# the final norm into lm_head, so the output keeps the EAGLE-3 function (measured: top-1 agreement per draft step).
+step eaglekit upgrade "$DRAFT" "$OUT/smollm2-eagle3.1-start" --target "$TARGET"
+# finetune trains it: the target's own greedy tokens as labels, its aux states captured once and cached, EAGLE-3's
+# training-time test, the best step on held-out sequences kept; then paired with its input on held-out prompts,
+# and not written if it is resolved worse.
+step eaglekit finetune "$OUT/smollm2-eagle3.1-start" "$OUT/smollm2-eagle3.1" --target "$TARGET" \
     --data-limit 96 --generate 48 --steps 30 --eval-limit 4 --eval-max-new-tokens 48 --eval-context-tokens 0 \
     --cache-dir "$OUT/finetune-cache"
-# The fine-tuned EAGLE-3.1 draft against its EAGLE-3 source, paired on one target pass per prompt.
+# The EAGLE-3.1 draft against its EAGLE-3 source, paired on one target pass per prompt, with and without the chat
+# template.
 step eaglekit compare "$OUT/smollm2-eagle3-vllm" "$OUT/smollm2-eagle3.1" --target "$TARGET" --limit 4 \
-    --max-new-tokens 48
+    --max-new-tokens 48 --template chat,raw
 # Speed in the dtype that is fast on this CPU (bfloat16).
 step eaglekit verify "$OUT/smollm2-eagle3.1" --target "$TARGET" --limit 4 --max-new-tokens 48 --dtype bfloat16

@@ -427,3 +427,24 @@ def test_from_scratch_reinitialises_what_it_trains_and_keeps_the_vocabulary_map(
     assert torch.all(after["norm.weight"] == 1) and torch.all(after["fc_norm.0.weight"] == 1)
     assert not torch.equal(before["fc.weight"], after["fc.weight"])
     assert float(after["fc.weight"].float().std()) == pytest.approx(0.02, rel=0.1)
+
+
+def test_a_run_killed_while_its_output_is_measured_leaves_no_output(env, tmp_path):
+    """SIGTERM (what timeout and schedulers send) while the staged output is paired with its source: no OUT, no
+    staging folder, no checkpoint folder left beside it."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "eaglekit", "finetune", env["draft"], str(out), "--target", env["target"], "--data",
+            env["data"], "--cache-dir", env["cache"], "--steps", "2", "--batch-tokens", "256", "--eval-limit", "16",
+            "--eval-max-new-tokens", "64", "--eval-context-tokens", "0"]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+    deadline = time.monotonic() + 300
+    for line in proc.stderr:
+        if "output vs source" in line or time.monotonic() > deadline:
+            break
+    assert "output vs source" in line  # the staged output exists and is being measured
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert os.listdir(tmp_path) == []
