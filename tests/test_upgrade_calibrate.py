@@ -284,3 +284,15 @@ def test_a_draft_that_borrows_the_head_stays_a_warm_start(tiny_target, tmp_path)
     report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir))
     assert report.function == "warm-start" and report.start is None
     assert any("borrows the target's lm_head" in w for w in report.warnings)
+
+
+def test_the_eagle3_function_start_is_publishable_and_its_card_says_it_is_untrained_as_31(tiny_target, tmp_path):
+    from eaglekit.hub.push import push
+
+    target_dir, vocab = tiny_target
+    src = make_draft(str(tmp_path / "src"), "vllm", vocab=vocab, draft_vocab=None, aux_ids=(1, 2, 3),
+                     target_layers=4)
+    assert upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target_dir)).function == "eagle3-function"
+    result = push(str(tmp_path / "out"), "org/start", target=target_dir, dry_run=True)
+    assert not result.forced
+    assert "Not yet trained as EAGLE-3.1" in result.card and "untrained warm start" not in result.card
