@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
-from eaglekit.errors import OutputError, UsageError
+from eaglekit.errors import OutputError
+from eaglekit.plotting import pyplot, save_figure
 
 
 def plot_history(history: Sequence, path: str, *, title: str) -> str:
     """Write the two panels to `path` (atomically) and return its absolute path."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'eaglekit[plot]'") from None
+    plt = pyplot()
     if not history:
         raise OutputError("no training steps were recorded, nothing to plot", path)
     steps = [r.step for r in history]
@@ -29,15 +23,4 @@ def plot_history(history: Sequence, path: str, *, title: str) -> str:
     right.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    path = os.path.abspath(path)
-    tmp = f"{path}.partial-{os.getpid()}.png"
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise OutputError(f"cannot write the plot ({exc.strerror or exc})", path) from None
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

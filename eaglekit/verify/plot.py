@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eaglekit.errors import OutputError, UsageError
+from eaglekit.plotting import MATPLOTLIB_MISSING, pyplot, save_figure
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.report import Condition, VerifySweep
 from eaglekit.verify.stats import pooled
@@ -19,7 +20,6 @@ from eaglekit.verify.stats import pooled
 if TYPE_CHECKING:
     from eaglekit.verify.compare import CompareSweep
 
-MATPLOTLIB_MISSING = "--plot needs matplotlib: pip install 'eaglekit[plot]'"
 STYLES = ("-", "--", ":", "-.")  # one per draft; colours tell the templates apart
 
 
@@ -85,13 +85,7 @@ def check_plot_path(path: str, sources: Sequence[str]) -> None:
 def plot_conditions(series: Sequence[Line], path: str, *, title: str) -> str:
     """Write τ and one panel per draft position against context length to `path` (atomically); its absolute
     path."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError(MATPLOTLIB_MISSING) from None
+    plt = pyplot()
     if not series:
         raise OutputError("nothing was measured, nothing to plot", path)
     k = len(series[0].per_position[0])
@@ -117,15 +111,4 @@ def plot_conditions(series: Sequence[Line], path: str, *, title: str) -> str:
         unused.set_visible(False)
     fig.suptitle(title)
     fig.tight_layout()
-    path = os.path.abspath(path)
-    tmp = f"{path}.partial-{os.getpid()}.png"
-    try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise OutputError(f"cannot write the plot ({exc.strerror or exc})", path) from None
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
