@@ -253,8 +253,11 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
     eagle3, tuned = drafter(source), drafter(upgraded)
     with_weights = upgrade(source, str(tmp_path / "up-rescaled"), UpgradeOptions(target=env["target"], fc_norm=False))
     assert with_weights.function == "eagle3-function"  # upgrade set the start up itself: nothing left to do here
-    assert warm_start.apply(drafter(str(tmp_path / "up-rescaled")), load_draft(str(tmp_path / "up-rescaled")), data,
-                            "auto") == warm_start.WarmStart()
+    rescaled = warm_start.apply(drafter(str(tmp_path / "up-rescaled")), load_draft(str(tmp_path / "up-rescaled")),
+                                data, "auto")
+    c = with_weights.start.scale  # the head and norm it rescaled keep their relative step sizes
+    assert not rescaled.changed
+    assert rescaled.lr_scales == {"norm.weight": pytest.approx(c, rel=1e-5), "lm_head.weight": pytest.approx(1 / c, rel=1e-5)}
     warm = warm_start.apply(tuned, load_draft(upgraded), data, "auto")
     assert warm.changed == {"norm.weight", "lm_head.weight"} and "pre-norm RMS" in warm.notes[0]
     c = float(tuned.norm.weight.detach()[0])

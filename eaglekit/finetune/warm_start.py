@@ -14,6 +14,7 @@ import torch
 
 from eaglekit.errors import UsageError
 from eaglekit.spec import DraftSpec
+from eaglekit.upgrade.provenance import norm_output_scale
 
 CALIBRATION_ROWS = 8192
 MODES = ("auto", "none")
@@ -104,4 +105,8 @@ def apply(drafter, spec: DraftSpec, data, mode: str) -> WarmStart:
                          "so norm_output feeds back the EAGLE-3 state up to its per-token magnitude")
             changed |= {"norm.weight", "lm_head.weight"}
             result.lr_scales.update({"norm.weight": c, "lm_head.weight": 1.0 / c})
+    elif drafter.lm_head is not None and (c := norm_output_scale(spec.config)) is not None:
+        notes.append(f"the final norm (weight {c:.4g}) and lm_head (divided by it) that upgrade's norm_output "
+                     "rescale wrote train at the relative step sizes they had before it")
+        result.lr_scales.update({"norm.weight": c, "lm_head.weight": 1.0 / c})
     return result

@@ -67,6 +67,20 @@ def untrained_upgrade(config: dict) -> tuple[str, str] | None:
     return None
 
 
+def norm_output_scale(config: dict) -> float | None:
+    """c of the newest upgrade that folded the final norm into lm_head (the norm_output rescale), through any
+    finetunes since: the scale the draft's head and final norm still carry."""
+    block = config.get("eaglekit")
+    seen = 0
+    while isinstance(block, dict) and seen < 64:
+        rescale = block.get("norm_output_rescale")
+        if block.get("command") == "upgrade" and isinstance(rescale, dict):
+            scale = rescale.get("scale")
+            return float(scale) if isinstance(scale, (int, float)) and scale > 0 else None
+        block, seen = block.get("source_provenance"), seen + 1
+    return None
+
+
 def untrained_warm_start(config: dict) -> str | None:
     """The summary of the upgrade that changed the function without training, unless a finetune followed."""
     found = untrained_upgrade(config)
