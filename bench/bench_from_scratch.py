@@ -49,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--templates", default="chat,raw")
     p.add_argument("--limit", type=int, default=8, help="held-out prompts (of the 16 bundled coding prompts)")
     p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--also", nargs="+", default=[], metavar="NAME=PATH",
+                   help="more drafters measured in the same replay (e.g. an upgrade fine-tuned as it is)")
     p.add_argument("--work", help="folder for the drafts (default: a temporary one)")
     p.add_argument("--cache-dir", help="captured-data cache (default: finetune's)")
     return p.parse_args(argv)
@@ -87,6 +89,7 @@ def main(argv=None) -> None:
                        code_tokens=args.code_tokens, cache_dir=args.cache_dir,
                        templates=tuple(t for t in args.train_templates.split(",") if t))
     drafts = {"default upgrade (EAGLE-3.1 flags, EAGLE-3 function)": starts["EAGLE-3.1"]}
+    drafts.update(item.split("=", 1) for item in args.also)
     for seed in seeds:
         for function, start in starts.items():
             out = os.path.join(work, f"{function.lower().replace('.', '')}-seed{seed}")
