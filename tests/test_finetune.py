@@ -216,6 +216,7 @@ def test_usage_errors(env, tmp_path):
     base = ["finetune", env["draft"], str(tmp_path / "out"), "--target", env["target"], "--no-progress"]
     for extra, message in ((["--steps", "-1"], "--steps must not be negative"),
                            (["--freeze", "fc,wings"], "unknown group"),
+                           (["--validation-fraction", "1"], "--validation-fraction must lie in [0, 1)"),
                            (["--freeze", "fc,fc_norm,layers,head,embed"], "leaves nothing to train"),
                            (["--resume", "--data", env["data"], "--cache-dir", env["cache"], "--no-eval"],
                             "no checkpoint to resume from")):

@@ -246,6 +246,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     opts = FinetuneOptions(**{**opts.__dict__, "train": train_opts})
     train_opts.check()
     opts.data.check()
+    if not 0 <= opts.validation_fraction < 1:
+        raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
     info = read_target(opts.target)
     spec = _source_spec(source, info)
     refuse_overlap(spec.path, destination)
