@@ -20,7 +20,6 @@ from eaglekit.cli.output import (
     styled,
     target_path,
 )
-from eaglekit.cli.upgrade import _terminate_cleanly
 from eaglekit.errors import UsageError
 
 EXAMPLES = """
@@ -203,7 +202,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         validation_fraction=validation_fraction, keep_worse=keep_worse,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
-    with _terminate_cleanly(), _Progress(not no_progress and main_rank, sys.stderr.isatty(), steps) as progress:
+    with _Progress(not no_progress and main_rank, sys.stderr.isatty(), steps) as progress:
         report = finetune(draft, out_dir, opts, on_stage=progress.on_stage, on_step=progress.on_step)
     if report.rank:
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import signal
 import sys
 import warnings
 
@@ -31,7 +32,7 @@ def exit_status(exc: Exception) -> int:
     """The exit status of a library failure: usage errors 2, an interrupted training 130, everything else 1."""
     from eaglekit.errors import TrainingInterrupted, UsageError
 
-    return 2 if isinstance(exc, UsageError) else 130 if isinstance(exc, TrainingInterrupted) else 1
+    return 2 if isinstance(exc, UsageError) else _interrupted_status() if isinstance(exc, TrainingInterrupted) else 1
 
 
 OPTIONAL_MODULES = {"torch": "torch", "transformers": "torch", "gguf": "gguf",
@@ -60,10 +61,37 @@ class LazyGroup(click.Group):
             ctx.fail(f"No such command {name!r}.{hint}")
         return super().resolve_command(ctx, args)
 
+    def invoke(self, ctx: click.Context):
+        """Ctrl-C and SIGTERM reach the command's own cleanup as KeyboardInterrupt; here they become the
+        interrupted exit (130, or 143 for SIGTERM) before Click turns them into a bare "Aborted."."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted() from None
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, _, help_text) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+class Interrupted(Exception):
+    """A command stopped by SIGINT or SIGTERM whose cleanup raised nothing more specific."""
+
+
+_TERMINATED = False
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM (what `timeout`, schedulers and `kill` send) unwinds exactly like Ctrl-C: staged outputs are removed,
+    training saves its checkpoint."""
+    global _TERMINATED
+    _TERMINATED = True
+    raise KeyboardInterrupt
+
+
+def _interrupted_status() -> int:
+    return 128 + (signal.SIGTERM if _TERMINATED else signal.SIGINT)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -124,13 +152,23 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI: expected failures become one line on stderr (exit 1, usage 2); EAGLEKIT_DEBUG=1 re-raises.
 
     Anything unexpected is one line too (an internal error, exit 1), so no input can end in a traceback."""
-    from eaglekit.errors import EaglekitError
-
     args = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get("EAGLEKIT_DEBUG") == "1"
     _safe_streams()
     if not debug:  # library warnings (torch, numpy, transformers) are not eaglekit's findings: they would add lines
         warnings.simplefilter("ignore")
+    global _TERMINATED
+    _TERMINATED = False
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _run(args, debug)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: list[str], debug: bool) -> None:
+    from eaglekit.errors import EaglekitError
+
     try:
         rv = cli.main(args=args, prog_name="eaglekit", standalone_mode=False)
     except EaglekitError as exc:
@@ -147,12 +185,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
+    except (KeyboardInterrupt, Interrupted):
+        if debug:
+            raise
+        signal_name = "SIGTERM" if _TERMINATED else "Ctrl-C"
+        _fail(f"Error: interrupted ({signal_name}); no output was left behind", _interrupted_status(), "Interrupted", args)
     except ModuleNotFoundError as exc:
         module = (exc.name or "").split(".")[0]
-        if module not in OPTIONAL_MODULES or os.environ.get("EAGLEKIT_DEBUG") == "1":
+        if module not in OPTIONAL_MODULES or debug:
             raise
         _fail(f"Error: this command needs {module}, which is not installed: "
               f"pip install 'eaglekit[{OPTIONAL_MODULES[module]}]'", 1, "MissingDependency", args)

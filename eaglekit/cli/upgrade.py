@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import signal
 import sys
 from contextlib import contextmanager
 
@@ -49,19 +48,6 @@ def parse_size(text: str) -> int:
     if not m or unit not in _UNITS:
         raise UsageError(f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB or 2GiB")
     return int(float(m.group(1)) * _UNITS[unit])
-
-
-@contextmanager
-def _terminate_cleanly():
-    """SIGTERM unwinds like an exception, so the staging directory is removed (a kill -9 leaves it hidden)."""
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
@@ -136,7 +122,7 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
         subfolder=subfolder, revision=revision, device=device,
     )
     show_bar = output_format == "human" and not dry_run and sys.stderr.isatty()
-    with _terminate_cleanly(), _progress(show_bar) as (on_start, advance):
+    with _progress(show_bar) as (on_start, advance):
         report = upgrade(src, dst, options, progress=advance, on_start=on_start)
     doc = report.to_dict()
     if output_format == "json":

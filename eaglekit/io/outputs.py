@@ -1,0 +1,60 @@
+"""The one rule for every path a command writes: it never is, holds or lies inside a source, a target, the output
+being published, or another path the same command writes.
+
+Every command hands all its writes (the output, plots, reports, cards, checkpoints, caches) and everything it reads
+to `refuse_clobber` before it does any work. The check is on resolved paths (symlinks followed, hard links
+compared by inode), and `--force` does not lift it: --force replaces an earlier output, never an input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from eaglekit.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Role:
+    """A path and what it is to the command ("source", "target", "--plot", "output", ...)."""
+
+    name: str
+    path: str
+
+
+def _resolved(path: str) -> str:
+    return os.path.realpath(os.path.abspath(os.path.expanduser(path)))
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Two names of one file (a hard link): realpath cannot see it, the inode can."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether writing `a` can touch `b` or the other way round: equal, one inside the other, or one file."""
+    ra, rb = _resolved(a), _resolved(b)
+    return _inside(ra, rb) or _inside(rb, ra) or _same_file(a, b)
+
+
+def refuse_clobber(writes: Iterable[Role], reads: Iterable[Role]) -> None:
+    """Refuse (usage error, before any work) a written path that overlaps anything read or any other write."""
+    written = [w for w in writes if w.path]
+    read = [r for r in reads if r.path]
+    for i, w in enumerate(written):
+        for r in read:
+            if overlaps(w.path, r.path):
+                raise UsageError(f"{w.name} {w.path} overlaps the {r.name} {r.path}: eaglekit never writes into "
+                                 f"what it reads (--force included); choose another path")
+        for other in written[i + 1:]:
+            if overlaps(w.path, other.path):
+                raise UsageError(f"{w.name} {w.path} overlaps {other.name} {other.path}: each output needs its "
+                                 "own path")
