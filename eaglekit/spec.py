@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from eaglekit.config_view import ConfigProblem
 from eaglekit.io.dtypes import element_count
 from eaglekit.target import TargetInfo
 
@@ -112,6 +113,7 @@ class SourceFacts:
     norm_before_residual_forced: bool = False  # true written by a converter, not by training (ModelOpt, P12)
     norm_output_meaning_versioned: bool = False  # norm_output's meaning changed between producer releases (P35)
     vllm_layout: bool = False  # vLLM's own flat layout (what upgrade writes)
+    config_problems: tuple[ConfigProblem, ...] = ()  # written values of the wrong type or range (never defaulted)
 
 
 def eagle_version(fc_norm: bool, norm_output: bool) -> str:

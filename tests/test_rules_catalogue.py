@@ -30,6 +30,7 @@ HYBRID = ["linear_attention", "linear_attention", "linear_attention", "full_atte
 
 
 TOP = {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}
+FP8 = {"quantization_config": {"quant_method": "fp8"}}
 
 
 def draft(p: Path, layout: str = "vllm", **kw) -> str:
@@ -151,8 +152,16 @@ CASES = [
          lambda p: draft(p, add={"layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)})),
     Case("EK105", lambda p: draft(p, config_patch={"head_dim": 8}), lambda p: draft(p)),
     Case("EK106", lambda p: rewrite_tensors(draft(p), _d2t_as_i32), lambda p: draft(p), label="int32-d2t"),
-    Case("EK106", lambda p: draft(p, add={"norm.weight": np.arange(64, dtype=np.int64)}), lambda p: draft(p),
+    Case("EK159", lambda p: draft(p, add={"norm.weight": np.arange(64, dtype=np.int64)}), lambda p: draft(p),
          label="integer-norm"),
+    Case("EK159", lambda p: draft(p, config_patch=FP8, add={"norm.weight": np.zeros(64, bool)}),
+         lambda p: draft(p, config_patch=FP8), label="bool-beside-quantization"),
+    Case("EK158", lambda p: draft(p, config_patch=FP8, add={"layers.0.mlp.nothing.weight_scale": np.ones(1, np.float32)}),
+         lambda p: draft(p, config_patch=FP8, add={"layers.0.mlp.up_proj.weight_scale": np.ones(128, np.float32)}),
+         label="scale-of-no-weight"),
+    Case("EK158", lambda p: draft(p, config_patch=FP8, add={"lm_head.weight_zero_point": np.zeros((16, 2), np.int64)}),
+         lambda p: draft(p, config_patch=FP8, add={"lm_head.weight_zero_point": np.zeros(128, np.int64)}),
+         label="head-zero-point-not-per-row"),
     Case("EK107", lambda p: renamed(draft(p, layers=2), lambda n: n.replace("layers.1.input_layernorm", "layers.1.hidden_norm")),
          lambda p: draft(p, layers=2)),
     Case("EK108", lambda p: draft(p, add={"layers.0.0.mlp.gate_proj.weight": np.ones((4, 4), np.float32)}),
@@ -242,6 +251,14 @@ CASES = [
     Case("EK157", lambda p: edit_config(draft(p, "speculators"),
                                         lambda c: c["transformer_layer_config"].update(head_dim=0)),
          lambda p: draft(p, "speculators"), label="speculators-head-dim"),
+    Case("EK324", lambda p: draft(p, config_patch={"rope_scaling": {"rope_type": "banana", "factor": 2.0}}),
+         lambda p: draft(p, config_patch={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}), label="unknown-type"),
+    Case("EK324", lambda p: draft(p, config_patch={"rope_scaling": {"type": "yarn", "factor": -1.0,
+                                                                    "original_max_position_embeddings": 4096}}),
+         lambda p: draft(p), label="negative-factor"),
+    Case("EK325", lambda p: draft(p, config_patch={"quantization_config": {"quant_method": "banana"}}),
+         lambda p: draft(p, config_patch=FP8)),
+    Case("EK326", lambda p: draft(p, config_patch={"rms_norm_eps": 1e308}), lambda p: draft(p)),
     Case("EK305", lambda p: renamed(draft(p, "modelopt-megatron", layers=2), lambda n: n.replace("midlayer.", "layers.")),
          lambda p: draft(p, layers=2)),
     Case("EK306", lambda p: draft(p, draft_vocab=None, add={"d2t": np.zeros(256, np.int64)}),

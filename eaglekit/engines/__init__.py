@@ -57,6 +57,38 @@ VLLM_OTHER_DRAFT_METHODS: dict[str, str] = {
     "MuseGlimmer": "MuseGlimmer",
 }
 VLLM_D2T_OPTIONAL = (0, 30, 0)  # from here draft_id_to_target_id exists only when Vd < V
+
+
+@dataclass(frozen=True)
+class ConfigAcceptance:
+    """The config values an engine builds a draft from: anything else it refuses, or computes garbage with."""
+
+    rope_types: frozenset[str]  # rope_type (or legacy `type`) values its RoPE factory builds
+    rope_factor_types: frozenset[str]  # the types that scale by `factor` (which must then be a number > 0)
+    quant_methods: frozenset[str]  # quantization_config.quant_method values it knows
+    rms_norm_eps_max: float  # the largest eps with which RMSNorm still normalises
+
+
+VLLM_ACCEPTS = ConfigAcceptance(
+    # get_rope (rotary_embedding/__init__.py, 0.33) raises "Unknown RoPE scaling type" for anything else; "su" and
+    # "mrope" are legacy names its config patch maps to longrope and default
+    rope_types=frozenset({"default", "llama3", "mllama4", "linear", "ntk", "dynamic", "xdrope", "yarn",
+                          "deepseek_yarn", "deepseek_llama_scaling", "longrope", "openpangu", "su", "mrope"}),
+    rope_factor_types=frozenset({"llama3", "linear", "ntk", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}),
+    # QUANTIZATION_METHODS over the releases modelled (0.21 .. 0.33); ModelConfig calls .get on the object and
+    # raises "Unknown quantization method" for a method outside the list
+    quant_methods=frozenset({
+        "awq", "auto_awq", "fp8", "fbgemm_fp8", "ptpc_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+        "modelopt_mixed", "gguf", "gptq", "auto_gptq", "gptq_marlin", "gptq_marlin_24", "gptq_bitblas", "awq_marlin",
+        "bitblas", "compressed-tensors", "bitsandbytes", "experts_int8", "quark", "moe_wna16", "torchao", "inc",
+        "auto-round", "rtn", "hqq", "mxfp4", "gpt_oss_mxfp4", "petit_nvfp4", "deepseek_v4_fp8", "cpu_awq", "humming",
+        "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+        "nvfp4_per_token", "mxfp8", "tpu_int8", "deepspeedfp", "ipex",
+    }),
+    # released drafts and targets use 1e-5 or 1e-6; past 1e-2 eps outweighs the mean square of a token embedding
+    # in the first layer's input norm, and past 3.4e38 the float32 kernel turns it into inf (every norm output 0)
+    rms_norm_eps_max=1e-2,
+)
 # the attention kind each vLLM class builds
 CLASS_ATTENTION = {"llama": "llama", "qwen3": "qwen3", "deepseek": "mla"}
 # vLLM's speculators path forces the class from transformer_layer_config.model_type

@@ -65,7 +65,7 @@ def apply_target(spec: DraftSpec, target: TargetInfo) -> DraftSpec:
                         f"{spec.aux.location}; id {target.num_layers} = L of the target cannot be output-of-layer, "
                         "so all ids are read as input-of-layer")
         spec = dataclasses.replace(spec, aux=aux)
-    if spec.aux.ids is None and spec.aux.as_written is None:
+    if spec.aux.ids is None and spec.aux.location is None:  # not written at all (a wrong list is reported, EK157)
         default = target.default_aux_ids
         aux = AuxLayers(default, None, "input", spec.family == "eagle", "default",
                         f"engine default (2, L//2, L-3) for target L={target.num_layers}")

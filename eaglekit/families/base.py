@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglekit.config_view import as_ids, int_at, nested
+from eaglekit.config_view import as_ids, config_problems, flag_at, int_at, nested, number_at
 from eaglekit.errors import CheckpointError
 from eaglekit.families.names import FC_NORM, canonical_name, layer_index, name_forms
 from eaglekit.io.checkpoint import CheckpointFiles
@@ -122,8 +122,8 @@ def family(name: str, priority: int, traits: Traits | None = None):
 
 
 def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
-    top = as_ids(obs.config.get("eagle_aux_hidden_state_layer_ids"))
-    nested = as_ids(obs.eagle_config.get("eagle_aux_hidden_state_layer_ids"))
+    places = {"top-level": obs.config, "eagle_config": obs.eagle_config}
+    top, nested = (as_ids(places[p].get("eagle_aux_hidden_state_layer_ids")) for p in ("top-level", "eagle_config"))
     written, location = None, None
     for key in traits.aux_keys:
         candidate = top if key == "top-level" else nested
@@ -133,6 +133,9 @@ def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
     if written is not None and top is not None and nested is not None:
         location = "both"
     if written is None:
+        unreadable = [p for p in traits.aux_keys if places[p].get("eagle_aux_hidden_state_layer_ids") is not None]
+        if unreadable:  # written, but not as layer ids: reported (EK157), never read as "not recorded"
+            return AuxLayers(None, None, None, False, unreadable[0], f"{unreadable[0]}, not a list of layer ids")
         return AuxLayers(None, None, None, False, None, "not recorded in the checkpoint")
 
     convention, known = traits.aux_convention, traits.aux_convention is not None
@@ -146,17 +149,6 @@ def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
     ids = tuple(i + 1 for i in written) if convention == "output" else written
     how = f"{traits.producer} convention" if known else "heuristic: first id " + str(written[0])
     return AuxLayers(ids, written, convention, known, location, f"{location}, {convention}-of-layer ({how})")
-
-
-def _number(key: str, value: Any, path: str) -> float:
-    """A config number as float; anything else is a one-line error naming the key (not a TypeError)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CheckpointError(f"{key} must be a number, not {value!r}", path)
-    return float(value)
-
-
-def _flag(cfg: dict, key: str) -> bool:
-    return bool(cfg.get(key, False))
 
 
 def read_tensors(obs: Observed, traits: Traits) -> tuple[dict[str, TensorRef], list[int], list[int]]:
@@ -263,9 +255,8 @@ def read_geometry(obs: Observed, tensors: dict[str, TensorRef], layer_ids: list[
         )
     rope_scaling = lcfg.get("rope_scaling") if isinstance(lcfg.get("rope_scaling"), dict) else None
     rope_params = lcfg.get("rope_parameters") if isinstance(lcfg.get("rope_parameters"), dict) else None
-    rope_theta = lcfg.get("rope_theta")
-    if rope_theta is None and rope_params:
-        rope_theta = rope_params.get("rope_theta")
+    theta_home = lcfg if lcfg.get("rope_theta") is not None else (rope_params or {})
+    rope_theta_written = theta_home.get("rope_theta") is not None
     if rope_scaling is None and rope_params and rope_params.get("rope_type", "default") != "default":
         rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
     sliding = int_at(lcfg, "sliding_window") if lcfg.get("use_sliding_window", "layer_types" in lcfg) else None
@@ -277,8 +268,8 @@ def read_geometry(obs: Observed, tensors: dict[str, TensorRef], layer_ids: list[
         num_heads=n_heads,
         num_kv_heads=n_kv,
         head_dim=head_dim,
-        rms_norm_eps=_number("rms_norm_eps", lcfg.get("rms_norm_eps") or 1e-6, files.config_path),
-        rope_theta=_number("rope_theta", rope_theta if rope_theta is not None else 10000.0, files.config_path),
+        rms_norm_eps=number_at(lcfg, "rms_norm_eps", 1e-6),
+        rope_theta=number_at(theta_home, "rope_theta", 10000.0),
         rope_scaling=rope_scaling,
         max_position_embeddings=int_at(lcfg, "max_position_embeddings"),
         attention_bias=bool(lcfg.get("attention_bias", False)),
@@ -286,7 +277,7 @@ def read_geometry(obs: Observed, tensors: dict[str, TensorRef], layer_ids: list[
         mla=mla,
     )
     return GeometryReading(geometry, k, fc_in if t else None, tuple(fc_norm_ids), cfg_h, cfg_layers, k_cfg, t_cfg,
-                           rope_theta is not None)
+                           rope_theta_written)
 
 
 def read_vocabulary(obs: Observed, tensors: dict[str, TensorRef]) -> tuple[VocabMap, int | None, int | None]:
@@ -304,14 +295,15 @@ def read_vocabulary(obs: Observed, tensors: dict[str, TensorRef]) -> tuple[Vocab
 
 
 def read_flags(obs: Observed) -> Flags:
-    """The EAGLE-3.1 and norm flags as written (norm_before_fc: eagle_config first)."""
+    """The EAGLE-3.1 and norm flags as written (norm_before_fc: eagle_config first). A value that is not a JSON
+    boolean reads as not written here and is reported by `config_problems`."""
     cfg, ec = obs.config, obs.eagle_config
-    nbr = cfg.get("norm_before_residual")
+    nbf = flag_at(ec, "norm_before_fc")
     return Flags(
-        fc_norm=_flag(cfg, "fc_norm") or _flag(cfg, "use_aux_norm"),
-        norm_output=_flag(cfg, "norm_output"),
-        norm_before_fc=bool(ec.get("norm_before_fc", cfg.get("norm_before_fc", False))),
-        norm_before_residual=nbr if isinstance(nbr, bool) else None,
+        fc_norm=bool(flag_at(cfg, "fc_norm") or flag_at(cfg, "use_aux_norm")),
+        norm_output=bool(flag_at(cfg, "norm_output")),
+        norm_before_fc=bool(flag_at(cfg, "norm_before_fc") if nbf is None else nbf),
+        norm_before_residual=flag_at(cfg, "norm_before_residual"),
     )
 
 
@@ -340,6 +332,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         norm_before_residual_forced=traits.norm_before_residual_forced,
         norm_output_meaning_versioned=traits.norm_output_meaning_versioned,
         vllm_layout=traits.vllm_layout,
+        config_problems=config_problems(cfg, obs.layer_config),
     )
     dtypes = Counter(t.dtype for t in tensors.values() if t.dtype in FLOAT_DTYPES)
     return DraftSpec(

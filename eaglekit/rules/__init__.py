@@ -36,7 +36,8 @@ from eaglekit.rules.registry import GROUPS, Rule, RuleContext, registered
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
-__all__ = ["GROUPS", "Rule", "ValidationReport", "all_rules", "expected_tensors", "run_rules", "tensor_expectations"]
+__all__ = ["GROUPS", "Rule", "ValidationReport", "all_rules", "expected_tensors", "run_rules", "tensor_expectations",
+           "upgrade_refusals"]
 DEFAULT_GROUPS = ("structure", "target", "engine")
 
 
@@ -165,6 +166,18 @@ def run_rules(
     settings = {e: engine_settings(spec, e, target) for e in checked}
     clashes = conflicts(spec, tuple(checked), target) if len(checked) > 1 else []
     return ValidationReport(spec.path, findings, ran, checked, fixes, settings, clashes)
+
+
+def upgrade_refusals(spec: DraftSpec, engine: str | None = None) -> list[Finding]:
+    """The errors upgrade refuses a source for: the hits of the `refuses_upgrade` rules, engine-neutral ones and
+    those of `engine` (the output's, at its latest modelled version). validate reports the very same findings."""
+    contexts = {None: RuleContext(spec, spec.target, None, None)}
+    if engine is not None:
+        contexts[engine] = RuleContext(spec, spec.target, engine, parse_version(LATEST[engine]))
+    return [Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key,
+                    r.refuses_load if hit.refuses_load is None else hit.refuses_load)
+            for r in all_rules() if r.refuses_upgrade and r.engine in contexts
+            for hit in r.check(contexts[r.engine])]
 
 
 # what `eaglekit upgrade --to` writes for each engine (tokenspeed reads the vLLM layout, given its capture flag)

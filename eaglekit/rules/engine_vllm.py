@@ -8,6 +8,7 @@ from eaglekit.config_view import REPO_ID
 from eaglekit.engines import (
     CLASS_ATTENTION,
     VLLM,
+    VLLM_ACCEPTS,
     VLLM_D2T_OPTIONAL,
     VLLM_OLDEST_KNOWN,
     format_version,
@@ -20,6 +21,7 @@ from eaglekit.rules.facts import (
     examples,
     fmt_ids,
     layer_config,
+    layer_key,
     names_in_source,
 )
 from eaglekit.rules.registry import Hit, RuleContext, rule
@@ -265,3 +267,53 @@ def implicit_keys(ctx: RuleContext):
     if absent:
         yield Hit(f"not written explicitly: {', '.join(absent)}; a vLLM-ready config spells them out so no class "
                   "has to infer them")
+
+
+def _rope_problem(value: dict) -> str | None:
+    """Why vLLM's RoPE factory cannot build from this rope_scaling / rope_parameters object."""
+    kind = value.get("rope_type", value.get("type", "default"))
+    if not isinstance(kind, str) or kind not in VLLM_ACCEPTS.rope_types:
+        return f"type {kind!r} is not one vLLM builds ({', '.join(sorted(VLLM_ACCEPTS.rope_types))})"
+    factor = value.get("factor")
+    scaled = kind in VLLM_ACCEPTS.rope_factor_types or (kind == "dynamic" and "alpha" not in value)
+    if (scaled or "factor" in value) and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                          or not 0 < factor < float("inf")):
+        return f"{kind} scaling needs a factor that is a number > 0, not {factor!r}"
+    return None
+
+
+@rule("EK324", "error", "engine", None, "RoPE scaling vLLM cannot build", engine=VLLM, refuses_load=True,
+      refuses_upgrade=True)
+def rope_scaling(ctx: RuleContext):
+    lcfg = layer_config(ctx.spec)
+    for key in ("rope_scaling", "rope_parameters"):
+        value = lcfg.get(key)
+        if isinstance(value, dict) and (why := _rope_problem(value)):  # not an object at all: EK157
+            yield Hit(f"{layer_key(ctx.spec, key)}: {why}; {_v(ctx)} fails to build the draft's rotary embedding",
+                      key=layer_key(ctx.spec, key))
+
+
+@rule("EK325", "error", "engine", None, "quantization_config vLLM cannot read", engine=VLLM, refuses_load=True,
+      refuses_upgrade=True)
+def quantization_method(ctx: RuleContext):
+    value = ctx.spec.config.get("quantization_config")
+    if not isinstance(value, dict):
+        return  # absent, or not an object: EK157
+    method = value.get("quant_method")
+    known = isinstance(method, str) and method.lower().replace("compressed_tensors", "compressed-tensors") \
+        in VLLM_ACCEPTS.quant_methods
+    if not known:
+        yield Hit(f"quantization_config.quant_method {method!r} is not a method {_v(ctx)} knows: it refuses the draft "
+                  "(write the method the weights were quantised with, e.g. fp8, modelopt, compressed-tensors)",
+                  key="quantization_config.quant_method")
+
+
+@rule("EK326", "error", "engine", None, "rms_norm_eps too large for RMSNorm to normalise", engine=VLLM,
+      refuses_upgrade=True)
+def norm_eps(ctx: RuleContext):
+    eps = ctx.spec.geometry.rms_norm_eps
+    if eps > VLLM_ACCEPTS.rms_norm_eps_max:
+        yield Hit(f"rms_norm_eps is {eps:g}, above {VLLM_ACCEPTS.rms_norm_eps_max:g}: eps then outweighs the mean "
+                  f"square of the states it normalises (and past 3.4e38 {_v(ctx)}'s float32 kernel makes it inf, "
+                  "zeroing every norm); write the eps the draft was trained with",
+                  key=layer_key(ctx.spec, "rms_norm_eps"))

@@ -11,7 +11,17 @@ from dataclasses import dataclass
 from eaglekit.spec import DraftSpec
 
 ROTARY_BUFFERS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-QUANT_SUFFIXES = ("_scale", "_scale_2", ".weight_zero_point", ".weight_g_idx")
+WEIGHT_COMPANIONS = ("weight_scale", "weight_scale_2", "input_scale", "weight_zero_point", "input_zero_point",
+                     "weight_g_idx")
+"""Quantisation tensors that belong to the weight `<module>.weight` of the same module (ModelOpt, compressed-tensors)."""
+CACHE_SCALES = ("k_scale", "v_scale", "q_scale", "prob_scale")
+"""Per-tensor attention-cache scales of `layers.{i}.self_attn`."""
+ROW_INDEXED = ("weight_scale", "weight_zero_point")  # may hold one entry (or block) per weight row
+COLUMN_INDEXED = ("weight_g_idx",)  # one entry per input column: a row transform leaves it as it is
+ROW_TRANSFORMED = ("lm_head.weight",)  # the weights whose rows upgrade may move (sorting a frequency-ordered d2t)
+QUANTISED_WEIGHT_DTYPES = ("I8", "U8", "F4")  # int8 and packed 4-bit weights, beside their scales
+SCALE_DTYPES = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E8M0")
+INDEX_DTYPES = ("I8", "U8", "I32", "U32", "I64")  # zero points and group indices
 
 
 @dataclass(frozen=True)
@@ -116,10 +126,58 @@ def expected_tensors(spec: DraftSpec) -> dict[str, tuple[int | None, ...]]:
 
 
 def tolerated_extra(spec: DraftSpec, name: str) -> bool:
-    """Names vLLM's loader drops by itself, and quantisation scales of a draft that declares its quantisation."""
-    if name.endswith(ROTARY_BUFFERS):
-        return True
-    return "quantization_config" in spec.config and name.endswith(QUANT_SUFFIXES)
+    """Names vLLM's loader drops by itself, and the quantisation tensors of a draft that declares its quantisation
+    (their own problems are EK158's)."""
+    return name.endswith(ROTARY_BUFFERS) or quant_companion(spec, name) is not None
+
+
+@dataclass(frozen=True)
+class QuantCompanion:
+    """A quantisation tensor beside a weight: how a transform of that weight's rows must treat it."""
+
+    name: str
+    weight: str | None  # the weight it belongs to (None: an attention-cache scale, or none found)
+    follows_rows: bool  # one entry (or block row) per weight row: it moves with them; otherwise copied as is
+    problem: str | None  # why no conversion can carry it faithfully (None: it can)
+
+
+def _companion_dtypes(suffix: str) -> tuple[str, ...]:
+    if suffix in COLUMN_INDEXED:
+        return INDEX_DTYPES
+    return INDEX_DTYPES + SCALE_DTYPES if "zero_point" in suffix else SCALE_DTYPES
+
+
+def quant_companion(spec: DraftSpec, name: str) -> QuantCompanion | None:
+    """The quantisation tensor `name` is, in a draft with a quantization_config; None for any other tensor.
+    Each is either carried completely by upgrade, or has a `problem` that validate reports and upgrade refuses."""
+    module, _, suffix = name.rpartition(".")
+    if not isinstance(spec.config.get("quantization_config"), dict) or suffix not in WEIGHT_COMPANIONS + CACHE_SCALES:
+        return None
+    ref = spec.tensors[name]
+    shape = list(ref.shape)
+    if suffix in CACHE_SCALES:
+        fine = module.endswith(".self_attn") and ref.numel == 1 and ref.dtype in SCALE_DTYPES
+        return QuantCompanion(name, None, False, None if fine else
+                              f"{name} {ref.dtype} {shape} is not one floating-point scale of an attention module")
+    weight = f"{module}.weight"
+    base = spec.tensors.get(weight)
+    if base is None:
+        return QuantCompanion(name, None, False, f"{name} belongs to no weight: there is no {weight}")
+    if ref.dtype not in _companion_dtypes(suffix):
+        return QuantCompanion(name, weight, False, f"{name} is {ref.dtype}, not a {suffix} dtype "
+                                                   f"({', '.join(_companion_dtypes(suffix))})")
+    if suffix in ROW_INDEXED and ref.numel > 1 and base.shape and shape and shape[0] == base.shape[0]:
+        return QuantCompanion(name, weight, True, None)
+    row_free = ref.numel == 1 or (suffix in COLUMN_INDEXED and len(base.shape) == 2 and shape == [base.shape[1]])
+    if row_free or weight not in ROW_TRANSFORMED:
+        return QuantCompanion(name, weight, False, None)  # one value, per column, or of a weight only ever copied
+    return QuantCompanion(name, weight, False, f"{name} {shape} is neither one value nor one entry per row of {weight} "
+                                               f"{list(base.shape)}, so it cannot follow those rows when the "
+                                               "vocabulary map is sorted")
+
+
+def quant_companions(spec: DraftSpec) -> list[QuantCompanion]:
+    return [c for name in sorted(spec.tensors) if (c := quant_companion(spec, name)) is not None]
 
 
 def shape_matches(actual: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:

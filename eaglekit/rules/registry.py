@@ -84,6 +84,7 @@ class Rule:
     check: Check | None = field(default=None, repr=False, compare=False)
     refuses_load: bool = False  # a hit means the engine's loader raises on these files (not a silent misreading)
     convertible: bool = True  # engine rules: `eaglekit upgrade` can write what the engine needs
+    refuses_upgrade: bool = False  # an error here is what `eaglekit upgrade` refuses the source for (one rule, both)
 
     def to_dict(self) -> dict:
         return {"code": self.code, "severity": self.severity, "group": self.group, "engine": self.engine,
@@ -94,18 +95,22 @@ _RULES: dict[str, Rule] = {}
 
 
 def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, engine: str | None = None,
-         refuses_load: bool = False, convertible: bool = True):
+         refuses_load: bool = False, convertible: bool = True, refuses_upgrade: bool = False):
     """Register a check under a stable code; `refuses_load`: the engine will not load a draft this rule hits;
-    `convertible=False`: no rewrite of the files serves the draft on that engine (a function it lacks)."""
+    `convertible=False`: no rewrite of the files serves the draft on that engine (a function it lacks);
+    `refuses_upgrade`: upgrade will not convert a source this rule hits (header-only error rules)."""
     if severity not in SEVERITIES or group not in GROUPS:
         raise ValueError(f"rule {code}: bad severity {severity!r} or group {group!r}")
     if (group == "engine") != (engine is not None):
         raise ValueError(f"rule {code}: engine rules, and only they, name an engine")
+    if refuses_upgrade and (severity != "error" or group not in ("structure", "engine")):
+        raise ValueError(f"rule {code}: only header-level error rules can refuse an upgrade")
 
     def register(fn: Check) -> Check:
         if code in _RULES:
             raise ValueError(f"rule code {code} registered twice")
-        _RULES[code] = Rule(code, severity, group, pitfall, title, engine, fn, refuses_load, convertible)
+        _RULES[code] = Rule(code, severity, group, pitfall, title, engine, fn, refuses_load, convertible,
+                            refuses_upgrade)
         return fn
 
     return register

@@ -6,14 +6,15 @@ from eaglekit.config_view import int_at
 from eaglekit.families.names import layer_index
 from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.rules.expected import (
+    QUANTISED_WEIGHT_DTYPES,
     format_shape,
+    quant_companions,
     shape_matches,
     tolerated_extra,
 )
 from eaglekit.rules.facts import (
     DEDICATED,
     DOUBLE_INDEX,
-    eagle_config,
     examples,
     fmt_ids,
     layer_config,
@@ -107,7 +108,6 @@ def tensor_shapes(ctx: RuleContext):
 @rule("EK106", "error", "structure", "P24", "a tensor has the wrong dtype")
 def tensor_dtypes(ctx: RuleContext):
     spec = ctx.spec
-    quantised = "quantization_config" in spec.config
     for e in ctx.expectations:
         ref = spec.tensors.get(e.name)
         if ref is None:
@@ -116,8 +116,29 @@ def tensor_dtypes(ctx: RuleContext):
             yield Hit(f"{e.name} is {ref.dtype}; vLLM and SGLang expect int64 offsets", tensor=e.name)
         elif e.kind == "bool" and ref.dtype != "BOOL":
             yield Hit(f"{e.name} is {ref.dtype}; expected a bool mask", tensor=e.name)
-        elif e.kind == "float" and ref.dtype not in FLOAT_DTYPES and not quantised:
-            yield Hit(f"{e.name} is {ref.dtype}, not a floating-point weight", tensor=e.name)
+
+
+@rule("EK159", "error", "structure", "P24", "a weight tensor that holds no floating-point values",
+      refuses_upgrade=True)
+def weight_dtypes(ctx: RuleContext):
+    spec = ctx.spec
+    quantised = isinstance(spec.config.get("quantization_config"), dict)
+    for e in ctx.expectations:
+        ref = spec.tensors.get(e.name)
+        if ref is None or e.kind != "float" or ref.dtype in FLOAT_DTYPES:
+            continue
+        if quantised and ref.dtype in QUANTISED_WEIGHT_DTYPES:
+            continue  # int8 / packed 4-bit weights with their scales (EK158 judges those)
+        allowed = f"; a quantised draft may hold {', '.join(QUANTISED_WEIGHT_DTYPES)} weights" if quantised else ""
+        yield Hit(f"{e.name} is {ref.dtype}, not a floating-point weight (engines cannot compute with it{allowed})",
+                  tensor=e.name)
+
+
+@rule("EK158", "error", "structure", None, "a quantisation tensor no conversion can carry", refuses_upgrade=True)
+def quantisation_tensors(ctx: RuleContext):
+    for c in quant_companions(ctx.spec):
+        if c.problem:
+            yield Hit(c.problem, tensor=c.name)
 
 
 @rule("EK107", "error", "structure", "P32", "a layer >= 1 keeps its input norm under hidden_norm")
@@ -500,47 +521,7 @@ def untrained_warm_start(ctx: RuleContext):
                   key="eaglekit")
 
 
-POSITIVE_INT_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size", "target_hidden_size",
-                     "num_aux_hidden_states", "max_position_embeddings")
-POSITIVE_FLOAT_KEYS = ("rms_norm_eps", "rope_theta")
-BOOL_KEYS = ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual", "tie_word_embeddings",
-             "attention_bias", "use_aux_hidden_state")
-ID_LIST_KEYS = ("eagle_aux_hidden_state_layer_ids",)
-MAX_CONFIG_INT = 2**31 - 1  # every engine stores these in int32 or smaller
-
-
-def _wrong_value(key: str, value) -> str | None:
-    """Why a written config value cannot mean what the key needs, or None when it is fine (null = not written)."""
-    if value is None:
-        return None
-    if key in POSITIVE_INT_KEYS:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"must be an integer, not {type(value).__name__}"
-        return None if 1 <= value <= MAX_CONFIG_INT else f"must lie in 1..{MAX_CONFIG_INT}"
-    if key in POSITIVE_FLOAT_KEYS:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"must be a number, not {type(value).__name__}"
-        return None if value > 0 and value != float("inf") else "must be a finite positive number"
-    if key in BOOL_KEYS:
-        return None if isinstance(value, bool) else f"must be true or false, not {type(value).__name__}"
-    if key in ID_LIST_KEYS:
-        if not isinstance(value, list) or not value:
-            return "must be a non-empty list of layer ids"
-        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_CONFIG_INT for i in value):
-            return "must hold only non-negative integer layer ids"
-    return None
-
-
-@rule("EK157", "error", "structure", None, "config value of the wrong type or range")
+@rule("EK157", "error", "structure", None, "config value of the wrong type or range", refuses_upgrade=True)
 def config_value_types(ctx: RuleContext):
-    spec = ctx.spec
-    places = [("", spec.config), ("eagle_config.", eagle_config(spec))]
-    if layer_config(spec) is not spec.config:
-        places.append(("transformer_layer_config.", layer_config(spec)))
-    for prefix, cfg in places:
-        for key in POSITIVE_INT_KEYS + POSITIVE_FLOAT_KEYS + BOOL_KEYS + ID_LIST_KEYS:
-            if key in cfg and (why := _wrong_value(key, cfg[key])):
-                shown = repr(cfg[key])
-                shown = shown if len(shown) <= 40 else shown[:37] + "..."
-                yield Hit(f"{prefix}{key} = {shown} {why}; engines misread or refuse it", key=prefix + key)
+    for problem in ctx.spec.facts.config_problems:
+        yield Hit(f"{problem.message}; engines misread or refuse it", key=problem.key)

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.rules.expected import quant_companions
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 from eaglekit.upgrade.encode import FLOAT_CASTABLE, is_exact_cast
@@ -187,6 +188,8 @@ def _norm_output_rescale(spec: DraftSpec, target: TargetInfo | None, added: bool
     odd = sorted({r.dtype for r in spec.tensors.values()} - set(RESCALABLE_DTYPES))
     if odd:
         return f"the draft holds {', '.join(odd)} tensors, which the reference drafter does not run"
+    if quant_companions(spec):
+        return "the draft is quantised: its scales were set for the states the rescale would change"
     return None
 
 
@@ -249,7 +252,23 @@ def _function(spec: DraftSpec, fc_norm_init: str | None, norm_output_added: bool
     return level, [why for _, why in changes]
 
 
+def refuse_unconvertible(spec: DraftSpec, to: str) -> None:
+    """Stop before anything is decided when the source has an error no conversion can carry (a config value of the
+    wrong type or range, a quantisation tensor without a faithful place, a non-float weight, a value the output's
+    engine refuses): the same findings validate reports, never a default in their place."""
+    from eaglekit.engines import LLAMACPP
+    from eaglekit.rules import upgrade_refusals
+    from eaglekit.upgrade.dialects import get_dialect
+
+    refusals = upgrade_refusals(spec, LLAMACPP if to == "gguf" else get_dialect(to).ENGINE)
+    if refusals:
+        first = refusals[0]
+        more = f" (and {len(refusals) - 1} more: eaglekit validate lists them)" if len(refusals) > 1 else ""
+        raise CheckpointError(f"[{first.code}] {first.message}{more}; refusing to upgrade", spec.path)
+
+
 def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> Decisions:
+    refuse_unconvertible(spec, opts.to)
     warnings: list[str] = []
     if "fc.weight" not in spec.tensors:
         raise CheckpointError("no fc.weight: an EAGLE-1-style draft without aux hidden states cannot become "

@@ -13,6 +13,7 @@ from typing import Any
 
 from eaglekit.errors import CheckpointError
 from eaglekit.families.names import FC_NORM, layer_index
+from eaglekit.rules.expected import quant_companions
 from eaglekit.spec import DraftSpec
 from eaglekit.upgrade.decide import Decisions
 from eaglekit.upgrade.encode import FLOAT_CASTABLE
@@ -31,7 +32,6 @@ LAYER_SUFFIXES = frozenset({
 })
 TOP_LEVEL = frozenset({"fc.weight", "input_norm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight"})
 ROTARY = re.compile(r"(^|\.)rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
-QUANT_SCALE = re.compile(r"\.(weight_scale|weight_scale_2|input_scale|k_scale|v_scale|q_scale|scale)$")
 
 
 @dataclass(frozen=True)
@@ -92,13 +92,9 @@ def _known(name: str) -> bool:
     return False
 
 
-def _is_quant_scale(name: str, spec: DraftSpec) -> bool:
-    return "quantization_config" in spec.config and bool(QUANT_SCALE.search(name))
-
-
 def build_plan(spec: DraftSpec, d: Decisions, vocab: VocabPlan, dialect: ModuleType) -> UpgradePlan:
-    unknown = sorted(n for n in spec.tensors if not _known(n) and not _is_quant_scale(n, spec)
-                     and not ROTARY.search(n))
+    companions = {c.name: c for c in quant_companions(spec)}  # their problems were refused before (EK158)
+    unknown = sorted(n for n in spec.tensors if not _known(n) and n not in companions and not ROTARY.search(n))
     if unknown:
         shown = ", ".join(spec.tensors[n].source_name for n in unknown[:6])
         more = f" and {len(unknown) - 6} more" if len(unknown) > 6 else ""
@@ -133,7 +129,8 @@ def build_plan(spec: DraftSpec, d: Decisions, vocab: VocabPlan, dialect: ModuleT
             continue
         if name in ("d2t", "t2d"):
             continue  # below, from the vocabulary plan
-        dtype = out_dtype(ref.dtype)
+        companion = companions.get(name)
+        dtype = ref.dtype if companion else out_dtype(ref.dtype)  # scales stay in the dtype the kernels read
         note = ""
         if ref.source_name != dialect.tensor_name(name, spec):
             note = "canonical name"
@@ -146,6 +143,10 @@ def build_plan(spec: DraftSpec, d: Decisions, vocab: VocabPlan, dialect: ModuleT
             add_step(name, "transform", dtype, ref.shape, name, "; ".join(w for w in what if w),
                      Recipe("rows", name, cast_to=dtype if dtype != ref.dtype else None,
                             column_scale="lm_head.column_scale" if rescaled else None))
+        elif companion and companion.follows_rows and companion.weight == "lm_head.weight" \
+                and vocab.row_order is not None:
+            add_step(name, "transform", dtype, ref.shape, name, "rows reordered with lm_head's (one entry per row)",
+                     Recipe("rows", name))
         elif rescaled:
             add_step(name, "transform", dtype, ref.shape, name, "the mean pre-norm RMS (norm_output rescale)",
                      Recipe("array", array=name))
