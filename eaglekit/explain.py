@@ -52,7 +52,8 @@ def explain(code: str) -> Explanation:
         if wanted not in rules:
             raise UsageError(f"no rule {wanted}; `eaglekit validate --list-rules` lists all {len(rules)}")
         r = rules[wanted]
-        facts = {"severity": r.severity, "group": r.group, "engine": r.engine, "pitfall": r.pitfall}
+        facts = {"severity": r.severity, "group": r.group, "engine": r.engine, "pitfall": r.pitfall,
+                 "refuses_upgrade": True if r.refuses_upgrade else None}  # upgrade stops on this very finding
         return Explanation(r.code, "rule", r.title, facts, [_pitfall_summary(r.pitfall)] if r.pitfall else [])
     if _PITFALL.match(wanted):
         if wanted not in pitfalls():

@@ -12,12 +12,14 @@ import os
 import struct
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eaglekit.config_view import BOOL_KEYS
 from eaglekit.engines import VLLM_ACCEPTS
 from tests.factory import edit_config, make_draft, rewrite_tensors
+from tests.test_rules_catalogue import CASES, RULES
 from tests.test_hostile_input import clean, refused
 
 FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -250,3 +252,22 @@ def test_a_weight_that_holds_no_floats_is_an_error_even_beside_a_quantization_co
     rewrite_tensors(path, retype)
     assert name in errors(path, "--deep")["EK159"]
     upgrade_refused(path, out, "EK159")
+
+
+# ------------------------------------------------------------------ one rule, both commands
+
+
+REFUSING = [c for c in CASES if RULES[c.code].refuses_upgrade]
+
+
+@pytest.mark.parametrize("case", REFUSING, ids=lambda c: c.id)
+def test_upgrade_refuses_exactly_on_the_finding_validate_reports(case, tmp_path):
+    """The catalogue's broken draft of every refusing rule is refused by upgrade with that code; its twin is not."""
+    for builder, broken in ((case.broken, True), (case.healthy, False)):
+        where = tmp_path / ("broken" if broken else "healthy")
+        where.mkdir()
+        built = builder(where)
+        path = built[0] if isinstance(built, tuple) else built
+        result = clean("upgrade", path, str(where / "out"), "--dry-run", *KEEP_FUNCTION)
+        assert (f"[{case.code}]" in result.stderr) == broken, result.stderr
+    assert json.loads(clean("explain", case.code, "--format", "json").stdout)["facts"]["refuses_upgrade"] is True
