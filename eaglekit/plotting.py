@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
-from eaglekit.errors import OutputError, UsageError
+from eaglekit.errors import UsageError
+from eaglekit.io.writer import publish_file
 
 MATPLOTLIB_MISSING = "--plot needs matplotlib: pip install 'eaglekit[plot]'"
 
@@ -21,18 +23,19 @@ def pyplot():
     return plt
 
 
+def check_plot_path(path: str) -> None:
+    """Refuse, before any work, a plot that cannot be drawn: a folder, or no matplotlib. Where it may lie among a
+    command's inputs and outputs is `eaglekit.io.outputs.refuse_clobber`'s to say."""
+    if os.path.isdir(path):
+        raise UsageError("--plot is a folder: give a file name such as acceptance.png", path)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(MATPLOTLIB_MISSING)
+
+
 def save_figure(fig, path: str, *, dpi: int) -> str:
-    """Write `fig` to `path` beside itself first, then rename: a failed or killed save leaves no half PNG."""
+    """Write `fig` to `path` atomically (a failed or killed save leaves no half PNG); its absolute path."""
     plt = pyplot()
-    path = os.path.abspath(path)
-    tmp = f"{path}.partial-{os.getpid()}.png"
     try:
-        fig.savefig(tmp, dpi=dpi)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise OutputError(f"cannot write the plot ({exc.strerror or exc})", path) from None
+        return publish_file(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), what="the plot")
     finally:
         plt.close(fig)
-    return path

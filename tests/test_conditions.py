@@ -224,8 +224,8 @@ def test_one_condition_under_another_template_is_the_whole_report(env):
 def test_plot_and_sweep_refusals_are_one_line_before_any_decode(env, tmp_path):
     base = ["--target", env["target"], *FAST]
     cases = [
-        (["compare", env["a"], env["b"], *base, "--plot", os.path.join(env["b"], "p.png")], "overlaps the source"),
-        (["verify", env["a"], *base, "--plot", os.path.join(env["target"], "config.json")], "overlaps the source"),
+        (["compare", env["a"], env["b"], *base, "--plot", os.path.join(env["b"], "p.png")], "overlaps the draft B"),
+        (["verify", env["a"], *base, "--plot", os.path.join(env["target"], "config.json")], "overlaps the target"),
         (["compare", env["a"], env["b"], *base, "--template", "chat,fancy"], "--template 'fancy'"),
         (["verify", env["a"], *base, "--context-tokens", "0,1k"], "--context-tokens '0,1k'"),
         (["verify", env["a"], *base, "--context-tokens", "0,64", "--diagnose"], "--diagnose and --engine measure one"),

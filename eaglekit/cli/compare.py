@@ -38,16 +38,19 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
                     context_tokens, template, plot, device, dtype, save_report, no_progress, output_format):
     """Measure DRAFT_A and DRAFT_B on one target pass per prompt: τ of each and the paired difference B − A, under
     each condition (template x context length) asked for."""
+    from eaglekit.io.outputs import Role
+    from eaglekit.plotting import check_plot_path
     from eaglekit.verify.compare import compare_conditions
-    from eaglekit.verify.plot import check_plot_path, plot_compare
+    from eaglekit.verify.plot import plot_compare
     from eaglekit.verify.run import VerifyOptions
 
     options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file,
                             limit=limit, categories=tuple(categories), turns=turns,
-                            **conditions(context_tokens, template), device=device, dtype=dtype)
+                            **conditions(context_tokens, template), device=device, dtype=dtype,
+                            outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")))
     options.check()
     if plot:
-        check_plot_path(plot, [draft_a, draft_b, target])
+        check_plot_path(plot)
     if no_progress or not err.is_terminal:
         sweep = compare_conditions(draft_a, draft_b, target, options)
     else:

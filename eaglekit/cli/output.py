@@ -126,24 +126,13 @@ def json_safe(value: Any) -> Any:
 
 def write_text_atomically(path: str, text: str) -> None:
     """A temporary file beside `path`, renamed over it: a failed write leaves no half file."""
-    import os
-    import tempfile
+    from eaglekit.io.writer import publish_file
 
-    from eaglekit.errors import OutputError
-
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".eaglekit-", dir=folder)
-    except OSError as exc:
-        raise OutputError(f"cannot write: {exc.strerror or exc}", path) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise OutputError(f"cannot write: {exc.strerror or exc}", path) from None
+
+    publish_file(path, write)
 
 
 def emit_json(doc: Any) -> None:

@@ -70,8 +70,10 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
                    engine_args, output_format):
     """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis; under
     each condition (template x context length) asked for."""
+    from eaglekit.io.outputs import Role
+    from eaglekit.plotting import check_plot_path
     from eaglekit.verify.engine import EngineOptions, parse_engine_args
-    from eaglekit.verify.plot import check_plot_path, plot_verify
+    from eaglekit.verify.plot import plot_verify
     from eaglekit.verify.report import plain_report
     from eaglekit.verify.run import VerifyOptions, verify_conditions, verify_in_engine
 
@@ -82,6 +84,8 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
         as_eaglekit_reads=as_eaglekit_reads, engine_version=engine_version, vllm_runner=vllm_runner,
         engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
                                      engine_args=parse_engine_args(engine_args)),
+        outputs=(Role("--save-report", save_report or ""), Role("--profile-out", profile_out or ""),
+                 Role("--plot", plot or "")),
     )
     options.check()
     if profile_out and not plain_report(options.conditions):
@@ -90,7 +94,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
     if plot:
         if engine == "vllm":
             raise UsageError("--plot draws the reference decode's conditions: use --engine reference or both")
-        check_plot_path(plot, [draft, target])
+        check_plot_path(plot)
     if engine == "vllm":
         doc = verify_in_engine(draft, target, options)
         if save_report:

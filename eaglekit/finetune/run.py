@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from eaglekit import __version__
 from eaglekit.errors import CheckpointError, OutputError, ResolvedWorse, UsageError
 from eaglekit.families import apply_target, load_draft
 from eaglekit.io.dtypes import torch_dtype
+from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.io.jsonfile import load_json_object
 from eaglekit.finetune.data import DataOptions, TrainingData, build_data, split_validation, target_identity
 from eaglekit.finetune.evaluate import EvalOptions, Paired, held_out_prompts, resolved_worse
@@ -93,6 +93,23 @@ def _source_spec(source: str, info: TargetInfo) -> DraftSpec:
     if odd:
         raise CheckpointError(f"{odd[0]} tensors cannot be fine-tuned (only F32 / BF16 / F16 drafts)", spec.path)
     return spec
+
+
+def _refuse_clobber(spec: DraftSpec, destination: str, checkpoint_dir: str, opts: FinetuneOptions) -> None:
+    """Every path finetune writes (the output, --plot, the checkpoint folder, the data cache) against everything
+    it reads, before any work."""
+    from eaglekit.finetune.data import default_cache_dir
+
+    writes = [Role("output", destination), Role("--plot", opts.plot or ""),
+              Role("--checkpoint-dir" if opts.checkpoint_dir else "--checkpoint-dir (default OUT.checkpoint)",
+                   checkpoint_dir)]
+    if not opts.data.hidden_states:  # captured data is cached; states read from elsewhere are not
+        writes.append(Role("--cache-dir" if opts.data.cache_dir else "--cache-dir (default)",
+                           opts.data.cache_dir or default_cache_dir()))
+    reads = [*read_roles("source", spec.path), *target_roles(opts.target),
+             *read_roles("--hidden-states", opts.data.hidden_states), *read_roles("--data", opts.data.data_file),
+             *read_roles("--eval-prompts", opts.eval.prompts_file if opts.eval else None)]
+    refuse_clobber(writes, reads)
 
 
 def _target_tensor(target_dir: str, names: tuple[str, ...]):
@@ -237,7 +254,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
 
     from eaglekit.drafter.model import Drafter
     from eaglekit.finetune.train import Checkpoints, TrainOptions, barrier, init_distributed, train
-    from eaglekit.io.writer import StagedDirectory, refuse_overlap
+    from eaglekit.io.writer import StagedDirectory
+    from eaglekit.plotting import check_plot_path
     from eaglekit.upgrade.provenance import hash_files, source_files
     from eaglekit.target_model import load_target, resolve_device
 
@@ -250,8 +268,14 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
     info = read_target(opts.target)
     spec = _source_spec(source, info)
-    refuse_overlap(spec.path, destination)
+    checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
+    _refuse_clobber(spec, destination, checkpoint_dir, opts)
     StagedDirectory(destination, force=opts.force).check()
+    Checkpoints(checkpoint_dir).check()
+    # the default folder is removed after a successful run only if eaglekit made it
+    remove_checkpoint_dir = not opts.checkpoint_dir and Checkpoints(checkpoint_dir).made_by_eaglekit()
+    if opts.plot:
+        check_plot_path(opts.plot)
     device = torch.device(resolve_device(opts.device))
     ranks = init_distributed(device)
     if ranks.world > 1 and device.type == "cuda":
@@ -300,7 +324,6 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     if held_out is None:
         why = "--validation-fraction 0" if opts.validation_fraction <= 0 else "too few captured sequences to hold any out"
         notes.append(f"{why}: the last step's weights are kept")
-    checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     hashes = hash_files(spec.path, source_files(spec))
     checkpoints = Checkpoints(checkpoint_dir, opts.checkpoint_every, _fingerprint(hashes, data, opts))
     t = time.perf_counter()
@@ -362,7 +385,7 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
 
         report.plot = plot_history(result.history, opts.plot, title=os.path.basename(os.path.abspath(destination)))
     if not opts.checkpoint_dir:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        checkpoints.remove(folder=remove_checkpoint_dir)
     report.notes = notes + list(data.notes)
     timings["total_s"] = time.perf_counter() - started
     report.timings = timings

@@ -18,7 +18,9 @@ import json
 import math
 import os
 import random
+import re
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,6 +33,7 @@ from torch import nn
 from eaglekit.drafter.model import Drafter
 from eaglekit.drafter.unroll import unrolled_steps
 from eaglekit.errors import CheckpointError, TrainingInterrupted, UsageError
+from eaglekit.io.jsonfile import load_json_object
 
 IGNORE = -100
 CHECKPOINT_FORMAT = "1"
@@ -300,12 +303,55 @@ class Checkpoints:
     every: int = 0  # 0: only on Ctrl-C
     fingerprint: str = ""  # source, data and options: a checkpoint of another run is refused
 
+    def check(self) -> None:
+        """Refuse, before any work, a folder that cannot hold checkpoints or holds a step-N that is not one (it
+        would be taken for one, and eaglekit removes only its own)."""
+        if not self.directory or not os.path.lexists(self.directory):
+            return
+        if not os.path.isdir(self.directory):
+            raise UsageError("the checkpoint folder is a file", self.directory)
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            if STEP_NAME.fullmatch(name) and not is_checkpoint(path):
+                raise UsageError(f"the checkpoint folder holds {name}, which is not an eaglekit checkpoint: choose "
+                                 "another --checkpoint-dir", self.directory)
 
-def _latest(directory: str) -> str | None:
-    if not os.path.isdir(directory):
-        return None
-    steps = sorted((int(n[5:]), n) for n in os.listdir(directory) if n.startswith("step-") and n[5:].isdigit())
-    return os.path.join(directory, steps[-1][1]) if steps else None
+    def checkpoints(self) -> list[str]:
+        """eaglekit's own checkpoints in the folder, oldest step first."""
+        if not self.directory or not os.path.isdir(self.directory):
+            return []
+        found = [os.path.join(self.directory, n) for n in os.listdir(self.directory) if STEP_NAME.fullmatch(n)]
+        return sorted((p for p in found if is_checkpoint(p)), key=lambda p: int(os.path.basename(p)[5:]))
+
+    def made_by_eaglekit(self) -> bool:
+        """Whether the folder is absent (this run makes it) or holds nothing but eaglekit checkpoints (an
+        interrupted run of eaglekit made it)."""
+        if not self.directory or not os.path.lexists(self.directory):
+            return True
+        entries = os.listdir(self.directory) if os.path.isdir(self.directory) else []
+        return bool(entries) and len(self.checkpoints()) == len(entries)
+
+    def remove(self, *, folder: bool) -> None:
+        """Remove the checkpoints in the folder (eaglekit's own only), then the folder itself when `folder` and it
+        is left empty: nothing else in it is ever touched."""
+        for path in self.checkpoints():
+            shutil.rmtree(path, ignore_errors=True)
+        if folder and self.directory and os.path.isdir(self.directory) and not os.listdir(self.directory):
+            os.rmdir(self.directory)
+
+
+STEP_NAME = re.compile(r"step-[0-9]{1,12}")
+
+
+def is_checkpoint(path: str) -> bool:
+    """A real folder named step-N whose state.json says it is an eaglekit finetune checkpoint."""
+    if not STEP_NAME.fullmatch(os.path.basename(path)) or os.path.islink(path) or not os.path.isdir(path):
+        return False
+    try:
+        state = load_json_object(os.path.join(path, "state.json"), "checkpoint state")
+    except CheckpointError:
+        return False
+    return state.get("format") == CHECKPOINT_FORMAT
 
 
 def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
@@ -316,23 +362,29 @@ def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter],
     assert ck.directory is not None
     os.makedirs(ck.directory, exist_ok=True)
     final = os.path.join(ck.directory, f"step-{step:07d}")
-    tmp = f"{final}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    moments: dict[str, torch.Tensor] = {}
-    for name, p in params.items():
-        for key, value in optimizer.state.get(p, {}).items():
-            moments[f"{name}::{key}"] = value.detach().reshape(value.shape).to("cpu").contiguous()
-    save_file({n: p.detach().to("cpu").contiguous() for n, p in params.items()}, os.path.join(tmp, "weights.safetensors"))
-    save_file(moments, os.path.join(tmp, "optimizer.safetensors"))
-    with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as fh:
-        json.dump({"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": ck.fingerprint,
-                   "history": [asdict(r) for r in history]}, fh, indent=1)
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
-    for name in os.listdir(ck.directory):
-        path = os.path.join(ck.directory, name)
-        if name.startswith("step-") and path != final:
+    if os.path.lexists(final) and not is_checkpoint(final):
+        raise CheckpointError("not an eaglekit checkpoint, so it is not replaced: choose another --checkpoint-dir",
+                              final)
+    tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(final)}.partial-", dir=ck.directory)
+    try:
+        moments: dict[str, torch.Tensor] = {}
+        for name, p in params.items():
+            for key, value in optimizer.state.get(p, {}).items():
+                moments[f"{name}::{key}"] = value.detach().reshape(value.shape).to("cpu").contiguous()
+        save_file({n: p.detach().to("cpu").contiguous() for n, p in params.items()},
+                  os.path.join(tmp, "weights.safetensors"))
+        save_file(moments, os.path.join(tmp, "optimizer.safetensors"))
+        with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as fh:
+            json.dump({"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": ck.fingerprint,
+                       "history": [asdict(r) for r in history]}, fh, indent=1)
+        if os.path.lexists(final):
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for path in ck.checkpoints():
+        if path != final:
             shutil.rmtree(path, ignore_errors=True)
     return final
 
@@ -343,18 +395,16 @@ def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    path = _latest(ck.directory) if ck.directory else None
-    if path is None:
+    found = ck.checkpoints()
+    if not found:
         raise UsageError("--resume: no checkpoint to resume from", ck.directory)
+    path = found[-1]
+    state = load_json_object(os.path.join(path, "state.json"), "checkpoint state")
     try:
-        with open(os.path.join(path, "state.json"), encoding="utf-8") as fh:
-            state = json.load(fh)
         weights = load_file(os.path.join(path, "weights.safetensors"))
         moments = load_file(os.path.join(path, "optimizer.safetensors"))
     except (OSError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"unreadable checkpoint ({exc})".splitlines()[0], path) from None
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError("not an eaglekit finetune checkpoint", path)
     if state.get("fingerprint") != ck.fingerprint:
         raise UsageError("--resume: this checkpoint belongs to another run (different source draft, data or "
                          "training options); rerun with the same ones or choose another --checkpoint-dir", path)

@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 
 from eaglekit.errors import UsageError
+
+MAX_SCANNED_ENTRIES = 100_000  # a folder read is scanned for symbolic links up to this many entries
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,33 @@ def overlaps(a: str, b: str) -> bool:
     """Whether writing `a` can touch `b` or the other way round: equal, one inside the other, or one file."""
     ra, rb = _resolved(a), _resolved(b)
     return _inside(ra, rb) or _inside(rb, ra) or _same_file(a, b)
+
+
+def read_roles(name: str, path: str | None) -> list[Role]:
+    """What reading `path` touches: the path itself and, for a folder, where each symbolic link in it really points
+    (a Hub cache snapshot links its files into blobs/, which a write must not replace either)."""
+    if not path:
+        return []
+    roles = [Role(name, path)]
+    if os.path.isdir(path):
+        try:
+            with os.scandir(path) as entries:
+                roles += [Role(name, os.path.realpath(e.path)) for e in islice(entries, MAX_SCANNED_ENTRIES)
+                          if e.is_symlink()]
+        except OSError:
+            pass  # an unreadable folder is refused where it is read
+    return roles
+
+
+def target_roles(target: str | None) -> list[Role]:
+    """A target is its GGUF file, or the folder of its config.json (weights and tokenizer lie beside it)."""
+    from eaglekit.target import target_config_path
+
+    if not target:
+        return []
+    if target.endswith(".gguf") and not os.path.isdir(target):
+        return read_roles("target", target)
+    return read_roles("target", os.path.dirname(os.path.abspath(target_config_path(target))))
 
 
 def refuse_clobber(writes: Iterable[Role], reads: Iterable[Role]) -> None:

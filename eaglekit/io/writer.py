@@ -216,7 +216,8 @@ def write_checkpoint_weights(directory: str, tensors: list[OutTensor], metadata:
 
 
 def write_json(path: str, doc: dict, *, fsync: bool = True) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+    """`doc` as UTF-8 JSON; a lone surrogate (an undecodable byte of a path) is written as its \\u escape."""
+    with open(path, "w", encoding="utf-8", errors="backslashreplace") as fh:
         json.dump(doc, fh, indent=2, ensure_ascii=False)
         fh.write("\n")
         fh.flush()
@@ -243,12 +244,37 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def refuse_overlap(src: str, dst: str) -> None:
-    """The source is never modified: an output inside it (or around it) is refused."""
-    s, d = os.path.realpath(src), os.path.realpath(dst)
-    if s == d or d.startswith(s + os.sep) or s.startswith(d + os.sep):
-        raise UsageError(f"output {dst} overlaps the source {src}: the source is never modified; choose another "
-                         "directory")
+def check_parent(destination: str) -> None:
+    """Refuse early (before any work) an output whose folder is missing or cannot be written."""
+    parent = os.path.dirname(os.path.abspath(destination))
+    if not os.path.isdir(parent):
+        raise UsageError("parent directory of the output does not exist", parent)
+    if not os.access(parent, os.W_OK):
+        raise OutputError("parent directory of the output is not writable", parent)
+
+
+def publish_file(destination: str, write: Callable[[str], None], *, what: str = "the output") -> str:
+    """`write(tmp)` into a new file beside `destination`, fsync it, then rename it into place: no half-written file
+    ever has the name, a failed or interrupted write leaves nothing behind, and a full or read-only disk is one
+    OutputError. The temporary name is created exclusively, so no existing file is ever overwritten or removed.
+    Returns the absolute path."""
+    destination = os.path.abspath(destination)
+    parent, base = os.path.split(destination)
+    tmp = os.path.join(parent, f".{base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}{os.path.splitext(base)[1]}")
+    created = False
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        created = True
+        write(tmp)
+        _fsync_path(tmp)
+        os.replace(tmp, destination)
+        created = False
+    except OSError as exc:
+        raise OutputError(f"cannot write {what} ({exc.strerror or exc}); nothing was written", destination) from None
+    finally:
+        if created and os.path.lexists(tmp):
+            os.unlink(tmp)
+    return destination
 
 
 class StagedDirectory:
@@ -274,10 +300,7 @@ class StagedDirectory:
             raise UsageError("output path exists and is a file or a symbolic link, not a directory", self.dst)
         if os.path.isdir(self.dst) and os.listdir(self.dst) and not self.force:
             raise UsageError("output directory exists and is not empty (pass --force to replace it)", self.dst)
-        if not os.path.isdir(self.parent):
-            raise UsageError("parent directory of the output does not exist", self.parent)
-        if not os.access(self.parent, os.W_OK):
-            raise OutputError("parent directory of the output is not writable", self.parent)
+        check_parent(self.dst)
 
     def _remove_stale(self) -> None:
         """Leftovers of killed runs for this `dst`: staging folders go; a replaced copy whose run died before the

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ import numpy as np
 from eaglekit.engines.llamacpp import ARCH, NUM_TARGET_LAYERS
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf
-from eaglekit.io.writer import PARTIAL_MARK, ByteRange, OutTensor, iter_file_chunks
+from eaglekit.io.writer import ByteRange, OutTensor, iter_file_chunks
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 from eaglekit.upgrade.decide import Decisions
@@ -249,18 +248,3 @@ def destination_problem(destination: str, force: bool) -> str | None:
     if os.path.lexists(destination) and not force:
         return f"{destination} exists (pass --force to replace it once the new file is complete)"
     return None
-
-
-def publish_file(destination: str, write: Callable[[str], None]) -> None:
-    """`write(tmp)` next to `destination`, fsync, then rename into place: no half-written file ever has its name."""
-    parent = os.path.dirname(os.path.abspath(destination))
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f"{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}-{os.path.basename(destination)}")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, destination)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

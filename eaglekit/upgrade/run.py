@@ -18,8 +18,9 @@ from eaglekit.engines.llamacpp import ARCH as ARCH_GGUF
 from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.tensors import read_array
-from eaglekit.io.writer import (OutTensor, StagedDirectory, patch_header, refuse_overlap, write_checkpoint_weights,
-                                write_json)
+from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
+from eaglekit.io.writer import (OutTensor, StagedDirectory, check_parent, patch_header, publish_file,
+                                write_checkpoint_weights, write_json)
 from eaglekit.spec import DraftSpec, eagle_version
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import Decisions, decide
@@ -192,7 +193,8 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
     family = None if opts.source_family == "eagle3" else opts.source_family
     spec = load_draft(source, subfolder=opts.subfolder, revision=opts.revision, allow_pickle=opts.allow_pickle,
                       family=family, target=target)
-    refuse_overlap(spec.path, destination)
+    refuse_clobber([Role("output", destination)], [*read_roles("source", spec.path), *target_roles(opts.target),
+                                                   *read_roles("--calibration-file", opts.calibration_file)])
     if opts.to == "gguf":
         d = decide(spec, opts, target)
         return _upgrade_to_gguf(source, destination, spec, d, plan_vocab(spec, d.vocab_size), opts, target, started,
@@ -258,14 +260,16 @@ def _upgrade_to_gguf(source: str, destination: str, spec: DraftSpec, d: Decision
     """One GGUF file for llama.cpp: canonical tensors (the vLLM plan's names, vocabulary handling and casts), then
     llama.cpp's names and layouts; written beside DST, read back and checked, renamed into place."""
     from eaglekit.io.gguf import read_gguf, write_gguf
-    from eaglekit.upgrade.gguf import check_gguf, destination_problem, plan_gguf, publish_file, refusals
+    from eaglekit.upgrade.gguf import check_gguf, destination_problem, plan_gguf, refusals
 
     why = refusals(spec, d, target)
     if why:
         raise UsageError(f"--to gguf: {why}")
     refusal = destination_problem(destination, opts.force)
-    if refusal and not opts.dry_run:
-        raise UsageError(refusal)
+    if not opts.dry_run:
+        if refusal:
+            raise UsageError(refusal)
+        check_parent(destination)
     plan = build_plan(spec, d, vocab, get_dialect("vllm"))
     tensors = out_tensors(spec, plan, _arrays(d, vocab, None), vocab.row_order)
     target_gguf, _ = read_gguf(target.path)
@@ -295,7 +299,7 @@ def _upgrade_to_gguf(source: str, destination: str, spec: DraftSpec, d: Decision
         write_gguf(tmp, ARCH_GGUF, final.fields, final.tensors, progress)
         check_gguf(tmp, spec, d, target)
 
-    publish_file(destination, write)
+    publish_file(destination, write, what="the GGUF")
     report.validated = True
     report.output["files"] = [os.path.basename(destination)]
     report.timings.update(write_s=time.perf_counter() - t, total_s=time.perf_counter() - started)

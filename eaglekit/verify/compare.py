@@ -21,7 +21,7 @@ from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_dec
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.report import Condition, DecodeSettings, plain_report, sweep_document
-from eaglekit.verify.run import VerifyOptions, _prompt_set, resolve_aux_ids, turns
+from eaglekit.verify.run import VerifyOptions, _prompt_set, refuse_clobbered_inputs, resolve_aux_ids, turns
 from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
 from eaglekit.target_model import load_target
 
@@ -153,6 +153,9 @@ def compare_against(reference: str, drafts: Sequence[str], target: str, options:
         aux_ids, aux_source = resolve_aux_ids(spec, None)
         refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states), raw.path)
         specs.append((raw.path, spec, aux_ids))
+    names = ["draft A", "draft B"] if len(drafts) == 1 else ["reference", *(f"draft {i + 1}"
+                                                                            for i in range(len(drafts)))]
+    refuse_clobbered_inputs(options, [(name, path) for name, (path, _, _) in zip(names, specs)], target)
     prompts = _prompt_set(options)
     model = load_target(target, device=options.device, dtype=options.dtype)
 

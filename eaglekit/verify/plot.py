@@ -3,7 +3,6 @@ template (and per draft for compare), so where a draft gains or loses is seen at
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -11,8 +10,8 @@ from dataclasses import dataclass
 
 from typing import TYPE_CHECKING
 
-from eaglekit.errors import OutputError, UsageError
-from eaglekit.plotting import MATPLOTLIB_MISSING, pyplot, save_figure
+from eaglekit.errors import OutputError
+from eaglekit.plotting import pyplot, save_figure
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.report import Condition, VerifySweep
 from eaglekit.verify.stats import pooled
@@ -67,19 +66,6 @@ def plot_compare(sweep: CompareSweep, path: str) -> str:
     a, b = (os.path.basename(os.path.normpath(m.draft)) for m in (sweep.reports[0].a, sweep.reports[0].b))
     return plot_conditions(lines(sweep.conditions, measured), path,
                            title=f"A: {a} (solid) vs B: {b} (dashed), by context length and template")
-
-
-def check_plot_path(path: str, sources: Sequence[str]) -> None:
-    """Refuse, before any decoding, a plot that would land in a draft or the target, or that cannot be drawn."""
-    from eaglekit.io.writer import refuse_overlap
-
-    for source in sources:
-        if os.path.exists(source):
-            refuse_overlap(source if os.path.isdir(source) else os.path.dirname(os.path.abspath(source)), path)
-    if os.path.isdir(path):
-        raise UsageError("--plot is a folder: give a file name such as acceptance.png", path)
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError(MATPLOTLIB_MISSING)
 
 
 def plot_conditions(series: Sequence[Line], path: str, *, title: str) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
 from eaglekit.families import apply_target, load_draft
+from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.rules import checked_engines
 from eaglekit.spec import DraftSpec
 from eaglekit.target import read_target
@@ -56,6 +57,7 @@ class VerifyOptions:
     categories: tuple[str, ...] = ()  # only prompts of these categories (SPEED-Bench's, or a JSONL "category")
     turns: str = "first"  # SPEED-Bench conversations: the first user turn, or every turn after the target's answers
     template: str | tuple[str, ...] = "chat"  # how prompts reach the target (prompts.TEMPLATES); several: a sweep
+    outputs: tuple[Role, ...] = ()  # what the caller writes from the result (--save-report, --plot, ...)
 
     @property
     def conditions(self) -> tuple[Condition, ...]:
@@ -90,6 +92,13 @@ class VerifyOptions:
             raise UsageError(f"--vllm-runner {self.vllm_runner!r}: use one of {', '.join(VLLM_RUNNERS)}")
         if self.engine_version is not None:
             checked_engines("vllm", self.engine_version)
+
+
+def refuse_clobbered_inputs(options: VerifyOptions, drafts: Sequence[tuple[str, str]], target: str) -> None:
+    """Before any decode: no file the caller will write from this run (`options.outputs`) lands in a draft (name,
+    folder), the target or the prompts file."""
+    reads = [role for name, folder in drafts for role in read_roles(name, folder)]
+    refuse_clobber(options.outputs, [*reads, *target_roles(target), *read_roles("--prompts", options.prompts_file)])
 
 
 def resolve_aux_ids(spec: DraftSpec, override: Sequence[int] | None) -> tuple[tuple[int, ...] | None, str]:
@@ -149,6 +158,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
         check_engine_available(options.engine_options)  # before minutes of reference decoding
     info = read_target(target)
     raw = load_draft(draft)
+    refuse_clobbered_inputs(options, [("draft", raw.path)], target)
     spec = apply_target(raw, info)
     aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
     checks = compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states)
@@ -310,6 +320,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
 
     info = read_target(target)
     raw = load_draft(draft)
+    refuse_clobbered_inputs(options, [("draft", raw.path)], target)
     spec = apply_target(raw, info)
     aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
     refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states), raw.path)
