@@ -42,3 +42,16 @@ class TrainingInterrupted(EaglekitError):
 
 class ResolvedWorse(EaglekitError):
     """A trained draft measured worse than its source with the interval below zero: it is not written."""
+
+
+MAX_QUOTED_CHARS = 80
+
+
+def quoted(value: object) -> str:
+    """repr() of a name or value for a message, cut in the middle past MAX_QUOTED_CHARS: a hostile file's
+    200 000-character tensor name still leaves a line that names the file and the problem."""
+    text = repr(value)
+    if len(text) <= MAX_QUOTED_CHARS:
+        return text
+    keep = (MAX_QUOTED_CHARS - 1) // 2
+    return f"{text[:keep]}…{text[-keep:]}"

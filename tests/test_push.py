@@ -176,7 +176,7 @@ def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
 
 def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", fake_hub.token)
-    report = write_report(tmp_path / "verify.json", draft_dir)
+    report = write_report(tmp_path / "verify.json", draft_dir, measured=measured(draft_dir, name_or_path=TARGET))
     code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", report,
                              "--private", "--endpoint", fake_hub.endpoint, "--format", "json")
     assert code == 0, err
@@ -192,8 +192,9 @@ def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, 
                 "| Acceptance rate per draft position | 0.80, 0.60, 0.41 |", "| Speedup | 2.01× |",
                 "| Prompts | mt-bench (80) |", "| Device | NVIDIA H200 |", "| Tokens/s with the draft | 120.5 |"):
         assert row in readme
-    assert json.loads(repo.files()["eaglekit.json"])["verify"] == {**VERIFY_REPORT, "measured": measured(draft_dir)}
-    assert "| Target measured | a local copy in a folder named target (config.json 111111111111…) |" in readme
+    assert json.loads(repo.files()["eaglekit.json"])["verify"] == {
+        **VERIFY_REPORT, "measured": measured(draft_dir, name_or_path=TARGET)}
+    assert f"| Target measured | {TARGET} (config.json 111111111111…) |" in readme
     assert "measured on other files" not in readme
     assert fake_hub.token not in out + err
 

@@ -114,12 +114,23 @@ def _secrets(argv: list[str]) -> list[str]:
     return [t for t in found if len(t) >= 4]
 
 
+MAX_LINE_CHARS = 400
+"""An error line's bound: its start (the file) and its end (the problem) are kept, the middle is cut."""
+
+
 def one_line(message: str, argv: list[str]) -> str:
-    """A message as one printable line: secrets redacted, control characters escaped."""
+    """A message as one bounded, printable line: secrets and URL credentials redacted, control characters
+    escaped, and anything past MAX_LINE_CHARS cut from the middle."""
+    from eaglekit.io.hub_client import without_credentials
+
     for secret in _secrets(argv):
         message = message.replace(secret, "***")
-    message = _TOKEN_PATTERNS.sub("***", message)
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+    message = without_credentials(_TOKEN_PATTERNS.sub("***", message))
+    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    head = MAX_LINE_CHARS * 3 // 4
+    return f"{line[:head]} … {line[head + 3 - MAX_LINE_CHARS:]}"
 
 
 def _safe_streams() -> None:

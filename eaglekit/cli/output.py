@@ -139,15 +139,27 @@ def emit_json(doc: Any) -> None:
     click.echo(json.dumps(json_safe(doc), indent=2, sort_keys=False, allow_nan=False))
 
 
+ROWS_PER_CODE = 10
+"""A table shows this many findings of one rule, then a count: a hostile file with thousands of unknown tensors
+still prints a screen, not megabytes (--format json lists every finding)."""
+
+
 def findings_table(findings: list[dict], title: str = "Findings") -> Table:
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("code", no_wrap=True)
     table.add_column("severity", no_wrap=True)
     table.add_column("pitfall", no_wrap=True)
     table.add_column("message")
+    shown: dict[str, int] = {}
     for f in findings:
-        sev = f["severity"]
-        table.add_row(f["code"], styled((sev, SEVERITY_STYLE.get(sev, ""))), f.get("pitfall") or "", f["message"])
+        shown[f["code"]] = shown.get(f["code"], 0) + 1
+        if shown[f["code"]] <= ROWS_PER_CODE:
+            sev = f["severity"]
+            table.add_row(f["code"], styled((sev, SEVERITY_STYLE.get(sev, ""))), f.get("pitfall") or "", f["message"])
+    for code, count in shown.items():
+        if count > ROWS_PER_CODE:
+            table.add_row(code, "", "", f"… and {count - ROWS_PER_CODE:,} more {code} findings (--format json lists "
+                                        "them all)")
     return table
 
 

@@ -39,7 +39,8 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.command("push", epilog=EXAMPLES)
 @click.argument("draft", type=click.Path(exists=True, file_okay=False))
 @click.option("--repo-id", required=True, callback=_repo_id, help="Destination repository, ORG/NAME.")
-@click.option("--target", help="Target model repo id: the card's base_model and serve commands name it.")
+@click.option("--target", help="Target model: a Hub id (the card's base_model and serve commands name it), or the "
+                                "local folder a --report measured (the Hub id its config records names it).")
 @click.option("--report", "report_path", type=click.Path(exists=True, dir_okay=False),
               help="Verify report JSON (from eaglekit verify) to put in the card.")
 @click.option("--private", is_flag=True, help="Create the repository private (ignored if it exists).")
@@ -61,7 +62,10 @@ def push_command(draft, repo_id, target, report_path, private, revision, create_
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     from eaglekit.hub.push import load_report, push
+    from eaglekit.io.outputs import Role, refuse_clobber
 
+    refuse_clobber([Role("--card-out", card_out)],
+                   [Role("draft", draft), Role("--report", report_path), Role("--target", local_path(target))])
     report = load_report(report_path) if report_path else None
     bars_were_off = are_progress_bars_disabled()
     if output_format == "json":
@@ -80,6 +84,13 @@ def push_command(draft, repo_id, target, report_path, private, revision, create_
         emit_json(doc)
     else:
         render(doc)
+
+
+def local_path(value: str | None) -> str | None:
+    """--target when it names a local folder or file (it may also be a Hub id)."""
+    import os
+
+    return value if value and os.path.exists(value) else None
 
 
 def render(doc: dict) -> None:

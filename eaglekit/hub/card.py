@@ -121,7 +121,10 @@ def build_card(
         _citations(spec),
     ]
     body = "\n".join(s for s in sections if s)
-    return "---\n" + data.to_yaml() + "\n---\n\n" + body
+    card = "---\n" + data.to_yaml() + "\n---\n\n" + body
+    # a name read from a file or the command line may hold an undecodable byte (a lone surrogate): the card is
+    # UTF-8 text, so such a character is written as its escape
+    return card.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _yes(flag: bool | None) -> str:

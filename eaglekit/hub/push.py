@@ -21,13 +21,13 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.config_view import REPO_ID
-from eaglekit.errors import CheckpointError, EaglekitError, UsageError
+from eaglekit.errors import CheckpointError, EaglekitError, UsageError, quoted
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
-from eaglekit.hub.card import build_card, provenance, recorded_target
+from eaglekit.hub.card import build_card, is_repo_id, provenance, recorded_target
 from eaglekit.io.jsonfile import finite, load_json_object
 from eaglekit.io.checkpoint import INDEX_NAME
-from eaglekit.io.hub_client import bounded_hub_client
+from eaglekit.io.hub_client import bounded_hub_client, without_credentials
 from eaglekit.engines import LABELS
 from eaglekit.serving import minimum_versions
 from eaglekit.upgrade.provenance import resolved_worse_finetune, untrained_warm_start
@@ -82,20 +82,90 @@ class PushResult:
         return data
 
 
-def load_report(path: str) -> dict[str, Any]:
-    """Read a verify report JSON for the card; one-line errors for unreadable or malformed files."""
+@dataclass(frozen=True)
+class VerifyReportFile:
+    """A verify report read for the card, and the file it came from (what every message about it names)."""
+
+    path: str
+    doc: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """The target a push declares: the Hub id its card names, and a config.json of it on this machine (the folder
+    given as --target, or the Hub id's copy in the Hugging Face cache) to compare a verify report's hash with."""
+
+    repo_id: str | None
+    config: str | None
+
+
+RATES = ("per_position_acceptance", "conditional_acceptance")
+COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+FIGURE_TOLERANCE = 1e-6  # a report's figures are one counter's quotients, written with full float precision
+
+
+def load_report(path: str) -> VerifyReportFile:
+    """Read a verify report JSON for the card; figures no decode can produce are refused (one line naming it)."""
     report = load_json_object(path, "verify report")
-    acceptance = report.get("per_position_acceptance")
-    if acceptance is not None and not (isinstance(acceptance, list) and all(finite(a) and 0 <= a <= 1 for a in acceptance)):
-        raise CheckpointError("per_position_acceptance must be a list of rates in [0, 1]", path)
     if "lossless" in report and not isinstance(report["lossless"], bool):
-        raise CheckpointError(f"lossless must be true or false, not {report['lossless']!r}"[:120], path)
-    for key in ("acceptance_length", "num_speculative_tokens", "tokens_per_s_spec", "tokens_per_s_target"):
-        if key in report and report[key] is not None and not (finite(report[key]) and report[key] >= 0):
-            raise CheckpointError(f"{key} must be a finite non-negative number, not {report[key]!r}"[:120], path)
-    if "acceptance_length" in report and report["acceptance_length"] is not None and report["acceptance_length"] < 1:
-        raise CheckpointError("acceptance_length is at least 1 (it counts the bonus token)", path)
-    return report
+        raise CheckpointError(f"lossless must be true or false, not {quoted(report['lossless'])}", path)
+    k = report.get("num_speculative_tokens")
+    if k is not None and (type(k) is not int or k < 1):
+        raise CheckpointError(f"num_speculative_tokens must be a positive integer, not {quoted(k)}", path)
+    for key in ("tokens_per_s_spec", "tokens_per_s_target"):
+        if report.get(key) is not None and not (finite(report[key]) and report[key] >= 0):
+            raise CheckpointError(f"{key} must be a finite non-negative number, not {quoted(report[key])}", path)
+    conditions = report.get("conditions")
+    for figures in [report] + (conditions if isinstance(conditions, list) else []):
+        if isinstance(figures, Mapping):
+            problem = impossible_figures(figures, k)
+            if problem:
+                raise CheckpointError(problem, path)
+    return VerifyReportFile(path, report)
+
+
+def impossible_figures(figures: Mapping[str, Any], k: int | None) -> str | None:
+    """Why these acceptance figures cannot come from a decode with k drafts per round; None when they can.
+
+    τ counts the bonus token, so 1 <= τ <= k + 1; position i is accepted only after every earlier one, so the
+    per-position rates never rise and add up to τ - 1; the counters are the same quantities before dividing."""
+    tau = figures.get("acceptance_length")
+    if tau is not None and not (finite(tau) and tau >= 1):
+        return f"acceptance_length must be a number of at least 1 (it counts the bonus token), not {quoted(tau)}"
+    if tau is not None and k is not None and tau > k + 1 + FIGURE_TOLERANCE:
+        return f"acceptance_length {tau} is more than k + 1 = {k + 1}: a round accepts at most k drafts and a bonus"
+    for key in RATES:
+        rates = figures.get(key)
+        if rates is None:
+            continue
+        if not (isinstance(rates, list) and all(finite(r) and 0 <= r <= 1 for r in rates)):
+            return f"{key} must be a list of rates in [0, 1]"
+        if k is not None and len(rates) != k:
+            return f"{key} lists {len(rates)} draft positions, but num_speculative_tokens is {k}"
+    rates = figures.get("per_position_acceptance") or []
+    if any(later > earlier + FIGURE_TOLERANCE for earlier, later in zip(rates, rates[1:])):
+        return "per_position_acceptance rises along the chain: a draft is accepted only after every earlier one"
+    if rates and tau is not None and abs(1 + sum(rates) - tau) > FIGURE_TOLERANCE * len(rates):
+        return f"acceptance_length {tau} is not 1 + the sum of per_position_acceptance ({1 + sum(rates):.6g})"
+    rate = figures.get("draft_acceptance_rate")
+    if rate is not None and not (finite(rate) and 0 <= rate <= 1):
+        return f"draft_acceptance_rate must be a rate in [0, 1], not {quoted(rate)}"
+    if rate is not None and tau is not None and k is not None and abs(rate * k + 1 - tau) > FIGURE_TOLERANCE * k:
+        return f"draft_acceptance_rate {rate} does not match acceptance_length {tau} with k = {k}"
+    counts = {key: figures.get(key) for key in COUNTERS if figures.get(key) is not None}
+    for key, value in counts.items():
+        if type(value) is not int or value < 0:
+            return f"{key} must be a non-negative integer, not {quoted(value)}"
+    drafts, draft_tokens, accepted = (counts.get(key) for key in COUNTERS)
+    if drafts is not None and draft_tokens is not None and k is not None and draft_tokens != drafts * k:
+        return f"num_draft_tokens {draft_tokens} is not num_drafts {drafts} x k {k}"
+    if accepted is not None and draft_tokens is not None and accepted > draft_tokens:
+        return f"num_accepted_tokens {accepted} is more than the {draft_tokens} tokens drafted"
+    if drafts is not None and accepted is not None and tau is not None:
+        counted = 1 + accepted / drafts if drafts else 1.0
+        if abs(counted - tau) > FIGURE_TOLERANCE:
+            return f"acceptance_length {tau} does not match its counters (1 + {accepted} accepted / {drafts} rounds)"
+    return None
 
 
 def push(
@@ -103,7 +173,7 @@ def push(
     repo_id: str,
     *,
     target: str | None = None,
-    report: Mapping[str, Any] | None = None,
+    report: VerifyReportFile | None = None,
     private: bool = False,
     revision: str | None = None,
     create_pr: bool = False,
@@ -118,8 +188,9 @@ def push(
 ) -> PushResult:
     """Validate `draft_dir` for vLLM and publish it as `repo_id`; `dry_run` builds everything but sends nothing.
 
-    `validate(spec)` returns a report with `.findings` or a list of findings; by default eaglekit's vLLM rules run.
-    An error finding refuses the push unless `force`.
+    `target`: a Hub id, or a local target folder (its config's Hub id names it in the card). `validate(spec)`
+    returns a report with `.findings` or a list of findings; by default eaglekit's vLLM rules run. An error finding,
+    or a report that measured other files or another target, refuses the push unless `force`.
     """
     from huggingface_hub import constants
 
@@ -145,12 +216,13 @@ def push(
     if worse and not force:
         raise EaglekitError(f"refusing to push a draft its finetune measured worse than its source ({worse}); pass "
                             "--force to publish it anyway", draft_dir)
-    target = target or recorded_target(spec)
-    unbound = report_mismatches(report, spec, target) if report is not None else []
+    declared = declared_target(target, spec)
+    target = declared.repo_id
+    unbound = report_mismatches(report.doc, spec, declared) if report is not None else []
     if unbound and not force:
         raise EaglekitError(f"refusing to put this verify report in the card: {unbound[0]}; rerun `eaglekit verify` "
                             "on these files, or pass --force (the card then says the figures are for other files)",
-                            draft_dir)
+                            report.path)
     forced = bool(errors) or bool(warm_start) or bool(worse) or bool(unbound)
     warnings = [] if target else ["no target model known: pass --target so the card's serve commands name it"]
     if license_link and license != "other":
@@ -158,14 +230,16 @@ def push(
     if not license:
         warnings.append("no --license: the card states none (a draft trained on a target's outputs usually "
                         "carries the target's licence)")
-    card = build_card(spec, repo_id, target=target, report=report, findings=findings, validated=validated, forced=forced,
+    figures = report.doc if report is not None else None
+    card = build_card(spec, repo_id, target=target, report=figures, findings=findings, validated=validated, forced=forced,
                       report_mismatches=unbound, license=license, license_link=license_link)
-    manifest = _manifest(spec, target, report, findings, validated, forced)
+    manifest = _manifest(spec, target, figures, findings, validated, forced)
     sources = _upload_sources(spec, card, manifest)
     endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+    shown = without_credentials(endpoint)
     result = PushResult(
-        repo_id=repo_id, endpoint=endpoint, revision=revision, create_pr=create_pr, private=private,
-        dry_run=dry_run, forced=forced, validated=validated, url=f"{endpoint}/{repo_id}", commit_url=None,
+        repo_id=repo_id, endpoint=shown, revision=revision, create_pr=create_pr, private=private,
+        dry_run=dry_run, forced=forced, validated=validated, url=f"{shown}/{repo_id}", commit_url=None,
         commit_oid=None, pr_url=None, files=[], card=card, findings=findings, warnings=warnings,
     )
     if dry_run:
@@ -173,13 +247,37 @@ def push(
         return result
     version = "EAGLE-3.1" if spec.eagle_version == "3.1" else "EAGLE-3"
     message = commit_message or f"Upload {version} draft (eaglekit {__version__})"
-    _upload(result, sources, message, _resolve_token(token))
+    _upload(result, endpoint, sources, message, _resolve_token(token))
     return result
 
 
-def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: str | None) -> list[str]:
-    """Why a verify report does not describe the files being pushed (or the target the card names); empty: it does."""
-    from eaglekit.upgrade.provenance import hash_files, source_files
+def declared_target(value: str | None, spec: DraftSpec) -> PushTarget:
+    """The target a push declares: --target as a local folder (or its config.json) or a Hub id, else the Hub id
+    the draft records."""
+    from eaglekit.target import target_config_path
+
+    if value and os.path.exists(value):
+        config = target_config_path(value)
+        name = load_json_object(config, "target config").get("_name_or_path")
+        return PushTarget(name if is_repo_id(name) else None, config)
+    if value and not REPO_ID.match(value):
+        raise UsageError(f"--target {quoted(value)} is neither a Hub id (ORG/NAME) nor an existing folder")
+    repo_id = value or recorded_target(spec)
+    return PushTarget(repo_id, _cached_config(repo_id) if repo_id else None)
+
+
+def _cached_config(repo_id: str) -> str | None:
+    """The Hub id's config.json in the local Hugging Face cache, if it is there (never a download)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return found if isinstance(found, str) else None
+
+
+def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTarget) -> list[str]:
+    """Why a verify report does not describe the files being pushed, or the target this push declares; empty: it
+    does. The target is compared by config.json hash when a copy of it is here, else by the Hub id it records."""
+    from eaglekit.upgrade.provenance import hash_files, sha256_file, source_files
 
     measured = report.get("measured")
     if not isinstance(measured, Mapping) or not isinstance(measured.get("draft_files"), Mapping):
@@ -189,10 +287,20 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: str | 
     problems = [f"{name} differs from the file the report measured" for name in sorted(ours)
                 if name in theirs and theirs[name] != ours[name]]
     problems += [f"the report measured no {name}" for name in sorted(set(ours) - set(theirs))]
-    problems += [f"the report measured {name}, which is not in the draft" for name in sorted(set(theirs) - set(ours))]
-    origin = (measured.get("target") or {}).get("name_or_path") if isinstance(measured.get("target"), Mapping) else None
-    if target and isinstance(origin, str) and REPO_ID.match(origin) and origin != target:
-        problems.append(f"it was measured against {origin}, not {target}")
+    problems += [f"the report measured {quoted(name)}, which is not in the draft"
+                 for name in sorted(set(theirs) - set(ours))]
+    recorded = measured.get("target") if isinstance(measured.get("target"), Mapping) else {}
+    origin = recorded.get("name_or_path")
+    named = target.repo_id or (target.config and os.path.dirname(os.path.abspath(target.config)))
+    if target.config:
+        if recorded.get("config_sha256") != sha256_file(target.config):
+            problems.append(f"it was measured against a target whose config.json is not {named}'s")
+    elif target.repo_id and is_repo_id(origin):
+        if origin != target.repo_id:
+            problems.append(f"it was measured against {origin}, not {target.repo_id}")
+    elif target.repo_id:
+        problems.append(f"it was measured against a local target (folder {quoted(recorded.get('folder'))}) not "
+                        f"known to be {target.repo_id} (give that folder as --target)")
     return problems
 
 
@@ -202,9 +310,9 @@ def check_repo_id(repo_id: str) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError:
-        raise UsageError(f"invalid repo id {repo_id!r}: expected ORG/NAME") from None
+        raise UsageError(f"invalid repo id {quoted(repo_id)}: expected ORG/NAME") from None
     if "/" not in repo_id:
-        raise UsageError(f"invalid repo id {repo_id!r}: expected ORG/NAME")
+        raise UsageError(f"invalid repo id {quoted(repo_id)}: expected ORG/NAME")
 
 
 def _run_validation(spec: DraftSpec, validate: Validator | None) -> tuple[list[Finding], bool]:
@@ -304,7 +412,8 @@ def _resolve_token(token: str | None) -> str:
     return token
 
 
-def _upload(result: PushResult, sources: list[tuple[str, str | bytes]], message: str, token: str) -> None:
+def _upload(result: PushResult, endpoint: str, sources: list[tuple[str, str | bytes]], message: str, token: str) -> None:
+    """Commit `sources` through `endpoint` (which may carry credentials; `result` shows it without them)."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     bounded_hub_client()
@@ -312,17 +421,18 @@ def _upload(result: PushResult, sources: list[tuple[str, str | bytes]], message:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
-    api = HfApi(endpoint=result.endpoint, token=token)
+    api = HfApi(endpoint=endpoint, token=token)
     operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=source) for path, source in sources]
     with _hub_errors(result.endpoint, result.repo_id, result.revision), _lfs_unless_hub(result):
         repo_url = _retry_transient(lambda: api.create_repo(result.repo_id, private=result.private, exist_ok=True))
-        result.url = str(repo_url)
+        result.url = without_credentials(str(repo_url))
         if result.revision and result.revision != "main" and not result.create_pr:
             api.create_branch(result.repo_id, branch=result.revision, exist_ok=True)
         info = _retry_transient(lambda: api.create_commit(
             result.repo_id, operations, commit_message=message, revision=result.revision, create_pr=result.create_pr,
         ))
-    result.commit_url, result.commit_oid, result.pr_url = info.commit_url, info.oid, info.pr_url
+    result.commit_url, result.commit_oid = without_credentials(info.commit_url), info.oid
+    result.pr_url = without_credentials(info.pr_url) if info.pr_url else None
     result.files = [PushedFile(op.path_in_repo, op.upload_info.size, op.upload_info.sha256.hex()) for op in operations]
 
 
@@ -400,7 +510,7 @@ def _hub_errors(endpoint: str, repo_id: str, revision: str | None) -> Iterator[N
     except transport_error as exc:
         raise EaglekitError(f"cannot reach {endpoint}: {type(exc).__name__}") from None
     except RevisionNotFoundError:
-        raise EaglekitError(f"revision {revision!r} does not exist in {repo_id} on {endpoint}") from None
+        raise EaglekitError(f"revision {quoted(revision)} does not exist in {repo_id} on {endpoint}") from None
     except HfHubHTTPError as exc:
         status = _status(exc)
         if status in (401, 403):

@@ -6,12 +6,13 @@ import os
 from dataclasses import dataclass, field
 
 from eaglekit.config_view import REPO_ID
-from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.errors import CheckpointError, UsageError, quoted
 from eaglekit.io.header import HeaderEntry, read_header
-from eaglekit.io.jsonfile import check_inside, load_json_object
+from eaglekit.io.jsonfile import check_inside, load_json_object, within
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+MAX_DRAFT_TENSORS = 2048  # published drafts hold tens to a few hundred; every rule walks every tensor
 
 
 @dataclass
@@ -44,9 +45,12 @@ def resolve_path(source: str, subfolder: str | None = None, revision: str | None
     else:
         root, allowed = _from_hub(source, revision)
     if subfolder:
-        root = os.path.join(root, subfolder)
+        inner = os.path.normpath(os.path.join(root, subfolder))
+        if os.path.isabs(subfolder) or not within(inner, os.path.normpath(root)):
+            raise UsageError(f"--subfolder {quoted(subfolder)} leaves the repository: give a folder inside it", source)
+        root = inner
         if not os.path.isdir(root):
-            raise CheckpointError(f"subfolder {subfolder!r} does not exist", source)
+            raise CheckpointError(f"subfolder {quoted(subfolder)} does not exist", source)
     return root, allowed
 
 
@@ -97,7 +101,8 @@ def read_checkpoint(
     if not os.path.exists(config_path):
         subs = candidate_subfolders(root)
         if subs:
-            raise UsageError(f"no config.json here; drafts found in subfolders {subs}: pick one with --subfolder", root)
+            raise UsageError(f"no config.json here; drafts found in subfolders {quoted(subs)}: pick one with "
+                             "--subfolder", root)
         raise CheckpointError("no config.json in the checkpoint directory", root)
     check_inside(config_path, allowed, config_path)
     config = load_json_object(config_path, "config.json")
@@ -115,13 +120,16 @@ def read_checkpoint(
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError("index has no weight_map", index_path)
+        if len(weight_map) > MAX_DRAFT_TENSORS:
+            raise CheckpointError(f"index maps {len(weight_map):,} tensors, more than the {MAX_DRAFT_TENSORS:,} a "
+                                  "draft checkpoint may hold", index_path)
         for name, shard in weight_map.items():
             if not isinstance(shard, str) or not shard or "/" in shard or "\\" in shard or shard.startswith("."):
-                raise CheckpointError(f"index maps {name!r} to an invalid shard {shard!r}"[:300], index_path)
+                raise CheckpointError(f"index maps {quoted(name)} to an invalid shard {quoted(shard)}", index_path)
         weight_files = sorted(set(weight_map.values()))
         for shard in weight_files:
             if not os.path.exists(os.path.join(root, shard)):
-                raise CheckpointError(f"index names shard {shard!r}, which does not exist", index_path)
+                raise CheckpointError(f"index names shard {quoted(shard)}, which does not exist", index_path)
     else:
         weight_files = [n for n in names if n.endswith(".safetensors") and not n.startswith("adapter_")]
 
@@ -142,21 +150,26 @@ def read_checkpoint(
     metadata: dict[str, str] = {}
     for rel in weight_files:
         full = os.path.join(root, rel)
-        header = read_header(full)
+        header = read_header(full, MAX_DRAFT_TENSORS)
         metadata.update(header.metadata)
         for name, entry in header.entries.items():
             if name in entries:
-                raise CheckpointError(f"tensor {name!r} appears in both {entries[name][0]} and {rel}", full)
+                raise CheckpointError(f"tensor {quoted(name)} appears in both {entries[name][0]} and {rel}", full)
             entries[name] = (rel, entry)
+        if len(entries) > MAX_DRAFT_TENSORS:
+            raise CheckpointError(f"the weight files list {len(entries):,} tensors, more than the "
+                                  f"{MAX_DRAFT_TENSORS:,} a draft checkpoint may hold", root)
 
     if index is not None:
         index_path = os.path.join(root, INDEX_NAME)
         for name, shard in index["weight_map"].items():
             if name not in entries or entries[name][0] != shard:
-                raise CheckpointError(f"index maps {name!r} to {shard}, but that shard does not hold it", index_path)
+                raise CheckpointError(f"index maps {quoted(name)} to {quoted(shard)}, but that shard does not hold it",
+                                      index_path)
         missing = sorted(set(entries) - set(index["weight_map"]))
         if missing:
-            raise CheckpointError(f"shards hold tensors missing from the index: {', '.join(missing[:5])}", index_path)
+            shown = ", ".join(quoted(m) for m in missing[:5])
+            raise CheckpointError(f"shards hold tensors missing from the index: {shown}", index_path)
     return CheckpointFiles(root, config, config_path, weight_files, entries, metadata, index, None, extra)
 
 
@@ -181,8 +194,55 @@ def _read_pickles(root: str, config: dict, config_path: str, pickles: list[str],
             try:
                 dtype = torch_to_safetensors_dtype(tensor.dtype)
             except ValueError:
-                raise CheckpointError(f"tensor {name!r} has dtype {tensor.dtype}, which no EAGLE-3 engine loads",
+                raise CheckpointError(f"tensor {quoted(name)} has dtype {tensor.dtype}, which no EAGLE-3 engine loads",
                                       full) from None
             entries[name] = (rel, HeaderEntry(name, dtype, tuple(tensor.shape), -1, -1))
             tensors[name] = tensor
+        if len(entries) > MAX_DRAFT_TENSORS:
+            raise CheckpointError(f"the weight files hold {len(entries):,} tensors, more than the "
+                                  f"{MAX_DRAFT_TENSORS:,} a draft checkpoint may hold", root)
     return CheckpointFiles(root, config, config_path, pickles, entries, {}, None, tensors, extra)
+
+
+def read_model_weights(root: str, allowed: str) -> dict[str, tuple[str, HeaderEntry]]:
+    """Every tensor's header entry of a model folder of any size (a target's, which may hold tens of thousands):
+    the shards its index names (the index cross-checked against them both ways), or every *.safetensors file
+    without one. Each header is checked as a draft's is, truncation included; symlinks must stay in `allowed`."""
+    names = sorted(os.listdir(root))
+    for name in names:
+        if os.path.islink(os.path.join(root, name)):
+            check_inside(os.path.join(root, name), allowed, os.path.join(root, name))
+    weight_map = None
+    if INDEX_NAME in names:
+        index_path = os.path.join(root, INDEX_NAME)
+        weight_map = load_json_object(index_path, "index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError("index has no weight_map", index_path)
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard or "/" in shard or "\\" in shard or shard.startswith("."):
+                raise CheckpointError(f"index maps {name[:100]!r} to an invalid shard {str(shard)[:100]!r}",
+                                      index_path)
+        files = sorted(set(weight_map.values()))
+        for shard in files:
+            if not os.path.isfile(os.path.join(root, shard)):
+                raise CheckpointError(f"index names shard {shard[:100]!r}, which does not exist", index_path)
+    else:
+        files = [n for n in names if n.endswith(".safetensors")]
+    entries: dict[str, tuple[str, HeaderEntry]] = {}
+    for rel in files:
+        for name, entry in read_header(os.path.join(root, rel)).entries.items():
+            if name in entries:
+                raise CheckpointError(f"tensor {name[:100]!r} appears in both {entries[name][0]} and {rel}",
+                                      os.path.join(root, rel))
+            entries[name] = (rel, entry)
+    if weight_map is not None:
+        index_path = os.path.join(root, INDEX_NAME)
+        for name, shard in weight_map.items():
+            if entries.get(name, ("",))[0] != shard:
+                raise CheckpointError(f"index maps {name[:100]!r} to {shard[:100]}, but that shard does not hold it",
+                                      index_path)
+        unlisted = sorted(set(entries) - set(weight_map))
+        if unlisted:
+            raise CheckpointError(f"shards hold tensors missing from the index: {', '.join(unlisted[:5])[:300]}",
+                                  index_path)
+    return entries

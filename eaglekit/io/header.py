@@ -6,7 +6,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from eaglekit.errors import CheckpointError
+from eaglekit.errors import CheckpointError, quoted
 from eaglekit.io.jsonfile import open_regular, parse_json
 from eaglekit.io.dtypes import DTYPE_SIZES, tensor_nbytes
 
@@ -36,8 +36,9 @@ class SafetensorsHeader:
         return 8 + self.header_size
 
 
-def parse_header_bytes(raw: bytes, file_size: int, path: str) -> SafetensorsHeader:
-    """Check a header given its first bytes (8-byte length + JSON) and the file size."""
+def parse_header_bytes(raw: bytes, file_size: int, path: str, max_tensors: int | None = None) -> SafetensorsHeader:
+    """Check a header given its first bytes (8-byte length + JSON) and the file size; more than `max_tensors`
+    entries are refused before any is checked."""
     if file_size < 8 or len(raw) < 8:
         raise CheckpointError("truncated safetensors file: shorter than the 8-byte header length", path)
     (n,) = struct.unpack("<Q", raw[:8])
@@ -55,33 +56,38 @@ def parse_header_bytes(raw: bytes, file_size: int, path: str) -> SafetensorsHead
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise CheckpointError("safetensors __metadata__ must map strings to strings", path)
 
+    if max_tensors is not None and len(doc) > max_tensors:
+        raise CheckpointError(f"safetensors header lists {len(doc):,} tensors, more than the {max_tensors:,} a "
+                              "draft checkpoint may hold", path)
     data_start = 8 + n
     data_len = file_size - data_start
     entries: dict[str, HeaderEntry] = {}
     for name, info in doc.items():
         if not isinstance(info, dict):
-            raise CheckpointError(f"tensor {name!r}: header entry is not an object", path)
+            raise CheckpointError(f"tensor {quoted(name)}: header entry is not an object", path)
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
-            raise CheckpointError(f"tensor {name!r}: unknown dtype {dtype!r}", path)
+            raise CheckpointError(f"tensor {quoted(name)}: unknown dtype {quoted(dtype)}", path)
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise CheckpointError(f"tensor {name!r}: shape must be a list of non-negative integers", path)
+            raise CheckpointError(f"tensor {quoted(name)}: shape must be a list of non-negative integers", path)
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
             or not all(type(o) is int and o >= 0 for o in offsets)
             or offsets[0] > offsets[1]
         ):
-            raise CheckpointError(f"tensor {name!r}: data_offsets must be [begin, end] with 0 <= begin <= end", path)
+            raise CheckpointError(f"tensor {quoted(name)}: data_offsets must be [begin, end] with 0 <= begin <= end",
+                                  path)
         begin, end = offsets
         expected = tensor_nbytes(dtype, tuple(shape))
         if end - begin != expected:
             raise CheckpointError(
-                f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but data_offsets span {end - begin}", path
-            )
+                f"tensor {quoted(name)}: {dtype}{quoted(shape)} needs {expected} bytes but data_offsets span "
+                f"{end - begin}", path)
         if end > data_len:
             raise CheckpointError(
-                f"tensor {name!r}: data_offsets end {end} beyond the data section ({data_len} bytes; file truncated?)",
+                f"tensor {quoted(name)}: data_offsets end {end} beyond the data section ({data_len} bytes; file "
+                "truncated?)",
                 path,
             )
         entries[name] = HeaderEntry(name, dtype, tuple(shape), data_start + begin, data_start + end)
@@ -91,17 +97,18 @@ def parse_header_bytes(raw: bytes, file_size: int, path: str) -> SafetensorsHead
     at = data_start
     for entry in sorted(entries.values(), key=lambda e: (e.start, e.end)):
         if previous is not None and entry.start < previous.end:
-            raise CheckpointError(f"tensors {previous.name!r} and {entry.name!r} overlap in the data section", path)
+            raise CheckpointError(f"tensors {quoted(previous.name)} and {quoted(entry.name)} overlap in the data "
+                                  "section", path)
         if entry.start != at:
-            raise CheckpointError(f"{entry.start - at} unused bytes before tensor {entry.name!r} in the data section; "
-                                  "safetensors refuses such a file", path)
+            raise CheckpointError(f"{entry.start - at} unused bytes before tensor {quoted(entry.name)} in the data "
+                                  "section; safetensors refuses such a file", path)
         previous, at = entry, entry.end
     if at != file_size:
         raise CheckpointError(f"{file_size - at} bytes after the last tensor; safetensors refuses such a file", path)
     return SafetensorsHeader(path, n, file_size, metadata, entries)
 
 
-def read_header(path: str) -> SafetensorsHeader:
+def read_header(path: str, max_tensors: int | None = None) -> SafetensorsHeader:
     """Read only the header of a safetensors file (at most 8 + header-length bytes)."""
     with open_regular(path, "safetensors file") as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -113,4 +120,4 @@ def read_header(path: str) -> SafetensorsHeader:
             body = fh.read(n) if n <= MAX_HEADER_BYTES and 8 + n <= size else b""
         except OSError as exc:
             raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
-    return parse_header_bytes(head + body, size, path)
+    return parse_header_bytes(head + body, size, path, max_tensors)

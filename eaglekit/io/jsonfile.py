@@ -13,7 +13,7 @@ import os
 import stat
 from typing import Any
 
-from eaglekit.errors import CheckpointError
+from eaglekit.errors import CheckpointError, quoted
 
 MAX_JSON_BYTES = 64 * 1024 * 1024  # configs and indexes are KB; a prompts file a few MB
 MAX_INT_DIGITS = 40  # far above any shape, id or size a checkpoint holds (2^64 has 20 digits)
@@ -23,11 +23,16 @@ class _JsonRefused(ValueError):
     pass
 
 
+def within(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies below it (as written: no symlink is followed)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def check_inside(path: str, allowed_root: str, display: str) -> None:
-    """Refuse a path whose symlinks resolve outside `allowed_root`."""
-    real = os.path.realpath(path)
-    base = os.path.realpath(allowed_root)
-    if real != base and not real.startswith(base + os.sep):
+    """Refuse a path that leaves `allowed_root`, as written or through a symlink; the message says which."""
+    if not within(os.path.normpath(os.path.abspath(path)), os.path.normpath(os.path.abspath(allowed_root))):
+        raise CheckpointError("lies outside the checkpoint directory; refusing to read it", display)
+    if not within(os.path.realpath(path), os.path.realpath(allowed_root)):
         raise CheckpointError("symlink points outside the checkpoint directory; refusing to follow it", display)
 
 
@@ -81,7 +86,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise _JsonRefused(f"duplicate key {key!r}")
+            raise _JsonRefused(f"duplicate key {quoted(key)}")
         out[key] = value
     return out
 
