@@ -338,6 +338,21 @@ def test_a_gguf_output_on_a_full_disk_is_one_line_and_leaves_nothing_half_writte
     assert snapshot(folder) == before  # no partial file, and an earlier output is still whole
 
 
+def test_a_killed_gguf_write_is_cleared_by_the_next_run_and_nothing_else_is(world, gguf_run, tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = str(tmp_path / "d.gguf")
+    leftover = tmp_path / f".d.gguf.eaglekit-partial-{dead.pid}-0badc0de.gguf"  # what a SIGKILL leaves
+    leftover.write_bytes(b"GGUF half")
+    live = tmp_path / f".d.gguf.eaglekit-partial-{os.getpid()}-0badc0de.gguf"  # a run still writing
+    live.write_bytes(b"GGUF busy")
+    mine = tmp_path / ".d.gguf.eaglekit-partial-notes"  # no process id: not eaglekit's
+    mine.write_text("mine")
+    clean("upgrade", world["draft"], out, "--to", "gguf", "--target", world["target.gguf"], codes=(0,))
+    assert sorted(os.listdir(tmp_path)) == sorted(["d.gguf", live.name, mine.name])
+    assert live.read_bytes() == b"GGUF busy" and mine.read_text() == "mine"
+
+
 # ---------------------------------------------------------------- SIGTERM and Ctrl-C mid-run
 
 

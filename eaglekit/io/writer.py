@@ -253,16 +253,39 @@ def check_parent(destination: str) -> None:
         raise OutputError("parent directory of the output is not writable", parent)
 
 
+def remove_stale(destination: str) -> None:
+    """Leftovers of killed runs for `destination`, named by eaglekit's marks with the dead run's process id: staging
+    folders and partial files go; a replaced output whose run died before the new one took its place is put back
+    (so --force never loses the old output), otherwise removed."""
+    parent, base = os.path.split(os.path.abspath(destination))
+    for name in sorted(os.listdir(parent)):
+        for mark in (PARTIAL_MARK, OLD_MARK):
+            prefix = f".{base}{mark}"
+            if not name.startswith(prefix):
+                continue
+            pid = name[len(prefix):].split("-", 1)[0]
+            if not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            full = os.path.join(parent, name)
+            if mark == OLD_MARK and not os.path.lexists(destination):
+                os.rename(full, destination)
+            elif os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full, ignore_errors=True)
+            else:
+                os.unlink(full)
+
+
 def publish_file(destination: str, write: Callable[[str], None], *, what: str = "the output") -> str:
     """`write(tmp)` into a new file beside `destination`, fsync it, then rename it into place: no half-written file
     ever has the name, a failed or interrupted write leaves nothing behind, and a full or read-only disk is one
-    OutputError. The temporary name is created exclusively, so no existing file is ever overwritten or removed.
-    Returns the absolute path."""
+    OutputError. The temporary name is created exclusively: no file is ever overwritten or removed but
+    `destination` itself and the leftovers of killed runs for it. Returns the absolute path."""
     destination = os.path.abspath(destination)
     parent, base = os.path.split(destination)
     tmp = os.path.join(parent, f".{base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}{os.path.splitext(base)[1]}")
     created = False
     try:
+        remove_stale(destination)
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         created = True
         write(tmp)
@@ -302,26 +325,9 @@ class StagedDirectory:
             raise UsageError("output directory exists and is not empty (pass --force to replace it)", self.dst)
         check_parent(self.dst)
 
-    def _remove_stale(self) -> None:
-        """Leftovers of killed runs for this `dst`: staging folders go; a replaced copy whose run died before the
-        new one took its place is put back (so --force never loses the old output), otherwise removed."""
-        for name in sorted(os.listdir(self.parent)):
-            for mark in (PARTIAL_MARK, OLD_MARK):
-                prefix = f".{self.base}{mark}"
-                if not name.startswith(prefix):
-                    continue
-                pid = name[len(prefix):].split("-", 1)[0]
-                if not pid.isdigit() or _pid_alive(int(pid)):
-                    continue
-                full = os.path.join(self.parent, name)
-                if mark == OLD_MARK and not os.path.lexists(self.dst):
-                    os.rename(full, self.dst)
-                else:
-                    shutil.rmtree(full, ignore_errors=True)
-
     def __enter__(self) -> StagedDirectory:
         self.check()
-        self._remove_stale()
+        remove_stale(self.dst)
         self.path = os.path.join(self.parent, f".{self.base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
             os.mkdir(self.path)
