@@ -27,7 +27,7 @@ from eaglekit.target import read_target
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.run import measured_files
 from tests.factory import edit_config, make_draft, make_target_config, rewrite_tensors
-from tests.hub_fixtures import fake_hub  # noqa: F401  (fixture)
+from tests.hub_fixtures import fake_hub, prefill_cache  # noqa: F401  (fixture)
 from tests.test_hostile_input import FUZZ, bounded, clean, refused, strict_json, write_header
 
 HUB_TARGET = "meta-llama/Llama-3.1-8B-Instruct"
@@ -53,7 +53,11 @@ def write_report(path, draft: str, target: str, **fields) -> str:
 # ------------------------------------------------------------------ 1. the report push puts in the card
 
 
-def test_a_report_of_another_local_target_is_refused(tmp_path):
+def test_a_report_of_another_local_target_is_refused(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     draft = make_draft(str(tmp_path / "d"), "vllm")
     measured, other = make_target_config(str(tmp_path / "t1")), make_target_config(str(tmp_path / "t2"), layers=16)
     report = write_report(tmp_path / "r.json", draft, measured)
@@ -61,9 +65,15 @@ def test_a_report_of_another_local_target_is_refused(tmp_path):
                             codes=(0,)).stdout)
     assert "Mean acceptance length τ | 2.30" in doc["card"] and "measured on other files" not in doc["card"]
     line = refused("push", draft, *PUSH, "--target", other, "--report", report, contains=report).stderr
-    assert "config.json is not" in line and "--force" in line
-    line = refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report, contains=report).stderr
-    assert f"not known to be {HUB_TARGET}" in line
+    assert f"config.json is not the one in {other}" in line and "--force" in line
+    refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report,
+            contains=f"cannot be compared with {HUB_TARGET}")
+    prefill_cache(str(tmp_path / "hub"), "org/other", other)
+    refused("push", draft, *PUSH, "--target", "org/other", "--report", report, contains="config.json is not org/other's")
+    prefill_cache(str(tmp_path / "hub"), HUB_TARGET, measured)
+    doc = strict_json(clean("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report, "--format", "json",
+                            codes=(0,)).stdout)
+    assert f"base_model: {HUB_TARGET}" in doc["card"] and "measured on other files" not in doc["card"]
     named = write_report(tmp_path / "named.json", draft, edit_config(
         make_target_config(str(tmp_path / "t3")), lambda c: c.update(_name_or_path="other-org/Other")))
     refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", named, contains=f"not {HUB_TARGET}")

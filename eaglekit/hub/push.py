@@ -92,8 +92,8 @@ class VerifyReportFile:
 
 @dataclass(frozen=True)
 class PushTarget:
-    """The target a push declares: the Hub id its card names, and a config.json of it on this machine (the folder
-    given as --target, or the Hub id's copy in the Hugging Face cache) to compare a verify report's hash with."""
+    """The target a push declares: the Hub id its card names, and the config.json of the local folder given as
+    --target (a verify report that measured that folder recorded its hash)."""
 
     repo_id: str | None
     config: str | None
@@ -224,7 +224,10 @@ def push(
                             "on these files, or pass --force (the card then says the figures are for other files)",
                             report.path)
     forced = bool(errors) or bool(warm_start) or bool(worse) or bool(unbound)
-    warnings = [] if target else ["no target model known: pass --target so the card's serve commands name it"]
+    warnings = []
+    if not target:
+        unnamed = "no target model known" if declared.config is None else "the --target folder records no Hub id"
+        warnings.append(f"{unnamed}: pass the target's Hub id as --target so the card's serve commands name it")
     if license_link and license != "other":
         raise UsageError("--license-link names a licence of its own: use it with --license other")
     if not license:
@@ -262,21 +265,29 @@ def declared_target(value: str | None, spec: DraftSpec) -> PushTarget:
         return PushTarget(name if is_repo_id(name) else None, config)
     if value and not REPO_ID.match(value):
         raise UsageError(f"--target {quoted(value)} is neither a Hub id (ORG/NAME) nor an existing folder")
-    repo_id = value or recorded_target(spec)
-    return PushTarget(repo_id, _cached_config(repo_id) if repo_id else None)
+    return PushTarget(value or recorded_target(spec), None)
 
 
-def _cached_config(repo_id: str) -> str | None:
-    """The Hub id's config.json in the local Hugging Face cache, if it is there (never a download)."""
-    from huggingface_hub import try_to_load_from_cache
+def _hub_config(repo_id: str) -> str | None:
+    """The Hub id's config.json: from the local Hugging Face cache, else fetched (a few KB); None when neither
+    works (offline, gated, unknown or unreachable)."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    found = try_to_load_from_cache(repo_id, "config.json")
-    return found if isinstance(found, str) else None
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    if isinstance(cached, str):
+        return cached
+    bounded_hub_client()
+    try:
+        return hf_hub_download(repo_id, "config.json")
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError, *_transport_errors()):
+        return None
 
 
 def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTarget) -> list[str]:
     """Why a verify report does not describe the files being pushed, or the target this push declares; empty: it
-    does. The target is compared by config.json hash when a copy of it is here, else by the Hub id it records."""
+    does. The target is compared as the report records it: by config.json hash with a local --target folder, by
+    Hub id, and a local copy of unrecorded origin by hash with the Hub id's config.json."""
     from eaglekit.upgrade.provenance import hash_files, sha256_file, source_files
 
     measured = report.get("measured")
@@ -290,17 +301,23 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTa
     problems += [f"the report measured {quoted(name)}, which is not in the draft"
                  for name in sorted(set(theirs) - set(ours))]
     recorded = measured.get("target") if isinstance(measured.get("target"), Mapping) else {}
-    origin = recorded.get("name_or_path")
-    named = target.repo_id or (target.config and os.path.dirname(os.path.abspath(target.config)))
+    origin, digest, folder = recorded.get("name_or_path"), recorded.get("config_sha256"), quoted(recorded.get("folder"))
     if target.config:
-        if recorded.get("config_sha256") != sha256_file(target.config):
-            problems.append(f"it was measured against a target whose config.json is not {named}'s")
+        if digest != sha256_file(target.config):
+            problems.append(f"it was measured against a target whose config.json is not the one in "
+                            f"{os.path.dirname(os.path.abspath(target.config))}")
     elif target.repo_id and is_repo_id(origin):
         if origin != target.repo_id:
             problems.append(f"it was measured against {origin}, not {target.repo_id}")
     elif target.repo_id:
-        problems.append(f"it was measured against a local target (folder {quoted(recorded.get('folder'))}) not "
-                        f"known to be {target.repo_id} (give that folder as --target)")
+        config = _hub_config(target.repo_id)
+        if config is None:
+            problems.append(f"it was measured against a local target (folder {folder}) that cannot be compared with "
+                            f"{target.repo_id}, whose config.json is neither cached nor reachable (give that folder "
+                            "as --target)")
+        elif digest != sha256_file(config):
+            problems.append(f"it was measured against a local target (folder {folder}) whose config.json is not "
+                            f"{target.repo_id}'s")
     return problems
 
 

@@ -58,7 +58,7 @@ def _from_hub(repo_id: str, revision: str | None) -> tuple[str, str]:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    from eaglekit.io.hub_client import bounded_hub_client
+    from eaglekit.io.hub_client import bounded_hub_client, without_credentials
 
     bounded_hub_client()
 
@@ -71,7 +71,8 @@ def _from_hub(repo_id: str, revision: str | None) -> tuple[str, str]:
         except LocalEntryNotFoundError:
             raise CheckpointError("not in the local Hugging Face cache and the Hub is unreachable (offline?)", repo_id) from None
         except (HfHubHTTPError, OSError, ValueError) as exc:
-            raise CheckpointError(f"cannot download from the Hub: {str(exc).splitlines()[0]}", repo_id) from None
+            reason = without_credentials(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise CheckpointError(f"cannot download from the Hub: {reason}", repo_id) from None
     # snapshot files are symlinks into the repo cache's blobs/: that whole repo folder is trusted
     return path, os.path.dirname(os.path.dirname(path))
 
