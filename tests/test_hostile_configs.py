@@ -161,11 +161,20 @@ def test_a_quantization_config_vllm_cannot_read_is_an_error(tmp_path_factory, va
 
 
 @FEW
-@given(eps=st.sampled_from([1e308, 3.5e38, 1.0, 0.05]))
-def test_an_eps_too_large_to_normalise_is_an_error(tmp_path_factory, eps):
+@given(eps=st.sampled_from([1e308, 3.5e38, float(np.finfo(np.float32).max) * 1.001]))
+def test_an_eps_that_float32_cannot_hold_is_an_error(tmp_path_factory, eps):
     path, out = fresh(tmp_path_factory, config_patch={"rms_norm_eps": eps})
     assert "EK326" in errors(path, "--engine", "vllm") and "EK157" not in errors(path)
     upgrade_refused(path, out, "EK326")
+
+
+@FEW
+@given(eps=st.sampled_from([1.0, 0.05, 1e30, float(np.finfo(np.float32).max)]))
+def test_a_large_eps_the_engine_runs_is_a_warning_not_a_refusal(tmp_path_factory, eps):
+    path, out = fresh(tmp_path_factory, config_patch={"rms_norm_eps": eps})
+    assert "EK327" in {f["code"] for f in findings(path, "--engine", "vllm") if f["severity"] == "warning"}
+    assert "EK326" not in errors(path, "--engine", "vllm")
+    clean("upgrade", path, out, "--dry-run", *KEEP_FUNCTION, codes=(0,))
 
 
 # ------------------------------------------------------------------ class 3: quantised drafts

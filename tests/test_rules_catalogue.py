@@ -259,6 +259,7 @@ CASES = [
     Case("EK325", lambda p: draft(p, config_patch={"quantization_config": {"quant_method": "banana"}}),
          lambda p: draft(p, config_patch=FP8)),
     Case("EK326", lambda p: draft(p, config_patch={"rms_norm_eps": 1e308}), lambda p: draft(p)),
+    Case("EK327", lambda p: draft(p, config_patch={"rms_norm_eps": 0.5}), lambda p: draft(p)),
     Case("EK305", lambda p: renamed(draft(p, "modelopt-megatron", layers=2), lambda n: n.replace("midlayer.", "layers.")),
          lambda p: draft(p, layers=2)),
     Case("EK306", lambda p: draft(p, draft_vocab=None, add={"d2t": np.zeros(256, np.int64)}),

@@ -66,7 +66,7 @@ class ConfigAcceptance:
     rope_types: frozenset[str]  # rope_type (or legacy `type`) values its RoPE factory builds
     rope_factor_types: frozenset[str]  # the types that scale by `factor` (which must then be a number > 0)
     quant_methods: frozenset[str]  # quantization_config.quant_method values it knows
-    rms_norm_eps_max: float  # the largest eps with which RMSNorm still normalises
+    rms_norm_eps_max: float  # the largest eps its kernel can hold (past it the eps becomes inf, every norm output 0)
 
 
 VLLM_ACCEPTS = ConfigAcceptance(
@@ -85,9 +85,8 @@ VLLM_ACCEPTS = ConfigAcceptance(
         "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
         "nvfp4_per_token", "mxfp8", "tpu_int8", "deepspeedfp", "ipex",
     }),
-    # released drafts and targets use 1e-5 or 1e-6; past 1e-2 eps outweighs the mean square of a token embedding
-    # in the first layer's input norm, and past 3.4e38 the float32 kernel turns it into inf (every norm output 0)
-    rms_norm_eps_max=1e-2,
+    # the RMSNorm kernels take eps as a float32: past its largest finite value it is inf and every norm output 0
+    rms_norm_eps_max=3.4028234663852886e38,
 )
 # the attention kind each vLLM class builds
 CLASS_ATTENTION = {"llama": "llama", "qwen3": "qwen3", "deepseek": "mla"}

@@ -308,12 +308,25 @@ def quantization_method(ctx: RuleContext):
                   key="quantization_config.quant_method")
 
 
-@rule("EK326", "error", "engine", None, "rms_norm_eps too large for RMSNorm to normalise", engine=VLLM,
+@rule("EK326", "error", "engine", None, "rms_norm_eps beyond float32: every norm outputs 0", engine=VLLM,
       refuses_upgrade=True)
 def norm_eps(ctx: RuleContext):
     eps = ctx.spec.geometry.rms_norm_eps
     if eps > VLLM_ACCEPTS.rms_norm_eps_max:
-        yield Hit(f"rms_norm_eps is {eps:g}, above {VLLM_ACCEPTS.rms_norm_eps_max:g}: eps then outweighs the mean "
-                  f"square of the states it normalises (and past 3.4e38 {_v(ctx)}'s float32 kernel makes it inf, "
-                  "zeroing every norm); write the eps the draft was trained with",
+        yield Hit(f"rms_norm_eps is {eps:g}: {_v(ctx)}'s RMSNorm kernel takes eps as a float32, where it becomes inf "
+                  "and zeroes every norm; write the eps the draft was trained with",
+                  key=layer_key(ctx.spec, "rms_norm_eps"))
+
+
+LARGE_EPS = 1e-2
+"""Released drafts and targets use 1e-5 or 1e-6; past 1e-2 eps outweighs the mean square of the states it
+normalises (a judgement, not an engine limit: the engine runs it)."""
+
+
+@rule("EK327", "warning", "engine", None, "rms_norm_eps so large that it dominates the norm", engine=VLLM)
+def large_norm_eps(ctx: RuleContext):
+    eps = ctx.spec.geometry.rms_norm_eps
+    if LARGE_EPS < eps <= VLLM_ACCEPTS.rms_norm_eps_max:
+        yield Hit(f"rms_norm_eps is {eps:g}, above {LARGE_EPS:g}: {_v(ctx)} runs it, but eps then outweighs the mean "
+                  "square of the states it normalises; check it is the eps the draft was trained with",
                   key=layer_key(ctx.spec, "rms_norm_eps"))
