@@ -62,10 +62,10 @@ def push_command(draft, repo_id, target, report_path, private, revision, create_
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     from eaglekit.hub.push import load_report, push
-    from eaglekit.io.outputs import Role, refuse_clobber
+    from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 
     refuse_clobber([Role("--card-out", card_out)],
-                   [Role("draft", draft), Role("--report", report_path), Role("--target", local_path(target))])
+                   [*read_roles("draft", draft), *read_roles("--report", report_path), *target_roles(local_path(target))])
     report = load_report(report_path) if report_path else None
     bars_were_off = are_progress_bars_disabled()
     if output_format == "json":
