@@ -220,9 +220,8 @@ def push(
     target = declared.repo_id
     unbound = report_mismatches(report.doc, spec, declared) if report is not None else []
     if unbound and not force:
-        raise EaglekitError(f"refusing to put this verify report in the card: {unbound[0]}; rerun `eaglekit verify` "
-                            "on these files, or pass --force (the card then says the figures are for other files)",
-                            report.path)
+        raise EaglekitError(f"refusing this verify report: {unbound[0]} (rerun `eaglekit verify`, or pass --force: "
+                            "the card then says so)", report.path)
     forced = bool(errors) or bool(warm_start) or bool(worse) or bool(unbound)
     warnings = []
     if not target:
@@ -312,9 +311,9 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTa
     elif target.repo_id:
         config = _hub_config(target.repo_id)
         if config is None:
-            problems.append(f"it was measured against a local target (folder {folder}) that cannot be compared with "
-                            f"{target.repo_id}, whose config.json is neither cached nor reachable (give that folder "
-                            "as --target)")
+            problems.append(f"it measured a local target (folder {folder}) that cannot be compared with "
+                            f"{target.repo_id}: its config.json is neither cached nor reachable (give that folder as "
+                            "--target)")
         elif digest != sha256_file(config):
             problems.append(f"it was measured against a local target (folder {folder}) whose config.json is not "
                             f"{target.repo_id}'s")
