@@ -1,12 +1,16 @@
-"""The facts validate and upgrade need from a target model's config.json (no weights read)."""
+"""The facts validate and upgrade need from a target model's config.json, and the check that its weights cover
+what that config builds (headers only, no tensor values read)."""
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from eaglekit.config_view import REPO_ID
 from eaglekit.errors import CheckpointError
+from eaglekit.io.checkpoint import INDEX_NAME, PICKLE_SUFFIXES, read_model_weights
+from eaglekit.io.header import HeaderEntry
 from eaglekit.io.jsonfile import check_inside, load_json_object, symlink_root
 
 
@@ -30,13 +34,26 @@ class TargetInfo:
         return (2, L // 2, L - 3)
 
 
+GEOMETRY_LIMITS = {"num_hidden_layers": 4096, "hidden_size": 1 << 17, "vocab_size": 1 << 24,
+                   "max_position_embeddings": 1 << 28}
+"""Far above any released model (Llama-3.1-405B: 126 layers of width 16384; vocabularies up to 262 144 tokens;
+contexts up to 10M), far below what makes a size computation or an allocation absurd."""
+
+
+def bounded_int(value, key: str, where: str, what: str = "target config", name: str | None = None) -> int:
+    """`value` if it is an integer in [1, GEOMETRY_LIMITS[key]]; else one error line naming it (`name`, else
+    `key`)."""
+    limit = GEOMETRY_LIMITS[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise CheckpointError(f"{what}: {name or key} must be a positive integer at most {limit}, not {value!r}"[:200],
+                              where)
+    return value
+
+
 def _positive_int(text: dict, key: str, cfg_path: str) -> int:
-    value = text.get(key)
     if key not in text:
         raise CheckpointError(f"target config lacks {key}", cfg_path)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CheckpointError(f"target config: {key} must be a positive integer, not {value!r}"[:200], cfg_path)
-    return value
+    return bounded_int(text[key], key, cfg_path)
 
 
 def _strings(value, key: str, cfg_path: str) -> tuple[str, ...] | None:
@@ -103,29 +120,50 @@ def read_gguf_target(path: str) -> TargetInfo:
     if arch == "eagle3":
         raise CheckpointError("this GGUF is an EAGLE-3 draft, not a target model", path)
 
-    def positive(key: str) -> int:
-        value = contents.value(f"{arch}.{key}")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise CheckpointError(f"GGUF metadata {arch}.{key} must be a positive integer, not {value!r}"[:200], path)
-        return value
+    def metadata(key: str, limit_key: str, default=None) -> int | None:
+        value = contents.value(f"{arch}.{key}", default)
+        return bounded_int(value, limit_key, path, "GGUF metadata", f"{arch}.{key}") if value is not None else None
 
     tokens = contents.fields.get("tokenizer.ggml.tokens")
-    vocab = contents.value(f"{arch}.vocab_size") or (len(tokens.value) if tokens else None)
-    if not isinstance(vocab, int) or vocab < 1:
+    vocab = metadata("vocab_size", "vocab_size", len(tokens.value) if tokens else None)
+    if vocab is None:
         raise CheckpointError("GGUF has neither a vocab_size nor tokenizer.ggml.tokens", path)
-    context = contents.value(f"{arch}.context_length")
+    layers = metadata("block_count", "num_hidden_layers")
+    if layers is None:
+        raise CheckpointError(f"GGUF metadata lacks {arch}.block_count", path)
+    hidden = metadata("embedding_length", "hidden_size")
+    if hidden is None:
+        raise CheckpointError(f"GGUF metadata lacks {arch}.embedding_length", path)
+    _check_gguf_tensors(contents, layers, contents.value(f"{arch}.nextn_predict_layers", 0), path)
     name = contents.value("general.name")
-    model_type = GGUF_MODEL_TYPES.get(arch, arch)
     return TargetInfo(
-        path=os.path.abspath(path), num_layers=positive("block_count"), hidden_size=positive("embedding_length"),
-        vocab_size=vocab, tie_word_embeddings="output.weight" not in contents.tensors, architectures=(),
-        model_type=model_type, max_position_embeddings=context if isinstance(context, int) and context > 0 else None,
+        path=os.path.abspath(path), num_layers=layers, hidden_size=hidden, vocab_size=vocab,
+        tie_word_embeddings="output.weight" not in contents.tensors, architectures=(),
+        model_type=GGUF_MODEL_TYPES.get(arch, arch),
+        max_position_embeddings=metadata("context_length", "max_position_embeddings"),
         name_or_path=name if isinstance(name, str) else None,
     )
 
 
-def read_target(path: str) -> TargetInfo:
-    """A target's facts from its folder, its config.json, or its GGUF file."""
+def _check_gguf_tensors(contents, layers: int, extra_layers, path: str) -> None:
+    """A GGUF's tensor table covers its metadata: blk.0..blk.{block_count-1} (plus any next-token-prediction
+    blocks it declares), token_embd and output_norm; llama.cpp refuses such a file only when it loads it. A GGUF
+    without tensors is read for its metadata alone, as a target folder with only its config is."""
+    if not contents.tensors:
+        return
+    blocks = {int(m.group(1)) for m in map(re.compile(r"blk\.(\d+)\.").match, contents.tensors) if m}
+    extra = extra_layers if isinstance(extra_layers, int) and not isinstance(extra_layers, bool) else 0
+    _check_layers(blocks, layers, extra, "GGUF tensors", path)
+    for name in ("token_embd.weight", "output_norm.weight"):
+        if name not in contents.tensors:
+            raise CheckpointError(f"GGUF has no {name} tensor", path)
+
+
+def read_target(path: str, *, weights: bool = False) -> TargetInfo:
+    """A target's facts from its folder, its config.json, or its GGUF file.
+
+    Weights next to the config are read through the checked safetensors reader and must cover what the config
+    builds (check_target_weights); `weights=True` (a target about to be loaded) also refuses a folder without any."""
     if path.endswith(".gguf") and not os.path.isdir(path):
         return read_gguf_target(path)
     cfg_path = target_config_path(path)
@@ -139,17 +177,85 @@ def read_target(path: str) -> TargetInfo:
     if layer_types is not None and len(layer_types) != L:
         raise CheckpointError(f"target config: layer_types has {len(layer_types)} entries for {L} layers", cfg_path)
     max_pos = text.get("max_position_embeddings")
+    tied = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    if not isinstance(tied, bool):
+        raise CheckpointError(f"target config: tie_word_embeddings must be true or false, not {tied!r}"[:200], cfg_path)
     name = cfg.get("_name_or_path")
-    return TargetInfo(
+    info = TargetInfo(
         path=cfg_path,
         num_layers=L,
         hidden_size=T,
         vocab_size=V,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        tie_word_embeddings=tied,
         architectures=_strings(cfg.get("architectures"), "architectures", cfg_path) or (),
         model_type=cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None,
         layer_types=layer_types,
-        max_position_embeddings=max_pos if isinstance(max_pos, int) and not isinstance(max_pos, bool) and max_pos > 0
-        else None,
+        max_position_embeddings=None if max_pos is None else bounded_int(max_pos, "max_position_embeddings",
+                                                                          cfg_path),
         name_or_path=name if isinstance(name, str) else None,
     )
+    check_target_weights(info, text.get("num_nextn_predict_layers"), required=weights)
+    return info
+
+
+EMBEDDINGS, FINAL_NORM, LM_HEAD = "embed_tokens.weight", "norm.weight", "lm_head.weight"
+FLOAT_DTYPES = ("F32", "F16", "BF16")  # quantized tensors store packed shapes: only float shapes are compared
+
+
+def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool = False) -> None:
+    """The safetensors next to the target's config, read through the checked reader (headers, index against
+    shards, truncation), cover exactly what the config builds: every layer 0..L-1 (and no other, but the
+    next-token-prediction layers a config declares), the embeddings [V, T], the final norm [T], and lm_head [V, T]
+    unless tie_word_embeddings. transformers would fill a missing tensor with random values and still run."""
+    folder = os.path.dirname(os.path.abspath(info.path))
+    names = os.listdir(folder)
+    if INDEX_NAME not in names and not any(n.endswith(".safetensors") for n in names):
+        if not required:
+            return
+        pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
+        raise CheckpointError("cannot load the target model: " + (
+            f"its weights are pickle files ({', '.join(pickles[:3])[:200]}), which eaglekit never unpickles; "
+            "convert them to safetensors" if pickles else "no safetensors weights next to its config"), folder)
+    entries = target_tensors(folder)
+    V, T = info.vocab_size, info.hidden_size
+
+    def fits(name: str, shape: tuple[int, ...]) -> bool:
+        return name in entries and (entries[name].dtype not in FLOAT_DTYPES or entries[name].shape == shape)
+
+    embeds = [n for n in entries if n == EMBEDDINGS or n.endswith("." + EMBEDDINGS)]
+    embed = next((n for n in embeds if fits(n, (V, T))), None)
+    if embed is None:
+        raise CheckpointError(f"target weights: {embeds[0][:100]} is {list(entries[embeds[0]].shape)}, not the "
+                              f"config's [vocab_size {V}, hidden_size {T}]" if embeds else
+                              f"target weights hold no {EMBEDDINGS}: eaglekit loads decoder-only models laid out as "
+                              "model.embed_tokens / model.layers.N / model.norm", folder)
+    prefix = embed[: -len(EMBEDDINGS)]
+    layer = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
+    found = {int(m.group(1)) for m in map(layer.match, entries) if m}
+    extra = extra_layers if isinstance(extra_layers, int) and not isinstance(extra_layers, bool) else 0
+    _check_layers(found, info.num_layers, extra, "target weights", folder)
+    if not fits(prefix + FINAL_NORM, (T,)):
+        raise CheckpointError(f"target weights hold no final norm {prefix + FINAL_NORM}[{T}]"[:300], folder)
+    heads = [n for n in entries if n == LM_HEAD or n.endswith("." + LM_HEAD)]
+    if not info.tie_word_embeddings and not any(fits(n, (V, T)) for n in heads):
+        raise CheckpointError(f"target weights hold no {LM_HEAD} [{V}, {T}] and the config does not tie it to the "
+                              "embeddings (tie_word_embeddings false): it would run with random values", folder)
+
+
+def target_tensors(folder: str) -> dict[str, HeaderEntry]:
+    """Every tensor's header entry in a target folder, through the checked reader (symlinks may point into a
+    Hugging Face cache snapshot's blobs)."""
+    return {name: entry for name, (_, entry) in read_model_weights(folder, symlink_root(folder)).items()}
+
+
+def _check_layers(found: set[int], layers: int, extra: int, what: str, where: str) -> None:
+    """Layer ids found in tensor names are exactly 0..layers-1, plus at most `extra` after them."""
+    missing = sorted(set(range(layers)) - found)
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (", …" if len(missing) > 5 else "")
+        raise CheckpointError(f"{what} cover {layers - len(missing)} of the {layers} layers declared (missing layer "
+                              f"{shown}): incomplete weights, or another model's", where)
+    beyond = sorted(i for i in found if i >= layers + max(extra, 0))
+    if beyond:
+        raise CheckpointError(f"{what} hold layer {beyond[0]}" + (f" and {len(beyond) - 1} more" if beyond[1:] else "")
+                              + f" beyond the {layers} declared: another model's weights?", where)

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.target import FLOAT_DTYPES, read_target, target_tensors
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -68,12 +71,13 @@ def _decoder_parts(model) -> tuple[Sequence[Any], Any, Any]:
 class TargetModel:
     """A loaded target plus aux-state capture; `forward` is the only entry point the decode loop needs."""
 
-    def __init__(self, model, tokenizer, *, path: str, device: str, dtype):
+    def __init__(self, model, tokenizer, *, path: str, device: str, dtype, context: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.path = path
         self.device = device
         self.dtype = dtype
+        self.context = context  # max_position_embeddings: positions the target was trained on (None: not stated)
         layers, norm, embed = _decoder_parts(model)
         self.num_layers = len(layers)
         self.hidden_size = int(embed.weight.shape[1])
@@ -166,28 +170,115 @@ class TargetModel:
         return TargetPass(out.logits, aux, past)
 
 
+SUPPORTED = "decoder-only causal LMs with model.embed_tokens / model.layers / model.norm (Llama, Mistral, Qwen, Gemma, ...)"
+
+
+@contextmanager
+def quiet_transformers():
+    """Nothing transformers logs, warns or draws reaches the terminal while a target loads: eaglekit says what went
+    wrong in one line of its own."""
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(hf_logging.CRITICAL + 1)
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
+def _check_architecture(path: str, model_type: str | None):
+    """The target's config as transformers reads it, refused unless transformers builds a causal LM of it whose
+    decoder eaglekit can hook; decided on an empty (meta-device) model, before any weight is read."""
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    version = f"transformers {transformers.__version__}"
+    if model_type is None:
+        raise CheckpointError(f"target config names no model_type; eaglekit loads {SUPPORTED}", path)
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise CheckpointError(f"target model_type {model_type!r} is not one {version} knows (custom model code is never "
+                              f"run); eaglekit loads {SUPPORTED}"[:400], path)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise CheckpointError(f"target model_type {model_type!r} has no causal-LM class in {version}; eaglekit loads "
+                              f"{SUPPORTED}", path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # noqa: BLE001 -- transformers raises many types (even AssertionError) for a config
+        detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{version} cannot build a {model_type} model from the target's config ({detail}); "
+                              f"eaglekit loads {SUPPORTED}", path) from None
+    try:
+        _decoder_parts(skeleton)
+    except CheckpointError:
+        raise CheckpointError(f"target architecture {type(skeleton).__name__} (model_type {model_type}) is not "
+                              f"supported: eaglekit loads {SUPPORTED}", path) from None
+    return config, skeleton
+
+
+def _check_shapes(skeleton, path: str) -> None:
+    """Every stored float tensor has the shape the config builds for it, compared before anything is allocated
+    (transformers would stop on the first with a pointer to a report it printed)."""
+    built = {name: tuple(value.shape) for name, value in skeleton.state_dict().items()}
+    wrong = sorted((name, entry.shape) for name, entry in target_tensors(path).items()
+                   if name in built and entry.dtype in FLOAT_DTYPES and entry.shape != built[name])
+    if wrong:
+        (name, stored), more = wrong[0], f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise CheckpointError(f"target weights: {name[:100]} is {list(stored)} but the config builds "
+                              f"{list(built[name])} for {type(skeleton).__name__}{more}: another model's weights or "
+                              "config?", path)
+
+
+def _refuse_initialised(cls: str, missing: list[str], path: str) -> None:
+    """Refuse a model transformers had to complete with random values (a tensor the weights do not hold under any
+    name it converts)."""
+    if missing:
+        shown = ", ".join(missing[:3])[:200] + (", …" if len(missing) > 3 else "")
+        raise CheckpointError(f"target weights lack {len(missing)} tensor(s) {cls} needs ({shown}): they would run "
+                              "with random values", path)
+
+
 def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> TargetModel:
-    """Load a local HF causal LM directory (safetensors only; nothing is unpickled) on `device` in `dtype`."""
+    """Load a local HF causal LM directory (safetensors only; nothing is unpickled) on `device` in `dtype`.
+
+    Its config and weights are checked first (read_target with weights: every tensor the config builds is there,
+    no file is truncated), then its architecture on an empty model; a tensor transformers would still have to
+    initialise is refused after loading, so no target ever runs with random weights."""
     if not os.path.isdir(path):
         raise CheckpointError("target is not a directory (give a local Hugging Face model folder)", path)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise CheckpointError("target has no config.json", path)
+    info = read_target(path, weights=True)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    with quiet_transformers():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf_logging.disable_progress_bar()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, use_safetensors=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"cannot load the target model ({exc})".splitlines()[0], path) from None
-    model.to(device).eval()
-    tokenizer = None
-    if any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        config, skeleton = _check_architecture(path, info.model_type)
+        _check_shapes(skeleton, path)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"cannot load the target tokenizer ({exc})".splitlines()[0], path) from None
-    return TargetModel(model, tokenizer, path=path, device=device, dtype=torch_dtype)
+            model, loading = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
+                                                                  use_safetensors=True, output_loading_info=True)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise CheckpointError(f"cannot load the target model ({exc})".splitlines()[0][:400], path) from None
+        _refuse_initialised(type(model).__name__, sorted(loading.get("missing_keys") or ()), path)
+        model.to(device).eval()
+        tokenizer = None
+        if any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"cannot load the target tokenizer ({exc})".splitlines()[0][:400], path) from None
+    if tokenizer is not None and info.max_position_embeddings is not None:
+        tokenizer.model_max_length = info.max_position_embeddings  # prompts are bounded by it (verify.prompts)
+    return TargetModel(model, tokenizer, path=path, device=device, dtype=torch_dtype,
+                       context=info.max_position_embeddings)

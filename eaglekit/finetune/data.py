@@ -21,7 +21,8 @@ from importlib import resources
 from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
-from eaglekit.verify.prompts import CONTEXT_MODULES, Prompt, check_template, encode, parse_jsonl, read_prompts
+from eaglekit.verify.prompts import (CONTEXT_MODULES, Prompt, check_template, encode, parse_jsonl, read_prompts,
+                                     target_context)
 
 DATA_FORMAT = "1"
 BUNDLED_DATA = "eaglekit/data/prompts/train.jsonl"
@@ -48,7 +49,7 @@ class DataOptions:
     generate: int = 0  # append the target's greedy answer, up to this many tokens (0: the text as is)
     context_tokens: int = 0  # long context prepended to every `context_every`-th prompt
     context_every: int = 4
-    max_length: int = 2048  # longer sequences are cut
+    max_length: int = 2048  # longer sequences are cut (and at the target's context, when that is shorter)
     code_tokens: int = 0  # add about this many tokens of standard-library source as plain text
     templates: tuple[str, ...] = ("chat",)  # prompt shapes (verify's TEMPLATES), one per prompt in turn
     hidden_states: str | None = None  # states captured elsewhere (vLLM extract_hidden_states files)
@@ -143,18 +144,26 @@ def training_prompts(opts: DataOptions) -> tuple[str, tuple[Prompt, ...]]:
     return name, prompts[: opts.limit] if opts.limit else prompts
 
 
+def sequence_limit(tokenizer, opts: DataOptions) -> int:
+    """Tokens a training sequence keeps: --max-length, and never more than the target's context (the positions
+    it was trained on), since its states past there are not what a served draft reads."""
+    context = target_context(tokenizer)
+    return min(opts.max_length, context) if context is not None else opts.max_length
+
+
 def encode_all(prompts: Sequence[Prompt], tokenizer, opts: DataOptions, where: str) -> list[list[int]]:
-    """Token ids per prompt; every `context_every`-th one (from the first) gets long context, and prompt i the
-    template `templates[i % len(templates)]`."""
+    """Token ids per prompt, cut to sequence_limit (an unbounded record is cut in characters before it is
+    tokenized); every `context_every`-th one (from the first) gets long context, and prompt i the template
+    `templates[i % len(templates)]`."""
     out = []
     for i, prompt in enumerate(prompts):
         context = opts.context_tokens if opts.context_tokens and i % opts.context_every == 0 else 0
         ids = encode(prompt, tokenizer, context_tokens=context, index=i, modules=TRAINING_CONTEXT_MODULES,
-                     template=opts.templates[i % len(opts.templates)])
+                     template=opts.templates[i % len(opts.templates)], max_tokens=sequence_limit(tokenizer, opts))
         if len(ids) < 2:
             raise CheckpointError(f"record {i + 1} ({prompt.name!r}) encodes to {len(ids)} token(s); "
                                   "training needs at least 2", where)
-        out.append(ids[: opts.max_length])
+        out.append(list(ids))
     return out
 
 
@@ -165,7 +174,8 @@ def code_sequences(tokenizer, total: int, chunk: int) -> list[list[int]]:
 
     out, count = [], 0
     for name in CODE_MODULES:
-        ids = tokenizer.encode(inspect.getsource(importlib.import_module(name)), add_special_tokens=False)
+        ids = tokenizer.encode(inspect.getsource(importlib.import_module(name)), add_special_tokens=False,
+                               verbose=False)
         for start in range(0, len(ids) - chunk // 4, chunk):
             out.append(ids[start : start + chunk])
             count += len(out[-1])
@@ -307,7 +317,8 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     if on_stage:
         on_stage("encoding prompts", 0, len(prompts))
     sequences = encode_all(prompts, target.tokenizer, opts, name)
-    code = code_sequences(target.tokenizer, opts.code_tokens, min(512, opts.max_length)) if opts.code_tokens else []
+    limit = sequence_limit(target.tokenizer, opts)
+    code = code_sequences(target.tokenizer, opts.code_tokens, min(512, limit)) if opts.code_tokens else []
     digest = content_address({
         "format": DATA_FORMAT, "target": target_identity(target_dir), "dtype": str(target.dtype),
         "aux_ids": sorted(int(i) for i in aux_ids), "generate": opts.generate, "max_length": opts.max_length,
@@ -318,10 +329,15 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     path = os.path.join(cache_dir, f"{digest}.safetensors")
     data = _load_cached(path, digest)
     reused, notes = data is not None, []
+    cut = [p.label for p, ids in zip(prompts, sequences) if len(ids) >= limit]
+    if limit < opts.max_length and cut:
+        notes.append(f"{len(cut)} record(s) of {name} cut at the target's {limit:,}-token context "
+                     f"(max_position_embeddings, below --max-length {opts.max_length:,}): "
+                     f"{', '.join(cut[:5])}{', …' if len(cut) > 5 else ''}")
     if data is None:
         if opts.generate:
             answers = generate_answers(target, sequences, opts.generate, on_stage=on_stage)
-            sequences = [(p + a)[: opts.max_length] for p, a in zip(sequences, answers)]
+            sequences = [(p + a)[:limit] for p, a in zip(sequences, answers)]
         data = capture(target, sequences + code, aux_ids, on_stage=on_stage)
         try:
             _save_cached(path, digest, data)

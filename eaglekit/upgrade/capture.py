@@ -72,12 +72,14 @@ def capture_calibration(target_dir: str, aux_ids: tuple[int, ...], *, text_file:
     import torch
 
     from eaglekit.target_model import load_target
+    from eaglekit.verify.prompts import leading_text
 
     text, where = calibration_text(text_file)
     target = load_target(target_dir, device=device, dtype="auto")
     if target.tokenizer is None:
         raise CheckpointError("the target has no tokenizer; calibration needs one to read the text", target_dir)
-    ids = list(target.tokenizer(text, add_special_tokens=True)["input_ids"])[:max_tokens]
+    ids = list(target.tokenizer(leading_text(text, target.tokenizer, max_tokens), add_special_tokens=True,
+                                verbose=False)["input_ids"])[:max_tokens]
     held = max(SEQUENCE_LENGTH // 4, int(len(ids) * HELD_OUT_FRACTION))
     if len(ids) - held < 64:
         raise UsageError(f"calibration text is too short: {len(ids)} tokens (need at least {64 + held})", where)

@@ -18,6 +18,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from eaglekit.errors import CheckpointError
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.target_model import TargetModel
 
@@ -93,11 +94,25 @@ def _finish(tokens: list[int], max_new_tokens: int, eos_ids: Collection[int]) ->
     return tokens
 
 
+def check_room(target: TargetModel, prompt: Sequence[int], max_new_tokens: int) -> None:
+    """Refuse, before the first forward, a prompt whose decode would run past the target's context (the positions
+    it was trained on): its file and record are named when the ids came from `prompts.encode`."""
+    if target.context is None or len(prompt) + max_new_tokens <= target.context:
+        return
+    source = getattr(prompt, "prompt", None)
+    room = max(0, target.context - len(prompt))
+    raise CheckpointError(f"{source.label + ': ' if source else ''}the prompt's {len(prompt):,} tokens and "
+                          f"{max_new_tokens:,} new ones exceed the target's {target.context:,}-token context "
+                          f"(max_position_embeddings): {room:,} new tokens fit; lower --max-new-tokens or shorten the "
+                          "prompt", source.file if source else target.path)
+
+
 def greedy_decode(target: TargetModel, prompt: Sequence[int], *, max_new_tokens: int,
                   eos_ids: Collection[int] = ()) -> GreedyResult:
     """The target's own greedy continuation, one token per forward with its KV cache."""
     import torch
 
+    check_room(target, prompt, max_new_tokens)
     start = time.perf_counter()
     tokens: list[int] = []
     margins: list[float] = []

@@ -10,16 +10,18 @@ prompt shapes a draft was not trained on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.jsonfile import parse_json, read_bounded
+from eaglekit.target import GEOMETRY_LIMITS
 from eaglekit.verify import speedbench
 from eaglekit.verify.speedbench import SpeedBenchRow
 
@@ -41,6 +43,8 @@ class Prompt:
     category: str | None = None
     conversation: str | None = None  # turns of one conversation share it: resampled together in intervals
     follow_ups: tuple[str, ...] = ()  # later user turns, asked after the target's own answer to this one
+    file: str | None = field(default=None, compare=False)  # where it was read, and its record there ("line 3"),
+    record: str | None = field(default=None, compare=False)  # for messages: not part of what the prompt is
 
     def next_turn(self, answer: str) -> "Prompt":
         """The following turn: this conversation, the target's answer, then the next user turn."""
@@ -48,7 +52,23 @@ class Prompt:
         messages = (*self.messages, {"role": "assistant", "content": answer},
                     {"role": "user", "content": self.follow_ups[0]})
         return Prompt(f"{self.conversation}#turn{turn}", messages, None, self.category, self.conversation,
-                      self.follow_ups[1:])
+                      self.follow_ups[1:], self.file, self.record)
+
+    @property
+    def label(self) -> str:
+        """How a message names it: its record in its file (and the turn, for a later one), else its name."""
+        if self.record is None:
+            return f"prompt {self.name!r}"[:120]
+        return self.record if self.name == (self.conversation or self.name) else f"{self.record}, {self.name}"[:160]
+
+
+class PromptTokens(list):
+    """A prompt's token ids that remember which prompt they encode, so a check made later (the target's context
+    against the generation length) can name it."""
+
+    def __init__(self, ids, prompt: Prompt | None = None):
+        super().__init__(ids)
+        self.prompt = prompt
 
 
 @dataclass(frozen=True)
@@ -64,22 +84,24 @@ class PromptSet:
 
 
 def _parse(record: Any, where: str, index: int) -> Prompt:
+    line = f"line {index + 1}"
     if isinstance(record, str):
-        return Prompt(f"{index + 1}", ({"role": "user", "content": record},), None)
+        return Prompt(f"{index + 1}", ({"role": "user", "content": record},), None, file=where, record=line)
     if not isinstance(record, dict):
         raise CheckpointError(f"line {index + 1}: expected a JSON object or string", where)
     name = str(record.get("name") or record.get("id") or index + 1)
     category = record["category"] if isinstance(record.get("category"), str) else None
     if isinstance(record.get("prompt"), str):
-        return Prompt(name, ({"role": "user", "content": record["prompt"]},), None, category, name)
+        return Prompt(name, ({"role": "user", "content": record["prompt"]},), None, category, name, file=where,
+                      record=line)
     messages = record.get("messages")
     if isinstance(messages, list) and messages and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
     ):
         return Prompt(name, tuple({"role": m["role"], "content": m["content"]} for m in messages), None, category,
-                      name)
+                      name, file=where, record=line)
     if isinstance(record.get("text"), str):
-        return Prompt(name, None, record["text"], category, name)
+        return Prompt(name, None, record["text"], category, name, file=where, record=line)
     raise CheckpointError(f"line {index + 1}: needs \"prompt\" (string), \"messages\" (list of role/content) "
                           "or \"text\" (raw, no chat template)", where)
 
@@ -97,10 +119,11 @@ def parse_jsonl(text: str, where: str) -> tuple[Prompt, ...]:
     return prompts
 
 
-def from_speed_bench(rows: Sequence[SpeedBenchRow], turns: str) -> tuple[Prompt, ...]:
+def from_speed_bench(rows: Sequence[SpeedBenchRow], turns: str, where: str | None = None) -> tuple[Prompt, ...]:
     """One prompt per conversation: its first user turn, with the later ones as follow-ups under --turns all."""
     return tuple(Prompt(row.question_id, ({"role": "user", "content": row.turns[0]},), None, row.category,
-                        row.question_id, row.turns[1:] if turns == "all" else ())
+                        row.question_id, row.turns[1:] if turns == "all" else (), where,
+                        f"question_id {row.question_id!r}"[:120])
                  for row in rows)
 
 
@@ -126,7 +149,7 @@ def read_prompts(path: str, categories: Sequence[str] = (), turns: str = "first"
     name = os.path.splitext(os.path.basename(path))[0]
     if path.endswith(".parquet"):
         rows = speedbench.select(speedbench.read_speed_bench(path), categories, path)
-        return PromptSet(name, from_speed_bench(rows, turns), speed_bench=True)
+        return PromptSet(name, from_speed_bench(rows, turns, path), speed_bench=True)
     try:
         text = read_bounded(path, "prompts file", speedbench.MAX_BYTES).decode("utf-8")
     except UnicodeDecodeError:
@@ -134,7 +157,7 @@ def read_prompts(path: str, categories: Sequence[str] = (), turns: str = "first"
     records = _records(text, path)
     if records and speedbench.looks_like_speed_bench(path, records[0][1]):
         rows = speedbench.select(speedbench.read_speed_bench(path, [r for _, r in records]), categories, path)
-        return PromptSet(name, from_speed_bench(rows, turns), speed_bench=True)
+        return PromptSet(name, from_speed_bench(rows, turns, path), speed_bench=True)
     if turns != "first":
         raise UsageError(f"--turns {turns}: needs a SPEED-Bench file (rows with \"turns\"); {path} has none")
     if not records:
@@ -148,7 +171,7 @@ def source_context(tokenizer, num_tokens: int, index: int = 0, modules: Sequence
     pieces: list[int] = []
     for step in range(len(modules)):
         module = importlib.import_module(modules[(index + step) % len(modules)])
-        pieces += tokenizer.encode(inspect.getsource(module), add_special_tokens=False)
+        pieces += tokenizer.encode(inspect.getsource(module), add_special_tokens=False, verbose=False)
         if len(pieces) >= num_tokens:
             break
     if len(pieces) < num_tokens:
@@ -221,18 +244,78 @@ def with_template(prompt: Prompt, template: str) -> Prompt:
     return TEMPLATES[template].apply(prompt)
 
 
+def target_context(tokenizer) -> int | None:
+    """The target's context in tokens as its tokenizer carries it (load_target sets `model_max_length` from
+    max_position_embeddings); None where unstated (transformers' placeholder is 10^30)."""
+    value = getattr(tokenizer, "model_max_length", None)
+    limit = GEOMETRY_LIMITS["max_position_embeddings"]
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit else None
+
+
+@functools.lru_cache(maxsize=4)
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token can stand for (its longest vocabulary entry, which spells a byte-level token
+    one character per byte): n tokens never cover more than n times this many characters."""
+    return max(1, max(map(len, tokenizer.get_vocab()), default=1))
+
+
+def leading_text(text: str, tokenizer, tokens: int) -> str:
+    """The start of `text` that holds at least its first `tokens` tokens: what to tokenize of an unbounded text
+    that is cut to that many tokens anyway."""
+    return text[: tokens * longest_token_chars(tokenizer)]
+
+
+def _characters(prompt: Prompt) -> int:
+    return len(prompt.text) if prompt.text is not None else sum(len(m["content"]) for m in prompt.messages)
+
+
+def _cut(prompt: Prompt, chars: int) -> Prompt:
+    """The prompt's first `chars` characters of content (later messages dropped, the last kept one shortened)."""
+    if prompt.text is not None:
+        return dataclasses.replace(prompt, text=prompt.text[:chars])
+    kept = []
+    for m in prompt.messages:
+        if chars <= 0:
+            break
+        kept.append({"role": m["role"], "content": m["content"][:chars]})
+        chars -= len(m["content"])
+    return dataclasses.replace(prompt, messages=tuple(kept))
+
+
 def encode(prompt: Prompt, tokenizer, *, context_tokens: int = 0, index: int = 0,
-           modules: Sequence[str] = CONTEXT_MODULES, template: str = "chat") -> list[int]:
+           modules: Sequence[str] = CONTEXT_MODULES, template: str = "chat",
+           max_tokens: int | None = None) -> PromptTokens:
     """Token ids for one prompt (chat template applied to messages), with optional long context prepended and the
     prompt put in the shape `template` names (TEMPLATES).
 
+    A prompt longer than the target's context (target_context) is refused naming its file and record: measured
+    in characters before any tokenizer call (a 50 MB line never reaches it), then in tokens. With `max_tokens`
+    (training, which cuts long sequences) it is cut to that many tokens instead, its characters first.
     `modules` are the standard-library modules the context is cut from (training uses others than verify)."""
     if tokenizer is None:
         raise UsageError("the target has no tokenizer: it is needed to encode the prompts")
     prompt = with_template(with_context(prompt, tokenizer, context_tokens, index, modules), template)
+    context = target_context(tokenizer)
+    bound = max_tokens if max_tokens is not None else context
+    if bound is not None:
+        chars = bound * longest_token_chars(tokenizer)
+        if max_tokens is not None:
+            prompt = _cut(prompt, chars)
+        elif _characters(prompt) > chars:
+            raise CheckpointError(f"{prompt.label}: {_characters(prompt):,} characters cannot fit the target's "
+                                  f"{context:,}-token context (max_position_embeddings; its longest token spells "
+                                  f"{longest_token_chars(tokenizer)} characters): shorten or drop it", prompt.file)
     if prompt.messages is not None and getattr(tokenizer, "chat_template", None):
         messages = [dict(m) for m in prompt.messages]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
-        return list(ids)
-    text = prompt.text if prompt.text is not None else "\n".join(m["content"] for m in prompt.messages)
-    return list(tokenizer(text)["input_ids"])
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                            tokenizer_kwargs={"verbose": False})["input_ids"]
+    else:
+        text = prompt.text if prompt.text is not None else "\n".join(m["content"] for m in prompt.messages)
+        ids = tokenizer(text, verbose=False)["input_ids"]
+    if max_tokens is not None:
+        return PromptTokens(ids[:max_tokens], prompt)
+    if context is not None and len(ids) > context:
+        raise CheckpointError(f"{prompt.label}: the prompt is {len(ids):,} tokens with the {template} template, more "
+                              f"than the target's {context:,}-token context (max_position_embeddings): shorten or "
+                              "drop it", prompt.file)
+    return PromptTokens(ids, prompt)
