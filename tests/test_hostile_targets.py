@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 from eaglekit.errors import CheckpointError  # noqa: E402
 from eaglekit.target import GEOMETRY_LIMITS, read_target  # noqa: E402
 from eaglekit.target_model import load_target  # noqa: E402
-from eaglekit.verify.prompts import Prompt, encode, longest_token_chars, read_prompts  # noqa: E402
+from eaglekit.verify.prompts import Prompt, PromptTokens, encode, longest_token_chars, read_prompts  # noqa: E402
 from tests.cli import run_cli  # noqa: E402
 from tests.factory import edit_config, make_draft, make_target_config, write_safetensors  # noqa: E402
 from tests.test_hostile_input import bounded, clean, refused  # noqa: E402
@@ -361,3 +361,21 @@ def test_finetune_data_is_cut_at_the_context_and_says_which_records(tmp_path, ti
     assert lengths[1] == 256 and lengths[0] < 256
     assert any("1 record(s)" in note and "line 2" in note and "256-token context" in note for note in data.notes)
     assert model.tokenizer.longest <= 256 * longest_token_chars(model.tokenizer)
+
+
+@FEW
+@given(tokens=st.integers(1, 3000), new=st.integers(1, 300), k=st.integers(1, 8))
+def test_the_vllm_engine_is_not_started_for_a_prompt_past_its_max_model_len(smollm2_tokenizer, tokens, new, k):
+    from eaglekit.errors import UsageError
+    from eaglekit.verify.engine import DEFAULT_ENGINE_ARGS, EngineOptions, run_vllm
+
+    prompt = Prompt("p", ({"role": "user", "content": "x"},), None, file="speed.jsonl", record="question_id 'q7'")
+    ids = PromptTokens([1] * tokens, prompt)
+    engine = EngineOptions(python="/no/such/python", timeout_s=1)  # starting vLLM fails differently (OSError)
+    with pytest.raises((UsageError, OSError)) as raised:
+        run_vllm("draft", "target", [ids], k=k, max_new_tokens=new, dtype="float32", opts=engine)
+    if tokens + new + k > DEFAULT_ENGINE_ARGS["max_model_len"]:
+        assert isinstance(raised.value, UsageError)
+        assert str(raised.value).startswith("speed.jsonl: question_id 'q7': ") and "max_model_len" in str(raised.value)
+    else:
+        assert "max_model_len" not in str(raised.value)

@@ -122,14 +122,30 @@ def _run_worker(opts: EngineOptions, request: dict[str, Any], what: str) -> tupl
             return json.load(fh), log
 
 
+def check_model_len(prompts: Sequence[Sequence[int]], max_new_tokens: int, k: int, max_model_len) -> None:
+    """Refuse before vLLM starts (minutes) a prompt it would reject: prompt, new tokens and the k drafts of the
+    last round must fit its max_model_len. The prompt is named when its ids came from `prompts.encode`."""
+    if not isinstance(max_model_len, int) or isinstance(max_model_len, bool):
+        return
+    for ids in prompts:
+        if len(ids) + max_new_tokens + k > max_model_len:
+            source = getattr(ids, "prompt", None)
+            raise UsageError(f"{source.label + ': ' if source else ''}the prompt's {len(ids):,} tokens, "
+                             f"{max_new_tokens:,} new ones and {k} drafts exceed vLLM's max_model_len "
+                             f"{max_model_len:,}: raise it with --engine-arg max_model_len=N (up to the target's "
+                             "context)", source.file if source else None)
+
+
 def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
              dtype: str, opts: EngineOptions) -> EngineRun:
     """Target alone, then target + draft, in vLLM; τ and per-position rates from vLLM's counters.
     Callers run check_engine_available first, before any work of their own."""
     opts.check()
+    engine_args = {**DEFAULT_ENGINE_ARGS, **opts.engine_args}
+    check_model_len(prompts, max_new_tokens, k, engine_args.get("max_model_len"))
     request = {"target": os.path.abspath(target), "prompts": [list(p) for p in prompts], "k": k,
                "max_new_tokens": max_new_tokens, "dtype": dtype, "tensor_parallel_size": opts.tensor_parallel_size,
-               "engine_args": {**DEFAULT_ENGINE_ARGS, **opts.engine_args}}
+               "engine_args": engine_args}
     plain, _ = _run_worker(opts, request, "target alone")
     spec, log = _run_worker(opts, {**request, "draft": os.path.abspath(draft)}, "target + draft")
     metrics = spec["metrics"]
