@@ -35,9 +35,13 @@ class TargetInfo:
 
 
 GEOMETRY_LIMITS = {"num_hidden_layers": 4096, "hidden_size": 1 << 17, "vocab_size": 1 << 24,
-                   "max_position_embeddings": 1 << 28}
-"""Far above any released model (Llama-3.1-405B: 126 layers of width 16384; vocabularies up to 262 144 tokens;
-contexts up to 10M), far below what makes a size computation or an allocation absurd."""
+                   "max_position_embeddings": 1 << 28, "intermediate_size": 1 << 20, "num_attention_heads": 1 << 12,
+                   "num_key_value_heads": 1 << 12, "head_dim": 1 << 12}
+"""Far above any released model (Llama-3.1-405B: 126 layers of width 16384, MLP width 53248, 128 heads of 128;
+vocabularies up to 262 144 tokens; contexts up to 10M), far below what makes a size computation or an allocation
+absurd."""
+SIZES_WHERE_WRITTEN = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+"""Sizes transformers allocates from when they are written (absent, it derives them)."""
 
 
 def bounded_int(value, key: str, where: str, what: str = "target config", name: str | None = None) -> int:
@@ -173,6 +177,9 @@ def read_target(path: str, *, weights: bool = False) -> TargetInfo:
     cfg = load_json_object(cfg_path, "target config")
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     L, T, V = (_positive_int(text, k, cfg_path) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
+    for key in SIZES_WHERE_WRITTEN:
+        if text.get(key) is not None:
+            bounded_int(text[key], key, cfg_path)
     layer_types = _strings(text.get("layer_types"), "layer_types", cfg_path)
     if layer_types is not None and len(layer_types) != L:
         raise CheckpointError(f"target config: layer_types has {len(layer_types)} entries for {L} layers", cfg_path)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
-from eaglekit.target import FLOAT_DTYPES, read_target, target_tensors
+from eaglekit.target import FLOAT_DTYPES, TargetInfo, read_target, target_tensors
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -246,6 +246,23 @@ def _refuse_initialised(cls: str, missing: list[str], path: str) -> None:
                               "with random values", path)
 
 
+def load_tokenizer(path: str, info: TargetInfo):
+    """The target folder's tokenizer (None where it has none), carrying the target's context as `model_max_length`:
+    every prompt is bounded by it (verify.prompts.encode)."""
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        return None
+    with quiet_transformers():
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"cannot load the target tokenizer ({exc})".splitlines()[0][:400], path) from None
+    if info.max_position_embeddings is not None:
+        tokenizer.model_max_length = info.max_position_embeddings
+    return tokenizer
+
+
 def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> TargetModel:
     """Load a local HF causal LM directory (safetensors only; nothing is unpickled) on `device` in `dtype`.
 
@@ -261,7 +278,7 @@ def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> Ta
     torch_dtype = resolve_dtype(dtype, device)
 
     with quiet_transformers():
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         config, skeleton = _check_architecture(path, info.model_type)
         _check_shapes(skeleton, path)
@@ -272,13 +289,6 @@ def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> Ta
             raise CheckpointError(f"cannot load the target model ({exc})".splitlines()[0][:400], path) from None
         _refuse_initialised(type(model).__name__, sorted(loading.get("missing_keys") or ()), path)
         model.to(device).eval()
-        tokenizer = None
-        if any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(path)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"cannot load the target tokenizer ({exc})".splitlines()[0][:400], path) from None
-    if tokenizer is not None and info.max_position_embeddings is not None:
-        tokenizer.model_max_length = info.max_position_embeddings  # prompts are bounded by it (verify.prompts)
+    tokenizer = load_tokenizer(path, info)
     return TargetModel(model, tokenizer, path=path, device=device, dtype=torch_dtype,
                        context=info.max_position_embeddings)

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from eaglekit.errors import CheckpointError  # noqa: E402
-from eaglekit.target import GEOMETRY_LIMITS, read_target  # noqa: E402
+from eaglekit.target import GEOMETRY_LIMITS, SIZES_WHERE_WRITTEN, read_target  # noqa: E402
 from eaglekit.target_model import load_target  # noqa: E402
 from eaglekit.verify.prompts import Prompt, PromptTokens, encode, longest_token_chars, read_prompts  # noqa: E402
 from tests.cli import run_cli  # noqa: E402
@@ -216,7 +216,7 @@ def test_target_geometry_is_typed_and_range_checked(tmp_path_factory, key, value
     root = tmp_path_factory.mktemp("t")
     target = edit_config(make_target_config(str(root / "t")), lambda c: c.update({key: value}))
     valid = type(value) is int and 1 <= value <= GEOMETRY_LIMITS[key]
-    absent_is_fine = value is None and key == "max_position_embeddings"
+    absent_is_fine = value is None and key in ("max_position_embeddings", *SIZES_WHERE_WRITTEN)
     draft = make_draft(str(root / "d"), "vllm")
     if valid or absent_is_fine:
         result = clean("validate", draft, "--target", target)
@@ -379,3 +379,61 @@ def test_the_vllm_engine_is_not_started_for_a_prompt_past_its_max_model_len(smol
         assert str(raised.value).startswith("speed.jsonl: question_id 'q7': ") and "max_model_len" in str(raised.value)
     else:
         assert "max_model_len" not in str(raised.value)
+
+
+@pytest.mark.parametrize("command", ["verify", "compare"])
+def test_every_first_turn_is_checked_before_the_first_decode(tmp_path, tiny, monkeypatch, command):
+    """A prompt too long for the context after a good one is refused before anything is decoded."""
+    import eaglekit.verify.run as run
+
+    def no_decode(*args, **kwargs):
+        raise AssertionError("a decode ran before every prompt was checked")
+
+    monkeypatch.setattr(run, "greedy_decode", no_decode)
+    target, draft = tiny
+    path = str(tmp_path / "prompts.jsonl")
+    with open(path, "w") as fh:
+        fh.write(json.dumps({"prompt": "Say hi."}) + "\n" + json.dumps({"prompt": "Say hi. " * 40}) + "\n")
+    drafts = [draft, draft] if command == "compare" else [draft]
+    loaded(command, *drafts, "--target", target, "--prompts", path, "--no-progress", "--max-new-tokens", "200",
+           contains=f"Error: {path}: line 2: ")
+
+
+def test_verify_in_the_engine_bounds_prompts_by_the_target_context_before_the_tokenizer(tmp_path, tiny, monkeypatch):
+    """--engine vllm loads only the tokenizer, which carries the target's context like the reference path."""
+    import eaglekit.verify.run as run
+
+    monkeypatch.setattr(run, "check_engine_available", lambda opts: "0.32.0")
+    monkeypatch.setattr(run, "run_vllm", lambda *a, **kw: pytest.fail("the engine started"))
+    target, draft = tiny
+    path = str(tmp_path / "prompts.jsonl")
+    with open(path, "w") as fh:
+        fh.write(json.dumps({"prompt": "Say hi."}) + "\n" + json.dumps({"prompt": "x" * 5_000_000}) + "\n")
+    with bounded(30):
+        refused("verify", draft, "--target", target, "--engine", "vllm", "--prompts", path, "--no-progress",
+                contains=f"Error: {path}: line 2: 5,000,000 characters cannot fit the target's 256-token context")
+
+
+@settings(max_examples=8, deadline=None)
+@given(shift=st.integers(0, 3), char=st.sampled_from(["é", "€", "𝄞", "a"]))
+def test_a_calibration_file_is_read_up_to_a_bound_and_never_blocks(tmp_path_factory, shift, char):
+    """A file past the bound is used for its start (a character the bound cuts is dropped, never half-decoded);
+    a FIFO is refused at once; bytes that are not UTF-8 are one line."""
+    from eaglekit.errors import EaglekitError
+    from eaglekit.upgrade.capture import CALIBRATION_READ_BYTES, calibration_text
+
+    folder = tmp_path_factory.mktemp("cal")
+    big = folder / "big.txt"
+    head = "a" * (CALIBRATION_READ_BYTES - shift)
+    big.write_text(head + char * 8 + "tail", encoding="utf-8")
+    text, where = calibration_text(str(big))
+    assert where == str(big) and text.startswith(head) and len(text.encode("utf-8")) <= CALIBRATION_READ_BYTES
+    assert set(text[len(head):]) <= {char}
+    fifo = folder / "fifo"
+    os.mkfifo(fifo)
+    with bounded(5), pytest.raises(EaglekitError, match="FIFO"):
+        calibration_text(str(fifo))
+    bad = folder / "bad.txt"
+    bad.write_bytes(b"ok \xff\xfe")
+    with pytest.raises(EaglekitError, match="not UTF-8"):
+        calibration_text(str(bad))

@@ -8,6 +8,7 @@ drafting proposes from later positions.
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -15,10 +16,14 @@ from typing import Any
 import numpy as np
 
 from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.io.jsonfile import open_regular
 from eaglekit.upgrade.calibrate import FcNormFit, Fidelity, fc_fidelity
 
 SEQUENCE_LENGTH = 256
 HELD_OUT_FRACTION = 0.25
+CALIBRATION_READ_BYTES = 16 * 1024 * 1024
+"""Read of a calibration file at most: the calibration tokens (a few thousand) never spell more, so a larger file is
+used for its start; a FIFO or device is refused (open_regular)."""
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,15 @@ def calibration_text(path: str | None) -> tuple[str, str]:
     """(text, where it came from): a user file, or the bundled prose-and-code sample."""
     if path is None:
         return resources.files("eaglekit.data").joinpath("calibration.txt").read_text(encoding="utf-8"), "bundled"
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read(), path
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the calibration file ({exc})".splitlines()[0], path) from None
+    with open_regular(path, "calibration file") as fh:
+        try:
+            data = fh.read(CALIBRATION_READ_BYTES)
+        except OSError as exc:
+            raise UsageError(f"cannot read the calibration file ({exc.strerror or exc})", path) from None
+    try:  # a character cut by the byte bound is dropped; an invalid one is refused
+        return codecs.getincrementaldecoder("utf-8")().decode(data, final=len(data) < CALIBRATION_READ_BYTES), path
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the calibration file is not UTF-8 text (byte {exc.start})", path) from None
 
 
 def _sequences(ids: list[int]) -> list[list[int]]:

@@ -21,7 +21,8 @@ from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_dec
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.report import Condition, DecodeSettings, plain_report, sweep_document
-from eaglekit.verify.run import VerifyOptions, _prompt_set, refuse_clobbered_inputs, resolve_aux_ids, turns
+from eaglekit.verify.run import (VerifyOptions, _prompt_set, refuse_clobbered_inputs, refuse_prompts_past_context,
+                                 resolve_aux_ids, turns)
 from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
 from eaglekit.target_model import load_target
 
@@ -158,6 +159,7 @@ def compare_against(reference: str, drafts: Sequence[str], target: str, options:
     refuse_clobbered_inputs(options, [(name, path) for name, (path, _, _) in zip(names, specs)], target)
     prompts = _prompt_set(options)
     model = load_target(target, device=options.device, dtype=options.dtype)
+    refuse_prompts_past_context(prompts, model, options, lookahead=options.num_speculative_tokens + 1)
 
     from eaglekit.drafter.model import Drafter
 

@@ -14,9 +14,9 @@ from eaglekit.families import apply_target, load_draft
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.rules import checked_engines
 from eaglekit.spec import DraftSpec
-from eaglekit.target import read_target
+from eaglekit.target import read_target, target_config_path
 from eaglekit.verify.checks import compatibility_checks, refuse_failures
-from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
+from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, check_room, greedy_decode, speculative_decode
 from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.engine import EngineOptions, EngineRun, check_engine_available, run_vllm
@@ -26,7 +26,7 @@ from eaglekit.verify.prompts import PromptSet, bundled_prompts, check_template, 
 from eaglekit.verify.report import Condition, DecodeSettings, PromptOutcome, VerifyReport, VerifySweep, plain_report
 from eaglekit.verify.served import ServedReading, served_reading
 from eaglekit.verify.stats import by_category, tau_interval
-from eaglekit.target_model import TargetModel, load_target
+from eaglekit.target_model import TargetModel, load_target, load_tokenizer
 
 ENGINES = ("reference", "vllm", "both")
 AUX_IDS_IN_LOG = re.compile(r"\[([\d,\s]+)\]|\(([\d,\s]+)\)")
@@ -166,6 +166,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
     prompts = _prompt_set(options)
 
     model = load_target(target, device=options.device, dtype=options.dtype)
+    refuse_prompts_past_context(prompts, model, options)
     dtype_name = str(model.dtype).replace("torch.", "")
     tolerance = TIE_TOLERANCE.get(dtype_name, 0.0)
 
@@ -244,6 +245,17 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
     return VerifySweep(reports)
 
 
+def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options: VerifyOptions,
+                                lookahead: int = 0) -> None:
+    """Every first turn, under every condition, must leave room for its decode in the target's context: checked
+    before the first decode, so a long last prompt costs seconds, not the whole run."""
+    for condition in options.conditions:
+        for index, first in enumerate(prompts.prompts):
+            prompt = with_context(first, model.tokenizer, condition.context_tokens, index)
+            check_room(model, encode(prompt, model.tokenizer, template=condition.template),
+                       options.max_new_tokens + lookahead)
+
+
 def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0):
     """(prompt, token ids, the target's own greedy decode) for every prompt and each of its follow-up turns, under
     the one condition of `options`; a follow-up is asked after the target's greedy answer to the turn before, as a
@@ -316,8 +328,6 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
                          "--context-tokens value and --template chat")
     options = options.at(options.conditions[0])
     check_engine_available(options.engine_options)
-    from transformers import AutoTokenizer
-
     info = read_target(target)
     raw = load_draft(draft)
     refuse_clobbered_inputs(options, [("draft", raw.path)], target)
@@ -328,7 +338,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     if prompts.turns != len(prompts.prompts):
         raise UsageError("--turns all asks each turn after the target's answer to the one before: use --engine both "
                          "(the reference decodes the answers and vLLM gets the same turns) or --turns first")
-    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer = load_tokenizer(os.path.dirname(os.path.abspath(target_config_path(target))), info)
     encoded = [encode(p, tokenizer, context_tokens=options.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
     from eaglekit.target_model import resolve_device
