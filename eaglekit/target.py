@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from eaglekit.config_view import REPO_ID
 from eaglekit.errors import CheckpointError
 from eaglekit.io.checkpoint import INDEX_NAME, PICKLE_SUFFIXES, read_model_weights
+from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.io.header import HeaderEntry
 from eaglekit.io.jsonfile import check_inside, load_json_object, symlink_root
 
@@ -206,7 +207,6 @@ def read_target(path: str, *, weights: bool = False) -> TargetInfo:
 
 
 EMBEDDINGS, FINAL_NORM, LM_HEAD = "embed_tokens.weight", "norm.weight", "lm_head.weight"
-FLOAT_DTYPES = ("F32", "F16", "BF16")  # quantized tensors store packed shapes: only float shapes are compared
 
 
 def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool = False) -> None:

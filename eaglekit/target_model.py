@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
-from eaglekit.target import FLOAT_DTYPES, TargetInfo, read_target, target_tensors
+from eaglekit.io.dtypes import FLOAT_DTYPES
+from eaglekit.target import TargetInfo, read_target, target_tensors
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -269,21 +270,21 @@ def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> Ta
     Its config and weights are checked first (read_target with weights: every tensor the config builds is there,
     no file is truncated), then its architecture on an empty model; a tensor transformers would still have to
     initialise is refused after loading, so no target ever runs with random weights."""
+    device = resolve_device(device)  # torch, then transformers: a missing install is said before any file is read
+    torch_dtype = resolve_dtype(dtype, device)
+    import transformers
+
     if not os.path.isdir(path):
         raise CheckpointError("target is not a directory (give a local Hugging Face model folder)", path)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise CheckpointError("target has no config.json", path)
     info = read_target(path, weights=True)
-    device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, device)
 
     with quiet_transformers():
-        from transformers import AutoModelForCausalLM
-
         config, skeleton = _check_architecture(path, info.model_type)
         _check_shapes(skeleton, path)
         try:
-            model, loading = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
+            model, loading = transformers.AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
                                                                   use_safetensors=True, output_loading_info=True)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise CheckpointError(f"cannot load the target model ({exc})".splitlines()[0][:400], path) from None
