@@ -437,3 +437,13 @@ def test_a_calibration_file_is_read_up_to_a_bound_and_never_blocks(tmp_path_fact
     bad.write_bytes(b"ok \xff\xfe")
     with pytest.raises(EaglekitError, match="not UTF-8"):
         calibration_text(str(bad))
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(context=st.integers(192, 100_000), new=st.integers(64, 128))
+def test_a_context_setting_past_the_target_names_the_option_not_a_prompt(tiny, context, new):
+    """The tiny target holds 256 tokens: every setting here leaves no room, and the option is named."""
+    target, draft = tiny
+    result = loaded("verify", draft, "--target", target, "--no-progress", "--limit", "1", "--max-new-tokens", str(new),
+                    "--context-tokens", str(context), code=2, contains=f"--context-tokens {context:,}")
+    assert "256-token context" in result.stderr and "prompts" not in result.stderr

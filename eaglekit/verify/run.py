@@ -245,10 +245,20 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
     return VerifySweep(reports)
 
 
+def refuse_context_past_target(options: VerifyOptions, context: int | None, new_tokens: int) -> None:
+    """A --context-tokens setting that cannot fit the target's context with the decode is the option's fault, and is
+    said so (not blamed on the first prompt it is prepended to)."""
+    for condition in options.conditions:
+        if context is not None and condition.context_tokens + new_tokens >= context:
+            raise UsageError(f"--context-tokens {condition.context_tokens:,} and {new_tokens:,} new tokens leave no room "
+                             f"for a prompt in the target's {context:,}-token context (max_position_embeddings)")
+
+
 def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options: VerifyOptions,
                                 lookahead: int = 0) -> None:
     """Every first turn, under every condition, must leave room for its decode in the target's context: checked
     before the first decode, so a long last prompt costs seconds, not the whole run."""
+    refuse_context_past_target(options, model.context, options.max_new_tokens + lookahead)
     for condition in options.conditions:
         for index, first in enumerate(prompts.prompts):
             prompt = with_context(first, model.tokenizer, condition.context_tokens, index)
@@ -339,6 +349,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
         raise UsageError("--turns all asks each turn after the target's answer to the one before: use --engine both "
                          "(the reference decodes the answers and vLLM gets the same turns) or --turns first")
     tokenizer = load_tokenizer(os.path.dirname(os.path.abspath(target_config_path(target))), info)
+    refuse_context_past_target(options, info.max_position_embeddings, options.max_new_tokens)
     encoded = [encode(p, tokenizer, context_tokens=options.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
     from eaglekit.target_model import resolve_device
