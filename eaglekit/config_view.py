@@ -25,7 +25,14 @@ BOOL_KEYS = ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual",
              "attention_bias", "use_aux_hidden_state", "use_aux_norm")
 ID_LIST_KEYS = ("eagle_aux_hidden_state_layer_ids",)
 OBJECT_KEYS = ("eagle_config", "rope_scaling", "rope_parameters", "quantization_config")
-TYPED_KEYS = POSITIVE_INT_KEYS + POSITIVE_NUMBER_KEYS + BOOL_KEYS + ID_LIST_KEYS + OBJECT_KEYS
+DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers 5 writes dtype
+TORCH_DTYPE_NAMES = frozenset({
+    "float32", "float", "float64", "double", "float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+    "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "int8", "uint8", "int16", "short", "int32", "int",
+    "int64", "long", "uint16", "uint32", "uint64", "bool", "complex64", "complex128", "auto",
+})
+"""The names transformers' config loading resolves (getattr(torch, name); "auto" defers to the weights)."""
+TYPED_KEYS = POSITIVE_INT_KEYS + POSITIVE_NUMBER_KEYS + BOOL_KEYS + ID_LIST_KEYS + OBJECT_KEYS + DTYPE_KEYS
 NESTED_PLACES = ("eagle_config", "text_config", "rope_parameters")  # objects engines read typed keys from
 
 
@@ -107,6 +114,8 @@ def value_problem(key: str, value: Any) -> str | None:
             return "must hold only non-negative integer layer ids (an integral float such as 2.0 counts as 2)"
     if key in OBJECT_KEYS and not isinstance(value, dict):
         return f"must be an object, not {type(value).__name__}"
+    if key in DTYPE_KEYS and not (isinstance(value, str) and value in TORCH_DTYPE_NAMES):
+        return "must name a torch dtype (bfloat16, float16, float32, ...): transformers' config loading raises"
     return None
 
 

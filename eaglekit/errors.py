@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class EaglekitError(Exception):
     """An expected failure, one line that names the file (`path`) and the problem. The CLI maps each class to its
@@ -47,11 +49,25 @@ class ResolvedWorse(EaglekitError):
 MAX_QUOTED_CHARS = 80
 
 
+def _middle_cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    keep = (limit - 1) // 2
+    return f"{text[:keep]}…{text[-keep:]}"
+
+
 def quoted(value: object) -> str:
     """repr() of a name or value for a message, cut in the middle past MAX_QUOTED_CHARS: a hostile file's
     200 000-character tensor name still leaves a line that names the file and the problem."""
-    text = repr(value)
-    if len(text) <= MAX_QUOTED_CHARS:
-        return text
-    keep = (MAX_QUOTED_CHARS - 1) // 2
-    return f"{text[:keep]}…{text[-keep:]}"
+    return _middle_cut(repr(value))
+
+
+MAX_MESSAGE_CHARS = 2000
+
+
+def bounded_text(text: str, word_limit: int = MAX_QUOTED_CHARS) -> str:
+    """A composed message with every word past `word_limit` cut in the middle, and the whole past
+    MAX_MESSAGE_CHARS: names a file supplies (tensor names, config values, id lists) are spliced in whole where
+    messages are written, and cut once where they are kept."""
+    words = re.sub(r"\S{%d,}" % (word_limit + 1), lambda m: _middle_cut(m.group(), word_limit), text)
+    return _middle_cut(words, MAX_MESSAGE_CHARS)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from eaglekit.errors import bounded_text
+
 SEVERITIES = ("error", "warning", "info")
 
 
@@ -16,6 +18,10 @@ class Finding:
     tensor: str | None = None
     key: str | None = None
     refuses_load: bool = False  # vLLM's loader raises on the files (what verify's served reading needs)
+
+    def __post_init__(self):
+        # every finding passes here: a hostile name in the message is cut; `tensor` and `key` keep it whole
+        object.__setattr__(self, "message", bounded_text(self.message))
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and k != "refuses_load"}

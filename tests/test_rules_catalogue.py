@@ -136,6 +136,12 @@ class Case:
         return f"{self.code}-{self.label}" if self.label else self.code
 
 
+def _fc_as_fp8(tensors: dict) -> dict:
+    """fc.weight stored as one fp8 byte per value, the way an fp8-serialised export writes it."""
+    _, shape, _ = tensors["fc.weight"]
+    return {**tensors, "fc.weight": ("F8_E4M3", shape, bytes(int(np.prod(shape))))}
+
+
 WARM_START = {"command": "upgrade", "function": "warm-start", "summary": "warm start: needs fine-tuning"}
 
 CASES = [
@@ -162,6 +168,9 @@ CASES = [
     Case("EK158", lambda p: draft(p, config_patch=FP8, add={"lm_head.weight_zero_point": np.zeros((16, 2), np.int64)}),
          lambda p: draft(p, config_patch=FP8, add={"lm_head.weight_zero_point": np.zeros(128, np.int64)}),
          label="head-zero-point-not-per-row"),
+    Case("EK160", lambda p: rewrite_tensors(draft(p, config_patch=FP8), _fc_as_fp8),
+         lambda p: rewrite_tensors(draft(p, config_patch=FP8, add={"fc.weight_scale": np.ones(1, np.float32)}),
+                                   _fc_as_fp8), label="fp8-fc-without-scale"),
     Case("EK107", lambda p: renamed(draft(p, layers=2), lambda n: n.replace("layers.1.input_layernorm", "layers.1.hidden_norm")),
          lambda p: draft(p, layers=2)),
     Case("EK108", lambda p: draft(p, add={"layers.0.0.mlp.gate_proj.weight": np.ones((4, 4), np.float32)}),
@@ -260,6 +269,9 @@ CASES = [
          lambda p: draft(p, config_patch=FP8)),
     Case("EK326", lambda p: draft(p, config_patch={"rms_norm_eps": 1e308}), lambda p: draft(p)),
     Case("EK327", lambda p: draft(p, config_patch={"rms_norm_eps": 0.5}), lambda p: draft(p)),
+    Case("EK328", lambda p: draft(p, config_patch={"hidden_act": "gelu"}), lambda p: draft(p, config_patch={"hidden_act": "silu"})),
+    Case("EK157", lambda p: draft(p, config_patch={"torch_dtype": "banana"}), lambda p: draft(p, config_patch={"torch_dtype": "bfloat16"}),
+         label="torch-dtype-name"),
     Case("EK305", lambda p: renamed(draft(p, "modelopt-megatron", layers=2), lambda n: n.replace("midlayer.", "layers.")),
          lambda p: draft(p, layers=2)),
     Case("EK306", lambda p: draft(p, draft_vocab=None, add={"d2t": np.zeros(256, np.int64)}),

@@ -67,6 +67,7 @@ class ConfigAcceptance:
     rope_factor_types: frozenset[str]  # the types that scale by `factor` (which must then be a number > 0)
     quant_methods: frozenset[str]  # quantization_config.quant_method values it knows
     rms_norm_eps_max: float  # the largest eps its kernel can hold (past it the eps becomes inf, every norm output 0)
+    hidden_acts: frozenset[str]  # hidden_act values its draft MLP builds
 
 
 VLLM_ACCEPTS = ConfigAcceptance(
@@ -87,6 +88,9 @@ VLLM_ACCEPTS = ConfigAcceptance(
     }),
     # the RMSNorm kernels take eps as a float32: past its largest finite value it is inf and every norm output 0
     rms_norm_eps_max=3.4028234663852886e38,
+    # LlamaMLP (llama.py, which the eagle3 Llama draft layers subclass) and Qwen2MLP (qwen3.py's MLP) raise
+    # "Unsupported activation: ... Only silu is supported for now." for anything else
+    hidden_acts=frozenset({"silu"}),
 )
 # the attention kind each vLLM class builds
 CLASS_ATTENTION = {"llama": "llama", "qwen3": "qwen3", "deepseek": "mla"}

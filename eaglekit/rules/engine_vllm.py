@@ -15,6 +15,7 @@ from eaglekit.engines import (
     parse_version,
     vllm_requirements,
 )
+from eaglekit.errors import quoted
 from eaglekit.families.names import legacy_pattern
 from eaglekit.rules.facts import (
     eagle_config,
@@ -316,6 +317,17 @@ def norm_eps(ctx: RuleContext):
         yield Hit(f"rms_norm_eps is {eps:g}: {_v(ctx)}'s RMSNorm kernel takes eps as a float32, where it becomes inf "
                   "and zeroes every norm; write the eps the draft was trained with",
                   key=layer_key(ctx.spec, "rms_norm_eps"))
+
+
+@rule("EK328", "error", "engine", None, "hidden_act vLLM's draft MLP does not build", engine=VLLM, refuses_load=True,
+      refuses_upgrade=True)
+def hidden_act(ctx: RuleContext):
+    value = layer_config(ctx.spec).get("hidden_act", "silu")  # transformers' LlamaConfig and Qwen3Config: silu
+    if not isinstance(value, str) or value not in VLLM_ACCEPTS.hidden_acts:
+        key = layer_key(ctx.spec, "hidden_act")
+        yield Hit(f"{key} is {quoted(value)}: {_v(ctx)}'s draft MLP accepts only "
+                  f"{', '.join(sorted(VLLM_ACCEPTS.hidden_acts))} and raises on anything else; EAGLE-3 drafts are "
+                  "trained with silu: write the activation the draft was trained with", key=key)
 
 
 LARGE_EPS = 1e-2

@@ -20,6 +20,10 @@ ROW_INDEXED = ("weight_scale", "weight_zero_point")  # may hold one entry (or bl
 COLUMN_INDEXED = ("weight_g_idx",)  # one entry per input column: a row transform leaves it as it is
 ROW_TRANSFORMED = ("lm_head.weight",)  # the weights whose rows upgrade may move (sorting a frequency-ordered d2t)
 QUANTISED_WEIGHT_DTYPES = ("I8", "U8", "F4")  # int8 and packed 4-bit weights, beside their scales
+SCALED_WEIGHT_DTYPES = QUANTISED_WEIGHT_DTYPES + ("F8_E4M3", "F8_E5M2")  # stored values that mean nothing unscaled
+SCALED_METHODS = ("compressed-tensors", "compressed_tensors", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+                  "modelopt_mixed")
+"""quant_methods whose linear layers each create a `weight_scale` parameter (besides every method naming fp8)."""
 SCALE_DTYPES = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E8M0")
 INDEX_DTYPES = ("I8", "U8", "I32", "U32", "I64")  # zero points and group indices
 
@@ -174,6 +178,26 @@ def quant_companion(spec: DraftSpec, name: str) -> QuantCompanion | None:
     return QuantCompanion(name, weight, False, f"{name} {shape} is neither one value nor one entry per row of {weight} "
                                                f"{list(base.shape)}, so it cannot follow those rows when the "
                                                "vocabulary map is sorted")
+
+
+def needs_weight_scale(spec: DraftSpec) -> bool:
+    """Whether the draft's quant_method scales each quantised weight by its own `weight_scale`. vLLM's fp8 method
+    (any quant_method naming fp8 reads as an fp8-serialised checkpoint) registers `weight_scale` for every linear
+    layer, initialised to float32's lowest value until the checkpoint's tensor is loaded; compressed-tensors and
+    ModelOpt schemes register one likewise."""
+    qcfg = spec.config.get("quantization_config")
+    method = qcfg.get("quant_method") if isinstance(qcfg, dict) else None
+    return isinstance(method, str) and ("fp8" in method.lower() or method.lower() in SCALED_METHODS)
+
+
+def unscaled_weights(spec: DraftSpec) -> list[str]:
+    """Quantised weights (fp8, int8, packed 4-bit) with no `weight_scale` beside them, in a draft whose
+    quant_method needs one: the engine multiplies by a scale nothing loaded."""
+    if not needs_weight_scale(spec):
+        return []
+    return [name for name, ref in sorted(spec.tensors.items())
+            if name.endswith(".weight") and ref.dtype in SCALED_WEIGHT_DTYPES
+            and f"{name.removesuffix('.weight')}.weight_scale" not in spec.tensors]
 
 
 def quant_companions(spec: DraftSpec) -> list[QuantCompanion]:

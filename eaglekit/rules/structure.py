@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eaglekit.config_view import int_at
+from eaglekit.errors import quoted
 from eaglekit.families.names import layer_index
 from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.rules.expected import (
@@ -11,6 +12,7 @@ from eaglekit.rules.expected import (
     quant_companions,
     shape_matches,
     tolerated_extra,
+    unscaled_weights,
 )
 from eaglekit.rules.facts import (
     DEDICATED,
@@ -139,6 +141,17 @@ def quantisation_tensors(ctx: RuleContext):
     for c in quant_companions(ctx.spec):
         if c.problem:
             yield Hit(c.problem, tensor=c.name)
+
+
+@rule("EK160", "error", "structure", None, "a quantised weight without its weight_scale", refuses_upgrade=True)
+def unscaled_quantised_weights(ctx: RuleContext):
+    qcfg = ctx.spec.config.get("quantization_config")
+    for name in unscaled_weights(ctx.spec):
+        scale = f"{name.removesuffix('.weight')}.weight_scale"
+        yield Hit(f"{name} is {ctx.spec.tensors[name].dtype} but there is no {scale}: vLLM's "
+                  f"{quoted(qcfg.get('quant_method'))} linear method creates that scale parameter for the layer and "
+                  "nothing loads it (fp8 leaves it at float32's lowest value), so every output of the layer is "
+                  "garbage; export the scale with the weight, or write the weight unquantised", tensor=name)
 
 
 @rule("EK107", "error", "structure", "P32", "a layer >= 1 keeps its input norm under hidden_norm")

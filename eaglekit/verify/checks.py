@@ -11,10 +11,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from eaglekit.errors import IncompatibleDraftError
+from eaglekit.errors import IncompatibleDraftError, bounded_text
 from eaglekit.io.tensors import read_array
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
+
+
+MAX_PATH_WORD = 512
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,11 @@ class Check:
     name: str
     status: str  # "pass" | "fail" | "warn" | "info"
     message: str
+
+    def __post_init__(self):
+        # the compatibility table shows every message: a hostile name in one is cut, not wrapped over pages;
+        # the paths of a suggested command (the user's own, at most a few hundred characters) stay whole
+        object.__setattr__(self, "message", bounded_text(self.message, word_limit=MAX_PATH_WORD))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,7 +1,9 @@
 """The flat Hugging Face config both vLLM and SGLang read: complete geometry from the canonical description.
 
-Source keys that mean nothing to the engines are carried over (hidden_act, rope_parameters, sliding-window keys,
-quantization_config, token ids); keys that belong to a producer's layout, or that the dialect rewrites, are not.
+Source keys the dialect does not rewrite are carried over as written (hidden_act, rope_parameters, sliding-window
+keys, quantization_config, token ids); the engines read several of them, so the rules judge them before any upgrade
+(a hidden_act vLLM's MLP does not build is EK328). Keys that belong to a producer's layout, or that the dialect
+rewrites, are not carried.
 """
 
 from __future__ import annotations
