@@ -280,3 +280,87 @@ def test_upgrade_refuses_exactly_on_the_finding_validate_reports(case, tmp_path)
         result = clean("upgrade", path, str(where / "out"), "--dry-run", *KEEP_FUNCTION)
         assert (f"[{case.code}]" in result.stderr) == broken, result.stderr
     assert json.loads(clean("explain", case.code, "--format", "json").stdout)["facts"]["refuses_upgrade"] is True
+
+
+# ------------------------------------------------------------------ quantised weights need their scale
+
+
+@FEW
+@given(dtype=st.sampled_from(["F8_E4M3", "F8_E5M2", "I8", "U8"]),
+       name=st.sampled_from(["fc.weight", "layers.0.mlp.down_proj.weight", "lm_head.weight"]),
+       method=st.sampled_from(["fp8", "compressed-tensors", "modelopt"]), scaled=st.booleans())
+def test_a_quantised_weight_without_its_scale_is_an_error_and_refused(tmp_path_factory, dtype, name, method, scaled):
+    path, out = fresh(tmp_path_factory, config_patch={"quantization_config": {"quant_method": method}})
+    scale = f"{name.removesuffix('.weight')}.weight_scale"
+
+    def quantise(t):
+        _, shape, _ = t[name]
+        t[name] = (dtype, shape, bytes(int(np.prod(shape))))
+        if scaled:
+            t[scale] = ("F32", (1,), np.ones(1, "<f4").tobytes())
+
+    rewrite_tensors(path, quantise)
+    found = errors(path, "--deep")
+    if scaled:
+        assert "EK160" not in found
+    else:
+        assert scale in found["EK160"] and method in found["EK160"]
+        upgrade_refused(path, out, "EK160")
+
+
+# ------------------------------------------------------------------ values engines read that eaglekit's decode ignores
+
+
+@FEW
+@given(value=st.sampled_from(["gelu", "relu", "SiLU", "swish", "", None, 1, ["silu"]])
+       | st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12).filter(lambda v: v != "silu"))
+def test_a_hidden_act_vllm_does_not_build_is_an_error_and_refused(tmp_path_factory, value):
+    path, out = fresh(tmp_path_factory)
+    edit_config(path, lambda c: c.update(hidden_act=value))
+    assert "hidden_act" in errors(path, "--engine", "vllm")["EK328"]
+    upgrade_refused(path, out, "EK328")
+
+
+def test_silu_and_an_unwritten_hidden_act_pass(tmp_path):
+    for value in ("silu", None):
+        path = make_draft(str(tmp_path / f"d{value}"), "vllm")
+        edit_config(path, lambda c: c.update(hidden_act=value) if value else c.pop("hidden_act", None))
+        assert "EK328" not in errors(path, "--engine", "vllm")
+
+
+@FEW
+@given(value=st.sampled_from(["banana", "bf16", "torch.bfloat16", "", 16, True, ["bfloat16"], {}]),
+       key=st.sampled_from(["torch_dtype", "dtype"]))
+def test_a_torch_dtype_that_names_no_dtype_is_an_error_and_refused(tmp_path_factory, value, key):
+    path, out = fresh(tmp_path_factory)
+    edit_config(path, lambda c: c.update({key: value}))
+    assert errors(path)["EK157"].startswith(key)
+    upgrade_refused(path, out, "EK157")
+
+
+# ------------------------------------------------------------------ hostile names stay out of every rendering
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(length=st.integers(2_000, 200_000), char=st.sampled_from("ab.é_"))
+def test_a_huge_tensor_name_leaves_every_message_small(tmp_path_factory, length, char):
+    from eaglekit.errors import MAX_MESSAGE_CHARS, MAX_QUOTED_CHARS
+    from eaglekit.families import load_draft
+    from eaglekit.target import read_target
+    from eaglekit.verify.checks import MAX_PATH_WORD, compatibility_checks
+    from tests.factory import make_target_config
+
+    path, _ = fresh(tmp_path_factory)
+    name = char * length
+    rewrite_tensors(path, lambda t: t.update({name: ("F32", (1,), np.ones(1, "<f4").tobytes())}))
+    listed = findings(path, "--engine", "vllm")
+    hostile = [f for f in listed if f.get("tensor") == name]
+    assert hostile and all(name not in f["message"] for f in hostile)  # the location keeps it whole
+    for f in listed:
+        assert len(f["message"]) <= MAX_MESSAGE_CHARS
+        assert max(len(w) for w in f["message"].split()) <= MAX_QUOTED_CHARS
+    target = read_target(make_target_config(str(tmp_path_factory.mktemp("t") / "target")))
+    checks = compatibility_checks(load_draft(path), target, (2, 6, 9), "config", 3)
+    assert any(c.status == "warn" for c in checks)
+    assert all(len(c.message) <= MAX_MESSAGE_CHARS and max(map(len, c.message.split())) <= MAX_PATH_WORD
+               for c in checks)
