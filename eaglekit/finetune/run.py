@@ -18,7 +18,7 @@ from eaglekit import __version__
 from eaglekit.errors import CheckpointError, OutputError, ResolvedWorse, UsageError
 from eaglekit.families import apply_target, load_draft
 from eaglekit.io.dtypes import torch_dtype
-from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
+from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
 from eaglekit.io.jsonfile import load_json_object
 from eaglekit.finetune.data import DataOptions, TrainingData, build_data, split_validation, target_identity
 from eaglekit.finetune.evaluate import EvalOptions, Paired, held_out_prompts, resolved_worse
@@ -100,7 +100,7 @@ def _refuse_clobber(spec: DraftSpec, destination: str, checkpoint_dir: str, opts
     it reads, before any work."""
     from eaglekit.finetune.data import default_cache_dir
 
-    writes = [Role("output", destination), Role("--plot", opts.plot or ""),
+    writes = [Role(OUTPUT, destination), Role("--plot", opts.plot or ""),
               Role("--checkpoint-dir" if opts.checkpoint_dir else "--checkpoint-dir (default OUT.checkpoint)",
                    checkpoint_dir)]
     if not opts.data.hidden_states:  # captured data is cached; states read from elsewhere are not

@@ -4,6 +4,10 @@ being published, or another path the same command writes.
 Every command hands all its writes (the output, plots, reports, cards, checkpoints, caches) and everything it reads
 to `refuse_clobber` before it does any work. The check is on resolved paths (symlinks followed, hard links
 compared by inode), and `--force` does not lift it: --force replaces an earlier output, never an input.
+
+A side output (every write but the command's output: a report, plot, profile, card, checkpoint or cache folder)
+also never lands inside a model folder nor replaces a model file, read by this command or not: a finished draft or
+target elsewhere is no place for a report.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from itertools import islice
 
 from eaglekit.errors import UsageError
 
-MAX_SCANNED_ENTRIES = 100_000  # a folder read is scanned for symbolic links up to this many entries
+MAX_SCANNED_ENTRIES = 100_000  # a folder read is scanned for symbolic links (or weights) up to this many entries
+OUTPUT = "output"  # the role of a command's own output, which --force may replace
+MODEL_FILE_SUFFIXES = (".safetensors", ".gguf")
+MODEL_CONFIG, MODEL_INDEX = "config.json", "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,40 @@ def target_roles(target: str | None) -> list[Role]:
     return read_roles("target", os.path.dirname(os.path.abspath(target_config_path(target))))
 
 
+def is_model_folder(path: str) -> bool:
+    """A folder holding config.json beside weights (*.safetensors, a safetensors index or *.gguf): a checkpoint."""
+    if not os.path.isfile(os.path.join(path, MODEL_CONFIG)):
+        return False
+    try:
+        with os.scandir(path) as entries:
+            return any(e.name == MODEL_INDEX or e.name.endswith(MODEL_FILE_SUFFIXES)
+                       for e in islice(entries, MAX_SCANNED_ENTRIES))
+    except OSError:
+        return False
+
+
+def _refuse_model_clobber(write: Role) -> None:
+    """A side output never replaces a model file nor lands inside a model folder (its own path or any above)."""
+    path = _resolved(write.path)
+    name = os.path.basename(path)
+    if os.path.isfile(path) and (name == MODEL_CONFIG or name.endswith(MODEL_FILE_SUFFIXES)):
+        raise UsageError(f"{write.name} {write.path} is a model file: eaglekit never replaces one with a report, "
+                         "plot, card or cache (--force included); choose another path")
+    folder = path
+    while True:
+        if is_model_folder(folder):
+            raise UsageError(f"{write.name} {write.path} lies inside the model folder {folder}: eaglekit writes "
+                             "reports, plots, cards and caches beside checkpoints, never into one (--force included); "
+                             "choose another path")
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return
+        folder = parent
+
+
 def refuse_clobber(writes: Iterable[Role], reads: Iterable[Role]) -> None:
-    """Refuse (usage error, before any work) a written path that overlaps anything read or any other write."""
+    """Refuse (usage error, before any work) a written path that overlaps anything read or any other write, and a
+    side output that would land in a model folder or replace a model file."""
     written = [w for w in writes if w.path]
     read = [r for r in reads if r.path]
     for i, w in enumerate(written):
@@ -88,3 +127,6 @@ def refuse_clobber(writes: Iterable[Role], reads: Iterable[Role]) -> None:
             if overlaps(w.path, other.path):
                 raise UsageError(f"{w.name} {w.path} overlaps {other.name} {other.path}: each output needs its "
                                  "own path")
+    for w in written:
+        if w.name != OUTPUT:
+            _refuse_model_clobber(w)
