@@ -301,3 +301,162 @@ def test_card_out_never_overwrites_what_push_reads(tmp_path_factory, where):
     refused("push", draft, *PUSH, "--target", target, "--report", report, "--card-out", card, code=2,
             contains="--card-out")
     assert {p: sha(p) for p in before} == before and not os.path.exists(os.path.join(draft, "README.md"))
+
+
+# ------------------------------------------------------------------ 8. the report's target: weights, not only config
+
+
+def with_weights(folder: str, norm: bytes) -> str:
+    """make_target_config's target with the safetensors its config builds; `norm` is the final norm's raw F32."""
+    from tests.factory import write_safetensors
+
+    tensors = {"model.embed_tokens.weight": ("F32", (256, 64), bytes(256 * 64 * 4)),
+               "model.norm.weight": ("F32", (64,), norm)}
+    tensors.update({f"model.layers.{i}.input_layernorm.weight": ("F32", (64,), bytes(64 * 4)) for i in range(12)})
+    write_safetensors(os.path.join(folder, "model.safetensors"), tensors)
+    return folder
+
+
+@settings(FUZZ, max_examples=6)
+@given(norm=st.binary(min_size=256, max_size=256), flip=st.integers(0, 255))
+def test_a_report_of_another_target_with_the_same_config_is_refused(tmp_path_factory, norm, flip):
+    tmp = tmp_path_factory.mktemp("w")
+    draft = make_draft(str(tmp / "d"), "vllm")
+    measured = with_weights(make_target_config(str(tmp / "base")), norm)
+    copy = with_weights(make_target_config(str(tmp / "instruct")), norm[:flip] + bytes([norm[flip] ^ 1]) + norm[flip + 1:])
+    report = write_report(tmp / "r.json", draft, measured)
+    clean("push", draft, *PUSH, "--target", measured, "--report", report, codes=(0,))
+    refused("push", draft, *PUSH, "--target", copy, "--report", report,
+            contains=f"measured against a target whose weights are not the ones in {copy}")
+    doc = json.loads(open(report).read())
+    del doc["measured"]["target"]["weights_fingerprint"]
+    (tmp / "old.json").write_text(json.dumps(doc))
+    refused("push", draft, *PUSH, "--target", measured, "--report", str(tmp / "old.json"),
+            contains="does not record the target's weights")
+
+
+def test_the_weights_fingerprint_reads_a_bounded_part_of_a_huge_target(tmp_path):
+    from eaglekit.upgrade.provenance import weights_fingerprint
+
+    shard = tmp_path / "model-00001-of-00001.safetensors"
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2 ** 34], "data_offsets": [0, 2 ** 36]}}).encode()
+    with open(shard, "wb") as fh:  # sparse: 64 GiB of zeros after the header, a few MB on disk
+        fh.write(len(header).to_bytes(8, "little") + header)
+        fh.truncate(8 + len(header) + 2 ** 36)
+    start = time.monotonic()
+    first = weights_fingerprint([str(shard)])
+    assert time.monotonic() - start < 5
+    with open(shard, "r+b") as fh:
+        fh.seek(8 + header.index(b"F32"))
+        fh.write(b"F16")
+    assert weights_fingerprint([str(shard)]) != first
+
+
+@FUZZ
+@given(passed=st.booleans(), lossless=st.booleans(), exact=st.booleans())
+def test_a_report_whose_verdicts_contradict_each_other_is_refused(tmp_path_factory, passed, lossless, exact):
+    path = tmp_path_factory.mktemp("v") / "r.json"
+    path.write_text(json.dumps({"passed": passed, "lossless": lossless, "exact_match": exact,
+                                **figures(AcceptanceCounter.from_histogram([1, 2]))}))
+    if lossless or not (passed or exact):
+        assert load_report(str(path)).doc["lossless"] is lossless
+        return
+    with pytest.raises(CheckpointError, match="is true but lossless is false") as refusal:
+        load_report(str(path))
+    assert str(refusal.value).startswith(f"{path}: ")
+
+
+# ------------------------------------------------------------------ 9. the Hub lookup of a --target id
+
+
+@pytest.fixture
+def recording_server():
+    """A loopback HTTP server answering 404 to everything, recording each request's method and path."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def answer(self):
+            seen.append((self.command, self.path))
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET = answer
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+
+
+def test_the_target_lookup_uses_the_push_endpoint_fails_fast_and_prints_one_line(tmp_path, monkeypatch, capfd,
+                                                                               recording_server):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    draft = make_draft(str(tmp_path / "d"), "vllm")
+    report = write_report(tmp_path / "r.json", draft, make_target_config(str(tmp_path / "t")))
+    url, seen = recording_server
+    refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report, "--endpoint", url,
+            contains=f"cannot be compared with {HUB_TARGET}")
+    assert ("HEAD", f"/{HUB_TARGET}/resolve/main/config.json") in seen
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"https://bob:pw@SECRET9@127.0.0.1:{port}")  # what HF_ENDPOINT sets
+    capfd.readouterr()
+    start = time.monotonic()
+    line = refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report).stderr
+    assert time.monotonic() - start < 5
+    leaked = capfd.readouterr()
+    assert "SECRET9" not in line + leaked.out + leaked.err and "Retrying" not in leaked.err + line
+
+
+# ------------------------------------------------------------------ 10. credentials holding '@', ':', '%'
+
+RAW_USERINFO = st.text(st.characters(codec="ascii", categories=["L", "N"]) | st.sampled_from("@:%-._~!$&'()*+,;="),
+                       min_size=1, max_size=12)
+
+
+@FUZZ
+@given(user=RAW_USERINFO, password=RAW_USERINFO, tail=st.sampled_from(["", "/", "/mirror", "/mirror/"]))
+def test_userinfo_is_stripped_up_to_its_last_at(user, password, tail):
+    from eaglekit.io.hub_client import without_credentials
+
+    url = f"https://Zu8{user}:Zq9{password}@h.io:8443{tail}"
+    assert without_credentials(url) == f"https://h.io:8443{tail}"
+    assert without_credentials(f"Error: cannot reach {url}: ConnectError") == \
+        f"Error: cannot reach https://h.io:8443{tail}: ConnectError"
+
+
+@settings(FUZZ, max_examples=15)
+@given(user=RAW_USERINFO, password=RAW_USERINFO,
+       shape=st.sampled_from(["https://{u}:{p}@h.io", "{u}:{p}@h.io:1", "https://h.io/?token={p}", "https://h.io/#{p}",
+                              "ftp://{u}:{p}@h.io", "https://{u}:{p}@", "https://{u}:{p}@h.io/?q={p}"]),
+       source=st.sampled_from(["--endpoint", "HF_ENDPOINT"]))
+def test_an_endpoint_with_credentials_is_used_or_refused_without_printing_them(
+        tmp_path_factory, monkeypatch, user, password, shape, source):
+    from huggingface_hub import constants
+
+    user, password = "Zu8" + user, "Zq9" + password
+    draft = make_draft(str(tmp_path_factory.mktemp("e") / "d"), "vllm")
+    endpoint = shape.format(u=user, p=password)
+    args = ["--endpoint", endpoint] if source == "--endpoint" else []
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint if source == "HF_ENDPOINT" else "https://huggingface.co")
+    human = clean("push", draft, *PUSH, *args, codes=(0, 2))
+    as_json = clean("push", draft, *PUSH, *args, "--format", "json", codes=(human.exit_code,))
+    if human.exit_code == 2:
+        assert human.stderr.startswith(f"Error: {source} must be an http(s) URL with a host")
+    else:
+        doc = strict_json(as_json.stdout)
+        assert doc["endpoint"] == "https://h.io" and doc["url"] == "https://h.io/eagle-org/draft"
+        assert shape == "https://{u}:{p}@h.io"
+    printed = human.stdout + human.stderr + as_json.stdout + as_json.stderr
+    assert user not in printed and password not in printed

@@ -27,7 +27,7 @@ from eaglekit.findings import Finding
 from eaglekit.hub.card import build_card, is_repo_id, provenance, recorded_target
 from eaglekit.io.jsonfile import finite, load_json_object
 from eaglekit.io.checkpoint import INDEX_NAME
-from eaglekit.io.hub_client import bounded_hub_client, without_credentials
+from eaglekit.io.hub_client import bounded_hub_client, check_endpoint, quiet_hub_logging, without_credentials
 from eaglekit.engines import LABELS
 from eaglekit.serving import minimum_versions
 from eaglekit.upgrade.provenance import resolved_worse_finetune, untrained_warm_start
@@ -92,13 +92,15 @@ class VerifyReportFile:
 
 @dataclass(frozen=True)
 class PushTarget:
-    """The target a push declares: the Hub id its card names, and the config.json of the local folder given as
-    --target (a verify report that measured that folder recorded its hash)."""
+    """The target a push declares: the Hub id its card names, and the config.json and weights fingerprint of the
+    local folder given as --target (a verify report that measured that folder recorded both)."""
 
     repo_id: str | None
     config: str | None
+    weights: str | None = None
 
 
+VERDICTS = ("passed", "lossless", "exact_match")
 RATES = ("per_position_acceptance", "conditional_acceptance")
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 FIGURE_TOLERANCE = 1e-6  # a report's figures are one counter's quotients, written with full float precision
@@ -107,8 +109,9 @@ FIGURE_TOLERANCE = 1e-6  # a report's figures are one counter's quotients, writt
 def load_report(path: str) -> VerifyReportFile:
     """Read a verify report JSON for the card; figures no decode can produce are refused (one line naming it)."""
     report = load_json_object(path, "verify report")
-    if "lossless" in report and not isinstance(report["lossless"], bool):
-        raise CheckpointError(f"lossless must be true or false, not {quoted(report['lossless'])}", path)
+    for verdict in VERDICTS:
+        if verdict in report and not isinstance(report[verdict], bool):
+            raise CheckpointError(f"{verdict} must be true or false, not {quoted(report[verdict])}", path)
     k = report.get("num_speculative_tokens")
     if k is not None and (type(k) is not int or k < 1):
         raise CheckpointError(f"num_speculative_tokens must be a positive integer, not {quoted(k)}", path)
@@ -118,10 +121,20 @@ def load_report(path: str) -> VerifyReportFile:
     conditions = report.get("conditions")
     for figures in [report] + (conditions if isinstance(conditions, list) else []):
         if isinstance(figures, Mapping):
-            problem = impossible_figures(figures, k)
+            problem = contradicting_verdicts(figures) or impossible_figures(figures, k)
             if problem:
                 raise CheckpointError(problem, path)
     return VerifyReportFile(path, report)
+
+
+def contradicting_verdicts(figures: Mapping[str, Any]) -> str | None:
+    """Why a report's verdicts cannot all be true; None when they can. verify passes only a lossless decode, and
+    an exact match is lossless."""
+    lossless = figures.get("lossless")
+    for verdict in ("passed", "exact_match"):
+        if figures.get(verdict) is True and lossless is False:
+            return f"{verdict} is true but lossless is false: verify never writes that"
+    return None
 
 
 def impossible_figures(figures: Mapping[str, Any], k: int | None) -> str | None:
@@ -195,6 +208,8 @@ def push(
     from huggingface_hub import constants
 
     check_repo_id(repo_id)
+    endpoint = check_endpoint(endpoint, "--endpoint") if endpoint else check_endpoint(constants.ENDPOINT,
+                                                                                      "HF_ENDPOINT")
     if not os.path.isdir(draft_dir):
         raise CheckpointError("not a draft directory", draft_dir)
     spec = load_draft(draft_dir)
@@ -218,7 +233,7 @@ def push(
                             "--force to publish it anyway", draft_dir)
     declared = declared_target(target, spec)
     target = declared.repo_id
-    unbound = report_mismatches(report.doc, spec, declared) if report is not None else []
+    unbound = report_mismatches(report.doc, spec, declared, endpoint=endpoint, token=token) if report else []
     if unbound and not force:
         raise EaglekitError(f"refusing this verify report: {unbound[0]} (rerun `eaglekit verify`, or pass --force: "
                             "the card then says so)", report.path)
@@ -237,7 +252,6 @@ def push(
                       report_mismatches=unbound, license=license, license_link=license_link)
     manifest = _manifest(spec, target, figures, findings, validated, forced)
     sources = _upload_sources(spec, card, manifest)
-    endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
     shown = without_credentials(endpoint)
     result = PushResult(
         repo_id=repo_id, endpoint=shown, revision=revision, create_pr=create_pr, private=private,
@@ -257,36 +271,44 @@ def declared_target(value: str | None, spec: DraftSpec) -> PushTarget:
     """The target a push declares: --target as a local folder (or its config.json) or a Hub id, else the Hub id
     the draft records."""
     from eaglekit.target import target_config_path
+    from eaglekit.upgrade.provenance import target_weight_files, weights_fingerprint
 
     if value and os.path.exists(value):
         config = target_config_path(value)
         name = load_json_object(config, "target config").get("_name_or_path")
-        return PushTarget(name if is_repo_id(name) else None, config)
+        return PushTarget(name if is_repo_id(name) else None, config, weights_fingerprint(target_weight_files(config)))
     if value and not REPO_ID.match(value):
         raise UsageError(f"--target {quoted(value)} is neither a Hub id (ORG/NAME) nor an existing folder")
     return PushTarget(value or recorded_target(spec), None)
 
 
-def _hub_config(repo_id: str) -> str | None:
-    """The Hub id's config.json: from the local Hugging Face cache, else fetched (a few KB); None when neither
-    works (offline, gated, unknown or unreachable)."""
-    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+def _hub_config(repo_id: str, endpoint: str, token: str | None) -> str | None:
+    """The Hub id's config.json: from the local Hugging Face cache, else fetched from the push's endpoint (a few
+    KB); None when neither works (offline, gated, unknown or unreachable).
+
+    One HEAD without the client's retries comes first: an unreachable endpoint fails in one attempt, not after
+    the download's backoff, and the client logs nothing (its messages quote the endpoint with its credentials)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     cached = try_to_load_from_cache(repo_id, "config.json")
     if isinstance(cached, str):
         return cached
     bounded_hub_client()
-    try:
-        return hf_hub_download(repo_id, "config.json")
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError, *_transport_errors()):
-        return None
+    with quiet_hub_logging():
+        try:
+            get_hf_file_metadata(hf_hub_url(repo_id, "config.json", endpoint=endpoint), token=token)
+            return hf_hub_download(repo_id, "config.json", endpoint=endpoint, token=token)
+        except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError, *_transport_errors()):
+            return None
 
 
-def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTarget) -> list[str]:
+def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTarget, *,
+                      endpoint: str = HUB_ENDPOINTS[0], token: str | None = None) -> list[str]:
     """Why a verify report does not describe the files being pushed, or the target this push declares; empty: it
-    does. The target is compared as the report records it: by config.json hash with a local --target folder, by
-    Hub id, and a local copy of unrecorded origin by hash with the Hub id's config.json."""
+    does. The target is compared as the report records it: by config.json hash and weights fingerprint with a
+    local --target folder, by Hub id, and a local copy of unrecorded origin by hash with the Hub id's config.json
+    (fetched from `endpoint` when not cached)."""
     from eaglekit.upgrade.provenance import hash_files, sha256_file, source_files
 
     measured = report.get("measured")
@@ -302,14 +324,18 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTa
     recorded = measured.get("target") if isinstance(measured.get("target"), Mapping) else {}
     origin, digest, folder = recorded.get("name_or_path"), recorded.get("config_sha256"), quoted(recorded.get("folder"))
     if target.config:
+        where = os.path.dirname(os.path.abspath(target.config))
         if digest != sha256_file(target.config):
-            problems.append(f"it was measured against a target whose config.json is not the one in "
-                            f"{os.path.dirname(os.path.abspath(target.config))}")
+            problems.append(f"it was measured against a target whose config.json is not the one in {where}")
+        elif not recorded.get("weights_fingerprint"):
+            problems.append("the report does not record the target's weights (it predates weight binding)")
+        elif recorded["weights_fingerprint"] != target.weights:
+            problems.append(f"it was measured against a target whose weights are not the ones in {where}")
     elif target.repo_id and is_repo_id(origin):
         if origin != target.repo_id:
             problems.append(f"it was measured against {origin}, not {target.repo_id}")
     elif target.repo_id:
-        config = _hub_config(target.repo_id)
+        config = _hub_config(target.repo_id, endpoint, token)
         if config is None:
             problems.append(f"it measured a local target (folder {folder}) that cannot be compared with "
                             f"{target.repo_id}: its config.json is neither cached nor reachable (give that folder as "

@@ -9,13 +9,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import struct
 
 from eaglekit.errors import CheckpointError
 from eaglekit.io.checkpoint import INDEX_NAME
+from eaglekit.io.header import MAX_HEADER_BYTES
 
 HASH_BUFFER = 4 * 1024 * 1024
 _SHA256_BLOB = re.compile(r"^[0-9a-f]{64}$")
 PLACEHOLDER = "sha256:" + "0" * 64  # same length as a real digest: lets the header be patched in place
+FINGERPRINT_SAMPLES = 64
+FINGERPRINT_SAMPLE_BYTES = 64 * 1024
 
 
 def sha256_file(path: str) -> str:
@@ -32,6 +36,42 @@ def sha256_file(path: str) -> str:
         return "sha256:" + digest.hexdigest()
     except OSError as exc:
         raise CheckpointError(f"cannot read for hashing: {exc.strerror or exc}", path) from None
+
+
+def weights_fingerprint(paths: list[str]) -> str:
+    """A bounded-time identity of weight files: SHA-256 over each file's name, size, safetensors header and
+    FINGERPRINT_SAMPLES evenly spaced samples (the whole file when it is no larger than the samples).
+
+    About 4 MB read per file whatever its size, so a 100 GB target costs what a small one does; targets that share
+    a config.json (a base model and its instruct tune) differ in it. A change confined to the bytes between
+    samples of a large file goes unseen: this binds a report to a model, it does not check its integrity."""
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                digest.update(f"{os.path.basename(path)}\0{size}\0".encode())
+                if size <= FINGERPRINT_SAMPLES * FINGERPRINT_SAMPLE_BYTES:
+                    digest.update(fh.read())
+                    continue
+                if path.endswith(".safetensors"):
+                    (length,) = struct.unpack("<Q", fh.read(8))
+                    digest.update(fh.read(min(length, MAX_HEADER_BYTES)))
+                stride = (size - FINGERPRINT_SAMPLE_BYTES) // (FINGERPRINT_SAMPLES - 1)
+                for i in range(FINGERPRINT_SAMPLES):
+                    fh.seek(i * stride)
+                    digest.update(fh.read(FINGERPRINT_SAMPLE_BYTES))
+        except OSError as exc:
+            raise CheckpointError(f"cannot read for fingerprinting: {exc.strerror or exc}", path) from None
+    return "sha256:" + digest.hexdigest()
+
+
+def target_weight_files(path: str) -> list[str]:
+    """The weight files of a target given by its config.json (the safetensors shards beside it) or its GGUF."""
+    if path.endswith(".gguf") and os.path.isfile(path):
+        return [path]
+    folder = os.path.dirname(os.path.abspath(path))
+    return [os.path.join(folder, name) for name in sorted(os.listdir(folder)) if name.endswith(".safetensors")]
 
 
 def source_files(spec) -> list[str]:

@@ -286,13 +286,15 @@ def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookah
 
 def measured_files(spec: DraftSpec, info) -> dict:
     """Which bytes this report describes: SHA-256 of every draft file, and the target's identity (its recorded
-    origin and config hash); `push --report` refuses a report that measured other files."""
-    from eaglekit.upgrade.provenance import hash_files, sha256_file, source_files
+    origin, config hash and weights fingerprint); `push --report` refuses a report that measured other files."""
+    from eaglekit.upgrade.provenance import (hash_files, sha256_file, source_files, target_weight_files,
+                                             weights_fingerprint)
 
     return {"draft_files": hash_files(spec.path, source_files(spec)),
             "target": {"name_or_path": info.name_or_path,
                        "folder": os.path.basename(os.path.dirname(os.path.abspath(info.path))),
-                       "config_sha256": sha256_file(info.path)}}
+                       "config_sha256": sha256_file(info.path),
+                       "weights_fingerprint": weights_fingerprint(target_weight_files(info.path))}}
 
 
 def _flips(ours: dict[str, bool], served: dict[str, bool]) -> dict[str, bool]:
