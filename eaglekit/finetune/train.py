@@ -331,10 +331,15 @@ class Checkpoints:
         entries = os.listdir(self.directory) if os.path.isdir(self.directory) else []
         return bool(entries) and len(self.checkpoints()) == len(entries)
 
+    def own(self) -> list[str]:
+        """This run's checkpoints (state.json carries its fingerprint), oldest step first: runs may share a folder,
+        and one never takes or removes another's."""
+        return [p for p in self.checkpoints() if _state(p).get("fingerprint") == self.fingerprint]
+
     def remove(self, *, folder: bool) -> None:
-        """Remove the checkpoints in the folder (eaglekit's own only), then the folder itself when `folder` and it
-        is left empty: nothing else in it is ever touched."""
-        for path in self.checkpoints():
+        """Remove this run's checkpoints in the folder, then the folder itself when `folder` and it is left empty:
+        nothing else in it (another run's checkpoints included) is ever touched."""
+        for path in self.own():
             shutil.rmtree(path, ignore_errors=True)
         if folder and self.directory and os.path.isdir(self.directory) and not os.listdir(self.directory):
             os.rmdir(self.directory)
@@ -347,11 +352,15 @@ def is_checkpoint(path: str) -> bool:
     """A real folder named step-N whose state.json says it is an eaglekit finetune checkpoint."""
     if not STEP_NAME.fullmatch(os.path.basename(path)) or os.path.islink(path) or not os.path.isdir(path):
         return False
+    return _state(path).get("format") == CHECKPOINT_FORMAT
+
+
+def _state(path: str) -> dict[str, Any]:
+    """A checkpoint's state.json, {} when it is unreadable."""
     try:
-        state = load_json_object(os.path.join(path, "state.json"), "checkpoint state")
+        return load_json_object(os.path.join(path, "state.json"), "checkpoint state")
     except CheckpointError:
-        return False
-    return state.get("format") == CHECKPOINT_FORMAT
+        return {}
 
 
 def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
@@ -362,9 +371,9 @@ def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter],
     assert ck.directory is not None
     os.makedirs(ck.directory, exist_ok=True)
     final = os.path.join(ck.directory, f"step-{step:07d}")
-    if os.path.lexists(final) and not is_checkpoint(final):
-        raise CheckpointError("not an eaglekit checkpoint, so it is not replaced: choose another --checkpoint-dir",
-                              final)
+    if os.path.lexists(final) and final not in ck.own():
+        raise CheckpointError("not a checkpoint of this run (another run's, or not eaglekit's), so it is not "
+                              "replaced: choose another --checkpoint-dir", final)
     tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(final)}.partial-", dir=ck.directory)
     try:
         moments: dict[str, torch.Tensor] = {}
@@ -383,7 +392,7 @@ def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter],
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for path in ck.checkpoints():
+    for path in ck.own():
         if path != final:
             shutil.rmtree(path, ignore_errors=True)
     return final
@@ -391,23 +400,22 @@ def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter],
 
 def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer
                     ) -> tuple[int, list[StepRecord]]:
-    """Restore the newest checkpoint in place; (step, history). Refuses one written for another run."""
+    """Restore this run's newest checkpoint in place; (step, history). Another run's is never taken."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    found = ck.checkpoints()
+    found = ck.own()
     if not found:
-        raise UsageError("--resume: no checkpoint to resume from", ck.directory)
+        raise UsageError("--resume: every checkpoint in the folder belongs to another run (different source "
+                         "draft, data or training options); rerun with the same ones or choose another --checkpoint-dir"
+                         if ck.checkpoints() else "--resume: no checkpoint to resume from", ck.directory)
     path = found[-1]
-    state = load_json_object(os.path.join(path, "state.json"), "checkpoint state")
+    state = _state(path)
     try:
         weights = load_file(os.path.join(path, "weights.safetensors"))
         moments = load_file(os.path.join(path, "optimizer.safetensors"))
     except (OSError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"unreadable checkpoint ({exc})".splitlines()[0], path) from None
-    if state.get("fingerprint") != ck.fingerprint:
-        raise UsageError("--resume: this checkpoint belongs to another run (different source draft, data or "
-                         "training options); rerun with the same ones or choose another --checkpoint-dir", path)
     if set(weights) != set(params):
         raise CheckpointError("checkpoint holds other tensors than this run trains", path)
     with torch.no_grad():
