@@ -30,8 +30,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from eaglekit.errors import UsageError  # noqa: E402
-from eaglekit.finetune.train import Checkpoints, save_checkpoint  # noqa: E402
+from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
+from eaglekit.finetune.train import Checkpoints, load_checkpoint, save_checkpoint  # noqa: E402
 from tests.factory import make_draft  # noqa: E402
 from tests.test_hostile_input import clean, refused  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
@@ -218,6 +218,48 @@ def test_upgrade_never_replaces_or_deletes_its_source_or_target(world, data):
     check_refused(world, data, UPGRADES)
 
 
+# ---------------------------------------------------------------- side outputs over checkpoints a command does not read
+
+FOREIGN_SIDE_OUTPUTS = [("verify", option) for option in ("--save-report", "--profile-out", "--plot")] + \
+                       [("compare", option) for option in ("--save-report", "--plot")] + [("push", "--card-out")]
+FOREIGN_SHAPES = {FOLDER: ("inside", "dotted", "link-inside", "nested"), FILE: ("itself", "link")}
+
+
+def side_command(world, cmd: str, option: str, path: str, scratch: str) -> list[str]:
+    if cmd == "push":
+        return ["push", world["draft"], "--repo-id", "eagle-org/draft", "--license", "apache-2.0", "--target",
+                "meta-llama/Llama-3.1-8B-Instruct", "--dry-run", option, path]
+    return command(world, cmd, option, path, scratch)
+
+
+@FUZZ
+@given(data=st.data())
+def test_side_outputs_never_land_in_or_replace_a_checkpoint_the_command_does_not_read(world, data):
+    """A finished draft folder and a GGUF file that verify, compare and push do not read: a report, profile,
+    plot or card inside the folder (a new name or one of its files, by any spelling or link) or over the file is
+    refused in one line before any work, --force or not; the same option beside them is written."""
+    cmd, option = data.draw(st.sampled_from(FOREIGN_SIDE_OUTPUTS), label="case")
+    scratch = tempfile.mkdtemp(dir=world["scratch"])
+    if data.draw(st.booleans(), label="beside") and cmd == "push":
+        path = os.path.join(os.path.dirname(world["output"]), "card.md")
+        clean(*side_command(world, cmd, option, path, scratch), codes=(0,))
+        assert os.path.getsize(path) > 0
+        os.remove(path)
+        return
+    key = data.draw(st.sampled_from(["output", "target.gguf"]), label="checkpoint")
+    shape = data.draw(st.sampled_from(FOREIGN_SHAPES[protected_kind(world, key)]), label="shape")
+    name = data.draw(st.sampled_from(NAMES[FILE]), label="name")
+    if shape == "nested":
+        path = os.path.join(world[key], "sub", name)
+    else:
+        path = reaching(world[key], shape, name, scratch)
+    before, links = snapshot(os.path.join(world["base"], "inputs")), os.listdir(scratch)
+    result = refused(*side_command(world, cmd, option, path, scratch), code=2, contains=option)
+    assert "model folder" in result.stderr or "is a model file" in result.stderr, result.stderr
+    assert snapshot(os.path.join(world["base"], "inputs")) == before
+    assert os.listdir(scratch) == links
+
+
 # ---------------------------------------------------------------- checkpoint cleanup removes only eaglekit's own
 
 USER_NAMES = st.one_of(st.from_regex(r"step-[0-9]{1,7}", fullmatch=True),
@@ -275,6 +317,39 @@ def test_checkpoint_cleanup_removes_only_eaglekit_checkpoints(entries, exists, s
         ck.remove(folder=made)
         assert ck.checkpoints() == []
         assert snapshot(root) == before  # the user's entries and what their links point at, byte for byte
+
+
+@settings(max_examples=30, deadline=None)
+@given(saves=st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 20)), min_size=1, max_size=8))
+def test_runs_sharing_a_checkpoint_folder_never_take_or_remove_each_others(saves):
+    """Two runs (two fingerprints) save in one --checkpoint-dir in any order: each rotation keeps the other run's
+    newest checkpoint, --resume takes the run's own newest (and says so when only the other's are there), a step
+    the other run already holds is not replaced, and the cleanup removes only the run's own."""
+    with tempfile.TemporaryDirectory() as folder:
+        runs = {name: Checkpoints(folder, every=1, fingerprint=name) for name in "AB"}
+        newest: dict[str, str] = {}
+        for name, step in saves:
+            params, optimizer = _tiny_training_state()
+            held = os.path.join(folder, f"step-{step:07d}")
+            if os.path.exists(held) and held != newest.get(name):
+                before = snapshot(folder)
+                with pytest.raises(CheckpointError, match="not a checkpoint of this run"):
+                    save_checkpoint(runs[name], step, params, optimizer, [])
+                assert snapshot(folder) == before
+                continue
+            newest[name] = save_checkpoint(runs[name], step, params, optimizer, [])
+            assert sorted(runs[name].checkpoints()) == sorted(newest.values())
+        for name, run in runs.items():
+            params, optimizer = _tiny_training_state()
+            if name in newest:
+                assert run.own() == [newest[name]]
+                assert load_checkpoint(run, params, optimizer)[0] == int(newest[name][-7:])
+            else:
+                with pytest.raises(UsageError, match="every checkpoint in the folder belongs to another run"):
+                    load_checkpoint(run, params, optimizer)
+        first = saves[0][0]
+        runs[first].remove(folder=True)
+        assert runs[first].checkpoints() == [p for n, p in sorted(newest.items()) if n != first]
 
 
 def test_a_finished_finetune_keeps_what_a_user_left_in_its_checkpoint_folder(world, tmp_path):
