@@ -202,18 +202,21 @@ def read_target(path: str, *, weights: bool = False) -> TargetInfo:
                                                                           cfg_path),
         name_or_path=name if isinstance(name, str) else None,
     )
-    check_target_weights(info, text.get("num_nextn_predict_layers"), required=weights)
+    check_target_weights(info, text.get("num_nextn_predict_layers"), required=weights,
+                         quantized="quantization_config" in cfg or "quantization_config" in text)
     return info
 
 
 EMBEDDINGS, FINAL_NORM, LM_HEAD = "embed_tokens.weight", "norm.weight", "lm_head.weight"
 
 
-def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool = False) -> None:
+def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool = False,
+                         quantized: bool = False) -> None:
     """The safetensors next to the target's config, read through the checked reader (headers, index against
     shards, truncation), cover exactly what the config builds: every layer 0..L-1 (and no other, but the
     next-token-prediction layers a config declares), the embeddings [V, T], the final norm [T], and lm_head [V, T]
-    unless tie_word_embeddings. transformers would fill a missing tensor with random values and still run."""
+    unless tie_word_embeddings. transformers would fill a missing tensor with random values and still run; it
+    would also cast integer weights to floats silently, so without a quantization_config every one is floating."""
     folder = os.path.dirname(os.path.abspath(info.path))
     names = os.listdir(folder)
     if INDEX_NAME not in names and not any(n.endswith(".safetensors") for n in names):
@@ -247,6 +250,11 @@ def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool 
     if not info.tie_word_embeddings and not any(fits(n, (V, T)) for n in heads):
         raise CheckpointError(f"target weights hold no {LM_HEAD} [{V}, {T}] and the config does not tie it to the "
                               "embeddings (tie_word_embeddings false): it would run with random values", folder)
+    integer = next((n for n in entries if (n.startswith(prefix) or n in heads)
+                    and entries[n].dtype not in FLOAT_DTYPES), None)
+    if integer is not None and not quantized:
+        raise CheckpointError(f"target weights: {integer[:100]} is {entries[integer].dtype}, not floating point, and "
+                              "the config has no quantization_config to read it by", folder)
 
 
 def target_tensors(folder: str) -> dict[str, HeaderEntry]:

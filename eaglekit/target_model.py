@@ -264,6 +264,21 @@ def load_tokenizer(path: str, info: TargetInfo):
     return tokenizer
 
 
+def _refuse_non_finite(model, path: str) -> None:
+    """Refuse, naming the first, a floating weight holding NaN or ±Inf as loaded (a corrupt file, or a value past
+    the range of the dtype asked for): the target would decode garbage and every draft would look lossless against
+    it. One reduction per tensor; the element-wise test runs only to confirm an overflowing sum."""
+    import torch
+
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if weight.is_floating_point() and not torch.isfinite(weight.sum(dtype=torch.float32)) \
+                    and not bool(torch.isfinite(weight).all()):
+                raise CheckpointError(f"target weight {name[:100]} holds NaN or infinite values (as "
+                                      f"{str(weight.dtype).removeprefix('torch.')}): a corrupt or badly converted "
+                                      "checkpoint", path)
+
+
 def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> TargetModel:
     """Load a local HF causal LM directory (safetensors only; nothing is unpickled) on `device` in `dtype`.
 
@@ -289,6 +304,7 @@ def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> Ta
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise CheckpointError(f"cannot load the target model ({exc})".splitlines()[0][:400], path) from None
         _refuse_initialised(type(model).__name__, sorted(loading.get("missing_keys") or ()), path)
+        _refuse_non_finite(model, path)
         model.to(device).eval()
     tokenizer = load_tokenizer(path, info)
     return TargetModel(model, tokenizer, path=path, device=device, dtype=torch_dtype,
