@@ -26,7 +26,8 @@ from eaglekit.target import GEOMETRY_LIMITS, SIZES_WHERE_WRITTEN, read_target  #
 from eaglekit.target_model import load_target  # noqa: E402
 from eaglekit.verify.prompts import Prompt, PromptTokens, encode, longest_token_chars, read_prompts  # noqa: E402
 from tests.cli import run_cli  # noqa: E402
-from tests.factory import edit_config, make_draft, make_target_config, write_safetensors  # noqa: E402
+from tests.factory import (edit_config, make_draft, make_target_config, rewrite_tensors,  # noqa: E402
+                           write_safetensors)
 from tests.test_hostile_input import bounded, clean, refused  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
@@ -447,3 +448,71 @@ def test_a_context_setting_past_the_target_names_the_option_not_a_prompt(tiny, c
     result = loaded("verify", draft, "--target", target, "--no-progress", "--limit", "1", "--max-new-tokens", str(new),
                     "--context-tokens", str(context), code=2, contains=f"--context-tokens {context:,}")
     assert "256-token context" in result.stderr and "prompts" not in result.stderr
+
+
+# ------------------------------------------------------------------ weights a target cannot run with
+
+TORCH_FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+INTEGER_SIZES = {"I8": 1, "U8": 1, "BOOL": 1, "I16": 2, "I32": 4, "I64": 8}
+
+
+def poisoned(dtype: str, shape: tuple[int, ...], at: int, value: float) -> tuple[str, tuple[int, ...], bytes]:
+    """A zero tensor of `dtype` with `value` at flat index `at`, as safetensors stores it."""
+    tensor = torch.zeros(shape, dtype=TORCH_FLOATS[dtype]).flatten()
+    tensor[at % tensor.numel()] = value
+    return dtype, shape, tensor.view(torch.uint8).numpy().tobytes()
+
+
+@FEW
+@given(victim=st.sampled_from(sorted(llama_tensors(2, tied=False))), value=st.sampled_from([float("nan"),
+       float("inf"), float("-inf")]), at=st.integers(0, 10**6), dtype=st.sampled_from(sorted(TORCH_FLOATS)),
+       load_as=st.sampled_from(["float32", "bfloat16"]))
+def test_a_target_weight_holding_nan_or_inf_is_refused_naming_it(tmp_path_factory, victim, value, at, dtype, load_as):
+    """One non-finite value anywhere in any weight, in any float dtype, loaded in any dtype: refused after loading,
+    naming the tensor, before any decode; the same target without it loads."""
+    path = write_target(str(tmp_path_factory.mktemp("nan")), llama_tensors(2, tied=False), layers=2, tied=False)
+    rewrite_tensors(path, lambda ts: {**ts, victim: poisoned(dtype, ts[victim][1], at, value)})
+    with pytest.raises(CheckpointError, match=f"target weight {victim} holds NaN or infinite values"):
+        load_target(path, dtype=load_as)
+    rewrite_tensors(path, lambda ts: {**ts, victim: poisoned(dtype, ts[victim][1], at, 1.0)})
+    assert load_target(path, dtype=load_as).path == path
+
+
+@FEW
+@given(victim=st.sampled_from(sorted(llama_tensors(2, tied=False))), dtype=st.sampled_from(sorted(INTEGER_SIZES)),
+       quantized=st.booleans())
+def test_an_integer_target_weight_without_a_quantization_config_is_refused_before_loading(tmp_path_factory, victim,
+                                                                                          dtype, quantized):
+    """A tensor the config builds as floating point, stored as an integer or bool: refused from the header alone,
+    naming it; a quantization_config says how to read it, and the check leaves it to the loader."""
+    path = write_target(str(tmp_path_factory.mktemp("int")), llama_tensors(2, tied=False), layers=2, tied=False)
+    rewrite_tensors(path, lambda ts: {**ts, victim: (dtype, ts[victim][1],
+                                                     bytes(INTEGER_SIZES[dtype] * len(ts[victim][2]) // 2))})
+    if quantized:
+        edit_config(path, lambda c: c.update(quantization_config={"quant_method": "bitsandbytes"}))
+        read_target(path, weights=True)
+        return
+    with pytest.raises(CheckpointError, match=f"{victim} is {dtype}, not floating point"):
+        read_target(path, weights=True)
+
+
+@pytest.mark.parametrize("command", ["verify", "compare", "finetune"])
+def test_commands_refuse_a_target_with_nan_or_integer_weights(tmp_path, tiny, command):
+    """Through the CLI: the final norm holding a NaN, or stored as I32, is one line naming it, and nothing runs."""
+    target, draft = tiny
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Count to three."}) + "\n")
+    args = {"verify": ["verify", draft, "--prompts", str(prompts), "--limit", "1", "--no-progress"],
+            "compare": ["compare", draft, draft, "--prompts", str(prompts), "--limit", "1", "--no-progress"],
+            "finetune": ["finetune", draft, str(tmp_path / "out"), "--data", str(prompts), "--cache-dir",
+                         str(tmp_path / "cache"), "--steps", "1", "--no-eval", "--no-progress"]}[command]
+    for name, edit in (("nan", lambda ts: {**ts, "model.norm.weight": poisoned("F32", ts["model.norm.weight"][1], 3,
+                                                                                  float("nan"))}),
+                       ("i32", lambda ts: {**ts, "model.norm.weight": ("I32", ts["model.norm.weight"][1],
+                                                                        ts["model.norm.weight"][2])})):
+        bad = str(tmp_path / name)
+        shutil.copytree(target, bad)
+        first = rewrite_tensors(bad, edit)
+        line = loaded(*args, "--target", first, contains="model.norm.weight").stderr
+        assert ("NaN" in line) == (name == "nan") and ("I32" in line) == (name == "i32"), line
+    assert not os.path.exists(tmp_path / "out")
