@@ -45,9 +45,9 @@ def bounded(seconds: int = SECONDS):
         signal.signal(signal.SIGALRM, previous)
 
 
-def clean(*args: str, codes=(0, 1, 2)):
+def clean(*args: str, codes=(0, 1, 2), seconds: int = SECONDS):
     """Run eaglekit ARGS and check the contract; returns the result."""
-    with bounded():
+    with bounded(seconds):
         result = run_cli(list(args))
     lines = result.stderr.strip().splitlines()
     assert result.exit_code in codes, (args, result.exit_code, result.stderr)

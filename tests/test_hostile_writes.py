@@ -38,6 +38,7 @@ from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 from tests.test_upgrade_gguf import tiny_target_gguf  # noqa: E402
 
+LOADS = 120  # a command that loads a target or decodes (the first one in a process also imports torch)
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 VOCAB = 49152  # SmolLM2's tokenizer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -212,7 +213,7 @@ def test_upgrade_never_replaces_or_deletes_its_source_or_target(world, data):
         cmd = data.draw(st.sampled_from(["upgrade", "upgrade-gguf"]), label="command")
         scratch = tempfile.mkdtemp(dir=world["scratch"])
         out = os.path.join(scratch, "out.gguf" if cmd == "upgrade-gguf" else "out")
-        clean(*command(world, cmd, "OUT", out, scratch), codes=(0,))
+        clean(*command(world, cmd, "OUT", out, scratch), codes=(0,), seconds=LOADS)
         assert os.path.exists(out)
         return
     check_refused(world, data, UPGRADES)
@@ -242,7 +243,7 @@ def test_side_outputs_never_land_in_or_replace_a_checkpoint_the_command_does_not
     scratch = tempfile.mkdtemp(dir=world["scratch"])
     if data.draw(st.booleans(), label="beside") and cmd == "push":
         path = os.path.join(os.path.dirname(world["output"]), "card.md")
-        clean(*side_command(world, cmd, option, path, scratch), codes=(0,))
+        clean(*side_command(world, cmd, option, path, scratch), codes=(0,), seconds=LOADS)
         assert os.path.getsize(path) > 0
         os.remove(path)
         return
@@ -360,10 +361,10 @@ def test_a_finished_finetune_keeps_what_a_user_left_in_its_checkpoint_folder(wor
     args = ["finetune", world["draft"], out, "--target", world["target"], "--data", world["data"], "--cache-dir",
             world["cache"], "--steps", "2", "--batch-tokens", "256", "--checkpoint-every", "1", "--no-eval",
             "--validation-fraction", "0", "--no-progress"]
-    clean(*args, codes=(0,))
+    clean(*args, codes=(0,), seconds=LOADS)
     assert os.listdir(out + ".checkpoint") == ["notes.txt"]  # its checkpoints went, the user's file stayed
     second = str(tmp_path / "second")
-    clean(*[second if a == out else a for a in args], codes=(0,))
+    clean(*[second if a == out else a for a in args], codes=(0,), seconds=LOADS)
     assert os.path.isdir(second) and not os.path.exists(second + ".checkpoint")  # made by the run: removed
 
 
@@ -388,7 +389,7 @@ def gguf_run(world, tmp_path_factory):
     """A GGUF written once without a limit: its size, and an earlier output that --force would replace."""
     folder = str(tmp_path_factory.mktemp("gguf-out"))
     earlier = os.path.join(folder, "draft.gguf")
-    clean("upgrade", world["draft"], earlier, "--to", "gguf", "--target", world["target.gguf"], codes=(0,))
+    clean("upgrade", world["draft"], earlier, "--to", "gguf", "--target", world["target.gguf"], codes=(0,), seconds=LOADS)
     return {"folder": folder, "earlier": earlier, "size": os.path.getsize(earlier)}
 
 
@@ -423,7 +424,7 @@ def test_a_killed_gguf_write_is_cleared_by_the_next_run_and_nothing_else_is(worl
     live.write_bytes(b"GGUF busy")
     mine = tmp_path / ".d.gguf.eaglekit-partial-notes"  # no process id: not eaglekit's
     mine.write_text("mine")
-    clean("upgrade", world["draft"], out, "--to", "gguf", "--target", world["target.gguf"], codes=(0,))
+    clean("upgrade", world["draft"], out, "--to", "gguf", "--target", world["target.gguf"], codes=(0,), seconds=LOADS)
     assert sorted(os.listdir(tmp_path)) == sorted(["d.gguf", live.name, mine.name])
     assert live.read_bytes() == b"GGUF busy" and mine.read_text() == "mine"
 
