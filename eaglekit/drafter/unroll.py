@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from eaglekit.drafter.model import DraftOutput, Drafter
+from eaglekit.drafter.model import Drafter, DraftOutput
 
 
 def unroll_mask(batch: int, rows: int, step: int, first_row: int = 0) -> torch.Tensor:

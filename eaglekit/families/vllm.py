@@ -2,7 +2,6 @@
 
 from eaglekit.families.base import Observed, Traits, family
 
-
 ARCHITECTURES = (
     "LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM",
     "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM", "LlamaForCausalLM",

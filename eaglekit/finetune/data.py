@@ -21,8 +21,15 @@ from importlib import resources
 from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
-from eaglekit.verify.prompts import (CONTEXT_MODULES, Prompt, check_template, encode, parse_jsonl, read_prompts,
-                                     target_context)
+from eaglekit.verify.prompts import (
+    CONTEXT_MODULES,
+    Prompt,
+    check_template,
+    encode,
+    parse_jsonl,
+    read_prompts,
+    target_context,
+)
 
 DATA_FORMAT = "1"
 BUNDLED_DATA = "eaglekit/data/prompts/train.jsonl"

@@ -17,11 +17,11 @@ from typing import Any
 from eaglekit import __version__
 from eaglekit.errors import CheckpointError, OutputError, ResolvedWorse, UsageError
 from eaglekit.families import apply_target, load_draft
-from eaglekit.io.dtypes import torch_dtype
-from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
-from eaglekit.io.jsonfile import load_json_object
 from eaglekit.finetune.data import DataOptions, TrainingData, build_data, split_validation, target_identity
 from eaglekit.finetune.evaluate import EvalOptions, Paired, held_out_prompts, resolved_worse
+from eaglekit.io.dtypes import torch_dtype
+from eaglekit.io.jsonfile import load_json_object
+from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, read_target
 
@@ -256,8 +256,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     from eaglekit.finetune.train import Checkpoints, TrainOptions, barrier, init_distributed, train
     from eaglekit.io.writer import StagedDirectory
     from eaglekit.plotting import check_plot_path
-    from eaglekit.upgrade.provenance import hash_files, source_files
     from eaglekit.target_model import load_target, resolve_device
+    from eaglekit.upgrade.provenance import hash_files, source_files
 
     started = time.perf_counter()
     train_opts = opts.train or TrainOptions()

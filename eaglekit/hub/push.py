@@ -21,17 +21,17 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.config_view import REPO_ID
+from eaglekit.engines import LABELS
 from eaglekit.errors import CheckpointError, EaglekitError, UsageError, quoted
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
 from eaglekit.hub.card import build_card, is_repo_id, provenance, recorded_target
-from eaglekit.io.jsonfile import finite, load_json_object
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.hub_client import bounded_hub_client, check_endpoint, quiet_hub_logging, without_credentials
-from eaglekit.engines import LABELS
+from eaglekit.io.jsonfile import finite, load_json_object
 from eaglekit.serving import minimum_versions
-from eaglekit.upgrade.provenance import resolved_worse_finetune, untrained_warm_start
 from eaglekit.spec import DraftSpec
+from eaglekit.upgrade.provenance import resolved_worse_finetune, untrained_warm_start
 
 log = logging.getLogger(__name__)
 

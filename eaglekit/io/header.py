@@ -7,8 +7,8 @@ import struct
 from dataclasses import dataclass
 
 from eaglekit.errors import CheckpointError, quoted
-from eaglekit.io.jsonfile import open_regular, parse_json
 from eaglekit.io.dtypes import DTYPE_SIZES, tensor_nbytes
+from eaglekit.io.jsonfile import open_regular, parse_json
 
 # The safetensors library refuses headers above 100 MB; a real draft header is a few KB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io.checkpoint import INDEX_NAME
-from eaglekit.io.header import MAX_HEADER_BYTES
 from eaglekit.io.dtypes import tensor_nbytes
+from eaglekit.io.header import MAX_HEADER_BYTES
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per copy call: bounds progress granularity, not memory
 READ_CHUNK = 8 * 1024 * 1024  # buffer of the read/write fallback

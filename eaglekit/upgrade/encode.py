@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from eaglekit.errors import UsageError
-from eaglekit.io.dtypes import FLOAT_NAMES
-from eaglekit.io.dtypes import DTYPE_SIZES
+from eaglekit.io.dtypes import DTYPE_SIZES, FLOAT_NAMES
 
 FLOAT_CASTABLE = FLOAT_NAMES
 F16_MAX = 65504.0

@@ -13,17 +13,24 @@ from typing import Any
 import numpy as np
 
 from eaglekit import __version__
-from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.engines.llamacpp import ARCH as ARCH_GGUF
 from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
-from eaglekit.io.tensors import read_array
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
-from eaglekit.io.writer import (OutTensor, StagedDirectory, check_parent, patch_header, publish_file,
-                                write_checkpoint_weights, write_json)
+from eaglekit.io.tensors import read_array
+from eaglekit.io.writer import (
+    OutTensor,
+    StagedDirectory,
+    check_parent,
+    patch_header,
+    publish_file,
+    write_checkpoint_weights,
+    write_json,
+)
 from eaglekit.spec import DraftSpec, eagle_version
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import Decisions, decide
+from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.upgrade.materialize import out_tensors
 from eaglekit.upgrade.options import UpgradeOptions
 from eaglekit.upgrade.plan import UpgradePlan, build_plan

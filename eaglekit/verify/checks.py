@@ -16,7 +16,6 @@ from eaglekit.io.tensors import read_array
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
-
 MAX_PATH_WORD = 512
 
 

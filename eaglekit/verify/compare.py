@@ -16,15 +16,21 @@ from eaglekit import __version__
 from eaglekit.errors import UsageError
 from eaglekit.families import apply_target, load_draft
 from eaglekit.target import read_target
+from eaglekit.target_model import load_target
 from eaglekit.verify.checks import compatibility_checks, refuse_failures
 from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_decode
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.report import Condition, DecodeSettings, plain_report, sweep_document
-from eaglekit.verify.run import (VerifyOptions, _prompt_set, refuse_clobbered_inputs, refuse_prompts_past_context,
-                                 resolve_aux_ids, turns)
+from eaglekit.verify.run import (
+    VerifyOptions,
+    _prompt_set,
+    refuse_clobbered_inputs,
+    refuse_prompts_past_context,
+    resolve_aux_ids,
+    turns,
+)
 from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
-from eaglekit.target_model import load_target
 
 
 @dataclass

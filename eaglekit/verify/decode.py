@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eaglekit.errors import CheckpointError
-from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.target_model import TargetModel
+from eaglekit.verify.metrics import AcceptanceCounter
 
 
 @dataclass

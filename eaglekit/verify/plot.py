@@ -7,7 +7,6 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 from eaglekit.errors import OutputError

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
+from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.checks import Check
 from eaglekit.verify.decode import Clock
 from eaglekit.verify.diagnose import Diagnosis
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.stats import Interval, by_category, tau_interval
 
 SWEEP_SHARED = ("eaglekit_version", "draft", "target", "eagle_version", "flags", "aux_layer_ids", "aux_layer_ids_source",

@@ -15,18 +15,18 @@ from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.rules import checked_engines
 from eaglekit.spec import DraftSpec
 from eaglekit.target import read_target, target_config_path
+from eaglekit.target_model import TargetModel, load_target, load_tokenizer
+from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.checks import compatibility_checks, refuse_failures
 from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, check_room, greedy_decode, speculative_decode
 from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.engine import EngineOptions, EngineRun, check_engine_available, run_vllm
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.prompts import PromptSet, bundled_prompts, check_template, encode, read_prompts, with_context
 from eaglekit.verify.report import Condition, DecodeSettings, PromptOutcome, VerifyReport, VerifySweep, plain_report
 from eaglekit.verify.served import ServedReading, served_reading
 from eaglekit.verify.stats import by_category, tau_interval
-from eaglekit.target_model import TargetModel, load_target, load_tokenizer
 
 ENGINES = ("reference", "vllm", "both")
 AUX_IDS_IN_LOG = re.compile(r"\[([\d,\s]+)\]|\(([\d,\s]+)\)")
@@ -287,8 +287,13 @@ def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookah
 def measured_files(spec: DraftSpec, info) -> dict:
     """Which bytes this report describes: SHA-256 of every draft file, and the target's identity (its recorded
     origin, config hash and weights fingerprint); `push --report` refuses a report that measured other files."""
-    from eaglekit.upgrade.provenance import (hash_files, sha256_file, source_files, target_weight_files,
-                                             weights_fingerprint)
+    from eaglekit.upgrade.provenance import (
+        hash_files,
+        sha256_file,
+        source_files,
+        target_weight_files,
+        weights_fingerprint,
+    )
 
     return {"draft_files": hash_files(spec.path, source_files(spec)),
             "target": {"name_or_path": info.name_or_path,

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglekit.upgrade.dialects.flat import flat_config
 from eaglekit.engines import DEEPSEEK_TARGET_TYPES
 from eaglekit.errors import UsageError
 from eaglekit.spec import DraftSpec
 from eaglekit.upgrade.decide import Decisions
+from eaglekit.upgrade.dialects.flat import flat_config
 from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "sglang"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglekit.upgrade.dialects.flat import carried_keys, dtype_keys, geometry_keys, source_layer_config
 from eaglekit.spec import DraftSpec
 from eaglekit.upgrade.decide import Decisions
+from eaglekit.upgrade.dialects.flat import carried_keys, dtype_keys, geometry_keys, source_layer_config
 from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "speculators"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglekit.upgrade.dialects.flat import flat_config
 from eaglekit.spec import DraftSpec
 from eaglekit.upgrade.decide import Decisions
+from eaglekit.upgrade.dialects.flat import flat_config
 from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "vllm"
