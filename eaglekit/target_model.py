@@ -65,7 +65,8 @@ def _decoder_parts(model) -> tuple[Sequence[Any], Any, Any]:
     layers = getattr(base, "layers", None)
     norm = getattr(base, "norm", None)
     if layers is None or norm is None:
-        raise CheckpointError(f"{type(model).__name__}: no decoder `layers` and final `norm` to capture aux states from")
+        raise CheckpointError(f"{type(model).__name__}: no decoder `layers` and final `norm` to capture aux states "
+                              "from")
     return layers, norm, model.get_input_embeddings()
 
 
@@ -171,7 +172,8 @@ class TargetModel:
         return TargetPass(out.logits, aux, past)
 
 
-SUPPORTED = "decoder-only causal LMs with model.embed_tokens / model.layers / model.norm (Llama, Mistral, Qwen, Gemma, ...)"
+SUPPORTED = ("decoder-only causal LMs with model.embed_tokens / model.layers / model.norm (Llama, Mistral, Qwen, "
+             "Gemma, ...)")
 
 
 @contextmanager
@@ -204,8 +206,8 @@ def _check_architecture(path: str, model_type: str | None):
     if model_type is None:
         raise CheckpointError(f"target config names no model_type; eaglekit loads {SUPPORTED}", path)
     if model_type not in CONFIG_MAPPING_NAMES:
-        raise CheckpointError(f"target model_type {model_type!r} is not one {version} knows (custom model code is never "
-                              f"run); eaglekit loads {SUPPORTED}"[:400], path)
+        raise CheckpointError(f"target model_type {model_type!r} is not one {version} knows (custom model code is "
+                              f"never run); eaglekit loads {SUPPORTED}"[:400], path)
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise CheckpointError(f"target model_type {model_type!r} has no causal-LM class in {version}; eaglekit loads "
                               f"{SUPPORTED}", path)

@@ -102,7 +102,8 @@ class _Progress:
 @click.argument("draft")
 @click.argument("out_dir", metavar="OUT")
 @click.option("--target", required=True, callback=target_path,
-              help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the Hugging Face cache.")
+              help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the Hugging "
+                   "Face cache.")
 @click.option("--data", "data_file", type=click.Path(dir_okay=False),
               help="JSONL training text: {\"prompt\"}, {\"messages\"} or {\"text\"} per line (default: the bundled "
                    "training prompts, disjoint from verify's).")
@@ -168,10 +169,12 @@ class _Progress:
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
 def finetune_command(draft, out_dir, target, data_file, data_limit, generate, context_tokens, context_every,
-                     max_length, code_tokens, templates, hidden_states, captured_ids, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
+                     max_length, code_tokens, templates, hidden_states, captured_ids, cache_dir, steps, batch_tokens,
+                     depth, lr, warmup_steps,
                      depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
                      keep_worse, device, target_dtype, checkpoint_every,
-                     checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_context_tokens, k, no_eval, plot,
+                     checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_context_tokens, k,
+                     no_eval, plot,
                      force, no_progress, output_format):
     """Fine-tune DRAFT against its target with EAGLE-3's training-time test; write a vLLM-ready draft to OUT.
 
@@ -202,7 +205,8 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
                            select_every=select_every),
         eval=None if no_eval else EvalOptions(prompts_file=eval_prompts, limit=eval_limit,
                                               max_new_tokens=eval_max_new_tokens, k=k,
-                                              context_tokens=int_list(eval_context_tokens, "--eval-context-tokens", "0,1024")),
+                                              context_tokens=int_list(eval_context_tokens, "--eval-context-tokens",
+                                                                      "0,1024")),
         device=device, target_dtype=target_dtype, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
         resume=resume, force=force, plot=plot, warm_start=warm_start, from_scratch=from_scratch,
         validation_fraction=validation_fraction, keep_worse=keep_worse,

@@ -65,14 +65,16 @@ def _ids(doc: dict) -> str:
 
 def render(doc: dict) -> None:
     flags = ", ".join(f"{k}={doc[k]}" for k in ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual"))
-    geometry = f"H={doc['hidden_size']}  T={doc['target_hidden_size']}  I={doc['intermediate_size']}  layers={doc['num_layers']}"
+    geometry = (f"H={doc['hidden_size']}  T={doc['target_hidden_size']}  I={doc['intermediate_size']}  "
+                f"layers={doc['num_layers']}")
     if doc["mla"]:
         m = doc["mla"]
         heads = (f"heads={doc['num_attention_heads']}  q_lora={m['q_lora_rank']}  kv_lora={m['kv_lora_rank']}  "
                  f"nope={m['qk_nope_head_dim']}  rope={m['qk_rope_head_dim']}  v={m['v_head_dim']}")
     else:
         heads = f"heads={doc['num_attention_heads']}  kv_heads={doc['num_key_value_heads']}  head_dim={doc['head_dim']}"
-    vocab = f"V={doc['vocab_size']}  Vd={doc['draft_vocab_size']}  d2t={'yes' if doc['has_d2t'] else 'no'}  t2d={'yes' if doc['has_t2d'] else 'no'}"
+    vocab = (f"V={doc['vocab_size']}  Vd={doc['draft_vocab_size']}  d2t={'yes' if doc['has_d2t'] else 'no'}  "
+             f"t2d={'yes' if doc['has_t2d'] else 'no'}")
     shared = []
     if not doc["has_embed_tokens"]:
         shared.append("embed_tokens from target")
@@ -81,7 +83,8 @@ def render(doc: dict) -> None:
     rows = [
         ("family", f"{doc['family']} — {doc['producer']}"),
         ("EAGLE version", doc["eagle_version"]),
-        ("architecture", f"{', '.join(doc['architectures']) or '—'} (model_type {doc['model_type']}, {doc['config_layout']} config)"),
+        ("architecture", f"{', '.join(doc['architectures']) or '—'} (model_type {doc['model_type']}, "
+                         f"{doc['config_layout']} config)"),
         ("attention", doc["attention"]),
         ("geometry", geometry),
         ("heads", heads),
@@ -90,7 +93,8 @@ def render(doc: dict) -> None:
         ("vocabulary", vocab),
         ("embed / head", ", ".join(shared) or "both stored in the draft"),
         ("flags", flags),
-        ("dtype / size", f"{doc['dtype']}, {doc['num_parameters']:,} params, {human_bytes(doc['total_bytes'])} in {len(doc['files'])} file(s)"),
+        ("dtype / size", f"{doc['dtype']}, {doc['num_parameters']:,} params, {human_bytes(doc['total_bytes'])} in "
+                         f"{len(doc['files'])} file(s)"),
     ]
     out.print(Panel(key_value_table(rows), title=styled((doc["path"], "bold")), expand=False))
 

@@ -200,7 +200,8 @@ def _run(args: list[str], debug: bool) -> None:
         if debug:
             raise
         signal_name = "SIGTERM" if _TERMINATED else "Ctrl-C"
-        _fail(f"Error: interrupted ({signal_name}); no output was left behind", _interrupted_status(), "Interrupted", args)
+        _fail(f"Error: interrupted ({signal_name}); no output was left behind", _interrupted_status(), "Interrupted",
+              args)
     except ModuleNotFoundError as exc:
         module = (exc.name or "").split(".")[0]
         if module not in OPTIONAL_MODULES or debug:

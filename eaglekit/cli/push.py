@@ -20,7 +20,8 @@ EXAMPLES = """
 \b
 Examples:
   eaglekit push ./out --repo-id my-org/Llama-3.1-8B-EAGLE3.1 --target meta-llama/Llama-3.1-8B-Instruct --dry-run
-  eaglekit push ./out --repo-id my-org/Llama-3.1-8B-EAGLE3.1 --target meta-llama/Llama-3.1-8B-Instruct --report verify.json
+  eaglekit push ./out --repo-id my-org/Llama-3.1-8B-EAGLE3.1 --target meta-llama/Llama-3.1-8B-Instruct \
+      --report verify.json
   eaglekit push ./out --repo-id my-org/draft --revision v2 --create-pr --format json
 """
 
@@ -53,7 +54,8 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--force", is_flag=True, help="Push even if validation finds errors (the card says so).")
 @click.option("--card-out", type=click.Path(dir_okay=False), help="Also write the model card (README.md) here.")
 @click.option("--license", "license_id",
-              help="The card's licence: a Hub licence id (apache-2.0, mit, llama3.1, ...) or other with --license-link.")
+              help="The card's licence: a Hub licence id (apache-2.0, mit, llama3.1, ...) or other with "
+                   "--license-link.")
 @click.option("--license-link", help="With --license other: the URL of the licence text.")
 @format_option
 def push_command(draft, repo_id, target, report_path, private, revision, create_pr, commit_message, token, endpoint,
@@ -65,7 +67,8 @@ def push_command(draft, repo_id, target, report_path, private, revision, create_
     from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 
     refuse_clobber([Role("--card-out", card_out)],
-                   [*read_roles("draft", draft), *read_roles("--report", report_path), *target_roles(local_path(target))])
+                   [*read_roles("draft", draft), *read_roles("--report", report_path),
+                    *target_roles(local_path(target))])
     report = load_report(report_path) if report_path else None
     bars_were_off = are_progress_bars_disabled()
     if output_format == "json":

@@ -143,8 +143,9 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
 def _with_progress(draft, target, options, verify):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}", markup=False),
-                  TimeElapsedColumn(), console=err, transient=True) as progress:
+    with Progress(TextColumn("verify"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.description}", markup=False), TimeElapsedColumn(), console=err,
+                  transient=True) as progress:
         task = progress.add_task("loading", total=None)
 
         def on_prompt(done: int, total: int, name: str) -> None:
@@ -328,7 +329,8 @@ def render(doc: dict) -> None:
             out.print(styled(("vLLM's speculative output differs from its own target-only output", "bold red")))
     if "hypotheses" in doc:
         table = Table(title="Diagnosis: one target pass, competing readings", title_justify="left",
-                      caption="TF: teacher-forced along the target's continuation; z: paired against the declared reading", caption_justify="left")
+                      caption="TF: teacher-forced along the target's continuation; z: paired against the declared "
+                              "reading", caption_justify="left")
         table.add_column("hypothesis", no_wrap=True)
         table.add_column("aux ids", no_wrap=True)
         table.add_column("τ", justify="right")

@@ -231,7 +231,9 @@ def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
     new = version >= (0, 22, 0)
     fc_norm = bool(resolved.get("fc_norm", False)) and new
     norm_output = bool(resolved.get("norm_output", False)) and new
-    nbf = ec.get("norm_before_fc", resolved.get("norm_before_fc", False)) if new else resolved.get("norm_before_fc", False)
+    nbf = resolved.get("norm_before_fc", False)
+    if new:
+        nbf = ec.get("norm_before_fc", nbf)
     nbr = bool(resolved.get("norm_before_residual", False))
     top = as_ids(resolved.get("eagle_aux_hidden_state_layer_ids"))
     nested = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
@@ -274,7 +276,8 @@ def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
     if cfg.get("fc_norm") and spec.attention == "mla":
         needs.append(((0, 23, 0), "MLA fc_norm is applied only from 0.23.0 (vLLM PR #43482)"))
     if flags31 and spec.config_layout == "speculators":
-        needs.append(((0, 25, 0), "the speculators layout passes fc_norm/norm_output only from 0.25.0 (vLLM PR #46488)"))
+        needs.append(((0, 25, 0),
+                      "the speculators layout passes fc_norm/norm_output only from 0.25.0 (vLLM PR #46488)"))
     if spec.num_aux_hidden_states not in (None, 3):
         needs.append(((0, 22, 0), f"K={spec.num_aux_hidden_states} aux states (fc fan-in fixed to 3·T before 0.22.0)"))
     ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
@@ -306,7 +309,8 @@ def engine_requirements(spec: DraftSpec, engine: str) -> list[tuple[Version, str
 
 @dataclass(frozen=True)
 class SglangView:
-    """What SGLang 0.5.23 reads: K, the capture list (its shift rules, reference §5.1) and nothing of norm_before_residual."""
+    """What SGLang 0.5.23 reads: K, the capture list (its shift rules, reference §5.1) and nothing of
+    norm_before_residual."""
 
     k: int
     k_source: str

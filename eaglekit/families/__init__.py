@@ -27,8 +27,9 @@ def detect(files: CheckpointFiles, family: str | None = None) -> tuple[Observed,
     obs = Observed.from_files(files)
     method = other_draft_method(obs.config.get("architectures"))
     if method is not None:
-        raise UnknownLayoutError(f"architectures {obs.config['architectures']} is a {method} draft, which vLLM serves as "
-                                 "its own speculative method, not EAGLE-3; eaglekit reads EAGLE-3 drafts only",
+        raise UnknownLayoutError(f"architectures {obs.config['architectures']} is a {method} draft, which vLLM "
+                                 "serves as its own speculative method, not EAGLE-3; eaglekit reads EAGLE-3 drafts "
+                                 "only",
                                  files.config_path)
     if family is not None:
         if family not in FAMILIES:

@@ -159,7 +159,8 @@ def read_tensors(obs: Observed, traits: Traits) -> tuple[dict[str, TensorRef], l
         rel, entry = files.entries[src]
         canon = canonical_name(src)
         if canon in tensors:
-            raise CheckpointError(f"tensors {tensors[canon].source_name!r} and {src!r} map to the same name {canon!r}", files.root)
+            raise CheckpointError(f"tensors {tensors[canon].source_name!r} and {src!r} map to the same name "
+                                  f"{canon!r}", files.root)
         tensors[canon] = TensorRef(canon, src, rel, entry.dtype, entry.shape, entry.start, entry.end)
 
     layer_ids = sorted({i for n in tensors if (i := layer_index(n)) is not None})
@@ -168,12 +169,12 @@ def read_tensors(obs: Observed, traits: Traits) -> tuple[dict[str, TensorRef], l
                               "layers, so this is not a draft checkpoint", files.root)
     renamed_hidden_norm: list[int] = []
     for i in layer_ids:  # ModelOpt Megatron: layers >= 1 store their input norm as hidden_norm (P32)
-        if i >= 1 and f"layers.{i}.hidden_norm.weight" in tensors and f"layers.{i}.input_layernorm.weight" not in tensors:
+        hidden_norm, input_norm = f"layers.{i}.hidden_norm.weight", f"layers.{i}.input_layernorm.weight"
+        if i >= 1 and hidden_norm in tensors and input_norm not in tensors:
             if traits.hidden_norm_is_input_norm:
-                ref = tensors.pop(f"layers.{i}.hidden_norm.weight")
-                tensors[f"layers.{i}.input_layernorm.weight"] = TensorRef(
-                    f"layers.{i}.input_layernorm.weight", ref.source_name, ref.file, ref.dtype, ref.shape, ref.data_start, ref.data_end
-                )
+                ref = tensors.pop(hidden_norm)
+                tensors[input_norm] = TensorRef(input_norm, ref.source_name, ref.file, ref.dtype, ref.shape,
+                                                ref.data_start, ref.data_end)
                 renamed_hidden_norm.append(i)
     return tensors, layer_ids, renamed_hidden_norm
 
@@ -217,7 +218,8 @@ def read_geometry(obs: Observed, tensors: dict[str, TensorRef], layer_ids: list[
         h = shape("fc.weight")[0]
     h = h or cfg_h
     if h is None:
-        raise CheckpointError("cannot determine hidden_size: no norm or fc tensors and no config value", files.config_path)
+        raise CheckpointError("cannot determine hidden_size: no norm or fc tensors and no config value",
+                              files.config_path)
 
     cfg_layers = int_at(lcfg, "num_hidden_layers")
     num_layers = (max(layer_ids) + 1) if layer_ids else (cfg_layers or 0)

@@ -68,7 +68,8 @@ class FinetuneReport:
         """τ after minus τ before, per context setting."""
         before = {e["context_tokens"]: e for e in self.evaluation.get("before", [])}
         return [{"context_tokens": a["context_tokens"],
-                 "acceptance_length_gain": round(a["acceptance_length"] - before[a["context_tokens"]]["acceptance_length"], 4)}
+                 "acceptance_length_gain": round(a["acceptance_length"]
+                                                 - before[a["context_tokens"]]["acceptance_length"], 4)}
                 for a in self.evaluation.get("after", []) if a["context_tokens"] in before]
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,7 +168,8 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "data": {"source": data.source, "sha256": data.digest, "sequences": data.sequences,
                  "positions": data.positions},
         "options": _options_dict(opts)["train"],
-        "warm_start": warm, "steps": result.steps, "trained_tensors": list(result.trained), "world_size": result.world_size,
+        "warm_start": warm, "steps": result.steps, "trained_tensors": list(result.trained),
+        "world_size": result.world_size,
         "final_loss": round(last.loss, 6) if last else None,
         "final_accuracy": [round(a, 4) for a in last.accuracy] if last else None,
         "selected_step": result.selected_step,
@@ -322,7 +324,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     notes += warm.notes
     train_data, held_out = split_validation(data, opts.validation_fraction)
     if held_out is None:
-        why = "--validation-fraction 0" if opts.validation_fraction <= 0 else "too few captured sequences to hold any out"
+        why = ("--validation-fraction 0" if opts.validation_fraction <= 0
+               else "too few captured sequences to hold any out")
         notes.append(f"{why}: the last step's weights are kept")
     hashes = hash_files(spec.path, source_files(spec))
     checkpoints = Checkpoints(checkpoint_dir, opts.checkpoint_every, _fingerprint(hashes, data, opts))
@@ -419,7 +422,8 @@ def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
         "data": {k: plain(v) for k, v in asdict(opts.data).items()},
         "train": {k: plain(v) for k, v in asdict(opts.train).items()},
         "eval": {k: plain(v) for k, v in asdict(opts.eval).items()} if opts.eval else None,
-        "device": opts.device, "target_dtype": opts.target_dtype, "warm_start": opts.warm_start, "checkpoint_every": opts.checkpoint_every,
+        "device": opts.device, "target_dtype": opts.target_dtype, "warm_start": opts.warm_start,
+        "checkpoint_every": opts.checkpoint_every,
         "resume": opts.resume, "validation_fraction": opts.validation_fraction, "from_scratch": opts.from_scratch,
         "keep_worse": opts.keep_worse,
     }

@@ -62,7 +62,8 @@ def eagle_label(spec: DraftSpec) -> str:
     if version == "3.1":
         return "EAGLE-3.1"
     if version == "3.1-partial":
-        return f"EAGLE-3 with a partial 3.1 flag set (fc_norm={_yes(spec.flags.fc_norm)}, norm_output={_yes(spec.flags.norm_output)})"
+        return (f"EAGLE-3 with a partial 3.1 flag set (fc_norm={_yes(spec.flags.fc_norm)}, "
+                f"norm_output={_yes(spec.flags.norm_output)})")
     return "EAGLE-3"
 
 
@@ -150,7 +151,8 @@ def _intro(spec: DraftSpec, repo_id: str, target: str | None, source: str | None
         lines.append(f"Converted from [`{source}`](https://huggingface.co/{source}) with eaglekit "
                      f"{provenance(spec).get('version', __version__)}; checkpoint layout: {spec.producer}.")
     else:
-        lines.append(f"Checkpoint layout: {spec.producer} (family `{spec.family}`). Published with eaglekit {__version__}.")
+        lines.append(f"Checkpoint layout: {spec.producer} (family `{spec.family}`). Published with eaglekit "
+                     f"{__version__}.")
     return "\n".join(lines) + "\n"
 
 
@@ -201,7 +203,8 @@ def _draft_table(spec: DraftSpec, target: str | None) -> str:
         ("Aux hidden states K", str(spec.num_aux_hidden_states or "unknown")),
         ("Aux layer ids", ids),
         ("Vocabulary V / draft vocabulary Vd",
-         f"{vocab.vocab_size or 'unknown'} / {vocab.draft_vocab_size}" + (" (`d2t` maps draft to target ids)" if reduced else "")),
+         f"{vocab.vocab_size or 'unknown'} / {vocab.draft_vocab_size}"
+         + (" (`d2t` maps draft to target ids)" if reduced else "")),
         ("fc_norm", _yes(flags.fc_norm)),
         ("norm_output", _yes(flags.norm_output)),
         ("norm_before_residual", _yes(flags.norm_before_residual)),
@@ -220,7 +223,8 @@ def _requirement(need: MinimumVersion) -> str:
         return f"Requires {engine} ≥ {need.version} ({'; '.join(need.reasons)})."
     if need.engine == VLLM:
         return f"Any {engine} release with EAGLE-3 support serves it (it relies on no later feature)."
-    return f"Checked against {engine} {LATEST[need.engine]}, the release eaglekit models; it relies on no later feature."
+    return (f"Checked against {engine} {LATEST[need.engine]}, the release eaglekit models; it relies on no later "
+            "feature.")
 
 
 def _serving(spec: DraftSpec, repo_id: str, target: str | None) -> str:

@@ -248,8 +248,8 @@ def push(
         warnings.append("no --license: the card states none (a draft trained on a target's outputs usually "
                         "carries the target's licence)")
     figures = report.doc if report is not None else None
-    card = build_card(spec, repo_id, target=target, report=figures, findings=findings, validated=validated, forced=forced,
-                      report_mismatches=unbound, license=license, license_link=license_link)
+    card = build_card(spec, repo_id, target=target, report=figures, findings=findings, validated=validated,
+                      forced=forced, report_mismatches=unbound, license=license, license_link=license_link)
     manifest = _manifest(spec, target, figures, findings, validated, forced)
     sources = _upload_sources(spec, card, manifest)
     shown = without_credentials(endpoint)
@@ -407,7 +407,8 @@ def _manifest(
             "dtype": spec.dtype,
             "num_parameters": spec.num_parameters,
         },
-        "engines": {LABELS[engine]: {"min_version": need.version, "why": "; ".join(need.reasons) or "relies on no feature newer than EAGLE-3"}
+        "engines": {LABELS[engine]: {"min_version": need.version,
+                                     "why": "; ".join(need.reasons) or "relies on no feature newer than EAGLE-3"}
                     for engine, need in minimum_versions(spec).items()},
         "provenance": provenance(spec) or None,
         "validation": {
@@ -454,7 +455,8 @@ def _resolve_token(token: str | None) -> str:
     return token
 
 
-def _upload(result: PushResult, endpoint: str, sources: list[tuple[str, str | bytes]], message: str, token: str) -> None:
+def _upload(result: PushResult, endpoint: str, sources: list[tuple[str, str | bytes]], message: str,
+            token: str) -> None:
     """Commit `sources` through `endpoint` (which may carry credentials; `result` shows it without them)."""
     from huggingface_hub import CommitOperationAdd, HfApi
 

@@ -69,7 +69,8 @@ def _from_hub(repo_id: str, revision: str | None) -> tuple[str, str]:
         try:
             path = snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
         except LocalEntryNotFoundError:
-            raise CheckpointError("not in the local Hugging Face cache and the Hub is unreachable (offline?)", repo_id) from None
+            raise CheckpointError("not in the local Hugging Face cache and the Hub is unreachable (offline?)",
+                                  repo_id) from None
         except (HfHubHTTPError, OSError, ValueError) as exc:
             reason = without_credentials(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             raise CheckpointError(f"cannot download from the Hub: {reason}", repo_id) from None

@@ -53,7 +53,8 @@ def parse_header_bytes(raw: bytes, file_size: int, path: str, max_tensors: int |
         raise CheckpointError("safetensors header is not a JSON object", path)
 
     metadata = doc.pop("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
         raise CheckpointError("safetensors __metadata__ must map strings to strings", path)
 
     if max_tensors is not None and len(doc) > max_tensors:

@@ -106,7 +106,8 @@ def _verdict(ctx: RuleContext) -> dict[str, str]:
         d2t, t2d = ctx.stats.get("d2t"), ctx.stats.get("t2d")
         verdict: dict[str, str] = {}
         if d2t is not None and d2t.values is not None and d2t.values.ndim == 1 and d2t.values.dtype.kind in "iu":
-            mask = t2d.values.astype(np.bool_) if t2d is not None and t2d.values is not None and t2d.values.ndim == 1 else None
+            mask = (t2d.values.astype(np.bool_) if t2d is not None and t2d.values is not None and t2d.values.ndim == 1
+                    else None)
             verdict = _vocab_verdict(d2t.values.astype(np.int64), mask, ctx.spec.vocab.vocab_size)
         ctx.memo["vocab"] = verdict
     return ctx.memo["vocab"]

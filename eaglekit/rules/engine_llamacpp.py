@@ -40,7 +40,8 @@ def one_layer(ctx: RuleContext):
         yield Hit(f"{n} decoder layers: llama.cpp's eagle3 graph asserts exactly one", key="num_hidden_layers")
 
 
-@rule("EK374", "error", "engine", "P13", "attention llama.cpp's eagle3 draft does not build", engine=LLAMACPP, convertible=False)
+@rule("EK374", "error", "engine", "P13", "attention llama.cpp's eagle3 draft does not build", engine=LLAMACPP,
+      convertible=False)
 def attention(ctx: RuleContext):
     spec = ctx.spec
     if spec.attention == "mla":
@@ -71,5 +72,5 @@ def converter_ids(ctx: RuleContext):
 def target_graph(ctx: RuleContext):
     target = ctx.target
     if target is not None and target.model_type and target.model_type not in TARGET_MODEL_TYPES:
-        yield Hit(f"target model_type {target.model_type!r}: llama.cpp {LATEST[LLAMACPP]} records the layer inputs EAGLE-3 "
-                  f"reads in the {', '.join(TARGET_MODEL_TYPES)} graphs, not known for this one")
+        yield Hit(f"target model_type {target.model_type!r}: llama.cpp {LATEST[LLAMACPP]} records the layer inputs "
+                  f"EAGLE-3 reads in the {', '.join(TARGET_MODEL_TYPES)} graphs, not known for this one")

@@ -55,8 +55,10 @@ def d2t_parameter(ctx: RuleContext):
                   key="draft_vocab_size")
 
 
-@rule("EK366", "error", "engine", "P13", "per-head q/k norms, which TensorRT-LLM's Llama draft lacks", engine=TRTLLM, convertible=False)
+@rule("EK366", "error", "engine", "P13", "per-head q/k norms, which TensorRT-LLM's Llama draft lacks", engine=TRTLLM,
+      convertible=False)
 def qk_norms(ctx: RuleContext):
     if ctx.spec.attention == "qwen3":
         yield Hit("q_norm/k_norm tensors (a Qwen3-architecture draft): TensorRT-LLM's EAGLE-3 draft is Llama "
-                  "attention (eagle3_model_arch llama3) and has no per-head norms", tensor="layers.0.self_attn.q_norm.weight")
+                  "attention (eagle3_model_arch llama3) and has no per-head norms",
+                  tensor="layers.0.self_attn.q_norm.weight")

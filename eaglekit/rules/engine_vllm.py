@@ -76,8 +76,8 @@ def legacy_names(ctx: RuleContext):
 def megatron_names(ctx: RuleContext):
     layers = ctx.spec.facts.renamed_hidden_norm_layers
     if layers:
-        yield Hit(f"layer(s) {fmt_ids(layers)} store their input norm as hidden_norm (ModelOpt Megatron): vLLM loads it "
-                  "into the unused hidden_norm and keeps input_layernorm at 1.0; rename on upgrade")
+        yield Hit(f"layer(s) {fmt_ids(layers)} store their input norm as hidden_norm (ModelOpt Megatron): vLLM loads "
+                  "it into the unused hidden_norm and keeps input_layernorm at 1.0; rename on upgrade")
 
 
 def _d2t_with_full_vocab(spec) -> bool:
@@ -155,7 +155,8 @@ def version_needed(ctx: RuleContext):
         yield Hit(f"needs vLLM >= {format_version(floor)}: " + "; ".join(why for _, why in needs))
 
 
-@rule("EK313", "error", "engine", "P13", "tensors of another attention kind than the vLLM class", engine=VLLM, refuses_load=True)
+@rule("EK313", "error", "engine", "P13", "tensors of another attention kind than the vLLM class", engine=VLLM,
+      refuses_load=True)
 def class_attention(ctx: RuleContext):
     view, spec = ctx.vllm, ctx.spec
     if view.model_class is None:
@@ -189,7 +190,8 @@ def fc_bias(ctx: RuleContext):
 @rule("EK315", "error", "engine", "P31", "index_topk in an MLA draft without an indexer", engine=VLLM)
 def index_topk(ctx: RuleContext):
     spec = ctx.spec
-    if spec.attention == "mla" and "index_topk" in layer_config(spec) and not any(".indexer." in n for n in spec.tensors):
+    has_indexer = any(".indexer." in n for n in spec.tensors)
+    if spec.attention == "mla" and "index_topk" in layer_config(spec) and not has_indexer:
         yield Hit("index_topk is set (copied from a DeepSeek-V3.2 target?) but the draft has no indexer tensors: vLLM "
                   "adds an uninitialised indexer; remove index_topk", key="index_topk")
 
@@ -252,7 +254,8 @@ def mask_hidden_llama(ctx: RuleContext):
                   tensor="mask_hidden")
 
 
-@rule("EK321", "error", "engine", "P30", "mask_hidden in a class without parallel drafting", engine=VLLM, refuses_load=True)
+@rule("EK321", "error", "engine", "P30", "mask_hidden in a class without parallel drafting", engine=VLLM,
+      refuses_load=True)
 def mask_hidden_other(ctx: RuleContext):
     if "mask_hidden" in ctx.spec.tensors and ctx.vllm.model_class in ("qwen3", "deepseek"):
         yield Hit(f"mask_hidden is an unknown name to the {ctx.vllm.model_class} eagle3 class; remove it",

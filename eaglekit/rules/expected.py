@@ -13,7 +13,8 @@ from eaglekit.spec import DraftSpec
 ROTARY_BUFFERS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 WEIGHT_COMPANIONS = ("weight_scale", "weight_scale_2", "input_scale", "weight_zero_point", "input_zero_point",
                      "weight_g_idx")
-"""Quantisation tensors that belong to the weight `<module>.weight` of the same module (ModelOpt, compressed-tensors)."""
+"""Quantisation tensors that belong to the weight `<module>.weight` of the same module (ModelOpt,
+compressed-tensors)."""
 CACHE_SCALES = ("k_scale", "v_scale", "q_scale", "prob_scale")
 """Per-tensor attention-cache scales of `layers.{i}.self_attn`."""
 ROW_INDEXED = ("weight_scale", "weight_zero_point")  # may hold one entry (or block) per weight row

@@ -49,7 +49,8 @@ def layer_count(ctx: RuleContext):
     held = spec.geometry.num_layers  # highest layer index + 1: gaps are EK102's
     key = layer_key(spec, "num_hidden_layers")
     if written is None:
-        yield Hit(f"{key} is not written (HF defaults it to 32); the tensors hold {held} layer(s): write {held}", key=key)
+        yield Hit(f"{key} is not written (HF defaults it to 32); the tensors hold {held} layer(s): write {held}",
+                  key=key)
     elif written != held:
         effect = ("vLLM builds the extra layers and leaves them uninitialised" if written > held
                   else "the extra layers' tensors are unknown names to vLLM")
@@ -158,9 +159,10 @@ def unscaled_quantised_weights(ctx: RuleContext):
 def megatron_hidden_norm(ctx: RuleContext):
     for name in sorted(ctx.spec.tensors):
         i = layer_index(name)
-        if i and name == f"layers.{i}.hidden_norm.weight" and f"layers.{i}.input_layernorm.weight" not in ctx.spec.tensors:
+        input_norm = f"layers.{i}.input_layernorm.weight"
+        if i and name == f"layers.{i}.hidden_norm.weight" and input_norm not in ctx.spec.tensors:
             yield Hit(f"{name} with no layers.{i}.input_layernorm.weight: a ModelOpt Megatron export; vLLM would "
-                      f"keep layer {i}'s input norm at 1.0: rename it to layers.{i}.input_layernorm.weight", tensor=name)
+                      f"keep layer {i}'s input norm at 1.0: rename it to {input_norm}", tensor=name)
 
 
 @rule("EK108", "error", "structure", "P2", "doubly indexed layer names (layers.i.j.)")
@@ -447,7 +449,8 @@ def output_ids_look_shifted(ctx: RuleContext):
     aux = ctx.spec.aux
     if aux.convention_known and aux.convention == "output" and aux.as_written and aux.as_written[0] == 2:
         yield Hit(f"aux ids {fmt_ids(aux.as_written)} from an output-of-layer producer start at 2, the "
-                  f"input-of-layer signature: if already shifted, the +1 makes them {fmt_ids(aux.ids or ())}, one too late")
+                  f"input-of-layer signature: if already shifted, the +1 makes them {fmt_ids(aux.ids or ())}, one too "
+                  "late")
 
 
 @rule("EK146", "warning", "structure", "P19", "top-level and eagle_config aux ids differ")

@@ -40,7 +40,8 @@ def _target_hidden(spec: DraftSpec, target: TargetInfo) -> Check:
     fc_in = spec.facts.fc_in_features
     draft_t = spec.geometry.target_hidden_size
     if written and draft_t != T:
-        return Check("target_hidden_size", "fail", f"draft expects target hidden size T={draft_t}, the target has T={T}")
+        return Check("target_hidden_size", "fail",
+                     f"draft expects target hidden size T={draft_t}, the target has T={T}")
     if fc_in is not None and fc_in % T:
         return Check("target_hidden_size", "fail",
                      f"fc takes {fc_in} inputs, not a multiple of the target's hidden size T={T}")
@@ -61,7 +62,8 @@ def _vocab(spec: DraftSpec, target: TargetInfo) -> Check:
 def _aux(ids: Sequence[int] | None, source: str, k: int | None, target: TargetInfo) -> Check:
     L = target.num_layers
     if ids is None:
-        return Check("aux_layer_ids", "fail", f"aux layer ids are unknown ({source}); pass --aux-layer-ids (vLLM convention)")
+        return Check("aux_layer_ids", "fail",
+                     f"aux layer ids are unknown ({source}); pass --aux-layer-ids (vLLM convention)")
     bad = [i for i in ids if not 0 <= i <= L]
     if bad:
         return Check("aux_layer_ids", "fail", f"aux layer ids {bad} lie outside [0, L={L}] of the target")
@@ -95,7 +97,8 @@ def _shared(spec: DraftSpec, target: TargetInfo) -> list[Check]:
         checks.append(Check("lm_head", "fail", f"the draft ships no lm_head but its vocabulary Vd={Vd} is not the "
                                                f"target's V={V} (P5)"))
     elif H != T:
-        checks.append(Check("lm_head", "fail", f"the draft ships no lm_head and its H={H} differs from the target's T={T}"))
+        checks.append(Check("lm_head", "fail",
+                            f"the draft ships no lm_head and its H={H} differs from the target's T={T}"))
     else:
         checks.append(Check("lm_head", "pass", "shared with the target (the draft ships none)"
                             + (", the target is tied: lm_head = embed_tokens" if target.tie_word_embeddings else "")))
@@ -126,7 +129,8 @@ def _served_as_written(spec: DraftSpec, target: TargetInfo) -> Check:
     version = report.engines.get("vllm", "")
     errors = [f for f in report.findings if f.severity == "error"]
     if not errors:
-        return Check("vllm_as_written", "pass", f"vLLM {version} reads these files as eaglekit does (no engine-rule error)")
+        return Check("vllm_as_written", "pass",
+                     f"vLLM {version} reads these files as eaglekit does (no engine-rule error)")
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     fix = f"; `{report.fix}` writes what it reads" if report.fix else ""
     return Check("vllm_as_written", "warn", f"served as written, vLLM {version} differs from this reading: "

@@ -54,7 +54,8 @@ class CompareReport:
 
     def _summary(self, m: Measured, picked: list[int]) -> dict:
         cs, gs = [m.counters[i] for i in picked], [self.conversations[i] for i in picked]
-        return summary(pooled(cs, self.settings.num_speculative_tokens), tau_interval(cs, gs), len(picked), len(set(gs)))
+        return summary(pooled(cs, self.settings.num_speculative_tokens), tau_interval(cs, gs), len(picked),
+                       len(set(gs)))
 
     def _difference(self, picked: list[int]) -> dict:
         point, interval = paired_difference([self.a.counters[i] for i in picked], [self.b.counters[i] for i in picked],

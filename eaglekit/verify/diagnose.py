@@ -194,7 +194,8 @@ def expected_accepted(chain: Sequence[float]) -> float:
     return total
 
 
-def teacher_forced_chains(drafter, capture: Capture, hyp: Hypothesis, depth: int) -> tuple[list[int], list[list[float]]]:
+def teacher_forced_chains(drafter, capture: Capture, hyp: Hypothesis,
+                          depth: int) -> tuple[list[int], list[list[float]]]:
     """Teacher-forced draft chains along the captured continuation, unrolled as in training (one drafter pass
     per depth): row i pairs state i with token i+1 and drafts tokens i+2, i+3, ... as a round that has committed
     tokens up to i+1 would, had each earlier draft been the target's token.
@@ -247,8 +248,8 @@ def _fix(h: Hypothesis) -> str | None:
 
 def _explain(h: Hypothesis, declared_ids: Sequence[int]) -> str:
     if h.kind == "aux-shift":
-        return (f"the aux layer ids look off by {h.name.split()[-1]}: {list(h.aux_ids)} fits the target better than the "
-                f"declared {list(declared_ids)} (P16)")
+        return (f"the aux layer ids look off by {h.name.split()[-1]}: {list(h.aux_ids)} fits the target better than "
+                f"the declared {list(declared_ids)} (P16)")
     if h.kind == "aux-default":
         return f"the engine default ids {list(h.aux_ids)} fit better than the declared {list(declared_ids)} (P17)"
     if h.kind == "aux-order":
@@ -280,7 +281,8 @@ def conclude(results: Sequence[HypothesisResult]) -> Diagnosis:
         top = max(winners, key=lambda r: r.counter.acceptance_length)
         h = top.hypothesis
         message = (f"{_explain(h, declared.hypothesis.aux_ids)}: τ {top.counter.acceptance_length:.2f} vs {base:.2f} "
-                   f"as declared; first draft right {top.first_draft_accuracy:.1%} vs {declared.first_draft_accuracy:.1%}, "
+                   f"as declared; first draft right {top.first_draft_accuracy:.1%} vs "
+                   f"{declared.first_draft_accuracy:.1%}, "
                    f"teacher-forced τ {top.teacher_forced_acceptance_length:.2f} vs "
                    f"{declared.teacher_forced_acceptance_length:.2f}")
         return Diagnosis("mismatch", h.name, message, _fix(h), list(results))

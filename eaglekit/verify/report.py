@@ -17,9 +17,9 @@ from eaglekit.verify.diagnose import Diagnosis
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
 from eaglekit.verify.stats import Interval, by_category, tau_interval
 
-SWEEP_SHARED = ("eaglekit_version", "draft", "target", "eagle_version", "flags", "aux_layer_ids", "aux_layer_ids_source",
-                "checks", "num_speculative_tokens", "max_new_tokens", "dtype", "device", "min_acceptance",
-                "tie_tolerance", "notes", "measured")
+SWEEP_SHARED = ("eaglekit_version", "draft", "target", "eagle_version", "flags", "aux_layer_ids",
+                "aux_layer_ids_source", "checks", "num_speculative_tokens", "max_new_tokens", "dtype", "device",
+                "min_acceptance", "tie_tolerance", "notes", "measured")
 """Verify report keys every condition of a sweep shares: written once, before the conditions."""
 
 

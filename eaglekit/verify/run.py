@@ -123,7 +123,8 @@ def _prompt_set(options: VerifyOptions) -> PromptSet:
     return prompts
 
 
-def _divergence(spec_tokens: list[int], target_tokens: list[int], margins: list[float], tolerance: float) -> dict | None:
+def _divergence(spec_tokens: list[int], target_tokens: list[int], margins: list[float],
+                tolerance: float) -> dict | None:
     n = min(len(spec_tokens), len(target_tokens))
     first = next((i for i in range(n) if spec_tokens[i] != target_tokens[i]), n)
     if first == n and len(spec_tokens) == len(target_tokens):
@@ -250,8 +251,8 @@ def refuse_context_past_target(options: VerifyOptions, context: int | None, new_
     said so (not blamed on the first prompt it is prepended to)."""
     for condition in options.conditions:
         if context is not None and condition.context_tokens + new_tokens >= context:
-            raise UsageError(f"--context-tokens {condition.context_tokens:,} and {new_tokens:,} new tokens leave no room "
-                             f"for a prompt in the target's {context:,}-token context (max_position_embeddings)")
+            raise UsageError(f"--context-tokens {condition.context_tokens:,} and {new_tokens:,} new tokens leave no "
+                             f"room for a prompt in the target's {context:,}-token context (max_position_embeddings)")
 
 
 def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options: VerifyOptions,
@@ -379,10 +380,10 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
             "categories": categories,
             "speculation_profile": speculation_profile(
                 run.counter, per_request=[c.acceptance_length for c in run.per_request or [] if c.drafts],
-                draft=raw.path, target=target, eagle_version=spec.eagle_version, per_category=categories, conditions={"engine": f"vLLM {run.version}", "dataset": prompts.name,
-                                               "prompts": len(encoded), "context_tokens": options.context_tokens,
-                                               "max_new_tokens": options.max_new_tokens, "sampling": "greedy",
-                                               "dtype": dtype})}
+                draft=raw.path, target=target, eagle_version=spec.eagle_version, per_category=categories,
+                conditions={"engine": f"vLLM {run.version}", "dataset": prompts.name, "prompts": len(encoded),
+                            "context_tokens": options.context_tokens, "max_new_tokens": options.max_new_tokens,
+                            "sampling": "greedy", "dtype": dtype})}
 
 
 def _acceptance(model: TargetModel, drafter, aux_ids: Sequence[int], encoded, k: int, max_new_tokens: int,

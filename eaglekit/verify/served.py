@@ -44,8 +44,12 @@ def served_reading(spec: DraftSpec, target: TargetInfo, version: str | None = No
     view = vllm_view(spec, parsed)
     engine = f"vLLM {version or LATEST[VLLM]} ({runner.upper()} runner)"
     ids = vllm_runner_ids(view, runner)
-    source = ("top-level eagle_aux_hidden_state_layer_ids" if runner == "v2" else
-              "eagle_aux_hidden_state_layer_ids (top level, else eagle_config)") if ids else "its default (2, L//2, L-3)"
+    if not ids:
+        source = "its default (2, L//2, L-3)"
+    elif runner == "v2":
+        source = "top-level eagle_aux_hidden_state_layer_ids"
+    else:
+        source = "eagle_aux_hidden_state_layer_ids (top level, else eagle_config)"
     flags = {"fc_norm": view.fc_norm, "norm_output": view.norm_output, "norm_before_fc": view.norm_before_fc,
              "norm_before_residual": view.norm_before_residual}
     report = run_rules(spec, target=target, engine=VLLM, engine_version=version,
