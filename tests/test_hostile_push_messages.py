@@ -336,7 +336,7 @@ def test_a_report_of_another_target_with_the_same_config_is_refused(tmp_path_fac
 
 
 def test_the_weights_fingerprint_reads_a_bounded_part_of_a_huge_target(tmp_path):
-    from eaglekit.upgrade.provenance import weights_fingerprint
+    from eaglekit.provenance import weights_fingerprint
 
     shard = tmp_path / "model-00001-of-00001.safetensors"
     header = json.dumps({"w": {"dtype": "F32", "shape": [2 ** 34], "data_offsets": [0, 2 ** 36]}}).encode()

@@ -108,16 +108,20 @@ def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):
         run(["inspect", str(tmp_path / "nope")])
 
 
-def test_help_and_inspect_never_import_torch(drafts):
+@pytest.mark.parametrize("fmt", ["human", "json"])
+def test_help_and_inspect_never_import_torch_or_numpy(drafts, fmt):
+    """A header-only command loads neither: the rules, families and provenance it reads import them where they
+    compute."""
     code = (
         "import sys\n"
         "from eaglekit.cli.main import main\n"
-        "for args in (['--help'], ['inspect', sys.argv[1], '--format', 'json']):\n"
+        f"for args in (['--help'], ['inspect', sys.argv[1], '--format', '{fmt}']):\n"
         "    try:\n"
         "        main(args)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "heavy = sorted({'torch', 'numpy'} & set(sys.modules))\n"
+        "assert not heavy, f'{heavy} imported'\n"
         "print('clean')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, drafts["vllm31"]], capture_output=True, text=True)

@@ -193,7 +193,7 @@ def code_sequences(tokenizer, total: int, chunk: int) -> list[list[int]]:
 
 def target_identity(target_dir: str) -> dict[str, str]:
     """SHA-256 of the target's config and weight files: what the captured states depend on."""
-    from eaglekit.upgrade.provenance import sha256_file
+    from eaglekit.provenance import sha256_file
 
     names = sorted(n for n in os.listdir(target_dir) if n == "config.json" or n.endswith(".safetensors"))
     return {n: sha256_file(os.path.join(target_dir, n)) for n in names}

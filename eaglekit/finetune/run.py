@@ -258,8 +258,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     from eaglekit.finetune.train import Checkpoints, TrainOptions, barrier, init_distributed, train
     from eaglekit.io.writer import StagedDirectory
     from eaglekit.plotting import check_plot_path
+    from eaglekit.provenance import hash_files, source_files
     from eaglekit.target_model import load_target, resolve_device
-    from eaglekit.upgrade.provenance import hash_files, source_files
 
     started = time.perf_counter()
     train_opts = opts.train or TrainOptions()

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from eaglekit.errors import UsageError
+from eaglekit.provenance import norm_output_scale
 from eaglekit.spec import DraftSpec
-from eaglekit.upgrade.provenance import norm_output_scale
 
 CALIBRATION_ROWS = 8192
 MODES = ("auto", "none")

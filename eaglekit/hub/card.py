@@ -165,7 +165,7 @@ def _forced_notice(findings: Sequence[Finding]) -> str:
 
 
 def _warm_start_notice(spec: DraftSpec) -> str:
-    from eaglekit.upgrade.provenance import untrained_upgrade
+    from eaglekit.provenance import untrained_upgrade
 
     found = untrained_upgrade(spec.config)
     if not found:

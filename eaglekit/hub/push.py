@@ -29,9 +29,9 @@ from eaglekit.hub.card import build_card, is_repo_id, provenance, recorded_targe
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.hub_client import bounded_hub_client, check_endpoint, quiet_hub_logging, without_credentials
 from eaglekit.io.jsonfile import finite, load_json_object
+from eaglekit.provenance import resolved_worse_finetune, untrained_warm_start
 from eaglekit.serving import minimum_versions
 from eaglekit.spec import DraftSpec
-from eaglekit.upgrade.provenance import resolved_worse_finetune, untrained_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -270,8 +270,8 @@ def push(
 def declared_target(value: str | None, spec: DraftSpec) -> PushTarget:
     """The target a push declares: --target as a local folder (or its config.json) or a Hub id, else the Hub id
     the draft records."""
+    from eaglekit.provenance import target_weight_files, weights_fingerprint
     from eaglekit.target import target_config_path
-    from eaglekit.upgrade.provenance import target_weight_files, weights_fingerprint
 
     if value and os.path.exists(value):
         config = target_config_path(value)
@@ -309,7 +309,7 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTa
     does. The target is compared as the report records it: by config.json hash and weights fingerprint with a
     local --target folder, by Hub id, and a local copy of unrecorded origin by hash with the Hub id's config.json
     (fetched from `endpoint` when not cached)."""
-    from eaglekit.upgrade.provenance import hash_files, sha256_file, source_files
+    from eaglekit.provenance import hash_files, sha256_file, source_files
 
     measured = report.get("measured")
     if not isinstance(measured, Mapping) or not isinstance(measured.get("draft_files"), Mapping):

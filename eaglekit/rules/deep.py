@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
+import math
+from typing import TYPE_CHECKING
 
 from eaglekit.rules.facts import claims_31, is_norm
 from eaglekit.rules.registry import Hit, RuleContext, rule
+
+if TYPE_CHECKING:  # numpy is imported where values are judged: loading the rules (inspect) stays numpy-free
+    import numpy as np
 
 
 def _weights(ctx: RuleContext):
@@ -31,7 +35,7 @@ def all_zero(ctx: RuleContext):
 @rule("EK403", "error", "deep", "P1", "a weight matrix with one constant value")
 def constant(ctx: RuleContext):
     for st in _weights(ctx):
-        if (st.constant and not st.all_zero and len(st.shape) >= 2 and int(np.prod(st.shape)) > 1
+        if (st.constant and not st.all_zero and len(st.shape) >= 2 and math.prod(st.shape) > 1
                 and not st.name.endswith("_scale")):
             yield Hit(f"{st.name} {list(st.shape)} holds a single repeated value: an initialiser, not trained weights",
                       tensor=st.name)
@@ -66,6 +70,8 @@ def zero_head_rows(ctx: RuleContext):
 
 def _vocab_verdict(d2t: np.ndarray, t2d: np.ndarray | None, V: int | None) -> dict[str, str]:
     """Every d2t/t2d finding at once (reference §6.2), keyed by rule code; absolute ids explain the rest."""
+    import numpy as np
+
     Vd = d2t.size
     ids = np.arange(Vd, dtype=np.int64) + d2t
     upper = V if V is not None else np.iinfo(np.int64).max
@@ -102,6 +108,8 @@ def _vocab_verdict(d2t: np.ndarray, t2d: np.ndarray | None, V: int | None) -> di
 
 
 def _verdict(ctx: RuleContext) -> dict[str, str]:
+    import numpy as np
+
     if "vocab" not in ctx.memo:
         d2t, t2d = ctx.stats.get("d2t"), ctx.stats.get("t2d")
         verdict: dict[str, str] = {}

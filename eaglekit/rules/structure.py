@@ -528,7 +528,7 @@ def rope_theta(ctx: RuleContext):
 
 @rule("EK156", "warning", "structure", "P36", "an upgrade's warm start that was never fine-tuned")
 def untrained_warm_start(ctx: RuleContext):
-    from eaglekit.upgrade.provenance import untrained_warm_start
+    from eaglekit.provenance import untrained_warm_start
 
     summary = untrained_warm_start(ctx.spec.config)
     if summary:

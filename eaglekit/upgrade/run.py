@@ -27,6 +27,7 @@ from eaglekit.io.writer import (
     write_checkpoint_weights,
     write_json,
 )
+from eaglekit.provenance import hash_files, placeholders, source_files
 from eaglekit.spec import DraftSpec, eagle_version
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import Decisions, decide
@@ -34,7 +35,6 @@ from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.upgrade.materialize import out_tensors
 from eaglekit.upgrade.options import UpgradeOptions
 from eaglekit.upgrade.plan import UpgradePlan, build_plan
-from eaglekit.upgrade.provenance import hash_files, placeholders, source_files
 from eaglekit.upgrade.report import FidelityReport, UpgradeReport, summary_line
 from eaglekit.upgrade.start import Start
 from eaglekit.upgrade.vocab import VocabPlan, plan_vocab

@@ -288,7 +288,7 @@ def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookah
 def measured_files(spec: DraftSpec, info) -> dict:
     """Which bytes this report describes: SHA-256 of every draft file, and the target's identity (its recorded
     origin, config hash and weights fingerprint); `push --report` refuses a report that measured other files."""
-    from eaglekit.upgrade.provenance import (
+    from eaglekit.provenance import (
         hash_files,
         sha256_file,
         source_files,
