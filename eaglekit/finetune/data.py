@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.verify.prompts import (
     CONTEXT_MODULES,
     Prompt,
@@ -293,19 +293,15 @@ def _load_cached(path: str, digest: str) -> dict[str, Any] | None:
 
 
 def _save_cached(path: str, digest: str, data: dict[str, Any]) -> None:
-    """Write under a temporary name, then rename: a killed run leaves no file that looks complete."""
+    """Published atomically (io.writer.publish_file): a killed run leaves no file that looks complete."""
     from safetensors.torch import save_file
 
+    from eaglekit.io.writer import publish_file
+
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.partial-{os.getpid()}"
-    try:
-        save_file({k: v.contiguous() for k, v in data.items()}, tmp,
-                  metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest})
-        os.replace(tmp, path)
-    except OSError:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    publish_file(path, lambda tmp: save_file({k: v.contiguous() for k, v in data.items()}, tmp,
+                                             metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest}),
+                 what="the captured data")
 
 
 def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOptions, *,
@@ -348,8 +344,8 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
         data = capture(target, sequences + code, aux_ids, on_stage=on_stage)
         try:
             _save_cached(path, digest, data)
-        except OSError as exc:  # training goes on without a cache
-            notes.append(f"captured data not cached ({exc.strerror or exc})")
+        except (OSError, OutputError) as exc:  # training goes on without a cache
+            notes.append(f"captured data not cached ({exc})")
             path = None
     source = name + (f", target answers up to {opts.generate} tokens" if opts.generate else "")
     if opts.context_tokens:
