@@ -26,7 +26,7 @@ step eaglekit validate "$OUT/smollm2-eagle3-vllm" --target "$TARGET" --deep
 step eaglekit verify "$OUT/smollm2-eagle3-vllm" --target "$TARGET" --limit 4 --max-new-tokens 48 \
     --save-report "$OUT/verify.json"
 step eaglekit push "$OUT/smollm2-eagle3-vllm" --repo-id your-org/SmolLM2-135M-Instruct-EAGLE3 \
-    --target HuggingFaceTB/SmolLM2-135M-Instruct --report "$OUT/verify.json" --dry-run
+    --target "$TARGET" --report "$OUT/verify.json" --dry-run
 
 # EAGLE-3 -> EAGLE-3.1. The default upgrade calibrates fc_norm on the target, switches on norm_output and folds
 # the final norm into lm_head, so the output keeps the EAGLE-3 function (measured: top-1 agreement per draft step).
