@@ -101,6 +101,7 @@ def attention_mask(query_pos: torch.Tensor, key_pos: torch.Tensor | None, past: 
     cols = torch.arange(total, device=query_pos.device).unsqueeze(0)
     visible = (cols <= rows).unsqueeze(0)
     if window is not None:
+        assert key_pos is not None, "a sliding window is applied by key position"
         visible = visible & (query_pos.unsqueeze(2) - key_pos.unsqueeze(1) < window)
     zero = torch.zeros((), dtype=dtype, device=query_pos.device)
     return torch.where(visible, zero, torch.full((), float("-inf"), dtype=dtype, device=query_pos.device)).unsqueeze(1)
@@ -213,7 +214,7 @@ class GqaAttention(nn.Module):
         n = batch * s
         q, k, v = self.qkv_proj.split(self.qkv_proj(x.reshape(n, -1)))
         q, k = q.reshape(n, self.heads, self.head_dim), k.reshape(n, self.kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q = kernels.rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.eps).reshape(q.shape)
             k = kernels.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.eps).reshape(k.shape)
         cos, sin = self.rotary.cos_sin(positions, dtype=q.dtype)

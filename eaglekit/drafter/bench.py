@@ -20,19 +20,22 @@ import os
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
 import torch
 
+from eaglekit.drafter.attention import GqaAttention
 from eaglekit.drafter.kernels import BACKEND_ENV
-from eaglekit.drafter.model import Drafter, DrafterConfig
+from eaglekit.drafter.model import DecoderLayer, Drafter, DrafterConfig
 
 HBM_BYTES_PER_S = 4.3e12
 WARMUP = 10
-SHAPE = dict(hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_layers=1, num_heads=32,
-             num_kv_heads=8, head_dim=128, num_aux_hidden_states=3, vocab_size=128256, draft_vocab_size=32000,
-             rms_norm_eps=1e-5, rope_theta=500000.0, fc_norm=True, norm_output=True,
-             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                           "original_max_position_embeddings": 8192})
+SHAPE: dict[str, Any] = dict(
+    hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_layers=1, num_heads=32, num_kv_heads=8,
+    head_dim=128, num_aux_hidden_states=3, vocab_size=128256, draft_vocab_size=32000, rms_norm_eps=1e-5,
+    rope_theta=500000.0, fc_norm=True, norm_output=True,
+    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192})
 
 
 def build_drafter(device: str = "cuda", seed: int = 0) -> Drafter:
@@ -42,6 +45,7 @@ def build_drafter(device: str = "cuda", seed: int = 0) -> Drafter:
     embed = torch.randn(config.vocab_size, config.hidden_size, device=device, dtype=torch.bfloat16) * 0.02
     drafter = Drafter(config, device=device, dtype=torch.bfloat16, embed_tokens=embed)
     ids = torch.randperm(config.vocab_size, device=device)[: config.draft_vocab_size].sort().values
+    assert drafter.d2t is not None, "SHAPE's draft vocabulary is smaller than the target's"
     drafter.d2t.copy_(ids - torch.arange(config.draft_vocab_size, device=device))
     return drafter.eval()
 
@@ -54,10 +58,12 @@ def floor_bytes(drafter: Drafter, context: int, first: bool) -> int:
         return sum(p.numel() * p.element_size() for p in module.parameters())
 
     total = size(drafter.layers) + size(drafter.norm) + drafter.head_weight.numel() * drafter.head_weight.element_size()
-    total += c.hidden_size * drafter.embedding_weight.element_size() + drafter.d2t.numel() * drafter.d2t.element_size()
+    total += c.hidden_size * drafter.embedding_weight.element_size()
+    if drafter.d2t is not None:
+        total += drafter.d2t.numel() * drafter.d2t.element_size()
     total += 2 * (context + 1) * c.num_kv_heads * c.head_dim * 2 * c.num_layers
     if first:
-        total += size(drafter.fc) + (size(drafter.fc_norm) if drafter.fc_norm is not None else 0)
+        total += sum(size(module) for module in (drafter.fc, drafter.fc_norm) if module is not None)
     return total
 
 
@@ -135,9 +141,10 @@ def bench_drafter_step(iters: int = 200, context: int = 1024, seed: int = 0) -> 
 
     floors = {name: floor_bytes(drafter, context, name == "first") / HBM_BYTES_PER_S * 1e6
               for name in ("first", "later")}
-    report = {"measured": True, "device": torch.cuda.get_device_name(), "iters": iters, "context": context,
-              "shape": {k: v for k, v in SHAPE.items() if k != "rope_scaling"}, "dtype": "bfloat16",
-              "hbm_bytes_per_s": HBM_BYTES_PER_S, "floor_us": floors, "runs": []}
+    report: dict[str, Any] = {
+        "measured": True, "device": torch.cuda.get_device_name(), "iters": iters, "context": context,
+        "shape": {k: v for k, v in SHAPE.items() if k != "rope_scaling"}, "dtype": "bfloat16",
+        "hbm_bytes_per_s": HBM_BYTES_PER_S, "floor_us": floors, "runs": []}
     with torch.no_grad():
         outputs = {}
         for backend in ("triton", "torch"):
@@ -157,22 +164,24 @@ def bench_drafter_step(iters: int = 200, context: int = 1024, seed: int = 0) -> 
 
 def _matmuls_only_us(drafter: Drafter, iters: int) -> dict:
     """The step's weight matmuls alone, as one graph replay: the part of the step that is cuBLAS's."""
-    layer, h = drafter.layers[0], drafter.config.hidden_size
+    layer, h = cast(DecoderLayer, drafter.layers[0]), drafter.config.hidden_size
+    attn, fc = cast(GqaAttention, layer.self_attn), drafter.fc
+    assert fc is not None, "SHAPE's draft combines aux states through fc"
     x = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
     attn_in = torch.randn(1, 2 * h, device="cuda", dtype=torch.bfloat16)
     inner = torch.randn(1, drafter.config.intermediate_size, device="cuda", dtype=torch.bfloat16)
-    heads = torch.randn(1, layer.self_attn.o_proj.in_features, device="cuda", dtype=torch.bfloat16)
-    aux = torch.randn(1, drafter.fc.in_features, device="cuda", dtype=torch.bfloat16)
+    heads = torch.randn(1, attn.o_proj.in_features, device="cuda", dtype=torch.bfloat16)
+    aux = torch.randn(1, fc.in_features, device="cuda", dtype=torch.bfloat16)
 
     def later() -> torch.Tensor:
-        layer.self_attn.qkv_proj(attn_in)
-        layer.self_attn.o_proj(heads)
+        attn.qkv_proj(attn_in)
+        attn.o_proj(heads)
         layer.mlp.gate_up_proj(x)
         layer.mlp.down_proj(inner)
         return torch.nn.functional.linear(x, drafter.head_weight)
 
     def first() -> torch.Tensor:
-        drafter.fc(aux)
+        fc(aux)
         return later()
 
     def nothing() -> None:

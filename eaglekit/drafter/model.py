@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +80,8 @@ class DrafterConfig:
             raise CheckpointError("vocabulary size unknown (no vocab_size, no embed_tokens): "
                                   "pass the target's embedding", spec.path)
         target_hidden = g.target_hidden_size or g.hidden_size
-        eagle_config = spec.config.get("eagle_config") if isinstance(spec.config.get("eagle_config"), dict) else {}
+        written_eagle_config = spec.config.get("eagle_config")
+        eagle_config = written_eagle_config if isinstance(written_eagle_config, dict) else {}
         mla = spec.attention == "mla"  # vLLM's MLA class always has fc and never input_norm
         use_aux = mla or bool(eagle_config.get("use_aux_hidden_state", True))
         k = spec.num_aux_hidden_states
@@ -128,7 +129,8 @@ class DrafterConfig:
         unknown = sorted(set(overrides) - set(OVERRIDABLE_FLAGS))
         if unknown:
             raise UsageError(f"unknown drafter override(s) {', '.join(unknown)}; known: {', '.join(OVERRIDABLE_FLAGS)}")
-        return dataclasses.replace(self, **{k: bool(v) for k, v in overrides.items()})
+        flags: dict[str, Any] = {k: bool(v) for k, v in overrides.items()}
+        return dataclasses.replace(self, **flags)
 
 
 def _windows(layer_cfg: Mapping[str, Any], layers: int, window: int | None) -> tuple[int | None, ...] | None:
@@ -179,6 +181,7 @@ class DecoderLayer(nn.Module):
         window = config.sliding_windows[index] if config.sliding_windows else None
         self.index, self.eps, self.norm_before_residual = index, config.rms_norm_eps, config.norm_before_residual
         if config.attention == "mla":
+            assert config.mla is not None, "Drafter._build rejects an MLA draft without MLA dimensions"
             self.self_attn: nn.Module = MlaAttention(layer=index, in_features=fan_in, hidden=h, heads=config.num_heads,
                                                      mla=config.mla, rope=rope, window=window, eps=self.eps)
         else:
@@ -197,11 +200,12 @@ class DecoderLayer(nn.Module):
         """x, residual, embeds: [N, H] rows; returns (mlp_out, residual, sink)."""
         batch, s = positions.shape
         h = x.shape[-1]
-        if self.index == 0:
+        if self.hidden_norm is not None:
             attn_in = kernels.dual_rms_norm_cat(embeds, x, self.input_layernorm.weight, self.hidden_norm.weight,
                                                 self.eps)
             residual = attn_in[:, h:] if self.norm_before_residual else x
         else:
+            assert residual is not None, "every layer after the first receives the running residual"
             attn_in, residual = kernels.fused_add_rms_norm(x, residual, self.input_layernorm.weight, self.eps)
         attn_out, sink = self.self_attn(attn_in.reshape(batch, s, -1), positions, key_pos, cache, attn_bias, want_sink)
         x, residual = kernels.fused_add_rms_norm(attn_out.reshape(-1, h), residual,
@@ -216,6 +220,11 @@ class Drafter(nn.Module):
     trained, not saved); otherwise the drafter owns its own. `initialize=False` leaves the matrices
     uninitialised (they are about to be loaded); norms start at 1, biases and d2t at 0 either way.
     """
+
+    target_embed_tokens: torch.Tensor | None
+    target_lm_head: torch.Tensor | None
+    d2t: torch.Tensor | None
+    draft_ids: torch.Tensor
 
     def __init__(self, config: DrafterConfig, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  embed_tokens: torch.Tensor | None = None, lm_head: torch.Tensor | None = None,
@@ -339,8 +348,9 @@ class Drafter(nn.Module):
             for module in self.modules():
                 if isinstance(module, (nn.Linear, FusedLinear, nn.Embedding)):
                     module.weight.normal_(0.0, std)
-                    if getattr(module, "bias", None) is not None:
-                        module.bias.zero_()
+                    bias = getattr(module, "bias", None)
+                    if bias is not None:
+                        bias.zero_()
                 elif isinstance(module, RmsNormWeight):
                     module.weight.fill_(1.0)
 
@@ -352,11 +362,17 @@ class Drafter(nn.Module):
 
     @property
     def embedding_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.embed_tokens is not None else self.target_embed_tokens
+        if self.embed_tokens is not None:
+            return self.embed_tokens.weight
+        assert self.target_embed_tokens is not None, "a drafter without its own embedding borrows the target's"
+        return self.target_embed_tokens
 
     @property
     def head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight if self.lm_head is not None else self.target_lm_head
+        if self.lm_head is not None:
+            return self.lm_head.weight
+        assert self.target_lm_head is not None, "a drafter without its own lm_head borrows the target's"
+        return self.target_lm_head
 
     def combine(self, aux: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """First step only: K target states (ascending aux-id order) -> g [B, S, H].
@@ -374,7 +390,7 @@ class Drafter(nn.Module):
                 raise UsageError(f"combine got {len(aux)} aux states, the draft takes K={c.num_aux_hidden_states}")
             joined = torch.cat(list(aux), dim=-1)
         dtype = self.norm.weight.dtype
-        if not c.use_aux_hidden_state:
+        if self.fc is None:
             if joined.shape[-1] != c.hidden_size:
                 raise UsageError(f"this draft takes the target state as is (width {c.hidden_size}), "
                                  f"got {joined.shape[-1]}")
@@ -387,7 +403,8 @@ class Drafter(nn.Module):
         if self.input_norm is not None:
             rows = kernels.rms_norm(rows, self.input_norm.weight, c.rms_norm_eps)
         if self.fc_norm is not None:
-            rows = kernels.multi_rms_norm_cat(rows, torch.stack([n.weight for n in self.fc_norm]), c.rms_norm_eps)
+            weights: list[torch.Tensor] = [cast(RmsNormWeight, norm).weight for norm in self.fc_norm]
+            rows = kernels.multi_rms_norm_cat(rows, torch.stack(weights), c.rms_norm_eps)
         return self.fc(rows).reshape(*lead, c.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -420,6 +437,7 @@ class Drafter(nn.Module):
             sink = layer_sink if layer.index == 0 else sink
         if cache is not None:
             cache.advance(s)
+        assert residual is not None, "a drafter has at least one layer"
         normed, prenorm = kernels.fused_add_rms_norm(x, residual, self.norm.weight, c.rms_norm_eps)
         draft_logits = F.linear(normed, self.head_weight)
         if c.logit_scale != 1.0:
