@@ -118,3 +118,7 @@ def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, 
 
 def registered() -> list[Rule]:
     return sorted(_RULES.values(), key=lambda r: r.code)
+
+
+# upgrade's read-back rules register here, so every import of the registry knows their codes
+import eaglekit.rules.readback  # noqa: E402,F401
