@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from eaglekit.engines import LATEST, format_version, output_of_layer, parse_version
+from eaglekit.engines import LATEST, RECORDS, format_version, output_of_layer, parse_version
 from eaglekit.engines.conflicts import conflicts, id_readings
-from eaglekit.engines.settings import engine_settings
 from eaglekit.engines.tokenspeed import tokenspeed_capture, tokenspeed_view
 from eaglekit.engines.trtllm import default_capture
 from eaglekit.families import load_draft
@@ -14,6 +13,10 @@ from eaglekit.rules import run_rules
 from eaglekit.serving import AFTER_CONVERSION, AS_IS, NOT_AS_IS, WITH_SETTINGS, serve_command, serving_support
 from eaglekit.target import read_target
 from tests.factory import make_draft, make_target_config
+
+
+def engine_settings(spec, engine):
+    return RECORDS[engine].settings(spec, None)
 
 
 def _spec(tmp_path, layout="vllm", name="d", **kw):

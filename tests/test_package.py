@@ -108,7 +108,7 @@ def test_no_import_cycles():
 
 
 SHARED_FACTS = ("DTYPE_SIZES", "FLOAT_DTYPES", "NUMPY_DTYPES", "REPO_ID", "LEGACY_NAMES", "tensor_nbytes",
-                "element_count", "eagle_version", "as_ids", "int_at", "aux_ids", "int_list", "engine_requirements")
+                "element_count", "eagle_version", "as_ids", "int_at", "aux_ids", "int_list", "RECORDS", "Engine")
 
 
 def test_each_shared_fact_is_defined_in_one_module():
@@ -178,3 +178,41 @@ def test_type_checkers_see_every_public_name():
     guarded = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
     seen = {(node.module, alias.name, alias.asname or alias.name) for node in guarded.body for alias in node.names}
     assert seen == {(module, attribute, name) for name, (module, attribute) in eaglekit._EXPORTS.items()}
+
+
+ENGINE_AND_DIALECT_NAMES = {"vllm", "sglang", "trtllm", "llamacpp", "tokenspeed", "gguf"}
+
+
+def _engine_name_comparisons(source: str) -> list[int]:
+    """Lines that compare against an engine or output-dialect name (a literal or one of the name constants)."""
+    import ast
+
+    constants = {n.upper() for n in ENGINE_AND_DIALECT_NAMES}
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in [node.left, *node.comparators]:
+            values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            if any((isinstance(v, ast.Constant) and v.value in ENGINE_AND_DIALECT_NAMES)
+                   or (isinstance(v, ast.Name) and v.id in constants) for v in values):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_engines_are_data_outside_eaglekit_engines():
+    """Code outside eaglekit/engines/ asks an engine's record (or a dialect's module) and never compares names,
+    so adding an engine touches its own modules only."""
+    import pathlib
+
+    root = pathlib.Path(eaglekit.__file__).parent
+    assert _engine_name_comparisons("if engine == VLLM or to in ('gguf', 'sglang'):\n    pass\n") == [1]
+    found = {}
+    for path in root.rglob("*.py"):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith(("engines/", "upgrade/dialects/")):
+            continue
+        lines = _engine_name_comparisons(path.read_text(encoding="utf-8"))
+        if lines:
+            found[relative] = lines
+    assert found == {}

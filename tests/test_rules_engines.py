@@ -8,14 +8,9 @@ import sys
 
 import pytest
 
-from eaglekit.engines import (
-    VLLM_OLDEST_KNOWN,
-    SglangView,
-    parse_version,
-    sglang_capture,
-    vllm_rewrite_architecture,
-    vllm_view,
-)
+from eaglekit.engines.base import parse_version
+from eaglekit.engines.sglang import SglangView, sglang_capture
+from eaglekit.engines.vllm import VLLM_OLDEST_KNOWN, vllm_rewrite_architecture, vllm_view
 from eaglekit.errors import UsageError
 from eaglekit.families import load_draft
 from eaglekit.rules import run_rules

@@ -77,6 +77,8 @@ def validate_command(ctx, path, target, engine, engine_version, deep, strict, li
 
 
 def render_report(doc: dict, family: str, producer: str) -> None:
+    from eaglekit.engines import engine_record
+
     checked = ", ".join(doc["groups"])
     engines = ", ".join(f"{e['engine']} {e['version']}" for e in doc["engines"])
     out.print(styled((doc["path"], "bold"), f"  {family} — {producer}"))
@@ -95,9 +97,9 @@ def render_report(doc: dict, family: str, producer: str) -> None:
     for note in doc["conflicts"]:
         out.print(styled(("conflict: ", "bold yellow"), note))
     if doc["fix"] and len(doc["engines"]) == 1:
-        out.print("convert (llama.cpp loads GGUF only; the source is never changed):" if doc["engines"][0]["engine"]
-                  == "llamacpp" else "fix (rewrites what the engine rules check, validates its output, never "
-                  "changes the source):")
+        record = engine_record(doc["engines"][0]["engine"])
+        out.print(f"convert ({record.label} loads GGUF only; the source is never changed):" if record.needs_conversion
+                  else "fix (rewrites what the engine rules check, validates its output, never changes the source):")
         out.print(styled("  ", (doc["fix"], "bold")), soft_wrap=True)  # a command to copy: never wrapped
     if doc["ok"]:
         out.print(styled(("PASSED", "green"), f": {counts}"))

@@ -8,59 +8,16 @@ TensorRT-LLM never reads the ids (its setting decides) and llama.cpp reads its o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from eaglekit.config_view import as_ids, nested
-from eaglekit.engines import (
-    LABELS,
-    LATEST,
-    SGLANG,
-    TOKENSPEED,
-    VLLM,
-    parse_version,
-    sglang_capture,
-    sglang_view,
-    vllm_default_runner,
-)
-from eaglekit.engines.tokenspeed import tokenspeed_capture, tokenspeed_view
+from eaglekit.engines import LABELS, RECORDS
+from eaglekit.engines.base import IdReading
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
-TOP = "eagle_aux_hidden_state_layer_ids"
-NESTED = "eagle_config.eagle_aux_hidden_state_layer_ids"
-
-
-@dataclass(frozen=True)
-class IdReading:
-    engine: str
-    key: str | None  # the list it reads (None: its default)
-    shift: int  # added to every id read
-    captured: tuple[int, ...] | None  # vLLM convention; None: depends on the target's L
-    flag: str | None  # the engine flag that overrides the config, if it has one
-
 
 def id_readings(spec: DraftSpec, engines: tuple[str, ...], target: TargetInfo | None = None) -> list[IdReading]:
+    """How each requested engine that reads the config's ids reads them."""
     target = target or spec.target
-    cfg = spec.config
-    top, inner = as_ids(cfg.get(TOP)), as_ids(nested(cfg, "eagle_config").get("eagle_aux_hidden_state_layer_ids"))
-    default = target.default_aux_ids if target is not None else None
-    out = []
-    if VLLM in engines:
-        version = parse_version(LATEST[VLLM])
-        runner = vllm_default_runner(version, target.architectures[0] if target and target.architectures else None)
-        key = TOP if top else (NESTED if inner and runner == "v1" else None)
-        read = top if key == TOP else inner if key == NESTED else None
-        out.append(IdReading(VLLM, key, 0, read or default, None))
-    if SGLANG in engines:
-        view = sglang_view(spec, target)
-        captured = sglang_capture(view, target)
-        shift = 1 if inner and captured is not None and captured[0] == inner[0] + 1 else 0
-        out.append(IdReading(SGLANG, NESTED if inner else None, shift, captured, None))
-    if TOKENSPEED in engines:
-        view = tokenspeed_view(spec, target)
-        out.append(IdReading(TOKENSPEED, view.ids_key, 1 if view.shifted else 0, tokenspeed_capture(view, target),
-                             "--eagle3-layers-to-capture"))
-    return out
+    return [read(spec, target) for name in engines if (read := RECORDS[name].read_ids) is not None]
 
 
 def conflicts(spec: DraftSpec, engines: tuple[str, ...], target: TargetInfo | None = None) -> list[str]:

@@ -12,6 +12,12 @@ target graphs that record layer inputs can feed it.
 
 from __future__ import annotations
 
+from eaglekit.engines.base import Engine, Version, parse_version
+from eaglekit.spec import DraftSpec
+
+LLAMACPP = "llamacpp"
+LATEST = "b11434"
+FIRST_EAGLE3 = "b9606"  # ggml-org/llama.cpp #18039: --spec-type draft-eagle3
 ARCH = "eagle3"
 NUM_TARGET_LAYERS = 3
 # Hugging Face model_type of the targets whose llama.cpp graphs record layer inputs (t_layer_inp)
@@ -22,3 +28,20 @@ TARGET_MODEL_TYPES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "q
 def converter_layers(top_level_ids: tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
     """What llama.cpp's own converter writes as target layers: the top-level list as written, else the default."""
     return tuple(top_level_ids) if top_level_ids else (2, num_layers // 2, num_layers - 3)
+
+
+def requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
+    needs = [(parse_version(FIRST_EAGLE3), "EAGLE-3 drafts: --spec-type draft-eagle3")]
+    if spec.flags.norm_before_fc:
+        needs.append((parse_version(LATEST), f"norm_before_fc as read at {LATEST}"))
+    return needs
+
+
+def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = ()) -> str:
+    return f"llama-server -m {target} -md {draft} --spec-type draft-eagle3 --spec-draft-n-max {k}"
+
+
+RECORD = Engine(
+    name=LLAMACPP, label="llama.cpp", latest=LATEST, oldest=LATEST, loads="gguf", dialect="gguf",
+    rules_module="eaglekit.rules.engine_llamacpp", requirements=requirements, serve=serve_command,
+)

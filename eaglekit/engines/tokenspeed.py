@@ -14,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eaglekit.config_view import as_ids, nested
+from eaglekit.engines.base import Engine, IdReading, single_release_requirements
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
+TOKENSPEED = "tokenspeed"
+LATEST = "0.1.0"
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
 UNSHIFTED_TARGET_TYPES = ("kimi_k3",)
 DEFAULT_K = 3
@@ -80,3 +83,38 @@ def capture_flag_value(ids: tuple[int, ...], shifted: bool = True) -> str | None
     """`--eagle3-layers-to-capture` for layers `ids` (vLLM convention); None when it cannot express them."""
     written = [i - 1 for i in ids] if shifted else list(ids)
     return ",".join(str(i) for i in written) if min(written) >= 0 else None
+
+
+def settings(spec: DraftSpec, target: TargetInfo | None = None) -> tuple[str, ...]:
+    """The capture flag, when its reading of the config differs from the layers the draft was trained on, or
+    cannot be told without the target."""
+    ids = spec.aux.ids
+    if not ids:
+        return ()
+    target = target or spec.target
+    view = tokenspeed_view(spec, target)
+    captured = tokenspeed_capture(view, target)
+    if captured is not None and sorted(set(captured)) == sorted(set(ids)):
+        return ()
+    value = capture_flag_value(ids, view.shifted)
+    return (f"--eagle3-layers-to-capture {value}",) if value else ()
+
+
+def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = ()) -> str:
+    return " ".join([f"tokenspeed serve {target} --speculative-algorithm EAGLE3 --speculative-draft-model-path "
+                     f"{draft} --speculative-num-steps {k} --speculative-eagle-topk 1 "
+                     f"--speculative-num-draft-tokens {k + 1}", *settings])
+
+
+def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:
+    view = tokenspeed_view(spec, target)
+    return IdReading(TOKENSPEED, view.ids_key, 1 if view.shifted else 0, tokenspeed_capture(view, target),
+                     "--eagle3-layers-to-capture")
+
+
+RECORD = Engine(
+    name=TOKENSPEED, label="tokenspeed", latest=LATEST, oldest=LATEST, loads="safetensors", dialect="vllm",
+    rules_module="eaglekit.rules.engine_tokenspeed",
+    requirements=single_release_requirements(TOKENSPEED, LATEST, f"EAGLE-3.1 as read at {LATEST}"),
+    serve=serve_command, settings=settings, read_ids=read_ids,
+)

@@ -12,9 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eaglekit.config_view import as_int, nested
-from eaglekit.engines import output_of_layer
+from eaglekit.engines.base import Engine, output_of_layer, single_release_requirements
 from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
 
+TRTLLM = "trtllm"
+LATEST = "1.2.0"
 ARCHITECTURES = ("EAGLE3LlamaForCausalLM", "Eagle3DeepSeekV3ForCausalLM")
 """Registered draft classes; the default one-model path ignores `architectures` and builds `eagle3_model_arch`."""
 DEFAULT_K = 3
@@ -55,3 +58,24 @@ def capture_setting(ids: tuple[int, ...] | None) -> str | None:
     """The speculative_config line that pins the capture layers to `ids` (vLLM convention); None: inexpressible."""
     written = output_of_layer(ids) if ids else None
     return f"eagle3_layers_to_capture: [{', '.join(str(i) for i in written)}]" if written else None
+
+
+def settings(spec: DraftSpec, target: TargetInfo | None = None) -> tuple[str, ...]:
+    """Always the capture layers: it never reads the draft's ids (none when the ids cannot be expressed)."""
+    setting = capture_setting(spec.aux.ids) if spec.aux.ids else None
+    return (setting,) if setting else ()
+
+
+def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = ()) -> str:
+    lines = ["cat > eagle3.yaml <<'EOF'", "speculative_config:", "  decoding_type: Eagle3",
+             f"  max_draft_len: {k}", f"  speculative_model: {draft}", *(f"  {s}" for s in settings), "EOF",
+             f"trtllm-serve {target} --extra_llm_api_options eagle3.yaml"]
+    return "\n".join(lines)
+
+
+RECORD = Engine(
+    name=TRTLLM, label="TensorRT-LLM", latest=LATEST, oldest=LATEST, loads="safetensors", dialect="trtllm",
+    rules_module="eaglekit.rules.engine_trtllm",
+    requirements=single_release_requirements(TRTLLM, LATEST, f"EAGLE-3.1 as read at {LATEST}"),
+    serve=serve_command, settings=settings,
+)

@@ -12,9 +12,8 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.config_view import REPO_ID
-from eaglekit.engines import ENGINES, LABELS, LATEST, LLAMACPP, VLLM
+from eaglekit.engines import ENGINES, RECORDS
 from eaglekit.findings import Finding
-from eaglekit.rules import UPGRADE_DIALECT
 from eaglekit.serving import (
     NOT_AS_IS,
     MinimumVersion,
@@ -218,12 +217,12 @@ def _draft_table(spec: DraftSpec, target: str | None) -> str:
 
 
 def _requirement(need: MinimumVersion) -> str:
-    engine = LABELS[need.engine]
+    record = RECORDS[need.engine]
     if need.version:
-        return f"Requires {engine} ≥ {need.version} ({'; '.join(need.reasons)})."
-    if need.engine == VLLM:
-        return f"Any {engine} release with EAGLE-3 support serves it (it relies on no later feature)."
-    return (f"Checked against {engine} {LATEST[need.engine]}, the release eaglekit models; it relies on no later "
+        return f"Requires {record.label} ≥ {need.version} ({'; '.join(need.reasons)})."
+    if record.versions_modelled:
+        return f"Any {record.label} release with EAGLE-3 support serves it (it relies on no later feature)."
+    return (f"Checked against {record.label} {record.latest}, the release eaglekit models; it relies on no later "
             "feature.")
 
 
@@ -236,16 +235,17 @@ def _serving(spec: DraftSpec, repo_id: str, target: str | None) -> str:
     k = NUM_SPECULATIVE_TOKENS
     sections, refused = [], []
     for engine in ENGINES:
-        s, label = support[engine], LABELS[engine]
+        s, record = support[engine], RECORDS[engine]
+        label = record.label
         if s.verdict == NOT_AS_IS and s.engine_specific:  # a fault of the files alone is the Validation section's
-            to = UPGRADE_DIALECT.get(engine, "vllm")
+            to = record.dialect
             remedy = f" `eaglekit upgrade {repo_id} draft-{to} --to {to}` writes the files it reads." if s.fix else ""
             refused.append(f"- **{label}**: {s.reason.split(': ', 1)[-1]}.{remedy}")
-        elif engine == LLAMACPP:
-            gguf = "draft.gguf"
-            commands = (f"eaglekit upgrade {repo_id} {gguf} --to gguf --target <TARGET_GGUF>\n"
-                        f"{serve_command(engine, '<TARGET_GGUF>', gguf, k)}")
-            sections.append(f"## Use with {label}\n\nllama.cpp loads GGUF: convert the draft with eaglekit (it "
+        elif record.needs_conversion:
+            converted = f"draft.{record.dialect}"
+            commands = (f"eaglekit upgrade {repo_id} {converted} --to {record.dialect} --target <TARGET_GGUF>\n"
+                        f"{serve_command(engine, '<TARGET_GGUF>', converted, k)}")
+            sections.append(f"## Use with {label}\n\n{label} loads GGUF: convert the draft with eaglekit (it "
                             f"writes the draft's own target layers and vocabulary map), then serve it.\n\n"
                             f"```bash\n{commands}\n```\n\n{_requirement(needs[engine])}\n")
         else:

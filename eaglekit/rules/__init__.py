@@ -6,29 +6,22 @@ version), deep (tensor values, one streaming pass). Only deep reads tensor bytes
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 import eaglekit.rules.deep
-import eaglekit.rules.engine_llamacpp
-import eaglekit.rules.engine_sglang
-import eaglekit.rules.engine_tokenspeed
-import eaglekit.rules.engine_trtllm
-import eaglekit.rules.engine_vllm
 import eaglekit.rules.structure
 import eaglekit.rules.target  # noqa: F401 (importing a rule module registers its rules)
 from eaglekit.engines import (
     ENGINES,
     LATEST,
-    LLAMACPP,
     OLDEST_MODELLED,
-    SGLANG,
-    TRTLLM,
+    RECORDS,
     Version,
     format_version,
     parse_version,
 )
 from eaglekit.engines.conflicts import conflicts
-from eaglekit.engines.settings import engine_settings
 from eaglekit.errors import UsageError
 from eaglekit.findings import Finding
 from eaglekit.rules.expected import expected_tensors, tensor_expectations
@@ -39,6 +32,8 @@ from eaglekit.target import TargetInfo
 __all__ = ["GROUPS", "Rule", "ValidationReport", "all_rules", "expected_tensors", "run_rules", "tensor_expectations",
            "upgrade_refusals"]
 DEFAULT_GROUPS = ("structure", "target", "engine")
+for _engine in RECORDS.values():
+    importlib.import_module(_engine.rules_module)  # each engine's rules register on import
 
 
 def all_rules() -> list[Rule]:
@@ -163,7 +158,7 @@ def run_rules(
     checked = {e: format_version(v) for e, v in versions.items()} if "engine" in selected else {}
     ran = tuple(g for g in selected if g != "target" or target is not None)
     fixes = {e: fix_command(spec, findings, e) for e in checked}
-    settings = {e: engine_settings(spec, e, target) for e in checked}
+    settings = {e: RECORDS[e].settings(spec, target) for e in checked}
     clashes = conflicts(spec, tuple(checked), target) if len(checked) > 1 else []
     return ValidationReport(spec.path, findings, ran, checked, fixes, settings, clashes)
 
@@ -180,10 +175,6 @@ def upgrade_refusals(spec: DraftSpec, engine: str | None = None) -> list[Finding
             for hit in r.check(contexts[r.engine])]
 
 
-# what `eaglekit upgrade --to` writes for each engine (tokenspeed reads the vLLM layout, given its capture flag)
-UPGRADE_DIALECT = {SGLANG: "sglang", TRTLLM: "trtllm", LLAMACPP: "gguf"}
-
-
 def fix_command(spec: DraftSpec, findings: list[Finding], engine: str) -> str | None:
     """`eaglekit upgrade` rewrites names, ids and config for the engine: the fix for its engine-group errors,
     None when there are none or one of them is a function the engine lacks.
@@ -191,12 +182,9 @@ def fix_command(spec: DraftSpec, findings: list[Finding], engine: str) -> str | 
     rules = {r.code: r for r in all_rules()}
     failing = [rules[f.code] for f in findings if f.severity == "error" and f.code in rules
                and rules[f.code].group == "engine" and rules[f.code].engine == engine]
-    if not all(r.convertible for r in failing) or not (failing or engine == LLAMACPP):
-        return None  # llama.cpp loads GGUF only: the conversion is its fix even when nothing fails
-    dialect = UPGRADE_DIALECT.get(engine)
+    record = RECORDS[engine]
+    if not all(r.convertible for r in failing) or not (failing or record.needs_conversion):
+        return None  # an engine that loads GGUF only: the conversion is its fix even when nothing fails
     keep = " --no-fc-norm --no-norm-output" if spec.eagle_version == "3" else ""
-    target = f" --target {spec.target.path}" if spec.target is not None else (
-        " --target <TARGET>" if engine == LLAMACPP else "")  # a GGUF carries the target's tokenizer
-    to = f" --to {dialect}" if dialect else ""
-    out = spec.path.rstrip("/") + (".gguf" if engine == LLAMACPP else f"-{dialect or 'vllm'}")
-    return f"eaglekit upgrade {spec.path} {out}{target}{to}{keep}"
+    target = record.upgrade_target(spec.target.path if spec.target is not None else None)
+    return f"eaglekit upgrade {spec.path} {record.upgrade_output(spec.path)}{target}{record.upgrade_flag()}{keep}"

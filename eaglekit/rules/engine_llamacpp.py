@@ -7,8 +7,7 @@ can hold, and what llama.cpp's own converter would silently get wrong.
 from __future__ import annotations
 
 from eaglekit.config_view import as_ids
-from eaglekit.engines import LATEST, LLAMACPP
-from eaglekit.engines.llamacpp import NUM_TARGET_LAYERS, TARGET_MODEL_TYPES, converter_layers
+from eaglekit.engines.llamacpp import LATEST, LLAMACPP, NUM_TARGET_LAYERS, TARGET_MODEL_TYPES, converter_layers
 from eaglekit.rules.facts import fmt_ids, not_one_layer
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
@@ -72,5 +71,5 @@ def converter_ids(ctx: RuleContext):
 def target_graph(ctx: RuleContext):
     target = ctx.target
     if target is not None and target.model_type and target.model_type not in TARGET_MODEL_TYPES:
-        yield Hit(f"target model_type {target.model_type!r}: llama.cpp {LATEST[LLAMACPP]} records the layer inputs "
+        yield Hit(f"target model_type {target.model_type!r}: llama.cpp {LATEST} records the layer inputs "
                   f"EAGLE-3 reads in the {', '.join(TARGET_MODEL_TYPES)} graphs, not known for this one")

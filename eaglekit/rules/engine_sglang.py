@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eaglekit.engines import SGLANG, sglang_capture
+from eaglekit.engines.sglang import SGLANG, sglang_capture
 from eaglekit.families.names import legacy_pattern
 from eaglekit.rules.facts import examples, fc_k_disagreeing, fmt_ids, names_in_source
 from eaglekit.rules.registry import Hit, RuleContext, rule

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from eaglekit.engines import TOKENSPEED
-from eaglekit.engines.tokenspeed import ARCHITECTURES, capture_flag_value, tokenspeed_capture
+from eaglekit.engines.tokenspeed import ARCHITECTURES, TOKENSPEED, capture_flag_value, tokenspeed_capture
 from eaglekit.rules.facts import fc_k_disagreeing, fmt_ids, not_one_layer
 from eaglekit.rules.registry import Hit, RuleContext, rule
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from eaglekit.engines import TRTLLM, output_of_layer
-from eaglekit.engines.trtllm import DEFAULT_K, capture_setting, default_capture
+from eaglekit.engines.base import output_of_layer
+from eaglekit.engines.trtllm import DEFAULT_K, TRTLLM, capture_setting, default_capture
 from eaglekit.rules.facts import fmt_ids
 from eaglekit.rules.registry import Hit, RuleContext, rule
 

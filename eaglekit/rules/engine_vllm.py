@@ -5,14 +5,13 @@ from __future__ import annotations
 import re
 
 from eaglekit.config_view import REPO_ID
-from eaglekit.engines import (
+from eaglekit.engines.base import format_version, parse_version
+from eaglekit.engines.vllm import (
     CLASS_ATTENTION,
     VLLM,
     VLLM_ACCEPTS,
     VLLM_D2T_OPTIONAL,
     VLLM_OLDEST_KNOWN,
-    format_version,
-    parse_version,
     vllm_requirements,
 )
 from eaglekit.errors import quoted

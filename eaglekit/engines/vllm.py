@@ -1,0 +1,268 @@
+"""What vLLM reads from an EAGLE-3 draft, by version (reference §4 and §11, 0.21.0 .. 0.33.0): the class its
+Eagle3 rewrite picks, the flags and K that class reads, the aux ids each model runner captures, and the config
+values it accepts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from eaglekit.config_view import as_ids, as_int, nested
+from eaglekit.engines.base import NESTED_IDS, TOP_IDS, Engine, IdReading, Version, parse_version
+from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+
+VLLM = "vllm"
+LATEST = "0.33.0"
+VLLM_OLDEST_KNOWN = "0.21.0"
+
+# architectures[0] after vLLM's Eagle3 rewrite -> model class (registry.py, 0.33.0)
+VLLM_EAGLE3_CLASSES: dict[str, str] = {
+    "LlamaForCausalLMEagle3": "llama",
+    "Eagle3LlamaForCausalLM": "llama",
+    "Eagle3MiniMaxM2ForCausalLM": "llama",
+    "Eagle3Qwen2_5vlForCausalLM": "llama",
+    "Eagle3Qwen3vlForCausalLM": "llama",
+    "PEagleDraftModel": "llama",
+    "PeagleLlamaForCausalLM": "llama",
+    "Eagle3Qwen3ForCausalLM": "qwen3",
+    "PeagleQwen3ForCausalLM": "qwen3",
+    "Eagle3DeepseekV2ForCausalLM": "deepseek",
+    "Eagle3DeepseekV3ForCausalLM": "deepseek",
+}
+# Architecture-name prefixes of the drafts vLLM registers for other speculative methods (registry.py,
+# 0.26..0.33): their tensors can look EAGLE-like, but they are never EAGLE-3 drafts.
+VLLM_OTHER_DRAFT_METHODS: dict[str, str] = {
+    "DFlash": "DFlash",  # DFlashDraftModel, DFlash2DraftModel, DFlash2Beam...
+    "DSpark": "DSpark",  # DSparkV41...
+    "K3DSpark": "DSpark",
+    "Qwen3OmniDSpark": "DSpark",
+    "Qwen3XPress": "XPress",
+    "LiLiCorr": "LiLiCorr",
+    "MuseSpark": "MuseSpark",
+    "MuseGlimmer": "MuseGlimmer",
+}
+VLLM_D2T_OPTIONAL = (0, 30, 0)  # from here draft_id_to_target_id exists only when Vd < V
+
+
+@dataclass(frozen=True)
+class ConfigAcceptance:
+    """The config values an engine builds a draft from: anything else it refuses, or computes garbage with."""
+
+    rope_types: frozenset[str]  # rope_type (or legacy `type`) values its RoPE factory builds
+    rope_factor_types: frozenset[str]  # the types that scale by `factor` (which must then be a number > 0)
+    quant_methods: frozenset[str]  # quantization_config.quant_method values it knows
+    rms_norm_eps_max: float  # the largest eps its kernel can hold (past it the eps becomes inf, every norm output 0)
+    hidden_acts: frozenset[str]  # hidden_act values its draft MLP builds
+
+
+VLLM_ACCEPTS = ConfigAcceptance(
+    # get_rope (rotary_embedding/__init__.py, 0.33) raises "Unknown RoPE scaling type" for anything else; "su" and
+    # "mrope" are legacy names its config patch maps to longrope and default
+    rope_types=frozenset({"default", "llama3", "mllama4", "linear", "ntk", "dynamic", "xdrope", "yarn",
+                          "deepseek_yarn", "deepseek_llama_scaling", "longrope", "openpangu", "su", "mrope"}),
+    rope_factor_types=frozenset({"llama3", "linear", "ntk", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}),
+    # QUANTIZATION_METHODS over the releases modelled (0.21 .. 0.33); ModelConfig calls .get on the object and
+    # raises "Unknown quantization method" for a method outside the list
+    quant_methods=frozenset({
+        "awq", "auto_awq", "fp8", "fbgemm_fp8", "ptpc_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+        "modelopt_mixed", "gguf", "gptq", "auto_gptq", "gptq_marlin", "gptq_marlin_24", "gptq_bitblas", "awq_marlin",
+        "bitblas", "compressed-tensors", "bitsandbytes", "experts_int8", "quark", "moe_wna16", "torchao", "inc",
+        "auto-round", "rtn", "hqq", "mxfp4", "gpt_oss_mxfp4", "petit_nvfp4", "deepseek_v4_fp8", "cpu_awq", "humming",
+        "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+        "nvfp4_per_token", "mxfp8", "tpu_int8", "deepspeedfp", "ipex",
+    }),
+    # the RMSNorm kernels take eps as a float32: past its largest finite value it is inf and every norm output 0
+    rms_norm_eps_max=3.4028234663852886e38,
+    # LlamaMLP (llama.py, which the eagle3 Llama draft layers subclass) and Qwen2MLP (qwen3.py's MLP) raise
+    # "Unsupported activation: ... Only silu is supported for now." for anything else
+    hidden_acts=frozenset({"silu"}),
+)
+# the attention kind each vLLM class builds
+CLASS_ATTENTION = {"llama": "llama", "qwen3": "qwen3", "deepseek": "mla"}
+# vLLM's speculators path forces the class from transformer_layer_config.model_type
+SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+
+
+def other_draft_method(architectures: Any) -> str | None:
+    """The speculative method (not EAGLE-3) a config's architectures name, if vLLM registers it as another one."""
+    if not isinstance(architectures, list):
+        return None
+    for arch in architectures:
+        for prefix, method in VLLM_OTHER_DRAFT_METHODS.items():
+            if isinstance(arch, str) and arch.startswith(prefix):
+                return method
+    return None
+
+
+VLLM_RUNNERS = ("v1", "v2")
+VLLM_V2_FOR_ALL = (0, 33, 0)
+"""vLLM's V2 model runner is the default for every target from 0.33 (0.22–0.32: only for Qwen3ForCausalLM
+targets, as read at 0.22). CPU builds run only V1. The runners capture different aux ids (reference §4.6)."""
+
+
+def vllm_default_runner(version: Version, target_architecture: str | None) -> str:
+    if version >= VLLM_V2_FOR_ALL or (version >= (0, 22, 0) and target_architecture == "Qwen3ForCausalLM"):
+        return "v2"
+    return "v1"
+
+
+def vllm_runner_ids(view: "VllmView", runner: str) -> tuple[int, ...] | None:
+    """The aux ids a runner captures for this draft (vLLM convention); None: it falls back to its default."""
+    return view.top_level_ids if runner == "v2" else view.v1_ids
+
+
+def vllm_rewrite_architecture(arch: str) -> str:
+    """EAGLEConfig keeps names that start or end with Eagle3 and prefixes everything else (reference §4.7)."""
+    return arch if arch.startswith("Eagle3") or arch.endswith("Eagle3") else "Eagle3" + arch
+
+
+@dataclass(frozen=True)
+class VllmView:
+    """The draft config as one vLLM version resolves it: class, flags, K and the aux capture lists."""
+
+    version: Version
+    layout: str  # "flat" | "speculators"
+    architecture: str | None
+    model_class: str | None  # "llama" | "qwen3" | "deepseek" | None (cannot load)
+    problem: str | None  # why no class was found
+    config: dict[str, Any]  # after the speculators mapping, if any
+    fc_norm: bool
+    norm_output: bool
+    norm_before_fc: bool
+    norm_before_residual: bool
+    use_aux_hidden_state: bool
+    k: int  # fc fan-in / T as this class computes it
+    k_source: str
+    top_level_ids: tuple[int, ...] | None  # what the V2 runner captures (None: the default)
+    v1_ids: tuple[int, ...] | None  # what the V1 runner captures (None: the default)
+
+
+def _speculators_mapping(cfg: dict[str, Any], version: Version) -> tuple[dict[str, Any], str | None, str | None]:
+    """vLLM's speculators/base.py + algos.update_eagle3: start from transformer_layer_config, copy a few keys."""
+    tlc = cfg.get("transformer_layer_config")
+    if not isinstance(tlc, dict):
+        return {}, None, "speculators layout without a transformer_layer_config dict"
+    out = dict(tlc)
+    for key in ("draft_vocab_size", "norm_before_fc"):
+        if key in cfg:
+            out[key] = cfg[key]
+    if cfg.get("target_hidden_size") is not None:
+        out["target_hidden_size"] = cfg["target_hidden_size"]
+    out["norm_before_residual"] = cfg.get("norm_before_residual", True)
+    if version >= (0, 25, 0):
+        out["fc_norm"] = cfg.get("fc_norm", False)
+        out["norm_output"] = cfg.get("norm_output", False)
+    if cfg.get("eagle_aux_hidden_state_layer_ids"):
+        out["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
+    model_type = tlc.get("model_type")
+    arch = SPECULATORS_ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
+    if arch is None:
+        return out, None, (f"vLLM's speculators path maps only transformer_layer_config.model_type llama/qwen3, "
+                           f"not {model_type!r} (MLA drafts need the flat layout)")
+    return out, arch, None
+
+
+def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
+    version = version or parse_version(LATEST)
+    cfg = spec.config
+    speculators = isinstance(cfg.get("speculators_config"), dict) and cfg.get("model_type") is None
+    problem = None
+    if speculators:
+        resolved, arch, problem = _speculators_mapping(cfg, version)
+    else:
+        resolved = dict(cfg)
+        archs = cfg.get("architectures")
+        written = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+        if written is None:
+            arch, problem = None, "config.json has no architectures list"
+        elif cfg.get("model_type") == "eagle" and cfg.get("method") != "eagle3":
+            arch = written if written.startswith("Eagle") else "Eagle" + written
+            problem = "model_type 'eagle' takes vLLM's EAGLE-1 config path (architecture becomes " + arch + ")"
+        else:
+            arch = vllm_rewrite_architecture(written)
+    model_class = VLLM_EAGLE3_CLASSES.get(arch) if arch and problem is None else None
+    if arch and problem is None and model_class is None:
+        problem = f"architecture {arch!r} (after vLLM's Eagle3 rewrite) is not a registered eagle3 model"
+
+    ec = resolved.get("eagle_config") if isinstance(resolved.get("eagle_config"), dict) else {}
+    new = version >= (0, 22, 0)
+    fc_norm = bool(resolved.get("fc_norm", False)) and new
+    norm_output = bool(resolved.get("norm_output", False)) and new
+    nbf = resolved.get("norm_before_fc", False)
+    if new:
+        nbf = ec.get("norm_before_fc", nbf)
+    nbr = bool(resolved.get("norm_before_residual", False))
+    top = as_ids(resolved.get("eagle_aux_hidden_state_layer_ids"))
+    nested = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
+    k, k_source = _vllm_k(resolved, ec, top, nested, model_class, version)
+    v1 = top if top else (nested if new else None)
+    return VllmView(
+        version=version, layout="speculators" if speculators else "flat", architecture=arch,
+        model_class=model_class, problem=problem, config=resolved, fc_norm=fc_norm, norm_output=norm_output,
+        norm_before_fc=bool(nbf), norm_before_residual=nbr,
+        use_aux_hidden_state=bool(ec.get("use_aux_hidden_state", True)),
+        k=k, k_source=k_source, top_level_ids=top, v1_ids=v1,
+    )
+
+
+def _vllm_k(resolved, ec, top, nested, model_class, version) -> tuple[int, str]:
+    """K as the class computes it (reference §4.4): never the top-level list, except in the Qwen3 class from 0.26."""
+    if version < (0, 22, 0):
+        return 3, "fixed 3 before vLLM 0.22.0"
+    n = as_int(resolved.get("num_aux_hidden_states"))
+    if n is not None:
+        return n, "num_aux_hidden_states"
+    if model_class == "qwen3" and version >= (0, 26, 0):
+        n = as_int(resolved.get("num_aux_layers"))
+        if n is not None:
+            return n, "num_aux_layers"
+        if top:
+            return len(top), "len(eagle_aux_hidden_state_layer_ids)"
+    if nested:
+        return len(nested), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+    return 3, "default 3 (no num_aux_hidden_states, no eagle_config ids)"
+
+
+def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
+    """Version floors of reference §11.1 that this draft needs, each with the reason."""
+    cfg = spec.config
+    needs: list[tuple[Version, str]] = []
+    flags31 = [k for k in ("fc_norm", "norm_output") if cfg.get(k)]
+    if flags31:
+        needs.append(((0, 22, 0), f"EAGLE-3.1 {' + '.join(flags31)} (vLLM PR #42764)"))
+    if cfg.get("fc_norm") and spec.attention == "mla":
+        needs.append(((0, 23, 0), "MLA fc_norm is applied only from 0.23.0 (vLLM PR #43482)"))
+    if flags31 and spec.config_layout == "speculators":
+        needs.append(((0, 25, 0),
+                      "the speculators layout passes fc_norm/norm_output only from 0.25.0 (vLLM PR #46488)"))
+    if spec.num_aux_hidden_states not in (None, 3):
+        needs.append(((0, 22, 0), f"K={spec.num_aux_hidden_states} aux states (fc fan-in fixed to 3·T before 0.22.0)"))
+    ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    if ec.get("norm_before_fc") and not cfg.get("norm_before_fc"):
+        needs.append(((0, 22, 0), "norm_before_fc read from eagle_config only from 0.22.0"))
+    return needs
+
+
+
+def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = ()) -> str:
+    config = json.dumps({"model": draft, "method": "eagle3", "num_speculative_tokens": k})
+    return f"vllm serve {target} --speculative-config '{config}'"
+
+
+def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:
+    """The list the default runner of the latest release captures: top-level first, eagle_config's for V1 only."""
+    top, inner = as_ids(spec.config.get(TOP_IDS)), as_ids(nested(spec.config, "eagle_config").get(TOP_IDS))
+    runner = vllm_default_runner(parse_version(LATEST),
+                                 target.architectures[0] if target and target.architectures else None)
+    key = TOP_IDS if top else (NESTED_IDS if inner and runner == "v1" else None)
+    read = top if key == TOP_IDS else inner if key == NESTED_IDS else None
+    return IdReading(VLLM, key, 0, read or (target.default_aux_ids if target is not None else None), None)
+
+
+RECORD = Engine(
+    name=VLLM, label="vLLM", latest=LATEST, oldest=VLLM_OLDEST_KNOWN, loads="safetensors", dialect="vllm",
+    rules_module="eaglekit.rules.engine_vllm", requirements=vllm_requirements, serve=serve_command,
+    read_ids=read_ids,
+)
