@@ -216,3 +216,27 @@ def test_engines_are_data_outside_eaglekit_engines():
         if lines:
             found[relative] = lines
     assert found == {}
+
+
+def test_the_schemas_name_every_engine():
+    """The JSON schemas enumerate the engines a report can name: exactly the records eaglekit models."""
+    import pathlib
+
+    from eaglekit.engines import ENGINES
+
+    root = pathlib.Path(eaglekit.__file__).parent / "schemas"
+    enums = []
+
+    def collect(node):
+        if isinstance(node, dict):
+            if "enum" in node and "llamacpp" in node["enum"]:
+                enums.append([e for e in node["enum"] if e is not None])
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    for path in sorted(root.glob("*.json")):
+        collect(json.loads(path.read_text(encoding="utf-8")))
+    assert enums and all(enum == list(ENGINES) for enum in enums), enums
