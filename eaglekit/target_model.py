@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.dtypes import FLOAT_DTYPES
@@ -301,8 +301,9 @@ def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> Ta
         config, skeleton = _check_architecture(path, info.model_type)
         _check_shapes(skeleton, path)
         try:
-            model, loading = transformers.AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
-                                                                  use_safetensors=True, output_loading_info=True)
+            # transformers types from_pretrained as returning the model alone; output_loading_info adds the info
+            model, loading = cast(tuple[Any, dict[str, list[str]]], transformers.AutoModelForCausalLM.from_pretrained(
+                path, config=config, dtype=torch_dtype, use_safetensors=True, output_loading_info=True))
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise CheckpointError(f"cannot load the target model ({exc})".splitlines()[0][:400], path) from None
         _refuse_initialised(type(model).__name__, sorted(loading.get("missing_keys") or ()), path)

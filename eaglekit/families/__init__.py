@@ -8,7 +8,7 @@ import pkgutil
 
 from eaglekit.engines import other_draft_method
 from eaglekit.errors import UnknownLayoutError, UsageError
-from eaglekit.families.base import FAMILIES, Observed, Traits, build_spec
+from eaglekit.families.base import FAMILIES, Family, Observed, Traits, build_spec
 from eaglekit.io.checkpoint import CheckpointFiles, read_checkpoint
 from eaglekit.spec import AuxLayers, DraftSpec
 from eaglekit.target import TargetInfo
@@ -31,6 +31,7 @@ def detect(files: CheckpointFiles, family: str | None = None) -> tuple[Observed,
                                  "serves as its own speculative method, not EAGLE-3; eaglekit reads EAGLE-3 drafts "
                                  "only",
                                  files.config_path)
+    chosen: Family | None
     if family is not None:
         if family not in FAMILIES:
             raise UsageError(f"unknown family {family!r}; known: {', '.join(family_names())}")

@@ -211,11 +211,13 @@ def read_geometry(obs: Observed, tensors: dict[str, TensorRef], layer_ids: list[
     cfg_h = int_at(lcfg, "hidden_size")
     h = None
     for probe in ("norm.weight", "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight"):
-        if shape(probe) and len(shape(probe)) == 1:
-            h = shape(probe)[0]
+        norm = shape(probe)
+        if norm and len(norm) == 1:
+            h = norm[0]
             break
-    if h is None and shape("fc.weight"):
-        h = shape("fc.weight")[0]
+    fc = shape("fc.weight")
+    if h is None and fc:
+        h = fc[0]
     h = h or cfg_h
     if h is None:
         raise CheckpointError("cannot determine hidden_size: no norm or fc tensors and no config value",
@@ -227,9 +229,10 @@ def read_geometry(obs: Observed, tensors: dict[str, TensorRef], layer_ids: list[
     fc_norm_ids = sorted(int(m.group(1)) for n in tensors if (m := FC_NORM.match(n)))
     t_cfg = int_at(cfg, "target_hidden_size")
     k_cfg = int_at(cfg, "num_aux_hidden_states") or int_at(lcfg, "num_aux_hidden_states")
-    fc_in = shape("fc.weight")[1] if shape("fc.weight") and len(shape("fc.weight")) == 2 else None
-    if fc_norm_ids and shape(f"fc_norm.{fc_norm_ids[0]}.weight"):
-        t = shape(f"fc_norm.{fc_norm_ids[0]}.weight")[0]
+    fc_in = fc[1] if fc and len(fc) == 2 else None
+    first_fc_norm = shape(f"fc_norm.{fc_norm_ids[0]}.weight") if fc_norm_ids else None
+    if first_fc_norm:
+        t = first_fc_norm[0]
     else:
         t = t_cfg or h
     k = None

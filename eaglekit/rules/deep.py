@@ -81,9 +81,9 @@ def _vocab_verdict(d2t: np.ndarray, t2d: np.ndarray | None, V: int | None) -> di
     ok_absolute = bool(((d2t >= 0) & (d2t < upper)).all() and np.unique(d2t).size == Vd)
     target_set = np.flatnonzero(t2d) if t2d is not None else None
     ids_valid = not bad_range.any() and n_unique == Vd
-    if t2d is not None and ids_valid:
+    if target_set is not None and ids_valid:
         ids_valid = target_set.size == Vd and np.array_equal(np.sort(ids), target_set)
-    if not ids_valid and ok_absolute and (t2d is None or np.array_equal(np.sort(d2t), target_set)):
+    if not ids_valid and ok_absolute and (target_set is None or np.array_equal(np.sort(d2t), target_set)):
         out["EK409"] = ("d2t holds absolute target ids, not offsets (target = draft id + d2t): every draft token maps "
                         "to the wrong target token; store d2t - arange(Vd)")
         return out
@@ -93,7 +93,7 @@ def _vocab_verdict(d2t: np.ndarray, t2d: np.ndarray | None, V: int | None) -> di
                         f"{int(ids[first])})")
     if n_unique != Vd:
         out["EK408"] = f"{Vd - n_unique} draft id(s) map to a target id another draft id already has"
-    if t2d is not None:
+    if t2d is not None and target_set is not None:
         if int(t2d.sum()) != Vd:
             out["EK410"] = f"t2d marks {int(t2d.sum())} target tokens but the draft vocabulary has Vd={Vd}"
         elif not bad_range.any() and not np.array_equal(np.sort(ids), target_set):

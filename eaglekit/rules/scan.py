@@ -79,26 +79,29 @@ class _FloatAccumulator:
         if self.constant and (max_u != self.first or int(u.min()) != self.first):
             self.constant = False
         if self.zero_rows is not None:
-            self._count_zero_rows((s > 0) | (u > b.sign), row_len)
+            self.zero_rows += self._zero_rows_ended((s > 0) | (u > b.sign), row_len)
         self.seen += len(u)
 
-    def _count_zero_rows(self, nonzero: np.ndarray, row_len: int) -> None:
-        """Rows may span chunks (a row longer than the buffer): the unfinished one is carried over."""
+    def _zero_rows_ended(self, nonzero: np.ndarray, row_len: int) -> int:
+        """All-zero rows that end in this chunk. Rows may span chunks (a row longer than the buffer): the unfinished
+        one is carried over."""
+        ended = 0
         at, n = 0, len(nonzero)
         head = (-self.seen) % row_len
         if head:
             at = min(head, n)
             self.row_nonzero |= bool(nonzero[:at].any())
             if at == head:
-                self.zero_rows += not self.row_nonzero
+                ended += int(not self.row_nonzero)
                 self.row_nonzero = False
         full = (n - at) // row_len
         if full:
             block = nonzero[at : at + full * row_len].reshape(full, row_len)
-            self.zero_rows += int(np.count_nonzero(~block.any(axis=1)))
+            ended += int(np.count_nonzero(~block.any(axis=1)))
             at += full * row_len
         if at < n:
             self.row_nonzero = bool(nonzero[at:].any())
+        return ended
 
     def finish(self, stats: TensorStats) -> None:
         stats.nonfinite = self.nonfinite

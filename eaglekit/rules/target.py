@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from eaglekit.rules.facts import fmt_ids
 from eaglekit.rules.registry import Hit, RuleContext, rule
+from eaglekit.target import TargetInfo
+
+
+def _target(ctx: RuleContext) -> TargetInfo:
+    """The target these rules judge against: validate runs the target group only when it was given one."""
+    assert ctx.target is not None, "target rules run only with a target"
+    return ctx.target
 
 
 @rule("EK201", "error", "target", "P28", "draft vocabulary size is not the target's")
 def target_vocab(ctx: RuleContext):
-    spec, t = ctx.spec, ctx.target
+    spec, t = ctx.spec, _target(ctx)
     written = spec.facts.config_vocab_size
     embed = spec.tensors.get("embed_tokens.weight")
     for what, v in (("vocab_size", written), ("embed_tokens.weight rows", embed.shape[0] if embed else None)):
@@ -23,15 +30,16 @@ def target_vocab(ctx: RuleContext):
 @rule("EK202", "error", "target", "P26", "draft's T is not the target's hidden size")
 def target_hidden(ctx: RuleContext):
     T = ctx.spec.geometry.target_hidden_size or ctx.spec.geometry.hidden_size
-    if T != ctx.target.hidden_size:
+    hidden = _target(ctx).hidden_size
+    if T != hidden:
         yield Hit(f"the draft expects target states of width T={T} but the target's hidden_size is "
-                  f"{ctx.target.hidden_size}: a draft for another target, or target_hidden_size is wrong",
+                  f"{hidden}: a draft for another target, or target_hidden_size is wrong",
                   key="target_hidden_size")
 
 
 @rule("EK203", "error", "target", "P18", "aux layer id outside [0, L]")
 def ids_in_range(ctx: RuleContext):
-    ids, L = ctx.spec.aux.ids, ctx.target.num_layers
+    ids, L = ctx.spec.aux.ids, _target(ctx).num_layers
     if ids and any(i < 0 or i > L for i in ids):
         bad = [i for i in ids if i < 0 or i > L]
         yield Hit(f"aux ids {fmt_ids(ids)} (vLLM convention) include {fmt_ids(bad)}, outside [0, {L}] for this "
@@ -40,7 +48,7 @@ def ids_in_range(ctx: RuleContext):
 
 @rule("EK204", "info", "target", "P18", "aux layer id at a boundary (0 or L)")
 def ids_at_boundary(ctx: RuleContext):
-    ids, L = ctx.spec.aux.ids, ctx.target.num_layers
+    ids, L = ctx.spec.aux.ids, _target(ctx).num_layers
     if not ids:
         return
     if L in ids:
@@ -52,7 +60,7 @@ def ids_at_boundary(ctx: RuleContext):
 
 @rule("EK205", "warning", "target", "P16", "aux ids equal the other convention's default")
 def ids_other_default(ctx: RuleContext):
-    aux, L = ctx.spec.aux, ctx.target.num_layers
+    aux, L = ctx.spec.aux, _target(ctx).num_layers
     if aux.as_written is None or aux.convention is None:
         return
     input_default, output_default = (2, L // 2, L - 3), (1, L // 2 - 1, L - 4)
@@ -71,7 +79,7 @@ def _attention_layer(kind: str) -> bool:
 
 @rule("EK206", "warning", "target", "P21", "hybrid target: an aux id does not capture after an attention layer")
 def hybrid_ids(ctx: RuleContext):
-    types, ids = ctx.target.layer_types, ctx.spec.aux.ids
+    types, ids = _target(ctx).layer_types, ctx.spec.aux.ids
     if not types or all(_attention_layer(t) for t in types) or not ids:
         return
     bad = [i for i in ids if 1 <= i <= len(types) and not _attention_layer(types[i - 1])]
@@ -82,7 +90,7 @@ def hybrid_ids(ctx: RuleContext):
 
 @rule("EK207", "error", "target", "P21", "hybrid target without recorded aux ids")
 def hybrid_no_ids(ctx: RuleContext):
-    types = ctx.target.layer_types
+    types = _target(ctx).layer_types
     if types and not all(_attention_layer(t) for t in types) and ctx.spec.aux.as_written is None:
         yield Hit("hybrid target (attention mixed with other layer types) and no aux ids recorded: the engine "
                   "default may pick non-attention layers; write the ids the draft was trained on")
