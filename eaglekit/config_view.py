@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +88,7 @@ def flag_at(cfg: dict[str, Any], key: str) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def nested(cfg: dict[str, Any], key: str) -> dict[str, Any]:
+def nested(cfg: Mapping[str, Any], key: str) -> dict[str, Any]:
     """A sub-object such as eagle_config; {} when absent or not an object."""
     value = cfg.get(key)
     return value if isinstance(value, dict) else {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from eaglekit.cli.output import (
     emit_json,
@@ -51,7 +52,7 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
         render(doc)
 
 
-def _ids(doc: dict) -> str:
+def _ids(doc: dict) -> Text:
     ids, written, conv = doc["aux_layer_ids"], doc["aux_layer_ids_as_written"], doc["aux_layer_id_convention"]
     vllm = "unknown" if ids is None else str(ids)
     text = f"{vllm} (vLLM: input of layer i)"
@@ -116,6 +117,6 @@ def render(doc: dict) -> None:
     else:
         out.print(styled(("No findings.", "green")))
     if "tensors" in doc:
-        rows = [[t["name"], "" if t["source_name"] == t["name"] else t["source_name"], t["dtype"], str(t["shape"]),
-                 t["file"]] for t in doc["tensors"]]
-        identifier_table("Tensors", ["name", "source name", "dtype", "shape", "file"], rows)
+        tensor_rows = [[t["name"], "" if t["source_name"] == t["name"] else t["source_name"], t["dtype"],
+                        str(t["shape"]), t["file"]] for t in doc["tensors"]]
+        identifier_table("Tensors", ["name", "source name", "dtype", "shape", "file"], tensor_rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eaglekit.config_view import as_ids, as_int
+from eaglekit.config_view import as_ids, as_int, nested
 from eaglekit.engines.base import NESTED_IDS, Engine, IdReading, single_release_requirements
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
@@ -28,12 +28,12 @@ class SglangView:
 
 def sglang_view(spec: DraftSpec, target: TargetInfo | None = None) -> SglangView:
     cfg = spec.config
-    ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
-    nested = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
+    ec = nested(cfg, "eagle_config")
+    inner = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
     top = as_ids(cfg.get("eagle_aux_hidden_state_layer_ids"))
     if spec.attention == "mla":
-        if nested:
-            k, src = len(nested), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+        if inner:
+            k, src = len(inner), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
         elif top:
             k, src = len(top), "len(eagle_aux_hidden_state_layer_ids)"
         else:
@@ -42,15 +42,15 @@ def sglang_view(spec: DraftSpec, target: TargetInfo | None = None) -> SglangView
         n = as_int(cfg.get("num_aux_hidden_states"))
         if n is not None:
             k, src = n, "num_aux_hidden_states"
-        elif nested:
-            k, src = len(nested), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+        elif inner:
+            k, src = len(inner), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
         else:
             k, src = 3, "default 3"
     if target is not None and target.model_type:
         deepseek = target.model_type in DEEPSEEK_TARGET_TYPES
     else:
         deepseek = spec.attention == "mla"
-    return SglangView(k, src, nested, deepseek)
+    return SglangView(k, src, inner, deepseek)
 
 
 def sglang_capture(view: SglangView, target: TargetInfo | None) -> tuple[int, ...] | None:

@@ -42,6 +42,7 @@ class TokenspeedView:
 def tokenspeed_view(spec: DraftSpec, target: TargetInfo | None = None) -> TokenspeedView:
     cfg = spec.config
     ec = nested(cfg, "eagle_config")
+    key: str | None
     if "eagle_config" in cfg and isinstance(cfg["eagle_config"], dict):
         ids, key = as_ids(ec.get("eagle_aux_hidden_state_layer_ids")), "eagle_config.eagle_aux_hidden_state_layer_ids"
     elif as_ids(cfg.get("eagle_aux_hidden_state_layer_ids")):
@@ -52,9 +53,10 @@ def tokenspeed_view(spec: DraftSpec, target: TargetInfo | None = None) -> Tokens
     top = as_ids(cfg.get("eagle_aux_hidden_state_layer_ids"))
     if spec.attention == "mla":
         inner = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
-        if inner or top:
-            k, k_source = len(inner or top), ("len(eagle_config.eagle_aux_hidden_state_layer_ids)" if inner
-                                             else "len(eagle_aux_hidden_state_layer_ids)")
+        if inner:
+            k, k_source = len(inner), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+        elif top:
+            k, k_source = len(top), "len(eagle_aux_hidden_state_layer_ids)"
         else:
             k, k_source = DEFAULT_K, "default 3"
     elif top:

@@ -186,7 +186,7 @@ def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
     if arch and problem is None and model_class is None:
         problem = f"architecture {arch!r} (after vLLM's Eagle3 rewrite) is not a registered eagle3 model"
 
-    ec = resolved.get("eagle_config") if isinstance(resolved.get("eagle_config"), dict) else {}
+    ec = nested(resolved, "eagle_config")
     new = version >= (0, 22, 0)
     fc_norm = bool(resolved.get("fc_norm", False)) and new
     norm_output = bool(resolved.get("norm_output", False)) and new
@@ -195,9 +195,9 @@ def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
         nbf = ec.get("norm_before_fc", nbf)
     nbr = bool(resolved.get("norm_before_residual", False))
     top = as_ids(resolved.get("eagle_aux_hidden_state_layer_ids"))
-    nested = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
-    k, k_source = _vllm_k(resolved, ec, top, nested, model_class, version)
-    v1 = top if top else (nested if new else None)
+    inner = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
+    k, k_source = _vllm_k(resolved, ec, top, inner, model_class, version)
+    v1 = top if top else (inner if new else None)
     return VllmView(
         version=version, layout="speculators" if speculators else "flat", architecture=arch,
         model_class=model_class, problem=problem, config=resolved, fc_norm=fc_norm, norm_output=norm_output,
@@ -207,7 +207,8 @@ def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
     )
 
 
-def _vllm_k(resolved, ec, top, nested, model_class, version) -> tuple[int, str]:
+def _vllm_k(resolved: dict[str, Any], ec: dict[str, Any], top: tuple[int, ...] | None,
+            inner: tuple[int, ...] | None, model_class: str | None, version: Version) -> tuple[int, str]:
     """K as the class computes it (reference §4.4): never the top-level list, except in the Qwen3 class from 0.26."""
     if version < (0, 22, 0):
         return 3, "fixed 3 before vLLM 0.22.0"
@@ -220,8 +221,8 @@ def _vllm_k(resolved, ec, top, nested, model_class, version) -> tuple[int, str]:
             return n, "num_aux_layers"
         if top:
             return len(top), "len(eagle_aux_hidden_state_layer_ids)"
-    if nested:
-        return len(nested), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+    if inner:
+        return len(inner), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
     return 3, "default 3 (no num_aux_hidden_states, no eagle_config ids)"
 
 
@@ -239,7 +240,7 @@ def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
                       "the speculators layout passes fc_norm/norm_output only from 0.25.0 (vLLM PR #46488)"))
     if spec.num_aux_hidden_states not in (None, 3):
         needs.append(((0, 22, 0), f"K={spec.num_aux_hidden_states} aux states (fc fan-in fixed to 3·T before 0.22.0)"))
-    ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    ec = nested(cfg, "eagle_config")
     if ec.get("norm_before_fc") and not cfg.get("norm_before_fc"):
         needs.append(((0, 22, 0), "norm_before_fc read from eagle_config only from 0.22.0"))
     return needs

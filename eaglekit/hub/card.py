@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eaglekit import __version__
-from eaglekit.config_view import REPO_ID
+from eaglekit.config_view import REPO_ID, nested
 from eaglekit.engines import ENGINES, RECORDS
 from eaglekit.findings import Finding
+from eaglekit.rules import ValidationReport
 from eaglekit.serving import (
     NOT_AS_IS,
     MinimumVersion,
@@ -91,9 +92,11 @@ def build_card(
     report_mismatches: Sequence[str] = (),
     license: str | None = None,
     license_link: str | None = None,
+    rules: ValidationReport | None = None,
 ) -> str:
     """Return README.md text: YAML front matter, then the body. `forced`: pushed despite error findings;
-    `report_mismatches`: why the verify report describes other files (pushed with --force)."""
+    `report_mismatches`: why the verify report describes other files (pushed with --force); `rules`: the caller's
+    rules run over every engine, which the serving sections show (run here when absent)."""
     from huggingface_hub import ModelCardData
 
     target = target or recorded_target(spec)
@@ -114,7 +117,7 @@ def build_card(
         _forced_notice(findings) if forced and any(f.severity == "error" for f in findings) else "",
         _warm_start_notice(spec),
         _draft_table(spec, target),
-        _serving(spec, repo_id, target),
+        _serving(spec, repo_id, target, rules),
         _verify_section(report, report_mismatches) if report else "",
         _validation_section(findings, validated),
         _provenance_section(spec),
@@ -226,11 +229,11 @@ def _requirement(need: MinimumVersion) -> str:
             "feature.")
 
 
-def _serving(spec: DraftSpec, repo_id: str, target: str | None) -> str:
+def _serving(spec: DraftSpec, repo_id: str, target: str | None, rules: ValidationReport | None = None) -> str:
     """One section per engine that serves these files (its command with the settings it needs), the GGUF route
     for llama.cpp, then the engines that cannot serve them as they are, and why."""
     needs = minimum_versions(spec)
-    support = {s.engine: s for s in serving_support(spec)}
+    support = {s.engine: s for s in serving_support(spec, report=rules)}
     shown = target or TARGET_PLACEHOLDER
     k = NUM_SPECULATIVE_TOKENS
     sections, refused = [], []
@@ -288,8 +291,7 @@ def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = ()) -
     for key, label in (("dtype", "dtype"), ("device", "Device")):
         if key in report:
             rows.append((label, str(report[key])))
-    measured = report.get("measured") if isinstance(report.get("measured"), Mapping) else {}
-    target = measured.get("target") if isinstance(measured.get("target"), Mapping) else {}
+    target = nested(nested(report, "measured"), "target")
     if target:
         name = target.get("name_or_path")
         origin = name if is_repo_id(name) else f"a local copy in a folder named {target.get('folder')}"
@@ -327,7 +329,8 @@ def public_source(source: Any) -> str | None:
 
 def _provenance_section(spec: DraftSpec) -> str:
     """Who made these files from what, in a few readable lines (the full record stays in config.json)."""
-    chain, block = [], provenance(spec)
+    chain: list[Mapping[str, Any]] = []
+    block: Any = provenance(spec)
     while isinstance(block, Mapping) and block and len(chain) < 8:
         chain.append(block)
         block = block.get("source_provenance")
@@ -335,7 +338,7 @@ def _provenance_section(spec: DraftSpec) -> str:
         return ""
     lines = ["## Provenance", ""]
     for step in chain:
-        command = COMMANDS.get(step.get("command"), f"`{step.get('command', 'eaglekit')}`")
+        command = COMMANDS.get(str(step.get("command")), f"`{step.get('command', 'eaglekit')}`")
         source = public_source(step.get("source"))
         line = f"- {command} (eaglekit {step.get('version', '?')})" + (f" from {source}" if source else "")
         if step.get("source_family"):
@@ -343,7 +346,7 @@ def _provenance_section(spec: DraftSpec) -> str:
         if step.get("summary"):
             line += f": {step['summary']}"
         lines.append(line)
-        options = step.get("options") if isinstance(step.get("options"), Mapping) else {}
+        options = nested(step, "options")
         chosen = {k: v for k, v in options.items() if v not in (None, False, "", [], {})}
         if chosen:
             lines.append("  - options: " + ", ".join(f"`{k}={v}`" for k, v in chosen.items()))

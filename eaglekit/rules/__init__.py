@@ -166,7 +166,7 @@ def run_rules(
 def upgrade_refusals(spec: DraftSpec, engine: str | None = None) -> list[Finding]:
     """The errors upgrade refuses a source for: the hits of the `refuses_upgrade` rules, engine-neutral ones and
     those of `engine` (the output's, at its latest modelled version). validate reports the very same findings."""
-    contexts = {None: RuleContext(spec, spec.target, None, None)}
+    contexts: dict[str | None, RuleContext] = {None: RuleContext(spec, spec.target, None, None)}
     if engine is not None:
         contexts[engine] = RuleContext(spec, spec.target, engine, parse_version(LATEST[engine]))
     return [Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key,

@@ -13,11 +13,12 @@ def capture(ctx: RuleContext):
     ids = ctx.spec.aux.ids
     if not ids or output_of_layer(ids) is None:
         return
-    default = default_capture(ctx.target.num_layers) if ctx.target is not None else None
-    if ctx.target is not None and default is not None and sorted(default) == sorted(ids) and len(ids) == DEFAULT_K:
+    num_layers = ctx.target.num_layers if ctx.target is not None else None
+    default = default_capture(num_layers) if num_layers is not None else None
+    if default is not None and sorted(default) == sorted(ids) and len(ids) == DEFAULT_K:
         return
-    now = (f"its default {fmt_ids(default)} (vLLM convention) for L={ctx.target.num_layers}" if default
-           else "its default (1, N//2-1, N-4), which it refuses for N <= 5" if ctx.target is not None
+    now = (f"its default {fmt_ids(default)} (vLLM convention) for L={num_layers}" if default
+           else "its default (1, N//2-1, N-4), which it refuses for N <= 5" if num_layers is not None
            else "its default (1, N//2-1, N-4), output-of-layer")
     yield Hit(f"TensorRT-LLM never reads the draft's ids and captures {now}; the draft was trained on "
               f"{fmt_ids(ids)} (vLLM convention): put `{capture_setting(ids)}` in speculative_config",

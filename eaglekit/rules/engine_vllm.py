@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from eaglekit.config_view import REPO_ID
+from eaglekit.config_view import REPO_ID, nested
 from eaglekit.engines.base import format_version, parse_version
 from eaglekit.engines.vllm import (
     CLASS_ATTENTION,
@@ -31,7 +31,7 @@ _LEGACY = legacy_pattern("vllm")
 
 
 def _v(ctx: RuleContext) -> str:
-    return f"vLLM {format_version(ctx.version)}"
+    return f"vLLM {format_version(ctx.checked_version)}"
 
 
 def _default_ids(ctx: RuleContext) -> str:
@@ -86,14 +86,14 @@ def _d2t_with_full_vocab(spec) -> bool:
 
 @rule("EK306", "error", "engine", "P23", "d2t although Vd == V (vLLM >= 0.30)", engine=VLLM, refuses_load=True)
 def d2t_with_full_vocab(ctx: RuleContext):
-    if _d2t_with_full_vocab(ctx.spec) and ctx.version >= VLLM_D2T_OPTIONAL:
+    if _d2t_with_full_vocab(ctx.spec) and ctx.checked_version >= VLLM_D2T_OPTIONAL:
         yield Hit(f"d2t is present but Vd == V: {_v(ctx)} has no draft_id_to_target_id parameter then and fails on "
                   "the unknown name; drop d2t (and t2d)", tensor="d2t")
 
 
 @rule("EK323", "warning", "engine", "P23", "d2t although Vd == V (loads only before vLLM 0.30)", engine=VLLM)
 def d2t_with_full_vocab_before_030(ctx: RuleContext):
-    if _d2t_with_full_vocab(ctx.spec) and ctx.version < VLLM_D2T_OPTIONAL:
+    if _d2t_with_full_vocab(ctx.spec) and ctx.checked_version < VLLM_D2T_OPTIONAL:
         yield Hit(f"d2t is present but Vd == V: {_v(ctx)} still loads it, but from vLLM "
                   f"{format_version(VLLM_D2T_OPTIONAL)} on the draft fails on the unknown name; drop d2t (and t2d)",
                   tensor="d2t")
@@ -131,7 +131,7 @@ def k_resolved(ctx: RuleContext):
         return
     if ctx.vllm.k != K:
         where = ("inside transformer_layer_config" if ctx.vllm.layout == "speculators" else "top-level")
-        fix = (f"write num_aux_hidden_states: {K} {where}" if ctx.version >= (0, 22, 0)
+        fix = (f"write num_aux_hidden_states: {K} {where}" if ctx.checked_version >= (0, 22, 0)
                else "K != 3 needs vLLM >= 0.22.0")
         yield Hit(f"{_v(ctx)} takes K={ctx.vllm.k} from {ctx.vllm.k_source} but fc.weight holds K={K}: loading fails "
                   f"on shape; {fix}", key="num_aux_hidden_states")
@@ -140,14 +140,14 @@ def k_resolved(ctx: RuleContext):
 @rule("EK311", "error", "engine", "P38", "the requested vLLM version lacks a feature this draft uses", engine=VLLM)
 def version_floor(ctx: RuleContext):
     for floor, why in vllm_requirements(ctx.spec):
-        if ctx.version < floor:
+        if ctx.checked_version < floor:
             yield Hit(f"{_v(ctx)} is too old: {why} needs >= {format_version(floor)}")
 
 
 @rule("EK312", "info", "engine", "P50", "minimum vLLM version", engine=VLLM)
 def version_needed(ctx: RuleContext):
     needs = vllm_requirements(ctx.spec)
-    if not needs or any(ctx.version < floor for floor, _ in needs):
+    if not needs or any(ctx.checked_version < floor for floor, _ in needs):
         return  # nothing beyond the oldest known version, or EK311 already says what is missing
     floor = max(f for f, _ in needs)
     if floor > parse_version(VLLM_OLDEST_KNOWN):
@@ -215,10 +215,10 @@ def speculators_main_model(ctx: RuleContext):
     cfg = ctx.spec.config
     if ctx.spec.config_layout != "speculators":
         return
-    sc = cfg.get("speculators_config") or {}
+    sc = nested(cfg, "speculators_config")
     methods = sc.get("proposal_methods")
     first = methods[0] if isinstance(methods, list) and methods and isinstance(methods[0], dict) else {}
-    verifier = sc.get("verifier") if isinstance(sc.get("verifier"), dict) else {}
+    verifier = nested(sc, "verifier")
     problems = []
     if not isinstance(first.get("speculative_tokens"), int):
         problems.append("speculators_config.proposal_methods[0].speculative_tokens")

@@ -41,6 +41,13 @@ class RuleContext:
     version: Version | None  # the engine version checked (None for engine-independent rules)
     memo: dict = field(default_factory=dict)  # results several rules share (e.g. the d2t/t2d verdict)
 
+    @property
+    def checked_version(self) -> Version:
+        """The engine version an engine rule checks: engine rules always run with one."""
+        if self.version is None:
+            raise ValueError(f"an engine rule ran without an engine version ({self.engine})")
+        return self.version
+
     @cached_property
     def expectations(self) -> list[TensorExpectation]:
         from eaglekit.rules.expected import tensor_expectations
@@ -80,8 +87,8 @@ class Rule:
     group: str
     pitfall: str | None
     title: str
+    check: Check = field(repr=False, compare=False)
     engine: str | None = None  # engine rules: the engine whose behaviour they describe
-    check: Check | None = field(default=None, repr=False, compare=False)
     refuses_load: bool = False  # a hit means the engine's loader raises on these files (not a silent misreading)
     convertible: bool = True  # engine rules: `eaglekit upgrade` can write what the engine needs
     refuses_upgrade: bool = False  # an error here is what `eaglekit upgrade` refuses the source for (one rule, both)
@@ -109,7 +116,7 @@ def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, 
     def register(fn: Check) -> Check:
         if code in _RULES:
             raise ValueError(f"rule code {code} registered twice")
-        _RULES[code] = Rule(code, severity, group, pitfall, title, engine, fn, refuses_load, convertible,
+        _RULES[code] = Rule(code, severity, group, pitfall, title, fn, engine, refuses_load, convertible,
                             refuses_upgrade)
         return fn
 
