@@ -9,7 +9,8 @@ import pytest
 from eaglekit.explain import explain
 from eaglekit.families import load_draft
 from eaglekit.rules import all_rules, run_rules
-from eaglekit.rules.readback import READBACK_CODES, readback_findings
+from eaglekit.rules.registry import READBACK_CODES
+from eaglekit.upgrade.check import readback_findings
 from eaglekit.upgrade.decide import decide
 from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.upgrade.options import UpgradeOptions

@@ -127,5 +127,78 @@ def registered() -> list[Rule]:
     return sorted(_RULES.values(), key=lambda r: r.code)
 
 
-# upgrade's read-back rules register here, so every import of the registry knows their codes
-import eaglekit.rules.readback  # noqa: E402,F401
+
+# ---------------------------------------------------------------- upgrade's read-back rules
+# An upgrade's output, re-read as eaglekit reads any draft, must say exactly what was decided. These rules judge it
+# against what the upgrade planned, which only `eaglekit upgrade` holds: it puts a ReadBack in the context's memo
+# (eaglekit.upgrade.check). An ordinary rules run has none, and they stay silent there.
+
+READBACK = "upgrade_readback"  # the memo key
+READBACK_CODES = ("EK191", "EK192", "EK193", "EK194", "EK195")
+READBACK_FLAGS = ("fc_norm", "norm_output", "norm_before_residual")
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    """What an upgrade planned and decided its output to be, and how the output was re-read (named in messages)."""
+
+    tensors: dict[str, tuple[str, tuple[int, ...]]]  # planned name as written -> (dtype, shape)
+    aux_ids: tuple[int, ...] | None
+    num_aux: int | None
+    flags: dict[str, bool]  # READBACK_FLAGS as decided
+    how: str  # "read as vllm", "detected as speculators", ...
+
+
+def _read_back(ctx: RuleContext) -> ReadBack | None:
+    return ctx.memo.get(READBACK)
+
+
+def _written(spec: DraftSpec) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {t.source_name: (t.dtype, tuple(t.shape)) for t in spec.tensors.values()}
+
+
+@rule("EK191", "error", "structure", None, "upgrade output: a planned tensor missing, or one written unplanned")
+def readback_tensor_set(ctx: RuleContext):
+    rb = _read_back(ctx)
+    if rb is None:
+        return
+    for name in sorted(rb.tensors.keys() ^ _written(ctx.spec).keys()):
+        where = "missing from" if name in rb.tensors else "not planned in"
+        yield Hit(f"tensor {name!r} {where} the output ({rb.how})", tensor=name)
+
+
+@rule("EK192", "error", "structure", None, "upgrade output: a tensor's dtype or shape is not the planned one")
+def readback_tensor_shape(ctx: RuleContext):
+    rb = _read_back(ctx)
+    if rb is None:
+        return
+    written = _written(ctx.spec)
+    for name in sorted(rb.tensors.keys() & written.keys()):
+        if rb.tensors[name] != written[name]:
+            yield Hit(f"tensor {name!r} is {written[name]}, planned {rb.tensors[name]} ({rb.how})", tensor=name)
+
+
+@rule("EK193", "error", "structure", None, "upgrade output: aux layer ids read back are not the decided ones")
+def readback_aux_ids(ctx: RuleContext):
+    rb = _read_back(ctx)
+    if rb is not None and ctx.spec.aux.ids != rb.aux_ids:
+        yield Hit(f"aux ids read back as {ctx.spec.aux.ids}, decided {rb.aux_ids} ({rb.how})",
+                  key="eagle_aux_hidden_state_layer_ids")
+
+
+@rule("EK194", "error", "structure", None, "upgrade output: K read back is not the decided one")
+def readback_k(ctx: RuleContext):
+    rb = _read_back(ctx)
+    if rb is not None and ctx.spec.num_aux_hidden_states != rb.num_aux:
+        yield Hit(f"K read back as {ctx.spec.num_aux_hidden_states}, decided {rb.num_aux} ({rb.how})")
+
+
+@rule("EK195", "error", "structure", None, "upgrade output: a norm flag read back is not the decided one")
+def readback_flags(ctx: RuleContext):
+    rb = _read_back(ctx)
+    if rb is None:
+        return
+    for key in READBACK_FLAGS:
+        read = getattr(ctx.spec.flags, key)
+        if read != rb.flags[key]:
+            yield Hit(f"{key} read back as {read}, decided {rb.flags[key]} ({rb.how})", key=key)
