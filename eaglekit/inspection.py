@@ -93,14 +93,18 @@ def inspect_draft(
     family: str | None = None,
     include_tensors: bool = False,
 ) -> InspectReport:
-    """Read a draft (headers only), run the file-level rules, and say which engines can serve it as is."""
+    """Read a draft (headers only), run the rules once over every engine, and show two views of that run: the
+    file-level findings (no engine's own) and which engines can serve it as is."""
     from eaglekit.families import load_draft
-    from eaglekit.rules import run_rules
+    from eaglekit.rules import all_rules, run_rules
     from eaglekit.serving import serving_support
     from eaglekit.target import read_target
 
     target_info = read_target(target) if target else None
     spec = load_draft(source, subfolder=subfolder, revision=revision, allow_pickle=allow_pickle,
                       family=family, target=target_info)
-    validation = run_rules(spec, target=target_info, groups=("structure", "target"))
-    return InspectReport(spec, validation.findings, serving_support(spec), target_info, include_tensors)
+    report = run_rules(spec, target=target_info, engine="all", groups=("structure", "target", "engine"))
+    engine_neutral = {r.code for r in all_rules() if r.engine is None}
+    findings = [f for f in report.findings if f.code in engine_neutral]
+    return InspectReport(spec, findings, serving_support(spec, target_info, report=report), target_info,
+                         include_tensors)

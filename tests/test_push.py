@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.client
 import json
@@ -71,18 +72,20 @@ def draft_dir(tmp_path) -> str:
 
 @pytest.fixture
 def rules(monkeypatch):
-    """Stand in for eaglekit.rules behind push's default validation; set `.findings` to what it should report."""
-    module = types.ModuleType("eaglekit.rules")
-    module.findings = []
-    module.engines = []
+    """Push's default validation, recorded: the real rules run, with `.findings` (when set) standing in for what it
+    found; `.engines` lists the engine argument of every run."""
+    import eaglekit.rules
 
-    def run_rules(spec, *, engine="vllm"):
-        module.engines.append(engine)
-        return types.SimpleNamespace(findings=list(module.findings))
+    real = eaglekit.rules.run_rules
+    record = types.SimpleNamespace(findings=None, engines=[])
 
-    module.run_rules = run_rules
-    monkeypatch.setitem(sys.modules, "eaglekit.rules", module)
-    return module
+    def run_rules(spec, *, engine="vllm", **kw):
+        record.engines.append(engine)
+        report = real(spec, engine=engine, **kw)
+        return report if record.findings is None else dataclasses.replace(report, findings=list(record.findings))
+
+    monkeypatch.setattr(eaglekit.rules, "run_rules", run_rules)
+    return record
 
 
 def no_findings(spec):
@@ -182,7 +185,7 @@ def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, 
     assert code == 0, err
     doc = json.loads(out)
     jsonschema.validate(doc, SCHEMA)
-    assert rules.engines == ["vllm"] and doc["validated"] is True
+    assert rules.engines == ["all"] and doc["validated"] is True  # one run: vLLM's verdict and the card's
     repo = fake_hub.repo(REPO)
     assert repo.private is True
     assert doc["commit_oid"] == repo.heads["main"] and not doc["dry_run"]

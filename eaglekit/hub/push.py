@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglekit import __version__
 from eaglekit.config_view import REPO_ID
@@ -33,6 +33,9 @@ from eaglekit.provenance import resolved_worse_finetune, untrained_warm_start
 from eaglekit.serving import minimum_versions
 from eaglekit.spec import DraftSpec
 
+if TYPE_CHECKING:
+    from eaglekit.rules import ValidationReport
+
 log = logging.getLogger(__name__)
 
 HUB_ENDPOINTS = ("https://huggingface.co", "https://hub-ci.huggingface.co")  # speak xet; other servers may not
@@ -47,6 +50,7 @@ COMMIT_ATTEMPTS = 3
 RETRY_BACKOFF_S = 1.0
 
 Validator = Callable[[DraftSpec], Any]
+PUSH_ENGINE = "vllm"  # the engine whose rules, with the engine-neutral ones, decide a push
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,7 @@ def push(
     if not os.path.isdir(draft_dir):
         raise CheckpointError("not a draft directory", draft_dir)
     spec = load_draft(draft_dir)
-    findings, validated = _run_validation(spec, validate)
+    findings, validated, rules = _run_validation(spec, validate)
     errors = [f for f in findings if f.severity == "error"]
     if errors and not force:
         first = errors[0]
@@ -249,7 +253,8 @@ def push(
                         "carries the target's licence)")
     figures = report.doc if report is not None else None
     card = build_card(spec, repo_id, target=target, report=figures, findings=findings, validated=validated,
-                      forced=forced, report_mismatches=unbound, license=license, license_link=license_link)
+                      forced=forced, report_mismatches=unbound, license=license, license_link=license_link,
+                      rules=rules)
     manifest = _manifest(spec, target, figures, findings, validated, forced)
     sources = _upload_sources(spec, card, manifest)
     shown = without_credentials(endpoint)
@@ -357,19 +362,20 @@ def check_repo_id(repo_id: str) -> None:
         raise UsageError(f"invalid repo id {quoted(repo_id)}: expected ORG/NAME")
 
 
-def _run_validation(spec: DraftSpec, validate: Validator | None) -> tuple[list[Finding], bool]:
+def _run_validation(spec: DraftSpec, validate: Validator | None) -> tuple[list[Finding], bool, ValidationReport | None]:
+    """The findings that decide the push (vLLM's and the engine-neutral ones), whether rules ran, and the one rules
+    run over every engine that they and the card's serving sections are views of (None with a caller's validator)."""
     if validate is None:
         try:
-            from eaglekit.rules import run_rules
+            from eaglekit.rules import all_rules, run_rules
         except ImportError:
-            return [], False
-
-        def validate(s: DraftSpec) -> Any:
-            return run_rules(s, engine="vllm")
-
+            return [], False, None
+        report = run_rules(spec, engine="all")
+        deciding = {r.code for r in all_rules() if r.engine in (None, PUSH_ENGINE)}
+        return [f for f in report.findings if f.code in deciding], True, report
     outcome = validate(spec)
     findings = getattr(outcome, "findings", outcome)
-    return list(findings or []), True
+    return list(findings or []), True, None
 
 
 def _manifest(

@@ -13,6 +13,7 @@ import numpy as np
 
 from eaglekit.errors import IncompatibleDraftError, bounded_text
 from eaglekit.io.tensors import read_array
+from eaglekit.rules import ValidationReport, run_rules
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
@@ -121,11 +122,16 @@ def _d2t(spec: DraftSpec, target: TargetInfo) -> Check | None:
     return Check("d2t", "pass", f"{Vd} draft ids map to distinct target ids")
 
 
-def _served_as_written(spec: DraftSpec, target: TargetInfo) -> Check:
-    """What vLLM does with these files as they are: the reference decodes eaglekit's reading, which may differ."""
-    from eaglekit.rules import run_rules
+def vllm_rules(spec: DraftSpec, target: TargetInfo, engine_version: str | None = None) -> ValidationReport:
+    """The one rules run a decode command makes: vLLM's reading of the target-applied draft, at the version the
+    command mirrors (the latest modelled by default); the compatibility table and the served section are views of
+    it."""
+    return run_rules(spec, target=target, engine="vllm", engine_version=engine_version,
+                     groups=("structure", "target", "engine"))
 
-    report = run_rules(spec, target=target, engine="vllm", groups=("structure", "target", "engine"))
+
+def _served_as_written(report: ValidationReport) -> Check:
+    """What vLLM does with these files as they are: the reference decodes eaglekit's reading, which may differ."""
     version = report.engines.get("vllm", "")
     errors = [f for f in report.findings if f.severity == "error"]
     if not errors:
@@ -139,14 +145,15 @@ def _served_as_written(spec: DraftSpec, target: TargetInfo) -> Check:
 
 
 def compatibility_checks(spec: DraftSpec, target: TargetInfo, aux_ids: Sequence[int] | None, aux_source: str,
-                         num_aux: int | None) -> list[Check]:
-    """Every check, passing or not (they all go in the report)."""
+                         num_aux: int | None, report: ValidationReport | None = None) -> list[Check]:
+    """Every check, passing or not (they all go in the report). `spec` is the draft as written (what it records
+    itself); `report` the command's rules run (`vllm_rules`), made here for a caller that has none."""
     checks = [_vocab(spec, target), _target_hidden(spec, target), _aux(aux_ids, aux_source, num_aux, target)]
     checks += _shared(spec, target)
     d2t = _d2t(spec, target)
     if d2t is not None:
         checks.append(d2t)
-    checks.append(_served_as_written(spec, target))
+    checks.append(_served_as_written(report or vllm_rules(spec, target)))
     return checks
 
 

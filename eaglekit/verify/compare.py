@@ -17,7 +17,7 @@ from eaglekit.errors import UsageError
 from eaglekit.families import apply_target, load_draft
 from eaglekit.target import read_target
 from eaglekit.target_model import load_target
-from eaglekit.verify.checks import compatibility_checks, refuse_failures
+from eaglekit.verify.checks import compatibility_checks, refuse_failures, vllm_rules
 from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_decode
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.metrics import AcceptanceCounter
@@ -159,7 +159,8 @@ def compare_against(reference: str, drafts: Sequence[str], target: str, options:
         raw = load_draft(path)
         spec = apply_target(raw, info)
         aux_ids, aux_source = resolve_aux_ids(spec, None)
-        refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states), raw.path)
+        refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states,
+                                             vllm_rules(spec, info)), raw.path)
         specs.append((raw.path, spec, aux_ids))
     names = ["draft A", "draft B"] if len(drafts) == 1 else ["reference", *(f"draft {i + 1}"
                                                                             for i in range(len(drafts)))]

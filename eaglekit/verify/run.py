@@ -12,12 +12,12 @@ from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
 from eaglekit.families import apply_target, load_draft
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
-from eaglekit.rules import checked_engines
+from eaglekit.rules import ValidationReport, checked_engines
 from eaglekit.spec import DraftSpec
 from eaglekit.target import read_target, target_config_path
 from eaglekit.target_model import TargetModel, load_target, load_tokenizer
 from eaglekit.verify.acceptance_profile import speculation_profile
-from eaglekit.verify.checks import compatibility_checks, refuse_failures
+from eaglekit.verify.checks import compatibility_checks, refuse_failures, vllm_rules
 from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, check_room, greedy_decode, speculative_decode
 from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.eagle import EagleProposer
@@ -162,7 +162,8 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
     refuse_clobbered_inputs(options, [("draft", raw.path)], target)
     spec = apply_target(raw, info)
     aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
-    checks = compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states)
+    rules = vllm_rules(spec, info, options.engine_version)
+    checks = compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states, rules)
     refuse_failures(checks, raw.path)
     prompts = _prompt_set(options)
 
@@ -218,7 +219,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
 
         served = None
         if not options.as_eaglekit_reads and options.aux_layer_ids is None and not several:
-            served = served_section(spec, info, options, flags, aux_ids, counter,
+            served = served_section(spec, info, rules, options, flags, aux_ids, counter,
                                     lambda reading: _acceptance(model, make_drafter(_flips(flags, reading.flags)),
                                                                 reading.aux_ids, encoded, k, options.max_new_tokens,
                                                                 eos))
@@ -307,11 +308,12 @@ def _flips(ours: dict[str, bool], served: dict[str, bool]) -> dict[str, bool]:
     return {name: value for name, value in served.items() if ours.get(name) != value}
 
 
-def served_section(spec: DraftSpec, info, options: VerifyOptions, flags: dict[str, bool], aux_ids: Sequence[int],
-              counter: AcceptanceCounter, decode: Callable[[ServedReading], AcceptanceCounter]) -> dict:
+def served_section(spec: DraftSpec, info, rules: ValidationReport, options: VerifyOptions, flags: dict[str, bool],
+                   aux_ids: Sequence[int], counter: AcceptanceCounter,
+                   decode: Callable[[ServedReading], AcceptanceCounter]) -> dict:
     """The report's `served` section: vLLM's reading of the files as they are and, where it differs from
     eaglekit's, τ decoded that way beside τ as eaglekit reads the draft (what `eaglekit upgrade` makes vLLM read)."""
-    reading = served_reading(spec, info, options.engine_version, options.vllm_runner)
+    reading = served_reading(spec, info, rules, options.engine_version, options.vllm_runner)
     doc = {**reading.to_dict(), "differs": False, "acceptance_length": None, "per_position_acceptance": None}
     upgraded = f"after `{reading.fix}`" if reading.fix else "as eaglekit reads it"
     if reading.refusal is not None:
@@ -351,7 +353,8 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     refuse_clobbered_inputs(options, [("draft", raw.path)], target)
     spec = apply_target(raw, info)
     aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
-    refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states), raw.path)
+    refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states,
+                                         vllm_rules(spec, info, options.engine_version)), raw.path)
     prompts = _prompt_set(options)
     if prompts.turns != len(prompts.prompts):
         raise UsageError("--turns all asks each turn after the target's answer to the one before: use --engine both "

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eaglekit.engines import LATEST, VLLM, parse_version, vllm_default_runner, vllm_runner_ids, vllm_view
+from eaglekit.rules import ValidationReport
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
@@ -33,12 +34,11 @@ class ServedReading:
                 "silent": list(self.silent)}
 
 
-def served_reading(spec: DraftSpec, target: TargetInfo, version: str | None = None,
+def served_reading(spec: DraftSpec, target: TargetInfo, report: ValidationReport, version: str | None = None,
                    runner: str | None = None) -> ServedReading:
     """vLLM `version` (default: the latest modelled) with `runner` (default: that version's default runner for this
-    target) reading the draft's files as they are."""
-    from eaglekit.rules import run_rules
-
+    target) reading the draft's files as they are; `report` is the command's vLLM rules run at that version (its
+    refusals and fix)."""
     parsed = parse_version(version or LATEST[VLLM])
     runner = runner or vllm_default_runner(parsed, target.architectures[0] if target.architectures else None)
     view = vllm_view(spec, parsed)
@@ -52,8 +52,6 @@ def served_reading(spec: DraftSpec, target: TargetInfo, version: str | None = No
         source = "eagle_aux_hidden_state_layer_ids (top level, else eagle_config)"
     flags = {"fc_norm": view.fc_norm, "norm_output": view.norm_output, "norm_before_fc": view.norm_before_fc,
              "norm_before_residual": view.norm_before_residual}
-    report = run_rules(spec, target=target, engine=VLLM, engine_version=version,
-                       groups=("structure", "target", "engine"))
     refusals = [f for f in report.findings if f.refuses_load]
     refusal = (f"{refusals[0].code} {refusals[0].message}" + (f" (+{len(refusals) - 1} more)" if len(refusals) > 1
                                                               else "")) if refusals else None
