@@ -371,8 +371,8 @@ def _run_validation(spec: DraftSpec, validate: Validator | None) -> tuple[list[F
         except ImportError:
             return [], False, None
         report = run_rules(spec, engine="all")
-        deciding = {r.code for r in all_rules() if r.engine in (None, PUSH_ENGINE)}
-        return [f for f in report.findings if f.code in deciding], True, report
+        other_engines = {r.code for r in all_rules() if r.engine not in (None, PUSH_ENGINE)}
+        return [f for f in report.findings if f.code not in other_engines], True, report
     outcome = validate(spec)
     findings = getattr(outcome, "findings", outcome)
     return list(findings or []), True, None
