@@ -82,24 +82,15 @@ def resolve_target(value: str) -> str:
         if not os.path.exists(value):
             raise CheckpointError("no such file or directory", value)
         return value
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from eaglekit.io.hub_client import HubFetchError, hub_snapshot
 
-    from eaglekit.io.hub_client import bounded_hub_client
-
-    bounded_hub_client()
     try:
-        return snapshot_download(value, allow_patterns=TARGET_FILES, local_files_only=True)
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
-        pass
-    try:
-        return snapshot_download(value, allow_patterns=TARGET_FILES)
-    except LocalEntryNotFoundError:
-        raise CheckpointError("no local folder of that name, and the Hub id is not in the local Hugging Face cache "
-                              "while the Hub is unreachable (offline?)", value) from None
-    except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise CheckpointError(f"no local folder of that name, and the Hub download failed: "
-                              f"{str(exc).splitlines()[0][:200]}", value) from None
+        return hub_snapshot(value, TARGET_FILES)
+    except HubFetchError as exc:
+        if exc.offline:
+            raise CheckpointError("no local folder of that name, and the Hub id is not in the local Hugging Face "
+                                  "cache while the Hub is unreachable (offline?)", value) from None
+        raise CheckpointError(f"no local folder of that name, and the Hub download failed: {exc}", value) from None
 
 
 def target_config_path(path: str) -> str:

@@ -637,3 +637,26 @@ def test_an_untrained_warm_start_is_refused_unless_forced_and_the_card_says_so(f
     result = push(warm, REPO, token=fake_hub.token, endpoint=fake_hub.endpoint, dry_run=True, force=True)
     assert result.forced and "Warning: untrained warm start" in result.card
     assert "forced despite validation errors" not in result.card
+
+
+def test_targets_and_the_push_config_lookup_share_one_hub_resolver(tmp_path, monkeypatch):
+    """A cached Hub id resolves the same way for `--target` and for the config push compares a report with; an
+    unknown one is a failure of that one resolver, which the two callers word their own way."""
+    from eaglekit.errors import CheckpointError
+    from eaglekit.io.hub_client import HubFetchError, hub_snapshot
+    from eaglekit.target import resolve_target
+    from tests.factory import make_target_config
+    from tests.hub_fixtures import prefill_cache
+
+    prefill_cache(str(tmp_path / "hub"), "org/cached", make_target_config(str(tmp_path / "target")))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    folder = hub_snapshot("org/cached", ["config.json"])
+    assert resolve_target("org/cached") == folder
+    assert push_module._hub_config("org/cached", "http://127.0.0.1:9", None) == os.path.join(folder, "config.json")
+    with pytest.raises(HubFetchError) as unknown:
+        hub_snapshot("org/unknown", ["config.json"])
+    assert unknown.value.offline
+    assert push_module._hub_config("org/unknown", "http://127.0.0.1:9", None) is None
+    with pytest.raises(CheckpointError, match="not in the local Hugging Face cache"):
+        resolve_target("org/unknown")

@@ -27,7 +27,14 @@ from eaglekit.families import load_draft
 from eaglekit.findings import Finding
 from eaglekit.hub.card import build_card, is_repo_id, provenance, recorded_target
 from eaglekit.io.checkpoint import INDEX_NAME
-from eaglekit.io.hub_client import bounded_hub_client, check_endpoint, quiet_hub_logging, without_credentials
+from eaglekit.io.hub_client import (
+    HubFetchError,
+    bounded_hub_client,
+    check_endpoint,
+    hub_snapshot,
+    transport_errors,
+    without_credentials,
+)
 from eaglekit.io.jsonfile import finite, load_json_object
 from eaglekit.provenance import resolved_worse_finetune, untrained_warm_start
 from eaglekit.serving import minimum_versions
@@ -289,23 +296,13 @@ def declared_target(value: str | None, spec: DraftSpec) -> PushTarget:
 
 def _hub_config(repo_id: str, endpoint: str, token: str | None) -> str | None:
     """The Hub id's config.json: from the local Hugging Face cache, else fetched from the push's endpoint (a few
-    KB); None when neither works (offline, gated, unknown or unreachable).
-
-    One HEAD without the client's retries comes first: an unreachable endpoint fails in one attempt, not after
-    the download's backoff, and the client logs nothing (its messages quote the endpoint with its credentials)."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    cached = try_to_load_from_cache(repo_id, "config.json")
-    if isinstance(cached, str):
-        return cached
-    bounded_hub_client()
-    with quiet_hub_logging():
-        try:
-            get_hf_file_metadata(hf_hub_url(repo_id, "config.json", endpoint=endpoint), token=token)
-            return hf_hub_download(repo_id, "config.json", endpoint=endpoint, token=token)
-        except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError, *_transport_errors()):
-            return None
+    KB, after one quiet probe); None when neither works (offline, gated, unknown or unreachable)."""
+    try:
+        folder = hub_snapshot(repo_id, ["config.json"], endpoint=endpoint, token=token, probe="config.json")
+    except HubFetchError:
+        return None
+    config = os.path.join(folder, "config.json")
+    return config if os.path.isfile(config) else None
 
 
 def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTarget, *,
@@ -536,21 +533,12 @@ def _lfs_unless_hub(result: PushResult) -> Iterator[None]:
         constants.HF_HUB_DISABLE_XET = False
 
 
-def _transport_errors() -> tuple[type[Exception], type[Exception]]:
-    """(connect error, any transport error) of the HTTP client huggingface_hub uses (httpx2 from 2.0, httpx before)."""
-    try:
-        import httpx2 as http
-    except ImportError:
-        import httpx as http
-    return http.ConnectError, http.TransportError
-
-
 @contextmanager
 def _hub_errors(endpoint: str, repo_id: str, revision: str | None) -> Iterator[None]:
     """Turn client exceptions into one-line EaglekitErrors that never include the token."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RevisionNotFoundError
 
-    connect_error, transport_error = _transport_errors()
+    connect_error, transport_error = transport_errors()
     try:
         yield
     except OfflineModeIsEnabled:

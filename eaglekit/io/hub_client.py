@@ -7,6 +7,9 @@ or connect. The client's own retries and backoff stay as they are.
 An endpoint may carry credentials (`https://user:password@host`, from --endpoint or HF_ENDPOINT): every URL
 eaglekit prints or returns goes through `without_credentials` first, and an endpoint that is not a plain http(s)
 URL is refused (`check_endpoint`) without being quoted.
+
+`hub_snapshot` is the one way eaglekit reads files of a Hub repository it does not publish (a target, the config a
+push compares a report with): the local Hugging Face cache first, then a download through the bounded client.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
@@ -81,3 +84,48 @@ def bounded_hub_client() -> None:
         return client
 
     set_client_factory(factory)
+
+
+class HubFetchError(Exception):
+    """A Hub repository's files are neither in the local cache nor fetched; `offline`: the Hub could not be reached
+    (as opposed to it answering with an error). The message quotes no URL."""
+
+    def __init__(self, message: str, offline: bool):
+        super().__init__(message)
+        self.offline = offline
+
+
+def transport_errors() -> tuple[type[Exception], type[Exception]]:
+    """(connect error, any transport error) of the HTTP client huggingface_hub uses (httpx2 from 2.0, httpx before)."""
+    try:
+        import httpx2 as http
+    except ImportError:
+        import httpx as http
+    return http.ConnectError, http.TransportError
+
+
+def hub_snapshot(repo_id: str, patterns: Sequence[str], *, endpoint: str | None = None, token: str | None = None,
+                 probe: str | None = None) -> str:
+    """The local folder holding the files of Hub repository `repo_id` that match `patterns`: the cached snapshot when
+    there is one, else downloaded from `endpoint` (huggingface_hub's default when None) with the client's log lines
+    silenced. `probe`: a file whose metadata is asked for first, without the client's retries, so that an
+    unreachable endpoint fails in one attempt rather than after the download's backoff. Raises HubFetchError."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(repo_id, allow_patterns=list(patterns), local_files_only=True)
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
+        pass
+    bounded_hub_client()
+    with quiet_hub_logging():
+        try:
+            if probe is not None:
+                get_hf_file_metadata(hf_hub_url(repo_id, probe, endpoint=endpoint), token=token)
+            return snapshot_download(repo_id, allow_patterns=list(patterns), endpoint=endpoint, token=token)
+        except LocalEntryNotFoundError:
+            raise HubFetchError("not in the local Hugging Face cache and the Hub is unreachable (offline?)",
+                                offline=True) from None
+        except (HfHubHTTPError, OSError, ValueError, *transport_errors()) as exc:
+            first = without_credentials(str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            raise HubFetchError(first, offline=False) from None
