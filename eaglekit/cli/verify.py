@@ -92,10 +92,10 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
         raise UsageError("--profile-out describes the chat template at one context length: give one "
                          "--context-tokens value and --template chat")
     if plot:
-        if engine == "vllm":
+        if options.engine_only:
             raise UsageError("--plot draws the reference decode's conditions: use --engine reference or both")
         check_plot_path(plot)
-    if engine == "vllm":
+    if options.engine_only:
         doc = verify_in_engine(draft, target, options)
         if save_report:
             _write_json(save_report, doc)

@@ -28,7 +28,9 @@ from eaglekit.verify.report import Condition, DecodeSettings, PromptOutcome, Ver
 from eaglekit.verify.served import ServedReading, served_reading
 from eaglekit.verify.stats import by_category, tau_interval
 
-ENGINES = ("reference", "vllm", "both")
+REFERENCE, ENGINE_ALONE, BOTH = "reference", "vllm", "both"
+ENGINES = (REFERENCE, ENGINE_ALONE, BOTH)
+"""What verify runs: eaglekit's reference decode, the vLLM engine alone, or both and compares them."""
 AUX_IDS_IN_LOG = re.compile(r"\[([\d,\s]+)\]|\(([\d,\s]+)\)")
 TIE_TOLERANCE = {"float32": 1e-2, "float16": 0.1, "bfloat16": 0.5}
 """Top-1 minus top-2 logit of the target below which a divergence is a numerical tie: verifying k+1 rows at once
@@ -65,6 +67,11 @@ class VerifyOptions:
         contexts = (self.context_tokens,) if isinstance(self.context_tokens, int) else tuple(self.context_tokens)
         templates = (self.template,) if isinstance(self.template, str) else tuple(self.template)
         return tuple(Condition(template, context) for template in templates for context in contexts)
+
+    @property
+    def engine_only(self) -> bool:
+        """The engine alone decodes (no reference decode to draw or compare)."""
+        return self.engine == ENGINE_ALONE
 
     def at(self, condition: Condition) -> "VerifyOptions":
         """These options for one condition of the sweep."""
