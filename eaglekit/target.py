@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from eaglekit.config_view import REPO_ID
 from eaglekit.errors import CheckpointError
@@ -167,7 +168,8 @@ def read_target(path: str, *, weights: bool = False) -> TargetInfo:
         raise CheckpointError("target config not found (give a model directory or its config.json)", cfg_path)
     check_inside(cfg_path, symlink_root(os.path.dirname(os.path.abspath(cfg_path))), cfg_path)
     cfg = load_json_object(cfg_path, "target config")
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text_config = cfg.get("text_config")
+    text: dict[str, Any] = text_config if isinstance(text_config, dict) else cfg
     L, T, V = (_positive_int(text, k, cfg_path) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
     for key in SIZES_WHERE_WRITTEN:
         if text.get(key) is not None:

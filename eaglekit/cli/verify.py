@@ -130,10 +130,10 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
 
     for report in sweep.reports:
         if not report.lossless:
-            bad = [o for o in report.outcomes if not o.identical and not o.divergence["numerical_tie"]]
+            bad = [o for o in report.outcomes if not o.identical and not (o.divergence or {}).get("numerical_tie")]
             raise EaglekitError(f"{draft}: speculative output differs from the target's own greedy output"
                                 f"{under(report)} on {len(bad)} prompt(s) (first: {bad[0].name!r} at token "
-                                f"{bad[0].divergence['position']})")
+                                f"{(bad[0].divergence or {}).get('position')})")
     for report in sweep.reports:
         if not report.passed:
             raise EaglekitError(f"{draft}: mean acceptance length {report.acceptance_length:.2f}{under(report)} is "

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eaglekit import __version__
-from eaglekit.config_view import REPO_ID
+from eaglekit.config_view import REPO_ID, nested
 from eaglekit.engines import LABELS
 from eaglekit.errors import CheckpointError, EaglekitError, UsageError, quoted
 from eaglekit.families import load_draft
@@ -245,7 +245,7 @@ def push(
     declared = declared_target(target, spec)
     target = declared.repo_id
     unbound = report_mismatches(report.doc, spec, declared, endpoint=endpoint, token=token) if report else []
-    if unbound and not force:
+    if report is not None and unbound and not force:
         raise EaglekitError(f"refusing this verify report: {unbound[0]} (rerun `eaglekit verify`, or pass --force: "
                             "the card then says so)", report.path)
     forced = bool(errors) or bool(warm_start) or bool(worse) or bool(unbound)
@@ -323,7 +323,7 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTa
     problems += [f"the report measured no {name}" for name in sorted(set(ours) - set(theirs))]
     problems += [f"the report measured {quoted(name)}, which is not in the draft"
                  for name in sorted(set(theirs) - set(ours))]
-    recorded = measured.get("target") if isinstance(measured.get("target"), Mapping) else {}
+    recorded = nested(measured, "target")
     origin, digest, folder = recorded.get("name_or_path"), recorded.get("config_sha256"), quoted(recorded.get("folder"))
     if target.config:
         where = os.path.dirname(os.path.abspath(target.config))

@@ -98,10 +98,13 @@ class HubFetchError(Exception):
 def transport_errors() -> tuple[type[Exception], type[Exception]]:
     """(connect error, any transport error) of the HTTP client huggingface_hub uses (httpx2 from 2.0, httpx before)."""
     try:
-        import httpx2 as http
+        import httpx2
+
+        return httpx2.ConnectError, httpx2.TransportError
     except ImportError:
-        import httpx as http
-    return http.ConnectError, http.TransportError
+        import httpx
+
+        return httpx.ConnectError, httpx.TransportError
 
 
 def hub_snapshot(repo_id: str, patterns: Sequence[str], *, endpoint: str | None = None, token: str | None = None,
