@@ -1,31 +1,13 @@
-"""Canonical tensor names: no `model.` prefix, `layers.{i}.`, current names for legacy ones."""
+"""Canonical tensor names: no `model.` prefix, `layers.{i}.`, current names for legacy ones (eaglekit.catalogue)."""
 
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+
+from eaglekit.catalogue import DOUBLE_INDEX, FC_NORM, LAYER, LEGACY_NAMES, SINGLE_LAYER_PREFIX, layer_index
 
 _MIDLAYER_MULTI = re.compile(r"^midlayer\.(\d{1,9})\.")
-_LAYER_INDEX = re.compile(r"^layers\.(\d{1,9})\.")
-FC_NORM = re.compile(r"^fc_norm\.(\d{1,6})\.weight$")
-"""Canonical name of the EAGLE-3.1 norm of aux state k."""
-
-
-class LegacyName(NamedTuple):
-    canonical: str  # the prefix it is renamed to
-    producer: str
-    renamed_by: tuple[str, ...] = ()  # engines whose loader renames it themselves
-
-
-LEGACY_NAMES: dict[str, LegacyName] = {
-    "aux_norm_low.": LegacyName("fc_norm.0.", "older SGLang exports", renamed_by=("sglang",)),
-    "aux_norm_mid.": LegacyName("fc_norm.1.", "older SGLang exports", renamed_by=("sglang",)),
-    "aux_norm_high.": LegacyName("fc_norm.2.", "older SGLang exports", renamed_by=("sglang",)),
-    "context_proj.": LegacyName("fc.", "the TorchSpec fork"),
-    "context_norm.": LegacyName("hidden_norm.", "the TorchSpec fork"),
-    "final_norm.": LegacyName("norm.", "the TorchSpec fork"),
-}
-"""Tensor names of earlier producers: eaglekit reads them under the canonical names and upgrade renames them."""
+__all__ = ["FC_NORM", "LEGACY_NAMES", "canonical_name", "layer_index", "legacy_pattern", "name_forms"]
 
 
 def legacy_pattern(engine: str) -> re.Pattern[str]:
@@ -45,11 +27,11 @@ def name_forms(names: list[str]) -> set[str]:
             forms.add("draft_model.")
         if _MIDLAYER_MULTI.match(n):
             forms.add("midlayer.{i}.")
-        elif n.startswith("midlayer."):
-            forms.add("midlayer.")
-        if re.match(r"^layers\.\d+\.\d+\.", n):
+        elif n.startswith(SINGLE_LAYER_PREFIX):
+            forms.add(SINGLE_LAYER_PREFIX)
+        if DOUBLE_INDEX.match(n):
             forms.add("layers.0.0.")
-        elif _LAYER_INDEX.match(n):
+        elif LAYER.match(n):
             forms.add("layers.{i}.")
         if any(n.startswith(k) or f".{k}" in n for k in LEGACY_NAMES):
             forms.add("legacy")
@@ -62,16 +44,11 @@ def canonical_name(name: str) -> str:
     m = _MIDLAYER_MULTI.match(name)
     if m:
         name = f"layers.{m.group(1)}." + name[m.end() :]
-    elif name.startswith("midlayer."):
-        name = "layers.0." + name[len("midlayer.") :]
+    elif name.startswith(SINGLE_LAYER_PREFIX):
+        name = "layers.0." + name[len(SINGLE_LAYER_PREFIX) :]
     for old, (new, *_) in LEGACY_NAMES.items():
         if name.startswith(old):
             name = new + name[len(old) :]
         elif old in name:
             name = name.replace("." + old, "." + new)
     return name
-
-
-def layer_index(name: str) -> int | None:
-    m = _LAYER_INDEX.match(name)
-    return int(m.group(1)) if m else None

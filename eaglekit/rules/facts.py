@@ -8,10 +8,6 @@ from typing import Any
 from eaglekit.config_view import as_ids, nested
 from eaglekit.spec import DraftSpec
 
-DEDICATED = re.compile(r"^(fc_norm\.\d+\.weight|input_norm\.weight|d2t|t2d|lm_head\.weight|embed_tokens\.weight"
-                       r"|fc\.bias|mask_hidden)$")
-DOUBLE_INDEX = re.compile(r"^layers\.\d+\.\d+\.")
-
 
 def layer_config(spec: DraftSpec) -> dict[str, Any]:
     """Where the decoder geometry lives: transformer_layer_config for the speculators layout, else the top level."""

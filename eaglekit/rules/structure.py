@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+from eaglekit.catalogue import DOUBLE_INDEX, layer_index, reported_elsewhere
 from eaglekit.config_view import int_at
 from eaglekit.errors import quoted
-from eaglekit.families.names import layer_index
 from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.rules.expected import (
     QUANTISED_WEIGHT_DTYPES,
     format_shape,
     quant_companions,
+    quantization_config,
     shape_matches,
     tolerated_extra,
     unscaled_weights,
 )
 from eaglekit.rules.facts import (
-    DEDICATED,
-    DOUBLE_INDEX,
     examples,
     fmt_ids,
     layer_config,
@@ -68,7 +67,7 @@ def layer_gaps(ctx: RuleContext):
 def missing_tensors(ctx: RuleContext):
     empty = set(_empty_layers(ctx))
     for e in ctx.expectations:
-        if not e.required or e.name in ctx.spec.tensors or DEDICATED.match(e.name):
+        if not e.required or e.name in ctx.spec.tensors or reported_elsewhere(e.name):
             continue
         if layer_index(e.name) in empty or _megatron_slot(ctx, e.name):
             continue
@@ -81,7 +80,7 @@ def unexpected_tensors(ctx: RuleContext):
     spec = ctx.spec
     expected = {e.name for e in ctx.expectations}
     for name, ref in spec.tensors.items():
-        if name in expected or DEDICATED.match(name) or DOUBLE_INDEX.match(name) or tolerated_extra(spec, name):
+        if name in expected or reported_elsewhere(name) or DOUBLE_INDEX.match(name) or tolerated_extra(spec, name):
             continue
         if ref.source_name.startswith("draft_model."):
             continue
@@ -93,7 +92,7 @@ def unexpected_tensors(ctx: RuleContext):
 @rule("EK105", "error", "structure", "P43", "a tensor's shape disagrees with the geometry")
 def tensor_shapes(ctx: RuleContext):
     spec = ctx.spec
-    quantised = "quantization_config" in spec.config
+    quantised = quantization_config(spec) is not None
     fc_in = spec.facts.fc_in_features
     T = spec.geometry.target_hidden_size or spec.geometry.hidden_size
     for e in ctx.expectations:
@@ -125,7 +124,7 @@ def tensor_dtypes(ctx: RuleContext):
       refuses_upgrade=True)
 def weight_dtypes(ctx: RuleContext):
     spec = ctx.spec
-    quantised = isinstance(spec.config.get("quantization_config"), dict)
+    quantised = quantization_config(spec) is not None
     for e in ctx.expectations:
         ref = spec.tensors.get(e.name)
         if ref is None or e.kind != "float" or ref.dtype in FLOAT_DTYPES:
@@ -146,7 +145,7 @@ def quantisation_tensors(ctx: RuleContext):
 
 @rule("EK160", "error", "structure", None, "a quantised weight without its weight_scale", refuses_upgrade=True)
 def unscaled_quantised_weights(ctx: RuleContext):
-    qcfg = ctx.spec.config.get("quantization_config")
+    qcfg = quantization_config(ctx.spec)
     for name in unscaled_weights(ctx.spec):
         scale = f"{name.removesuffix('.weight')}.weight_scale"
         yield Hit(f"{name} is {ctx.spec.tensors[name].dtype} but there is no {scale}: vLLM's "

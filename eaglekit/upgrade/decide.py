@@ -146,7 +146,7 @@ def _trained_flags(spec: DraftSpec, opts: UpgradeOptions, warnings: list[str]) -
     if fc_norm and not opts.fc_norm:
         raise UsageError("the source is trained with fc_norm; removing it would change the function "
                          "(drop --no-fc-norm)")
-    norm_output = spec.flags.norm_output and not spec.flags.norm_output_legacy_specforge
+    norm_output = spec.flags.norm_output
     if spec.facts.norm_output_meaning_versioned and spec.facts.norm_output_written:
         warnings.append("SpecForge before PR #879 gave norm_output another meaning (P35): check the SpecForge "
                         "version this draft was trained with")
@@ -252,15 +252,13 @@ def _function(spec: DraftSpec, fc_norm_init: str | None, norm_output_added: bool
     return level, [why for _, why in changes]
 
 
-def refuse_unconvertible(spec: DraftSpec, to: str) -> None:
+def refuse_unconvertible(spec: DraftSpec, engine: str) -> None:
     """Stop before anything is decided when the source has an error no conversion can carry (a config value of the
     wrong type or range, a quantisation tensor without a faithful place, a non-float weight, a value the output's
     engine refuses): the same findings validate reports, never a default in their place."""
-    from eaglekit.engines import LLAMACPP
     from eaglekit.rules import upgrade_refusals
-    from eaglekit.upgrade.dialects import get_dialect
 
-    refusals = upgrade_refusals(spec, LLAMACPP if to == "gguf" else get_dialect(to).ENGINE)
+    refusals = upgrade_refusals(spec, engine)
     if refusals:
         first = refusals[0]
         more = f" (and {len(refusals) - 1} more: eaglekit validate lists them)" if len(refusals) > 1 else ""
@@ -268,7 +266,15 @@ def refuse_unconvertible(spec: DraftSpec, to: str) -> None:
 
 
 def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> Decisions:
-    refuse_unconvertible(spec, opts.to)
+    from eaglekit.upgrade.dialects import get_dialect
+
+    dialect = get_dialect(opts.to)
+
+    def cannot_write(feature: str) -> None:
+        if feature in dialect.CANNOT_WRITE:
+            raise UsageError(f"--to {dialect.NAME}: {dialect.CANNOT_WRITE[feature]}")
+
+    refuse_unconvertible(spec, dialect.ENGINE)
     warnings: list[str] = []
     if "fc.weight" not in spec.tensors:
         raise CheckpointError("no fc.weight: an EAGLE-1-style draft without aux hidden states cannot become "
@@ -280,18 +286,10 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
                               "(pass --target, or write target_hidden_size)", spec.path)
     if target is not None and t != target.hidden_size:
         raise UsageError(f"draft expects target hidden size T={t}, the target has {target.hidden_size}")
-    if spec.attention == "mla" and opts.to == "speculators":
-        raise UsageError("MLA drafts cannot be written in the speculators layout (vLLM maps only llama and qwen3 "
-                         "there, P31): use --to vllm or --to sglang")
-    if spec.attention == "qwen3" and opts.to in ("sglang", "trtllm", "gguf"):
-        raise UsageError(f"--to {opts.to}: that engine has no EAGLE-3 draft class with Qwen3 q/k norms; use --to vllm "
-                         "or --to speculators")
-
-    trained_31 = bool(spec.facts.fc_norm_tensor_ids) or (spec.flags.norm_output
-                                                          and not spec.flags.norm_output_legacy_specforge)
-    if opts.to == "gguf" and trained_31:
-        raise UsageError("--to gguf: the source is an EAGLE-3.1 draft (trained fc_norm / norm_output), which "
-                         "llama.cpp cannot run; serve it with vLLM, SGLang, TensorRT-LLM or tokenspeed")
+    if spec.attention in ("mla", "qwen3"):
+        cannot_write(spec.attention)
+    if spec.facts.fc_norm_tensor_ids or spec.flags.norm_output:
+        cannot_write("eagle31")
     aux = _aux(spec, opts, target, k, warnings)
     vocab_size = _vocab_size(spec, target, warnings)
     source_fc_norm, source_norm_output, norm_before_fc = _trained_flags(spec, opts, warnings)
@@ -309,13 +307,12 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
     if spec.geometry.max_position_embeddings is None and target is None:
         warnings.append("max_position_embeddings is not in the source config: pass --target to take the target's "
                         "(engines otherwise assume their own default)")
-    if opts.to == "sglang" and nbr:
-        raise UsageError("--to sglang: this draft uses norm_before_residual true, and SGLang has no such switch "
-                         "(it always behaves as false): it cannot be served faithfully there (P12)")
-    if opts.to == "speculators" and (opts.fc_norm or opts.norm_output or source_fc_norm or source_norm_output):
-        warnings.append("the speculators layout carries the 3.1 flags only for vLLM >= 0.25.0 (P9)")
+    if nbr:
+        cannot_write("norm_before_residual")
+    if "eagle31" in dialect.CAVEATS and (opts.fc_norm or opts.norm_output or source_fc_norm or source_norm_output):
+        warnings.append(dialect.CAVEATS["eagle31"])
 
-    return Decisions(
+    decisions = Decisions(
         dialect=opts.to,
         attention=spec.attention,
         num_aux=k,
@@ -338,3 +335,7 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
         target=target,
         warnings=warnings,
     )
+    why = dialect.refusal(spec, decisions, target)
+    if why:
+        raise UsageError(f"--to {dialect.NAME}: {why}")
+    return decisions

@@ -1,4 +1,5 @@
-"""`eaglekit upgrade --to gguf`: an EAGLE-3 draft as the GGUF llama.cpp loads with `--spec-type draft-eagle3`.
+"""The GGUF writer of `eaglekit upgrade --to gguf`: the plan's tensors as the GGUF llama.cpp loads with
+`--spec-type draft-eagle3`, written beside DST, read back and checked, renamed into place.
 
 What llama.cpp's eagle3 loader reads (src/models/eagle3.cpp, as read at build b11434) and its converter writes:
 arch `eagle3`; `eagle3.target_layers` (exactly three, input-of-layer: vLLM's convention) and
@@ -7,7 +8,7 @@ arch `eagle3`; `eagle3.target_layers` (exactly three, input-of-layer: vLLM's con
 (I64); `t2d` dropped; `input_norm` (norm_before_fc) as `enc.output_norm`; a missing token_embd / output borrowed
 from the target. Unlike llama.cpp's own converter, the target layers written are the ids the draft was trained
 on wherever its config records them. The target's tokenizer is copied from its GGUF, so llama.cpp's draft/target
-vocabulary check passes. EAGLE-3.1 drafts are refused: llama.cpp has no fc_norm or norm_output.
+vocabulary check passes. What it cannot write is refused by the dialect (eaglekit.upgrade.dialects.gguf).
 """
 
 from __future__ import annotations
@@ -15,75 +16,30 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
-from eaglekit.engines.llamacpp import ARCH, NUM_TARGET_LAYERS
+from eaglekit.engines.llamacpp import ARCH
 from eaglekit.errors import CheckpointError, OutputError, UsageError
-from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf
-from eaglekit.io.writer import ByteRange, OutTensor, iter_file_chunks
+from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf, write_gguf
+from eaglekit.io.writer import ByteRange, OutTensor, check_parent, iter_file_chunks, publish_file
+from eaglekit.provenance import hash_files, placeholders, source_files
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 from eaglekit.upgrade.decide import Decisions
 from eaglekit.upgrade.encode import decode
-from eaglekit.upgrade.plan import TensorStep
+from eaglekit.upgrade.output import OutputJob
+from eaglekit.upgrade.plan import TensorStep, UpgradePlan
 
-TOP_NAMES = {"fc.weight": "fc.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight",
-             "embed_tokens.weight": "token_embd.weight", "input_norm.weight": "enc.output_norm.weight", "d2t": "d2t"}
-LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "hidden_norm.weight": "attn_norm_2.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-DROPPED = {"t2d": "llama.cpp scatters the draft logits with d2t alone"}
 FLOAT_TYPES = ("F32", "F16", "BF16")
 FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32}  # llama.cpp's llama_ftype of a file whose matrices are all this type
 
 
-def gguf_name(canonical: str) -> str | None:
-    if canonical in TOP_NAMES:
-        return TOP_NAMES[canonical]
-    if canonical.startswith("layers.0."):
-        rest = LAYER_NAMES.get(canonical[len("layers.0."):])
-        return f"blk.0.{rest}" if rest else None
-    return None
-
-
-def refusals(spec: DraftSpec, d: Decisions, target: TargetInfo | None) -> str | None:
-    """Why this draft cannot become an upstream llama.cpp EAGLE-3 GGUF (None: it can)."""
-    if d.fc_norm or d.norm_output:
-        what = [n for n, on in (("fc_norm", d.fc_norm), ("norm_output", d.norm_output)) if on]
-        return (f"{' and '.join(what)}: llama.cpp's EAGLE-3 draft has no such function; an EAGLE-3.1 draft cannot be "
-                "written as GGUF for it (an EAGLE-3 source needs --no-fc-norm --no-norm-output)")
-    if d.num_aux != NUM_TARGET_LAYERS:
-        return f"K={d.num_aux} target states: llama.cpp's eagle3 loader takes exactly {NUM_TARGET_LAYERS}"
-    if spec.geometry.num_layers != 1:
-        return f"{spec.geometry.num_layers} decoder layers: llama.cpp's eagle3 graph has exactly one"
-    if spec.attention != "llama" or spec.geometry.attention_bias:
-        kind = "attention bias" if spec.geometry.attention_bias else f"{spec.attention} attention"
-        return f"{kind}: llama.cpp's eagle3 draft is Llama attention without bias"
-    scaling = spec.geometry.rope_scaling
-    if scaling and _rope_type(scaling) not in ("llama3", "default"):
-        return f"rope_scaling {_rope_type(scaling)!r}: llama.cpp's eagle3 draft reads llama3 rope factors only"
-    if target is None or not target.path.endswith(".gguf"):
-        return ("--target must be the target's GGUF file: its tokenizer goes into the draft, whose vocabulary "
-                "llama.cpp checks against the target's")
-    unsupported = sorted(n for n in spec.tensors if gguf_name(n) is None and n not in DROPPED)
-    if unsupported:
-        return f"tensors llama.cpp's eagle3 draft has no place for: {', '.join(unsupported[:4])}"
-    return None
-
-
-def _rope_type(scaling: dict) -> str:
+def rope_type(scaling: dict) -> str:
     return str(scaling.get("rope_type") or scaling.get("type") or "default")
 
 
@@ -138,32 +94,37 @@ class GgufPlan:
     fields: list[GgufField]
 
 
-def plan_gguf(spec: DraftSpec, d: Decisions, out: list[OutTensor], target_gguf: GgufContents,
+def plan_gguf(spec: DraftSpec, d: Decisions, plan: UpgradePlan, out: list[OutTensor], target_gguf: GgufContents,
               provenance: dict) -> GgufPlan:
+    """The plan's tensors in llama.cpp's encodings (in canonical-name order), and the metadata fields."""
     gguf = gguf_module()
     V = gguf.GGUFValueType
     g = spec.geometry
     tensors, steps = [], []
     heads = {"layers.0.self_attn.q_proj.weight": g.num_heads, "layers.0.self_attn.k_proj.weight": g.num_kv_heads}
     by_name = {t.name: t for t in out}
-    for t in out:
-        if t.name in DROPPED:
-            steps.append(TensorStep("", "drop", t.dtype, t.shape, t.name, None, DROPPED[t.name]))
+    for step in sorted(plan.steps, key=lambda s: s.canonical):
+        if step.action == "drop":
+            steps.append(step)
             continue
-        name = gguf_name(t.name)
-        if t.name == "d2t":
+        t = by_name[step.name]
+        if step.canonical == "d2t":
             ggml, note = "I64", "absolute target ids (d2t[i] + i)"
         elif t.dtype not in FLOAT_TYPES:
-            raise UsageError(f"tensor {t.name} is {t.dtype}: GGUF output takes F32, F16 or BF16 weights")
+            raise UsageError(f"tensor {step.canonical} is {t.dtype}: GGUF output takes F32, F16 or BF16 weights")
         elif len(t.shape) == 1:
             ggml, note = "F32", "norm in F32, as llama.cpp keeps 1-D tensors"
         else:
             ggml, note = t.dtype, ""
-        if t.name in heads:
-            note = f"rows interleaved per head ({heads[t.name]} heads) for llama.cpp's rope"
-        tensors.append(GgufTensor(name, t.shape, ggml, _maker(t, ggml, heads.get(t.name))))
-        steps.append(TensorStep(name, "transform" if note else "rename", ggml, t.shape, t.name, None, note))
-    if _rope_type(g.rope_scaling or {}) == "llama3":
+        if step.canonical in heads:
+            note = f"rows interleaved per head ({heads[step.canonical]} heads) for llama.cpp's rope"
+        tensors.append(GgufTensor(t.name, t.shape, ggml, _maker(t, ggml, heads.get(step.canonical))))
+        if note:
+            step = replace(step, action="transform", dtype=ggml, note=note)
+        elif step.action == "rename":
+            step = replace(step, note="")  # to llama.cpp's name, not the canonical one
+        steps.append(step)
+    if rope_type(g.rope_scaling or {}) == "llama3":
         factors = llama3_rope_factors(g.rope_scaling, g.rope_theta, g.head_dim)
         tensors.append(GgufTensor("rope_freqs.weight", factors.shape, "F32", lambda: factors))
         steps.append(TensorStep("rope_freqs.weight", "add", "F32", factors.shape, None, None,
@@ -248,3 +209,39 @@ def destination_problem(destination: str, force: bool) -> str | None:
     if os.path.lexists(destination) and not force:
         return f"{destination} exists (pass --force to replace it once the new file is complete)"
     return None
+
+
+def check_destination(destination: str, force: bool) -> None:
+    problem = destination_problem(destination, force)
+    if problem:
+        raise UsageError(problem)
+    check_parent(destination)
+
+
+def _gguf_plan(job: OutputJob, digests: dict[str, str]) -> GgufPlan:
+    target_gguf, _ = read_gguf(job.target.path)
+    return plan_gguf(job.spec, job.d, job.plan, job.tensors(), target_gguf, job.provenance(digests))
+
+
+def contents(job: OutputJob) -> tuple[list[TensorStep], dict[str, Any], int]:
+    """What the report lists as written: the GGUF's tensors, its metadata (less the tokenizer) and their size."""
+    draft = _gguf_plan(job, placeholders(source_files(job.spec)))
+    fields = {f.key: f.value for f in draft.fields if not f.key.startswith(("tokenizer.", "eaglekit."))}
+    return draft.steps, fields, sum(t.nbytes for t in draft.tensors)
+
+
+def write(job: OutputJob) -> list[str]:
+    """One file: written beside DST, read back and checked against llama.cpp's loader, renamed into place."""
+    t = time.perf_counter()
+    if job.on_start:
+        job.on_start(job.report.output["total_bytes"])
+    final = _gguf_plan(job, hash_files(job.spec.path, source_files(job.spec)))
+
+    def write_file(tmp: str) -> None:
+        write_gguf(tmp, ARCH, final.fields, final.tensors, job.progress)
+        check_gguf(tmp, job.spec, job.d, job.target)
+
+    publish_file(job.destination, write_file, what="the GGUF")
+    job.report.validated = True
+    job.report.timings["write_s"] = time.perf_counter() - t
+    return [os.path.basename(job.destination)]

@@ -7,8 +7,9 @@ from typing import Any
 
 from eaglekit.errors import UsageError
 from eaglekit.families import family_names
+from eaglekit.upgrade.dialects import NAMES as DIALECTS
+from eaglekit.upgrade.dialects import writes_eagle31
 
-DIALECTS = ("vllm", "sglang", "speculators", "trtllm", "gguf")
 FC_NORM_INITS = ("ones", "calibrated")
 DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # the Hugging Face default, "5GB"
 
@@ -19,7 +20,7 @@ class UpgradeOptions:
     target: str | None = None  # target model dir (or its config.json): L, T, V; weights for calibration
     aux_layer_ids: tuple[int, ...] | None = None
     aux_convention: str | None = None  # "input" | "output": how --aux-layer-ids (or unknown source ids) count
-    fc_norm: bool | None = None  # None: on, except for --to gguf (llama.cpp has no EAGLE-3.1 functions)
+    fc_norm: bool | None = None  # None: on where the output can carry EAGLE-3.1 (not llama.cpp's GGUF)
     norm_output: bool | None = None  # None: as fc_norm
     fc_norm_init: str | None = None  # "ones" | "calibrated"; None: calibrated when the target has weights
     calibration_file: str | None = None
@@ -37,7 +38,7 @@ class UpgradeOptions:
     def __post_init__(self) -> None:
         for key in ("fc_norm", "norm_output"):
             if getattr(self, key) is None:
-                object.__setattr__(self, key, self.to != "gguf")
+                object.__setattr__(self, key, writes_eagle31(self.to))
 
     def check(self) -> None:
         if self.source_family != "eagle3" and self.source_family not in family_names():

@@ -6,13 +6,12 @@ tensor: dtype cast, permuted rows, rebuilt map), add (new tensor), drop (source 
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import Any
 
+from eaglekit.catalogue import carried, dropped, is_rotary_buffer, lookup
 from eaglekit.errors import CheckpointError
-from eaglekit.families.names import FC_NORM, layer_index
 from eaglekit.rules.expected import quant_companions
 from eaglekit.spec import DraftSpec
 from eaglekit.upgrade.decide import Decisions
@@ -20,19 +19,6 @@ from eaglekit.upgrade.encode import FLOAT_CASTABLE
 from eaglekit.upgrade.vocab import VocabPlan
 
 ACTIONS = ("copy", "rename", "transform", "add", "drop")
-
-LAYER_SUFFIXES = frozenset({
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.o_proj.bias",
-    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-    "self_attn.q_a_proj.weight", "self_attn.q_a_layernorm.weight", "self_attn.q_b_proj.weight",
-    "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-    "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
-})
-TOP_LEVEL = frozenset({"fc.weight", "input_norm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight"})
-ROTARY = re.compile(r"(^|\.)rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
-
 
 @dataclass(frozen=True)
 class TensorStep:
@@ -45,9 +31,11 @@ class TensorStep:
     source: str | None  # source tensor name
     source_file: str | None
     note: str = ""
+    canonical: str = ""  # the canonical name of what it writes or drops
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["canonical"]
         data["shape"] = list(self.shape)
         return data
 
@@ -82,19 +70,14 @@ class UpgradePlan:
         return sum(tensor_nbytes(s.dtype, s.shape) for s in self.written)
 
 
-def _known(name: str) -> bool:
-    if name in TOP_LEVEL or name in ("d2t", "t2d") or FC_NORM.match(name):
-        return True
-    i = layer_index(name)
-    if i is not None:
-        rest = name.split(".", 2)[2]
-        return rest in LAYER_SUFFIXES
-    return False
+def _left_out(canonical: str) -> str:
+    found = lookup(canonical)
+    return (found[0].gguf_drop if found else None) or "no place for it in this output"
 
 
 def build_plan(spec: DraftSpec, d: Decisions, vocab: VocabPlan, dialect: ModuleType) -> UpgradePlan:
     companions = {c.name: c for c in quant_companions(spec)}  # their problems were refused before (EK158)
-    unknown = sorted(n for n in spec.tensors if not _known(n) and n not in companions and not ROTARY.search(n))
+    unknown = sorted(n for n in spec.tensors if not carried(n) and n not in companions and not is_rotary_buffer(n))
     if unknown:
         shown = ", ".join(spec.tensors[n].source_name for n in unknown[:6])
         more = f" and {len(unknown) - 6} more" if len(unknown) > 6 else ""
@@ -112,20 +95,25 @@ def build_plan(spec: DraftSpec, d: Decisions, vocab: VocabPlan, dialect: ModuleT
     def add_step(canonical: str, action: str, dtype: str, shape, source: str | None, note: str, recipe: Recipe):
         ref = spec.tensors.get(source) if source else None
         name = dialect.tensor_name(canonical, spec)
+        if name is None:  # the output format has no such tensor
+            if ref is not None:
+                drop(canonical, _left_out(canonical))
+            return
         if action in ("copy", "rename"):
             action = "copy" if ref is not None and ref.source_name == name else "rename"
         steps.append(TensorStep(name, action, dtype, tuple(shape), ref.source_name if ref else None,
-                                ref.file if ref else None, note))
+                                ref.file if ref else None, note, canonical))
         recipes[name] = recipe
 
     def drop(source: str, note: str) -> None:
         ref = spec.tensors[source]
-        steps.append(TensorStep("", "drop", ref.dtype, ref.shape, ref.source_name, ref.file, note))
+        steps.append(TensorStep("", "drop", ref.dtype, ref.shape, ref.source_name, ref.file, note, source))
 
     for name in sorted(spec.tensors):
         ref = spec.tensors[name]
-        if ROTARY.search(name):
-            drop(name, "rotary buffer: recomputed by every engine")
+        why_dropped = dropped(name)
+        if why_dropped:
+            drop(name, why_dropped)
             continue
         if name in ("d2t", "t2d"):
             continue  # below, from the vocabulary plan

@@ -1,45 +1,30 @@
-"""`upgrade`: read, decide, plan, (calibrate), stream into a staging directory, check, then publish atomically."""
+"""`upgrade`: read, decide, plan, (calibrate), then the output dialect's writer streams, checks and publishes."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from eaglekit import __version__
-from eaglekit.engines.llamacpp import ARCH as ARCH_GGUF
 from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.io.tensors import read_array
-from eaglekit.io.writer import (
-    OutTensor,
-    StagedDirectory,
-    check_parent,
-    patch_header,
-    publish_file,
-    write_checkpoint_weights,
-    write_json,
-)
-from eaglekit.provenance import hash_files, placeholders, source_files
 from eaglekit.spec import DraftSpec, eagle_version
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import Decisions, decide
 from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.upgrade.materialize import out_tensors
 from eaglekit.upgrade.options import UpgradeOptions
+from eaglekit.upgrade.output import OutputJob
 from eaglekit.upgrade.plan import UpgradePlan, build_plan
 from eaglekit.upgrade.report import FidelityReport, UpgradeReport, summary_line
 from eaglekit.upgrade.start import Start
 from eaglekit.upgrade.vocab import VocabPlan, plan_vocab
-
-CARRIED_FILES = ("hf_quant_config.json",)  # the draft's own quantisation description travels with its scales
 
 
 def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions, vocab: VocabPlan,
@@ -159,37 +144,11 @@ def _arrays(d: Decisions, vocab: VocabPlan, weights: np.ndarray | None, start: S
     return arrays
 
 
-def _write(stage: StagedDirectory, spec: DraftSpec, tensors: list[OutTensor], config: dict[str, Any],
-           provenance: Callable[[dict[str, str]], dict[str, Any]], opts: UpgradeOptions,
-           progress: Callable[[int], None] | None) -> None:
-    """Weights (headers carry placeholder digests), then the real digests patched in, config, carried files."""
-    files = source_files(spec)
-
-    def metadata(digests: dict[str, str]) -> dict[str, str]:
-        return {"format": "pt", "eaglekit": json.dumps(provenance(digests), sort_keys=True)}
-
-    # the source is hashed on the second core while the kernel copies its bytes (copy_file_range and hashlib
-    # both release the GIL): 0.55 s instead of 0.77 s for 0.85 GB on two cores
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(hash_files, spec.path, files)
-        written = write_checkpoint_weights(stage.path, tensors, metadata(placeholders(files)), opts.max_shard_size,
-                                           progress, fsync=False)
-        for name in written:
-            stage.sync_later(name)
-        digests = hashing.result()
-    for name, group in written.items():
-        patch_header(os.path.join(stage.path, name), group, metadata(digests))
-    config["eaglekit"] = provenance(digests)
-    write_json(os.path.join(stage.path, "config.json"), config, fsync=False)
-    for extra in CARRIED_FILES:
-        if os.path.isfile(os.path.join(spec.path, extra)):
-            shutil.copyfile(os.path.join(spec.path, extra), os.path.join(stage.path, extra))
-
-
 def upgrade(source: str, destination: str, options: UpgradeOptions | None = None, *,
             progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None
             ) -> UpgradeReport:
-    """Write `source` as a vLLM-ready (or SGLang / speculators) EAGLE-3.1 or EAGLE-3 draft at `destination`.
+    """Write `source` as a vLLM-ready (or SGLang / speculators / TensorRT-LLM / llama.cpp GGUF) EAGLE-3.1 or EAGLE-3
+    draft at `destination`: decide, plan, (calibrate), then the dialect's writer writes, checks and publishes.
 
     `on_start(total_bytes)` is called once before streaming and `progress(nbytes)` as bytes are written.
     """
@@ -202,14 +161,10 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
                       family=family, target=target)
     refuse_clobber([Role("output", destination)], [*read_roles("source", spec.path), *target_roles(opts.target),
                                                    *read_roles("--calibration-file", opts.calibration_file)])
-    if opts.to == "gguf":
-        d = decide(spec, opts, target)
-        return _upgrade_to_gguf(source, destination, spec, d, plan_vocab(spec, d.vocab_size), opts, target, started,
-                                progress, on_start)
-    stage = StagedDirectory(destination, force=opts.force)
+    dialect = get_dialect(opts.to)
     refusal = None
     try:
-        stage.check()
+        dialect.WRITER.check_destination(destination, opts.force)
     except UsageError as exc:
         if not opts.dry_run:
             raise
@@ -217,97 +172,29 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
 
     d = decide(spec, opts, target)
     vocab = plan_vocab(spec, d.vocab_size)
-    dialect = get_dialect(opts.to)
     plan = build_plan(spec, d, vocab, dialect)
     config = dialect.config(spec, d, vocab)
-    if opts.dry_run:
-        report = _report(source, destination, spec, d, vocab, plan, config, opts, None)
-        if refusal:
-            report.warnings.append(f"a real run would stop here: {refusal}")
-        report.timings["total_s"] = time.perf_counter() - started
-        return report
-
-    t = time.perf_counter()
-    weights, fidelity, start = _calibrate(spec, opts, d)
-    calibrate_s = time.perf_counter() - t
-    report = _report(source, destination, spec, d, vocab, plan, config, opts, fidelity, start)
-    tensors = out_tensors(spec, plan, _arrays(d, vocab, weights, start), vocab.row_order)
-
-    def provenance(digests: dict[str, str]) -> dict[str, Any]:
-        return _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity, start)
-
-    from eaglekit.upgrade.check import check_output
-
-    with stage:
-        t = time.perf_counter()
-        if on_start:
-            on_start(plan.total_bytes)
-        _write(stage, spec, tensors, config, provenance, opts, progress)
-        write_s = time.perf_counter() - t
-        t = time.perf_counter()
-        _, report.findings = check_output(stage.path, spec, plan, d, dialect, target)
-        report.validated = True
-        errors = [f for f in report.findings if f.severity == "error"]
-        if errors:
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            raise OutputError(f"the upgraded draft fails validation, nothing was written: [{errors[0].code}] "
-                              f"{errors[0].message}{more}", os.path.abspath(destination))
-        validate_s = time.perf_counter() - t
-        stage.publish()
-
-    report.output["files"] = sorted(os.listdir(stage.dst))
-    report.timings.update(calibrate_s=calibrate_s, write_s=write_s, validate_s=validate_s,
-                          total_s=time.perf_counter() - started)
-    return report
-
-
-def _upgrade_to_gguf(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab: VocabPlan,
-                     opts: UpgradeOptions, target, started: float,
-                     progress: Callable[[int], None] | None, on_start: Callable[[int], None] | None) -> UpgradeReport:
-    """One GGUF file for llama.cpp: canonical tensors (the vLLM plan's names, vocabulary handling and casts), then
-    llama.cpp's names and layouts; written beside DST, read back and checked, renamed into place."""
-    from eaglekit.io.gguf import read_gguf, write_gguf
-    from eaglekit.upgrade.gguf import check_gguf, destination_problem, plan_gguf, refusals
-
-    why = refusals(spec, d, target)
-    if why:
-        raise UsageError(f"--to gguf: {why}")
-    refusal = destination_problem(destination, opts.force)
+    weights = fidelity = start = None
+    calibrate_s = 0.0
     if not opts.dry_run:
-        if refusal:
-            raise UsageError(refusal)
-        check_parent(destination)
-    plan = build_plan(spec, d, vocab, get_dialect("vllm"))
-    tensors = out_tensors(spec, plan, _arrays(d, vocab, None), vocab.row_order)
-    target_gguf, _ = read_gguf(target.path)
-    files = source_files(spec)
-
-    def gguf_plan(digests: dict[str, str]):
-        summary = summary_line(d.function, None, d.norm_output_added, d.changes)
-        return plan_gguf(spec, d, tensors, target_gguf, _provenance(source, spec, opts, d, vocab, digests, summary,
-                                                                    None))
-
-    draft = gguf_plan(placeholders(files))
-    report = _report(source, destination, spec, d, vocab, plan, {}, opts, None)
-    report.tensors = draft.steps
-    report.config = {f.key: f.value for f in draft.fields if not f.key.startswith(("tokenizer.", "eaglekit."))}
-    report.output["total_bytes"] = sum(t.nbytes for t in draft.tensors)
+        t = time.perf_counter()
+        weights, fidelity, start = _calibrate(spec, opts, d)
+        calibrate_s = time.perf_counter() - t
+    report = _report(source, destination, spec, d, vocab, plan, config, opts, fidelity, start)
+    job = OutputJob(
+        dialect, destination, spec, opts, d, plan, config,
+        tensors=lambda: out_tensors(spec, plan, _arrays(d, vocab, weights, start), vocab.row_order),
+        provenance=lambda digests: _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity,
+                                               start),
+        report=report, target=target, progress=progress, on_start=on_start)
+    report.tensors, report.config, report.output["total_bytes"] = dialect.WRITER.contents(job)
     if opts.dry_run:
         if refusal:
             report.warnings.append(f"a real run would stop here: {refusal}")
         report.timings["total_s"] = time.perf_counter() - started
         return report
-    t = time.perf_counter()
-    if on_start:
-        on_start(report.output["total_bytes"])
-    final = gguf_plan(hash_files(spec.path, files))
 
-    def write(tmp: str) -> None:
-        write_gguf(tmp, ARCH_GGUF, final.fields, final.tensors, progress)
-        check_gguf(tmp, spec, d, target)
-
-    publish_file(destination, write, what="the GGUF")
-    report.validated = True
-    report.output["files"] = [os.path.basename(destination)]
-    report.timings.update(write_s=time.perf_counter() - t, total_s=time.perf_counter() - started)
+    report.timings["calibrate_s"] = calibrate_s
+    report.output["files"] = dialect.WRITER.write(job)
+    report.timings["total_s"] = time.perf_counter() - started
     return report

@@ -1,8 +1,11 @@
-"""Engine dialects: each writes a config (and names tensors) out of the canonical description, never reads one.
+"""Output dialects: each writes a config (and names tensors) out of the canonical description, never reads one.
 
-A dialect module provides NAME, ENGINE (what `eaglekit validate --engine` checks it against),
-`read_family(spec, decisions)` (the family that reads its output back), `config(spec, decisions, vocab)` and
-`tensor_name(canonical, spec)`.
+A dialect module provides NAME, ENGINE (what `eaglekit validate --engine` checks it against), CANNOT_WRITE
+(feature -> why this output cannot carry it: "mla", "qwen3", "eagle31" (trained or added fc_norm / norm_output),
+"norm_before_residual"), CAVEATS (feature -> a warning when the output carries it), `read_family(spec, decisions)`
+(the family that reads its output back), `config(spec, decisions, vocab)`, `tensor_name(canonical, spec)` (from
+eaglekit.catalogue; None: the output has no such tensor), `refusal(spec, decisions, target)` (what else it cannot
+write of this draft) and WRITER, the module that writes it (`check_destination`, `contents`, `write`).
 """
 
 from __future__ import annotations
@@ -12,10 +15,16 @@ from types import ModuleType
 
 from eaglekit.errors import UsageError
 
-NAMES = ("vllm", "sglang", "speculators", "trtllm")  # gguf: eaglekit.upgrade.gguf, a file of its own
+NAMES = ("vllm", "sglang", "speculators", "trtllm", "gguf")
+NO_QWEN3_CLASS = "that engine has no EAGLE-3 draft class with Qwen3 q/k norms; use --to vllm or --to speculators"
 
 
 def get_dialect(name: str) -> ModuleType:
     if name not in NAMES:
         raise UsageError(f"unknown output dialect {name!r}; known: {', '.join(NAMES)}")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def writes_eagle31(name: str) -> bool:
+    """Whether the dialect can carry EAGLE-3.1's fc_norm and norm_output (then they are on by default)."""
+    return name not in NAMES or "eagle31" not in get_dialect(name).CANNOT_WRITE

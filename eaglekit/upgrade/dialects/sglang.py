@@ -10,15 +10,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglekit.catalogue import output_name
 from eaglekit.engines import DEEPSEEK_TARGET_TYPES
 from eaglekit.errors import UsageError
 from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+from eaglekit.upgrade import folder
 from eaglekit.upgrade.decide import Decisions
+from eaglekit.upgrade.dialects import NO_QWEN3_CLASS
 from eaglekit.upgrade.dialects.flat import flat_config
 from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "sglang"
 ENGINE = "sglang"
+CANNOT_WRITE: dict[str, str] = {
+    "qwen3": NO_QWEN3_CLASS,
+    "norm_before_residual": "this draft uses norm_before_residual true, and SGLang has no such switch (it always "
+                            "behaves as false): it cannot be served faithfully there (P12)",
+}
+CAVEATS: dict[str, str] = {}
+WRITER = folder
 ARCHITECTURES = {"llama": "LlamaForCausalLMEagle3", "mla": "Eagle3DeepseekV2ForCausalLM"}
 
 
@@ -56,7 +67,9 @@ def config(spec: DraftSpec, d: Decisions, vocab: VocabPlan) -> dict[str, Any]:
     return cfg
 
 
-def tensor_name(canonical: str, spec: DraftSpec) -> str:
-    if spec.attention != "mla" and spec.geometry.num_layers == 1 and canonical.startswith("layers.0."):
-        return "midlayer." + canonical[len("layers.0."):]
-    return canonical
+def tensor_name(canonical: str, spec: DraftSpec) -> str | None:
+    return output_name(canonical, NAME, spec)
+
+
+def refusal(spec: DraftSpec, d: Decisions, target: TargetInfo | None) -> str | None:
+    return None

@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglekit.catalogue import output_name
 from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+from eaglekit.upgrade import folder
 from eaglekit.upgrade.decide import Decisions
 from eaglekit.upgrade.dialects.flat import carried_keys, dtype_keys, geometry_keys, source_layer_config
 from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "speculators"
 ENGINE = "vllm"
+CANNOT_WRITE: dict[str, str] = {
+    "mla": "MLA drafts cannot be written in the speculators layout (vLLM maps only llama and qwen3 there, P31): use "
+           "--to vllm or --to sglang",
+}
+CAVEATS: dict[str, str] = {"eagle31": "the speculators layout carries the 3.1 flags only for vLLM >= 0.25.0 (P9)"}
+WRITER = folder
 FORMAT_VERSION = "0.9.0"  # the speculators release whose config layout this follows
 LAYER_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 TOP_LEVEL_ONLY = ("draft_vocab_size", "target_hidden_size")
@@ -74,5 +83,9 @@ def config(spec: DraftSpec, d: Decisions, vocab: VocabPlan) -> dict[str, Any]:
     return cfg
 
 
-def tensor_name(canonical: str, spec: DraftSpec) -> str:
-    return canonical
+def tensor_name(canonical: str, spec: DraftSpec) -> str | None:
+    return output_name(canonical, NAME, spec)
+
+
+def refusal(spec: DraftSpec, d: Decisions, target: TargetInfo | None) -> str | None:
+    return None

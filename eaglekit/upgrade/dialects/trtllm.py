@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglekit.catalogue import output_name
 from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+from eaglekit.upgrade import folder
 from eaglekit.upgrade.decide import Decisions
-from eaglekit.upgrade.dialects import vllm
+from eaglekit.upgrade.dialects import NO_QWEN3_CLASS, vllm
 from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "trtllm"
 ENGINE = "trtllm"
+CANNOT_WRITE: dict[str, str] = {"qwen3": NO_QWEN3_CLASS}
+CAVEATS: dict[str, str] = {}
+WRITER = folder
 
 
 def read_family(spec: DraftSpec, d: Decisions) -> str:
@@ -28,5 +34,9 @@ def config(spec: DraftSpec, d: Decisions, vocab: VocabPlan) -> dict[str, Any]:
     return cfg
 
 
-def tensor_name(canonical: str, spec: DraftSpec) -> str:
-    return canonical
+def tensor_name(canonical: str, spec: DraftSpec) -> str | None:
+    return output_name(canonical, NAME, spec)
+
+
+def refusal(spec: DraftSpec, d: Decisions, target: TargetInfo | None) -> str | None:
+    return None

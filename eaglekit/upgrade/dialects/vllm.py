@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglekit.catalogue import output_name
 from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo
+from eaglekit.upgrade import folder
 from eaglekit.upgrade.decide import Decisions
 from eaglekit.upgrade.dialects.flat import flat_config
 from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "vllm"
 ENGINE = "vllm"
+CANNOT_WRITE: dict[str, str] = {}
+CAVEATS: dict[str, str] = {}
+WRITER = folder
 ARCHITECTURES = {"llama": "LlamaForCausalLMEagle3", "qwen3": "Eagle3Qwen3ForCausalLM",
                  "mla": "Eagle3DeepseekV2ForCausalLM"}
 
@@ -30,5 +36,9 @@ def config(spec: DraftSpec, d: Decisions, vocab: VocabPlan) -> dict[str, Any]:
     return cfg
 
 
-def tensor_name(canonical: str, spec: DraftSpec) -> str:
-    return canonical
+def tensor_name(canonical: str, spec: DraftSpec) -> str | None:
+    return output_name(canonical, NAME, spec)
+
+
+def refusal(spec: DraftSpec, d: Decisions, target: TargetInfo | None) -> str | None:
+    return None
