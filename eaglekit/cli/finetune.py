@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,6 +22,9 @@ from eaglekit.cli.output import (
     target_path,
 )
 from eaglekit.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 EXAMPLES = """
 \b
@@ -43,8 +47,9 @@ class _Progress:
 
     def __init__(self, enabled: bool, tty: bool, steps: int):
         self.enabled, self.tty, self.steps = enabled, tty, steps
-        self.bar = self.task = None
-        self.stage = None
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
+        self.stage: str | None = None
         self.last_line = 0.0
 
     def __enter__(self):
@@ -78,7 +83,7 @@ class _Progress:
     def on_stage(self, what: str, done: int, total: int) -> None:
         if not self.enabled:
             return
-        if self.bar is not None:
+        if self.bar is not None and self.task is not None:
             self.bar.update(self.task, description=what, completed=done, total=total or None)
         else:
             self._log(f"{what}: {done}/{total}", force=what != self.stage or done == total)
@@ -89,7 +94,7 @@ class _Progress:
             return
         text = (f"training: loss {live['loss']:.3f}, depth-0 top-1 {live['accuracy']:.1%}, "
                 f"{live['tokens_per_s']:.0f} tok/s")
-        if self.bar is not None:
+        if self.bar is not None and self.task is not None:
             self.bar.update(self.task, description=text, completed=done, total=self.steps)
         elif record is not None:
             acc = " ".join(f"{a:.2f}" for a in record.accuracy)

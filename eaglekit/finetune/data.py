@@ -146,7 +146,7 @@ def training_prompts(opts: DataOptions) -> tuple[str, tuple[Prompt, ...]]:
         prompts = read_prompts(opts.data_file).prompts
         name = os.path.abspath(opts.data_file)
     else:
-        text = resources.files("eaglekit").joinpath("data", "prompts", "train.jsonl").read_text(encoding="utf-8")
+        text = (resources.files("eaglekit") / "data" / "prompts" / "train.jsonl").read_text(encoding="utf-8")
         prompts, name = parse_jsonl(text, BUNDLED_DATA), BUNDLED_DATA
     return name, prompts[: opts.limit] if opts.limit else prompts
 
@@ -312,8 +312,8 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     if opts.hidden_states:
         from eaglekit.finetune.hidden_states import read_captured_states
 
-        data = read_captured_states(opts.hidden_states, aux_ids, captured_ids=opts.captured_ids)
-        return TrainingData(**data, digest=_digest(data), source=os.path.abspath(opts.hidden_states),
+        captured: dict[str, Any] = read_captured_states(opts.hidden_states, aux_ids, captured_ids=opts.captured_ids)
+        return TrainingData(**captured, digest=_digest(captured), source=os.path.abspath(opts.hidden_states),
                             seconds=time.perf_counter() - started)
 
     name, prompts = training_prompts(opts)
@@ -331,6 +331,7 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     cache_dir = opts.cache_dir or default_cache_dir()
     path = os.path.join(cache_dir, f"{digest}.safetensors")
     data = _load_cached(path, digest)
+    cache_path: str | None = path
     reused, notes = data is not None, []
     cut = [p.label for p, ids in zip(prompts, sequences) if len(ids) >= limit]
     if limit < opts.max_length and cut:
@@ -346,7 +347,7 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
             _save_cached(path, digest, data)
         except (OSError, OutputError) as exc:  # training goes on without a cache
             notes.append(f"captured data not cached ({exc})")
-            path = None
+            cache_path = None
     source = name + (f", target answers up to {opts.generate} tokens" if opts.generate else "")
     if opts.context_tokens:
         source += f", {opts.context_tokens} tokens of context on every {opts.context_every}th"
@@ -354,5 +355,5 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
         source += f", templates {'/'.join(opts.templates)} in turn"
     if code:
         source += f", {sum(map(len, code))} tokens of standard-library source"
-    return TrainingData(**data, digest=digest, source=source, cache_path=path, reused=reused,
+    return TrainingData(**data, digest=digest, source=source, cache_path=cache_path, reused=reused,
                         seconds=time.perf_counter() - started, notes=notes)

@@ -16,7 +16,7 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.errors import CheckpointError, OutputError, ResolvedWorse, UsageError
-from eaglekit.families import apply_target, load_draft
+from eaglekit.families import load_draft
 from eaglekit.finetune.data import DataOptions, TrainingData, build_data, split_validation, target_identity
 from eaglekit.finetune.evaluate import EvalOptions, Paired, held_out_prompts, resolved_worse
 from eaglekit.io.dtypes import torch_dtype
@@ -87,7 +87,6 @@ def _source_spec(source: str, info: TargetInfo) -> DraftSpec:
     if not spec.facts.vllm_layout:
         raise UsageError(f"finetune trains drafts in vLLM's layout; this one reads as {spec.family}: run "
                          f"`eaglekit upgrade {source} DIR` first and fine-tune DIR", spec.path)
-    spec = apply_target(spec, info)
     if spec.aux.ids is None:
         raise CheckpointError("the draft records no aux layer ids, so the states to train on are unknown", spec.path)
     odd = sorted({r.dtype for r in spec.tensors.values() if r.dtype not in WRITABLE_DTYPES and r.dtype[0] == "F"})
@@ -140,18 +139,15 @@ def _fingerprint(hashes: dict[str, str], data: TrainingData, opts: FinetuneOptio
                             "validation_fraction": opts.validation_fraction})
 
 
-def _paired_evaluation(source: str, output: str, opts: FinetuneOptions, on_stage: Stage | None) -> list[Paired]:
+def _paired_evaluation(source: str, output: str, opts: FinetuneOptions, ev: EvalOptions,
+                       on_stage: Stage | None) -> list[Paired]:
     """The output against its source on held-out prompts, one target pass per prompt for both (compare)."""
     from eaglekit.verify.compare import compare_conditions
-    from eaglekit.verify.run import VerifyOptions
 
-    ev = opts.eval
-    verify_opts = VerifyOptions(num_speculative_tokens=ev.k, max_new_tokens=ev.max_new_tokens,
-                                prompts_file=ev.prompts_file, limit=ev.limit, context_tokens=tuple(ev.context_tokens),
-                                device=opts.device, dtype=opts.target_dtype)
     progress = (lambda done, total, name: on_stage("held-out τ, output vs source (paired)", done, total)) \
         if on_stage else None
-    sweep = compare_conditions(source, output, opts.target, verify_opts, on_prompt=progress)
+    sweep = compare_conditions(source, output, opts.target, ev.decode_options(opts.device, opts.target_dtype),
+                               on_prompt=progress)
     return [Paired.of(r.settings.context_tokens, r.rows()["all"], len(r.names)) for r in sweep.reports]
 
 
@@ -206,7 +202,7 @@ def _check_output(path: str, spec: DraftSpec, info: TargetInfo) -> list[dict[str
     """The written draft read back: same flags, ids and tensor set as the source, and vLLM's rules pass."""
     from eaglekit.rules import run_rules
 
-    out = apply_target(load_draft(path, target=info), info)
+    out = load_draft(path, target=info)
     problems = []
     if out.aux.ids != spec.aux.ids:
         problems.append(f"aux ids read back as {out.aux.ids}, the source has {spec.aux.ids}")
@@ -290,6 +286,7 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     target = None if hidden_states_mode else load_target(opts.target, device=str(device), dtype=opts.target_dtype)
     if target is not None and target.num_layers != info.num_layers:
         raise CheckpointError(f"target has {target.num_layers} layers, its config says {info.num_layers}", opts.target)
+    assert spec.aux.ids is not None, "_source_spec refuses a draft without aux ids"
     aux_ids = tuple(sorted(spec.aux.ids))
     if ranks.main:
         data = build_data(target, opts.target, aux_ids, opts.data, on_stage=on_stage)
@@ -335,7 +332,7 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
                    on_step=on_step, lr_scales=warm.lr_scales, validation=held_out)
     drafter.eval()
     timings["train_s"] = time.perf_counter() - t
-    if result.selected_step is not None and result.selected_step != result.steps:
+    if held_out is not None and result.selected_step is not None and result.selected_step != result.steps:
         notes.append(f"kept the weights of step {result.selected_step} of {result.steps}: the best on the "
                      f"{held_out.sequences} held-out sequences (teacher-forced chain score)")
     report = FinetuneReport(
@@ -356,7 +353,7 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         if eval_opts is None:
             return None
         t = time.perf_counter()
-        paired = _paired_evaluation(spec.path, staged, opts, on_stage)
+        paired = _paired_evaluation(spec.path, staged, opts, eval_opts, on_stage)
         timings["eval_s"] = time.perf_counter() - t
         worse = resolved_worse(paired)
         if worse and not opts.keep_worse:

@@ -233,7 +233,9 @@ def validate(drafter: Drafter, data, depth: int, depth_decay: float, batch_token
     loss, hits, labelled = 0.0, torch.zeros(depth, dtype=torch.float64), torch.zeros(depth, dtype=torch.float64)
     lengths = (data.offsets[1:] - data.offsets[:-1]).tolist()
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches, batch, rows = [], [], 0
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    rows = 0
     for i in order:
         if batch and rows + lengths[i] > batch_tokens:
             batches.append(batch)
@@ -569,7 +571,7 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
                                       "same command with --resume to continue", path) from None
         raise TrainingInterrupted(f"interrupted after step {done}/{opts.steps}; nothing was saved") from None
     selected = None
-    if scores:
+    if best is not None:
         selected = max(scores, key=lambda v: (v.score, -v.step)).step
         with torch.no_grad():
             for name, p in params.items():

@@ -26,7 +26,8 @@ def upgrade_changes(spec: DraftSpec) -> dict[str, bool]:
     if not isinstance(block, dict) or block.get("command") != "upgrade":
         return {"norm_output": False, "fc_norm_ones": False}
     conversion = " ".join(str(c) for c in block.get("conversion") or [])
-    options = block.get("options") if isinstance(block.get("options"), dict) else {}
+    written_options = block.get("options")
+    options = written_options if isinstance(written_options, dict) else {}
     return {"norm_output": "norm_output switched on" in conversion and "norm_output_rescale" not in block,
             "fc_norm_ones": "fc_norm added" in conversion and options.get("fc_norm_init") == "ones"}
 
