@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eaglekit.engines import ENGINES, RECORDS, format_version
+from eaglekit.engines import RECORDS, format_version
 from eaglekit.rules import ValidationReport, all_rules, run_rules
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
@@ -42,7 +42,7 @@ class MinimumVersion:
 def minimum_versions(spec: DraftSpec) -> dict[str, MinimumVersion]:
     """Per engine: the lowest version whose EAGLE-3 code reads everything this draft relies on, and why."""
     out = {}
-    for engine in ENGINES:
+    for engine in RECORDS:
         needs = RECORDS[engine].requirements(spec)
         floor = format_version(max(v for v, _ in needs)) if needs else None
         out[engine] = MinimumVersion(engine, floor, tuple(why for _, why in needs))
@@ -55,13 +55,13 @@ def serving_support(spec: DraftSpec, target: TargetInfo | None = None,
     `report`: a rules run over every engine (structure, target and engine groups) the caller already has."""
     floors = minimum_versions(spec)
     if report is None:
-        report = run_rules(spec, target=target, engine=",".join(ENGINES), groups=("structure", "target", "engine"))
-    missing = [e for e in ENGINES if e not in report.engines]
+        report = run_rules(spec, target=target, engine=",".join(RECORDS), groups=("structure", "target", "engine"))
+    missing = [e for e in RECORDS if e not in report.engines]
     if missing:
         raise ValueError(f"serving_support needs a rules run over every engine; {missing} not checked")
     engine_of = {r.code: r.engine for r in all_rules()}
     out = []
-    for engine in ENGINES:
+    for engine in RECORDS:
         findings = [f for f in report.findings if engine_of.get(f.code) in (None, engine)]
         errors = [f for f in findings if f.severity == "error"]
         warnings = [f for f in findings if f.severity == "warning"]

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
 
 from eaglekit.config_view import ConfigProblem
 from eaglekit.io.dtypes import element_count
 from eaglekit.target import TargetInfo
 
-ATTENTION_KINDS = ("llama", "qwen3", "mla")
+Attention = Literal["llama", "qwen3", "mla"]
+ATTENTION_KINDS: tuple[Attention, ...] = ("llama", "qwen3", "mla")
+ConfigLayout = Literal["flat", "speculators"]
+IdConvention = Literal["input", "output"]  # input of layer i (vLLM, HF hidden_states index) | output of layer i
+IdLocation = Literal["top-level", "eagle_config", "both", "default", "argument"]
+VocabOrder = Literal["sorted", "frequency"]
+EagleVersion = Literal["3", "3.1", "3.1-partial"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,11 @@ class Geometry:
     sliding_window: int | None = None
     mla: MlaGeometry | None = None
 
+    @property
+    def target_hidden(self) -> int:
+        """T as the draft computes with it: the target's width, or H when neither config nor target gives one."""
+        return self.target_hidden_size or self.hidden_size
+
 
 @dataclass(frozen=True)
 class AuxLayers:
@@ -66,9 +77,9 @@ class AuxLayers:
 
     ids: tuple[int, ...] | None
     as_written: tuple[int, ...] | None
-    convention: str | None  # "input" | "output" | None (unknown)
+    convention: IdConvention | None  # None: unknown
     convention_known: bool  # False when the convention was inferred by heuristic
-    location: str | None  # "top-level" | "eagle_config" | "both" | "default" | "argument" | None
+    location: IdLocation | None
     source: str  # human sentence: where the ids came from
 
 
@@ -78,7 +89,7 @@ class VocabMap:
     draft_vocab_size: int  # Vd (rows of lm_head, or from config)
     has_d2t: bool
     has_t2d: bool
-    order: str | None = None  # "sorted" | "frequency" | None (not read yet: needs tensor values)
+    order: VocabOrder | None = None  # None: not read yet (needs tensor values)
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,6 @@ class Flags:
     norm_output: bool
     norm_before_fc: bool
     norm_before_residual: bool | None
-    norm_output_legacy_specforge: bool = False  # SpecForge before PR #879: norm_output meant EAGLE-3 recurrence
 
 
 @dataclass(frozen=True)
@@ -116,7 +126,7 @@ class SourceFacts:
     config_problems: tuple[ConfigProblem, ...] = ()  # written values of the wrong type or range (never defaulted)
 
 
-def eagle_version(fc_norm: bool, norm_output: bool) -> str:
+def eagle_version(fc_norm: bool, norm_output: bool) -> EagleVersion:
     """"3.1" with both EAGLE-3.1 functions, "3.1-partial" with one, else "3"."""
     if fc_norm and norm_output:
         return "3.1"
@@ -129,10 +139,10 @@ class DraftSpec:
     files: list[str]
     family: str
     producer: str
-    attention: str
+    attention: Attention
     architectures: list[str]
     model_type: str | None
-    config_layout: str  # "flat" | "speculators"
+    config_layout: ConfigLayout
     geometry: Geometry
     num_aux_hidden_states: int | None  # K from the tensors (fc fan-in / T) or config
     aux: AuxLayers
@@ -145,12 +155,17 @@ class DraftSpec:
     config: dict[str, Any]
     metadata: dict[str, str] = field(default_factory=dict)
     facts: SourceFacts = SourceFacts()
-    target: TargetInfo | None = None  # the target it was read against (eaglekit.families.apply_target)
+    target: TargetInfo | None = None  # the target it was resolved against (eaglekit.families.apply_target)
+    written: DraftSpec | None = field(default=None, repr=False, compare=False)
+    """The draft as its files record it, before the target filled in what they leave implicit (T, V, default
+    aux ids); None when this spec is that."""
 
     @property
-    def eagle_version(self) -> str:
-        if self.flags.norm_output_legacy_specforge:
-            return "3"
+    def as_written(self) -> DraftSpec:
+        return self.written or self
+
+    @property
+    def eagle_version(self) -> EagleVersion:
         return eagle_version(self.flags.fc_norm, self.flags.norm_output)
 
     @property
@@ -162,7 +177,8 @@ class DraftSpec:
         return sum(t.nbytes for t in self.tensors.values())
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, written=None))
+        del data["written"]
         data["tensors"] = {k: asdict(v) for k, v in self.tensors.items()}
         data["eagle_version"] = self.eagle_version
         return data

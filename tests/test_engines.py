@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from eaglekit.engines import LATEST, RECORDS, format_version, output_of_layer, parse_version
+from eaglekit.engines import RECORDS, format_version, output_of_layer, parse_version
 from eaglekit.engines.conflicts import conflicts, id_readings
 from eaglekit.engines.tokenspeed import tokenspeed_capture, tokenspeed_view
 from eaglekit.engines.trtllm import default_capture
@@ -25,7 +25,7 @@ def _spec(tmp_path, layout="vllm", name="d", **kw):
 
 def test_llama_cpp_builds_are_versions():
     assert parse_version("b9606") == parse_version("9606") == (9606, 0, 0)
-    assert format_version(parse_version(LATEST["llamacpp"])) == LATEST["llamacpp"] == "b11434"
+    assert format_version(parse_version(RECORDS["llamacpp"].latest)) == RECORDS["llamacpp"].latest == "b11434"
     assert format_version((0, 33, 0)) == "0.33.0"
 
 
@@ -97,3 +97,37 @@ def test_serve_commands_carry_the_settings():
         "llama-server -m T.gguf -md D.gguf --spec-type draft-eagle3 --spec-draft-n-max 3")
     config = serve_command("vllm", "T", "D", 3).split("--speculative-config ", 1)[1].strip("'")
     assert json.loads(config) == {"model": "D", "method": "eagle3", "num_speculative_tokens": 3}
+
+
+def test_a_new_engine_is_one_record(tmp_path, monkeypatch):
+    """An engine eaglekit has never heard of, added as a record alone, reaches validate, inspect's serving verdicts,
+    conflicts and the model card: no other code names engines."""
+    from dataclasses import replace
+
+    from eaglekit.engines.base import IdReading, single_release_requirements
+    from eaglekit.hub.card import build_card
+    from tests.cli import run_cli
+
+    def read_ids(spec, target):
+        return IdReading("toyserve", "eagle_aux_hidden_state_layer_ids", 1, None, "--toy-layers")
+
+    toy = replace(RECORDS["tokenspeed"], name="toyserve", label="ToyServe", latest="2.0", oldest="2.0",
+                  requirements=single_release_requirements("toyserve", "2.0", "EAGLE-3.1 as ToyServe 2.0 reads it"),
+                  serve=lambda target, draft, k, settings: f"toyserve {target} --draft {draft} --k {k}",
+                  settings=lambda spec, target: ("--toy-layers 1,5,8",), read_ids=read_ids)
+    monkeypatch.setitem(RECORDS, "toyserve", toy)
+    draft = make_draft(str(tmp_path / "d"), "vllm", fc_norm=True, norm_output=True)
+
+    result = run_cli(["validate", draft, "--engine", "all", "--format", "json"])
+    doc = json.loads(result.stdout)
+    toy_doc = next(e for e in doc["engines"] if e["engine"] == "toyserve")
+    assert toy_doc["version"] == "2.0.0" and toy_doc["settings"] == ["--toy-layers 1,5,8"]
+    assert any(note.startswith("vLLM reads eagle_aux_hidden_state_layer_ids as written") and "ToyServe plus 1" in note
+               and "pin ToyServe with --toy-layers" in note for note in doc["conflicts"]), doc["conflicts"]
+
+    spec = load_draft(draft)
+    support = {s.engine: s for s in serving_support(spec)}
+    assert support["toyserve"].min_version == "2.0.0" and support["toyserve"].verdict == WITH_SETTINGS
+    card = build_card(spec, "org/draft")
+    assert "## Use with ToyServe" in card and "toyserve <TARGET_MODEL> --draft org/draft --k" in card
+    assert "Requires ToyServe ≥ 2.0.0 (EAGLE-3.1 as ToyServe 2.0 reads it)" in card

@@ -222,7 +222,7 @@ def test_the_schemas_name_every_engine():
     """The JSON schemas enumerate the engines a report can name: exactly the records eaglekit models."""
     import pathlib
 
-    from eaglekit.engines import ENGINES
+    from eaglekit.engines import RECORDS
 
     root = pathlib.Path(eaglekit.__file__).parent / "schemas"
     enums = []
@@ -239,4 +239,4 @@ def test_the_schemas_name_every_engine():
 
     for path in sorted(root.glob("*.json")):
         collect(json.loads(path.read_text(encoding="utf-8")))
-    assert enums and all(enum == list(ENGINES) for enum in enums), enums
+    assert enums and all(enum == list(RECORDS) for enum in enums), enums

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from eaglekit.engines import LABELS, VLLM_OLDEST_KNOWN
+from eaglekit.engines import RECORDS, VLLM_OLDEST_KNOWN
 from eaglekit.families import load_draft
 from eaglekit.hub.card import build_card
 from eaglekit.serving import NOT_AS_IS, minimum_versions, serving_support
@@ -35,7 +35,7 @@ def _fixtures(tmp_path):
 def _card_versions(card: str) -> dict[str, str | None]:
     """engine label -> the floor the card states ("any": no floor); engines without a section are absent."""
     out = {}
-    for label in LABELS.values():
+    for label in (r.label for r in RECORDS.values()):
         m = re.search(rf"Requires {re.escape(label)} ≥ (\S+) \(", card)
         if m:
             out[label] = m.group(1)
@@ -52,7 +52,7 @@ def test_card_and_inspect_agree_on_minimum_versions(tmp_path):
         card = _card_versions(card_text)
         floors = minimum_versions(spec)
         for support in serving_support(spec):
-            label = LABELS[support.engine]
+            label = RECORDS[support.engine].label
             if support.verdict == NOT_AS_IS and support.engine_specific:
                 assert label not in card and f"- **{label}**: " in card_text, name
                 refused += 1

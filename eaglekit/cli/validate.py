@@ -14,7 +14,7 @@ from eaglekit.cli.output import (
     styled,
     target_path,
 )
-from eaglekit.engines import ENGINES
+from eaglekit.engines import RECORDS
 
 EXAMPLES = """
 \b
@@ -35,7 +35,7 @@ _ORDER = {"error": 0, "warning": 1, "info": 2}
               help="Target model dir, its config.json, or a Hub id (through the Hugging Face cache): L, T, V, "
                    "tie_word_embeddings, architecture.")
 @click.option("--engine", default="vllm", show_default=True, metavar="NAME[,NAME...]|all",
-              help=f"Serving engine(s) whose rules run: {', '.join(ENGINES)}, a comma list "
+              help=f"Serving engine(s) whose rules run: {', '.join(RECORDS)}, a comma list "
                    "(also says where they read one config differently) or all.")
 @click.option("--engine-version", metavar="X.Y", help="Engine version to check against (default: latest known).")
 @click.option("--deep", is_flag=True, help="Also read every tensor once: NaN/Inf, zero or constant weights, d2t/t2d.")

@@ -32,15 +32,11 @@ from eaglekit.engines.vllm import (
 
 RECORDS: dict[str, Engine] = {r.name: r for r in (vllm.RECORD, sglang.RECORD, trtllm.RECORD, llamacpp.RECORD,
                                                   tokenspeed.RECORD)}
-ENGINES = tuple(RECORDS)
-LABELS = {name: r.label for name, r in RECORDS.items()}
-LATEST = {name: r.latest for name, r in RECORDS.items()}
-OLDEST_MODELLED = {name: r.oldest for name, r in RECORDS.items()}
 VLLM, SGLANG, TRTLLM, LLAMACPP, TOKENSPEED = (vllm.VLLM, sglang.SGLANG, trtllm.TRTLLM, llamacpp.LLAMACPP,
                                                tokenspeed.TOKENSPEED)
 
 __all__ = [
-    "CLASS_ATTENTION", "DEEPSEEK_TARGET_TYPES", "ENGINES", "LABELS", "LATEST", "LLAMACPP", "OLDEST_MODELLED",
+    "CLASS_ATTENTION", "DEEPSEEK_TARGET_TYPES", "LLAMACPP",
     "RECORDS", "SGLANG", "TOKENSPEED", "TRTLLM", "VLLM", "VLLM_ACCEPTS", "VLLM_D2T_OPTIONAL", "VLLM_OLDEST_KNOWN",
     "VLLM_RUNNERS", "Engine", "IdReading", "SglangView", "Version", "VllmView", "engine_record", "format_version",
     "other_draft_method", "output_of_layer", "parse_version", "sglang_capture", "sglang_view",
@@ -49,5 +45,5 @@ __all__ = [
 
 
 def engine_record(name: str) -> Engine:
-    """The record of a known engine (names come from ENGINES, so a miss is a programming error)."""
+    """The record of a known engine (names come from RECORDS, so a miss is a programming error)."""
     return RECORDS[name]

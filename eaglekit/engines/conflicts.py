@@ -8,7 +8,7 @@ TensorRT-LLM never reads the ids (its setting decides) and llama.cpp reads its o
 
 from __future__ import annotations
 
-from eaglekit.engines import LABELS, RECORDS
+from eaglekit.engines import RECORDS
 from eaglekit.engines.base import IdReading
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
@@ -28,12 +28,12 @@ def conflicts(spec: DraftSpec, engines: tuple[str, ...], target: TargetInfo | No
         for b in readings[i + 1:]:
             if a.key != b.key or a.shift == b.shift:
                 continue
-            how = f"{LABELS[a.engine]} reads {a.key} {_as(a.shift)}, {LABELS[b.engine]} {_as(b.shift)}"
+            how = f"{RECORDS[a.engine].label} reads {a.key} {_as(a.shift)}, {RECORDS[b.engine].label} {_as(b.shift)}"
             flagged = a if a.flag else b if b.flag else None
             if flagged is not None:
                 other = b if flagged is a else a
-                remedy = (f"write the ids for {LABELS[other.engine]} and pin {LABELS[flagged.engine]} with "
-                          f"{flagged.flag}")
+                remedy = (f"write the ids for {RECORDS[other.engine].label} and pin "
+                          f"{RECORDS[flagged.engine].label} with {flagged.flag}")
             else:
                 remedy = "serve each engine its own `eaglekit upgrade --to` output"
             notes.append(f"{how}: no value of {a.key} is right for both; {remedy}")

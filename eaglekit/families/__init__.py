@@ -50,7 +50,9 @@ def detect(files: CheckpointFiles, family: str | None = None) -> tuple[Observed,
 
 
 def apply_target(spec: DraftSpec, target: TargetInfo) -> DraftSpec:
-    """Fill in what the draft leaves implicit: T, V, and the engine-default aux ids."""
+    """Fill in what the draft leaves implicit: T, V, and the engine-default aux ids (the draft as written stays
+    reachable as `as_written`)."""
+    as_written = spec.as_written
     geometry = spec.geometry
     if not spec.facts.target_hidden_size_written and not spec.facts.fc_norm_tensor_ids:
         fc_in = spec.facts.fc_in_features
@@ -60,10 +62,10 @@ def apply_target(spec: DraftSpec, target: TargetInfo) -> DraftSpec:
     vocab = spec.vocab
     if vocab.vocab_size is None:
         spec = dataclasses.replace(spec, vocab=dataclasses.replace(vocab, vocab_size=target.vocab_size))
-    written = spec.aux.as_written
-    if spec.aux.convention == "output" and written and target.num_layers in written:
+    ids_written = spec.aux.as_written
+    if spec.aux.convention == "output" and ids_written and target.num_layers in ids_written:
         # no layer L exists to take the output of: these are hidden_states indices (P18, P42), read them as such
-        aux = AuxLayers(written, written, "input", False, spec.aux.location,
+        aux = AuxLayers(ids_written, ids_written, "input", False, spec.aux.location,
                         f"{spec.aux.location}; id {target.num_layers} = L of the target cannot be output-of-layer, "
                         "so all ids are read as input-of-layer")
         spec = dataclasses.replace(spec, aux=aux)
@@ -72,7 +74,7 @@ def apply_target(spec: DraftSpec, target: TargetInfo) -> DraftSpec:
         aux = AuxLayers(default, None, "input", spec.family == "eagle", "default",
                         f"engine default (2, L//2, L-3) for target L={target.num_layers}")
         spec = dataclasses.replace(spec, aux=aux)
-    return dataclasses.replace(spec, target=target)
+    return dataclasses.replace(spec, target=target, written=as_written)
 
 
 def load_draft(

@@ -12,7 +12,7 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.config_view import REPO_ID, nested
-from eaglekit.engines import ENGINES, RECORDS
+from eaglekit.engines import RECORDS
 from eaglekit.findings import Finding
 from eaglekit.rules import ValidationReport
 from eaglekit.serving import (
@@ -237,7 +237,7 @@ def _serving(spec: DraftSpec, repo_id: str, target: str | None, rules: Validatio
     shown = target or TARGET_PLACEHOLDER
     k = NUM_SPECULATIVE_TOKENS
     sections, refused = [], []
-    for engine in ENGINES:
+    for engine in RECORDS:
         s, record = support[engine], RECORDS[engine]
         label = record.label
         if s.verdict == NOT_AS_IS and s.engine_specific:  # a fault of the files alone is the Validation section's

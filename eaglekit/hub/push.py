@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from eaglekit import __version__
 from eaglekit.config_view import REPO_ID, nested
-from eaglekit.engines import LABELS
+from eaglekit.engines import RECORDS
 from eaglekit.errors import CheckpointError, EaglekitError, UsageError, quoted
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
@@ -410,7 +410,7 @@ def _manifest(
             "dtype": spec.dtype,
             "num_parameters": spec.num_parameters,
         },
-        "engines": {LABELS[engine]: {"min_version": need.version,
+        "engines": {RECORDS[engine].label: {"min_version": need.version,
                                      "why": "; ".join(need.reasons) or "relies on no feature newer than EAGLE-3"}
                     for engine, need in minimum_versions(spec).items()},
         "provenance": provenance(spec) or None,

@@ -13,9 +13,6 @@ import eaglekit.rules.deep
 import eaglekit.rules.structure
 import eaglekit.rules.target  # noqa: F401 (importing a rule module registers its rules)
 from eaglekit.engines import (
-    ENGINES,
-    LATEST,
-    OLDEST_MODELLED,
     RECORDS,
     Version,
     format_version,
@@ -106,17 +103,17 @@ class ValidationReport:
 def checked_engines(engine: str, engine_version: str | None) -> dict[str, Version]:
     """The engine(s) and version(s) to model: one engine, a comma list, or all; a version older than eaglekit
     models is a usage error."""
-    names = list(ENGINES) if engine == "all" else [e.strip() for e in engine.split(",") if e.strip()]
-    unknown = [e for e in names if e not in ENGINES]
+    names = list(RECORDS) if engine == "all" else [e.strip() for e in engine.split(",") if e.strip()]
+    unknown = [e for e in names if e not in RECORDS]
     if unknown or not names:
-        raise UsageError(f"unknown engine {(unknown or [engine])[0]!r}; known: {', '.join(ENGINES)}, all "
+        raise UsageError(f"unknown engine {(unknown or [engine])[0]!r}; known: {', '.join(RECORDS)}, all "
                          "(or a comma list)")
     if len(names) > 1:
         if engine_version is not None:
-            raise UsageError(f"--engine-version needs a single --engine ({', '.join(ENGINES)}), not {engine}")
-        return {e: parse_version(LATEST[e]) for e in ENGINES if e in names}
-    version = parse_version(engine_version or LATEST[engine])
-    oldest = OLDEST_MODELLED[engine]
+            raise UsageError(f"--engine-version needs a single --engine ({', '.join(RECORDS)}), not {engine}")
+        return {e: parse_version(r.latest) for e, r in RECORDS.items() if e in names}
+    version = parse_version(engine_version or RECORDS[engine].latest)
+    oldest = RECORDS[engine].oldest
     if version < parse_version(oldest):
         raise UsageError(f"--engine-version {engine_version}: eaglekit models {engine} from {oldest} on (EAGLE-3 "
                          "support is younger than that); a verdict for an older release would be a guess")
@@ -132,8 +129,8 @@ def run_rules(
     deep: bool = False,
     groups: tuple[str, ...] | None = None,
 ) -> ValidationReport:
-    """Run the selected rule groups over a draft. engine is one of ENGINES, a comma list or all; versions default
-    to the latest modelled."""
+    """Run the selected rule groups over a draft. engine names one engine record, a comma list or all; versions
+    default to the latest modelled."""
     selected = tuple(groups) if groups is not None else DEFAULT_GROUPS
     unknown = [g for g in selected if g not in GROUPS]
     if unknown:
@@ -168,7 +165,7 @@ def upgrade_refusals(spec: DraftSpec, engine: str | None = None) -> list[Finding
     those of `engine` (the output's, at its latest modelled version). validate reports the very same findings."""
     contexts: dict[str | None, RuleContext] = {None: RuleContext(spec, spec.target, None, None)}
     if engine is not None:
-        contexts[engine] = RuleContext(spec, spec.target, engine, parse_version(LATEST[engine]))
+        contexts[engine] = RuleContext(spec, spec.target, engine, parse_version(RECORDS[engine].latest))
     return [Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key,
                     r.refuses_load if hit.refuses_load is None else hit.refuses_load)
             for r in all_rules() if r.refuses_upgrade and r.engine in contexts

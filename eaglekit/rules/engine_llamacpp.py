@@ -17,7 +17,7 @@ from eaglekit.rules.registry import Hit, RuleContext, rule
 def eagle31(ctx: RuleContext):
     flags = ctx.spec.flags
     missing = [name for name, on in (("fc_norm", flags.fc_norm), ("norm_output", flags.norm_output)) if on]
-    if missing and not flags.norm_output_legacy_specforge:
+    if missing:
         yield Hit(f"{' and '.join(missing)} on: llama.cpp's EAGLE-3 draft has no such function (its converter drops "
                   "the flags silently); serve this draft with vLLM, SGLang, TensorRT-LLM or tokenspeed",
                   key=missing[0])

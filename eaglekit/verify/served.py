@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eaglekit.engines import LATEST, VLLM, parse_version, vllm_default_runner, vllm_runner_ids, vllm_view
+from eaglekit.engines import RECORDS, VLLM, parse_version, vllm_default_runner, vllm_runner_ids, vllm_view
 from eaglekit.rules import ValidationReport
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
@@ -39,10 +39,10 @@ def served_reading(spec: DraftSpec, target: TargetInfo, report: ValidationReport
     """vLLM `version` (default: the latest modelled) with `runner` (default: that version's default runner for this
     target) reading the draft's files as they are; `report` is the command's vLLM rules run at that version (its
     refusals and fix)."""
-    parsed = parse_version(version or LATEST[VLLM])
+    parsed = parse_version(version or RECORDS[VLLM].latest)
     runner = runner or vllm_default_runner(parsed, target.architectures[0] if target.architectures else None)
     view = vllm_view(spec, parsed)
-    engine = f"vLLM {version or LATEST[VLLM]} ({runner.upper()} runner)"
+    engine = f"vLLM {version or RECORDS[VLLM].latest} ({runner.upper()} runner)"
     ids = vllm_runner_ids(view, runner)
     if not ids:
         source = "its default (2, L//2, L-3)"
