@@ -59,5 +59,5 @@ def test_the_recipes_and_the_demo_use_only_options_the_commands_have():
 
 
 def test_docs_links_resolve():
-    for doc in ("cli.md", "rules.md", "benchmarks.md", "python-api.md"):
+    for doc in ("cli.md", "rules.md", "benchmarks.md", "python-api.md", "architecture.md"):
         assert f"](docs/{doc})" in README and os.path.exists(os.path.join(ROOT, "docs", doc))

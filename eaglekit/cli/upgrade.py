@@ -137,7 +137,11 @@ def _ids_line(aux: dict) -> str:
 
 
 def render(doc: dict) -> None:
+    from eaglekit.engines import RECORDS
+    from eaglekit.upgrade.dialects import get_dialect
+
     src, dst = doc["source"], doc["output"]
+    engine = RECORDS[get_dialect(dst["dialect"]).ENGINE]
     style = FUNCTION_STYLE[doc["function"]]
     flags = doc["flags"]
     fc = "no"
@@ -205,12 +209,11 @@ def render(doc: dict) -> None:
         out.print(styled(("Dry run: nothing was written.", "bold")))
     else:
         seconds = doc["timings"].get("total_s", 0.0)
-        checked = {"sglang": "validated for SGLang", "trtllm": "validated for TensorRT-LLM",
-                   "gguf": "read back and checked against llama.cpp's eagle3 loader"}.get(dst["dialect"],
-                                                                                          "validated for vLLM")
+        checked = (f"read back and checked against {engine.label}'s eagle3 loader" if engine.needs_conversion
+                   else f"validated for {engine.label}")
         out.print(styled(("Wrote", "green"), f" {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
                          f"{checked}."))
-    if doc["next_command"] and dst["dialect"] == "gguf":
+    if doc["next_command"] and engine.needs_conversion:
         out.print(styled("serve: ", (doc["next_command"], "bold")), soft_wrap=True)
     elif doc["next_command"]:
         out.print(styled("next: ", (doc["next_command"], "bold"), "  (trains the new function; until then this "

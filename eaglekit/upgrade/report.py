@@ -62,11 +62,14 @@ class UpgradeReport:
     def next_command(self) -> str | None:
         """What to run next: a function changed untrained needs `finetune` (which trains vLLM-layout drafts); a GGUF
         is served by llama.cpp."""
-        if self.output.get("dialect") == "gguf":
-            from eaglekit.serving import serve_command
+        from eaglekit.engines import RECORDS
+        from eaglekit.upgrade.dialects import get_dialect
 
-            return serve_command("llamacpp", self.target or "TARGET.gguf", self.output["path"], 3)
-        if self.function != "warm-start" or self.output.get("dialect") != "vllm":
+        dialect = get_dialect(self.output["dialect"])
+        engine = RECORDS[dialect.ENGINE]
+        if engine.needs_conversion:
+            return engine.serve(self.target or f"TARGET.{engine.loads}", self.output["path"], 3, ())
+        if self.function != "warm-start" or not dialect.FINETUNE_READS:
             return None
         dst = self.output["path"].rstrip("/")
         return f"eaglekit finetune {dst} {dst}-tuned --target {self.target or 'TARGET'}"

@@ -1,6 +1,7 @@
 """Output dialects: each writes a config (and names tensors) out of the canonical description, never reads one.
 
-A dialect module provides NAME, ENGINE (what `eaglekit validate --engine` checks it against), CANNOT_WRITE
+A dialect module provides NAME, ENGINE (what `eaglekit validate --engine` checks it against), FINETUNE_READS
+(whether `eaglekit finetune` trains drafts in this layout), CANNOT_WRITE
 (feature -> why this output cannot carry it: "mla", "qwen3", "eagle31" (trained or added fc_norm / norm_output),
 "norm_before_residual"), CAVEATS (feature -> a warning when the output carries it), `read_family(spec, decisions)`
 (the family that reads its output back), `config(spec, decisions, vocab)`, `tensor_name(canonical, spec)` (from

@@ -21,6 +21,7 @@ from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "gguf"
 ENGINE = LLAMACPP
+FINETUNE_READS = False
 CANNOT_WRITE: dict[str, str] = {
     "qwen3": NO_QWEN3_CLASS,
     "eagle31": "the source is an EAGLE-3.1 draft (trained fc_norm / norm_output), which llama.cpp cannot run; serve "

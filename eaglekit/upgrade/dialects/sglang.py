@@ -23,6 +23,7 @@ from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "sglang"
 ENGINE = "sglang"
+FINETUNE_READS = False
 CANNOT_WRITE: dict[str, str] = {
     "qwen3": NO_QWEN3_CLASS,
     "norm_before_residual": "this draft uses norm_before_residual true, and SGLang has no such switch (it always "

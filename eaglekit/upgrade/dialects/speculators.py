@@ -18,6 +18,7 @@ from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "speculators"
 ENGINE = "vllm"
+FINETUNE_READS = False
 CANNOT_WRITE: dict[str, str] = {
     "mla": "MLA drafts cannot be written in the speculators layout (vLLM maps only llama and qwen3 there, P31): use "
            "--to vllm or --to sglang",

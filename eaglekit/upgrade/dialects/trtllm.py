@@ -18,6 +18,7 @@ from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "trtllm"
 ENGINE = "trtllm"
+FINETUNE_READS = False
 CANNOT_WRITE: dict[str, str] = {"qwen3": NO_QWEN3_CLASS}
 CAVEATS: dict[str, str] = {}
 WRITER = folder

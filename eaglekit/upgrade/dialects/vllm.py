@@ -14,6 +14,7 @@ from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "vllm"
 ENGINE = "vllm"
+FINETUNE_READS = True  # `eaglekit finetune` trains drafts in this layout
 CANNOT_WRITE: dict[str, str] = {}
 CAVEATS: dict[str, str] = {}
 WRITER = folder
