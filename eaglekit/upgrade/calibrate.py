@@ -73,7 +73,7 @@ def fc_fidelity(fc_weight: np.ndarray, chunks: list[np.ndarray], weights: np.nda
     w = fc_weight.astype(np.float32)
     a = (np.concatenate(x, axis=-1) @ w.T).astype(np.float64)
     b = (np.concatenate(y, axis=-1) @ w.T).astype(np.float64)
-    rel = float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30))
+    rel = float(np.linalg.norm(a - b)) / max(float(np.linalg.norm(a)), 1e-30)
     dots = np.einsum("nh,nh->n", a, b)
     norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
     cos = dots / np.maximum(norms, 1e-30)

@@ -43,7 +43,7 @@ def _read_whole(spec: DraftSpec, ref: TensorRef) -> np.ndarray:
         return np.frombuffer(_torch_bytes(spec, ref.name), dtype=np.uint8)
     path = os.path.join(spec.path, ref.file)
     buf = np.empty(ref.nbytes, dtype=np.uint8)
-    view, got = memoryview(buf), 0
+    view, got = buf.data, 0
     with open(path, "rb", buffering=0) as fh:
         fh.seek(ref.data_start)
         while got < ref.nbytes:
@@ -97,19 +97,23 @@ def _array_bytes(values: np.ndarray, dtype: str) -> bytes:
 def out_tensor(spec: DraftSpec, plan: UpgradePlan, step: TensorStep, arrays: dict[str, np.ndarray],
                row_order: np.ndarray | None) -> OutTensor:
     recipe = plan.recipes[step.name]
-    ref = spec.tensors.get(recipe.source) if recipe.source else None
     source: ByteRange | partial
+    if recipe.kind == "array":
+        assert recipe.array is not None, "an array recipe names the computed array"
+        source = partial(_constant, _array_bytes(arrays[recipe.array], step.dtype))
+        return OutTensor(step.name, step.dtype, step.shape, source)
+    assert recipe.source is not None, "bytes, cast and rows recipes name their source tensor"
+    ref = spec.tensors[recipe.source]
     if recipe.kind == "bytes" and ref.data_start >= 0:
         source = ByteRange(os.path.join(spec.path, ref.file), ref.data_start, ref.data_end)
     elif recipe.kind in ("bytes", "cast") and ref.data_start < 0:
         source = partial(_pickled, spec, ref.name, recipe.cast_to)
     elif recipe.kind == "cast":
+        assert recipe.cast_to is not None, "a cast recipe names its output dtype"
         source = partial(_cast, spec, ref, recipe.cast_to)
-    elif recipe.kind == "rows":
+    else:
         scale = arrays[recipe.column_scale].astype(np.float32) if recipe.column_scale else None
         source = partial(_rows, spec, ref, row_order, recipe.cast_to, scale)
-    else:
-        source = partial(_constant, _array_bytes(arrays[recipe.array], step.dtype))
     return OutTensor(step.name, step.dtype, step.shape, source)
 
 

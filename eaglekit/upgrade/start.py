@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -117,6 +117,7 @@ def function_preserving_start(spec, capture, *, fc_norm_weights: np.ndarray | No
     so the figures describe the files, not an ideal."""
     import torch
 
+    from eaglekit.drafter.attention import RmsNormWeight
     from eaglekit.drafter.model import Drafter
 
     embed = None if spec.has_embed_tokens else capture.embed_tokens
@@ -129,9 +130,10 @@ def function_preserving_start(spec, capture, *, fc_norm_weights: np.ndarray | No
                                          "norm_output": False})
     with torch.no_grad():
         if fc_norm_weights is not None:
+            assert start.fc_norm is not None, "the fc_norm override builds it"
             rounded = round_to(fc_norm_weights.astype(np.float32), fc_norm_dtype)
             for k, norm in enumerate(start.fc_norm):
-                norm.weight.copy_(torch.from_numpy(rounded[k]))
+                cast(RmsNormWeight, norm).weight.copy_(torch.from_numpy(rounded[k]))
         fit_rms = prenorm_rms(start, capture.fit)
         held_rms = prenorm_rms(start, capture.held_out)
         scale = float(round_to(np.array([fit_rms.mean()], dtype=np.float32), norm_dtype)[0])
@@ -141,8 +143,8 @@ def function_preserving_start(spec, capture, *, fc_norm_weights: np.ndarray | No
         plain = top1_chains(start, capture.held_out)
         old = start.norm.weight.detach().float().numpy()
         column_scale = fold_scale(old, scale)
-        head = start.lm_head.weight.detach().float().numpy() * column_scale[None, :]
-        start.lm_head.weight.copy_(torch.from_numpy(round_to(head, head_dtype)))
+        head = start.head_weight.detach().float().numpy() * column_scale[None, :]
+        start.head_weight.copy_(torch.from_numpy(round_to(head, head_dtype)))
         norm_weight = np.full_like(old, scale)
         start.norm.weight.copy_(torch.from_numpy(norm_weight))
         rescaled = top1_chains(start, capture.held_out)
