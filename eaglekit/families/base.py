@@ -13,10 +13,13 @@ from eaglekit.families.names import FC_NORM, canonical_name, layer_index, name_f
 from eaglekit.io.checkpoint import CheckpointFiles
 from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.spec import (
+    Attention,
     AuxLayers,
     DraftSpec,
     Flags,
     Geometry,
+    IdConvention,
+    IdLocation,
     MlaGeometry,
     SourceFacts,
     TensorRef,
@@ -84,8 +87,8 @@ class Traits:
     """What a layout reader knows about its producer."""
 
     producer: str
-    aux_convention: str | None  # "input" | "output" | None (decide by heuristic)
-    aux_keys: tuple[str, ...] = ("top-level", "eagle_config")  # where the producer writes ids, in read order
+    aux_convention: IdConvention | None  # None: decide by heuristic
+    aux_keys: tuple[IdLocation, ...] = ("top-level", "eagle_config")  # where the producer writes ids, in read order
     norm_before_residual_default: bool | None = None  # what the producer's consumer assumed when absent
     notes: tuple[str, ...] = field(default_factory=tuple)
     # quirks the rules read by name (never by family string)
@@ -124,7 +127,8 @@ def family(name: str, priority: int, traits: Traits | None = None):
 def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
     places = {"top-level": obs.config, "eagle_config": obs.eagle_config}
     top, nested = (as_ids(places[p].get("eagle_aux_hidden_state_layer_ids")) for p in ("top-level", "eagle_config"))
-    written, location = None, None
+    written = None
+    location: IdLocation | None = None
     for key in traits.aux_keys:
         candidate = top if key == "top-level" else nested
         if candidate is not None:
@@ -179,7 +183,7 @@ def read_tensors(obs: Observed, traits: Traits) -> tuple[dict[str, TensorRef], l
     return tensors, layer_ids, renamed_hidden_norm
 
 
-def attention_kind(obs: Observed, tensors: dict[str, TensorRef]) -> str:
+def attention_kind(obs: Observed, tensors: dict[str, TensorRef]) -> Attention:
     if obs.is_mla:
         return "mla"
     qk_norm = any(n.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")) for n in tensors)
