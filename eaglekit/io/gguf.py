@@ -6,6 +6,7 @@ or hostile file becomes one CheckpointError naming the file. The writer holds on
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -120,6 +121,11 @@ def write_gguf(path: str, arch: str, fields: Iterable[GgufField], tensors: list[
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
+    header = writer.fout[0] if isinstance(writer.fout, list) else writer.fout
+    expected = header.tell()
+    if tensors:  # the data section starts aligned; each tensor is padded to the alignment
+        expected = writer.ggml_pad(expected, writer.data_alignment) + sum(
+            writer.ggml_pad(t.nbytes, writer.data_alignment) for t in tensors)
     for t in tensors:
         array = np.ascontiguousarray(t.make(), dtype=t.numpy_dtype)
         if array.shape != t.shape:
@@ -128,3 +134,6 @@ def write_gguf(path: str, arch: str, fields: Iterable[GgufField], tensors: list[
         if progress:
             progress(array.nbytes)
     writer.close()
+    written = os.path.getsize(path)
+    if written != expected:  # numpy's tofile can stop short at a file size limit without raising
+        raise OSError(errno.EFBIG, f"wrote {written} of {expected} bytes: the disk is full or the file too large")
