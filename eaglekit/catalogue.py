@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from eaglekit.config_view import nested
 from eaglekit.spec import DraftSpec, MlaGeometry
 
 LAYER = re.compile(r"^layers\.(\d{1,9})\.")
@@ -119,11 +120,11 @@ def _vocab_known(spec: DraftSpec) -> bool:
 
 
 def _reduced_vocab(spec: DraftSpec) -> bool:
-    return not _vocab_known(spec) or spec.vocab.draft_vocab_size < spec.vocab.vocab_size
+    return spec.vocab.vocab_size is None or spec.vocab.draft_vocab_size < spec.vocab.vocab_size
 
 
 def _uses_fc(spec: DraftSpec) -> bool:
-    ec = spec.config.get("eagle_config") if isinstance(spec.config.get("eagle_config"), dict) else {}
+    ec = nested(spec.config, "eagle_config")
     return not (spec.attention == "llama" and ec.get("use_aux_hidden_state", True) is False)
 
 
@@ -321,10 +322,10 @@ def _sglang(canonical: str, spec: DraftSpec) -> str | None:
 
 def gguf_name(canonical: str, spec: DraftSpec | None = None) -> str | None:
     found = lookup(canonical)
-    if found is None or found[0].gguf is None:
+    if found is None:
         return None
     entry, index = found
-    return entry.gguf.format(i=index)
+    return None if entry.gguf is None else entry.gguf.format(i=index)
 
 
 OUTPUT_NAMES: dict[str, Callable[[str, DraftSpec], str | None]] = {

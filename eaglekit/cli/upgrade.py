@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import click
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from eaglekit.cli.output import (
     aux_ids,
@@ -131,7 +132,7 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
         render(doc)
 
 
-def _ids_line(aux: dict) -> str:
+def _ids_line(aux: dict) -> Text:
     text = f"{aux['ids']} (vLLM convention) — from {aux['origin']}: {aux['detail']}"
     return styled(text) if aux["convention_known"] else styled(text, (" (convention guessed)", "yellow"))
 
@@ -194,10 +195,10 @@ def render(doc: dict) -> None:
     steps = doc["tensors"] if doc["dry_run"] else [s for s in doc["tensors"] if s["action"] not in ("copy", "rename")]
     counts = ", ".join(f"{n} {a}" for a, n in doc["counts"].items() if n)
     if steps:
-        rows = [[s["action"], s["name"] or "—", s["dtype"], str(s["shape"]),
-                 "" if s["source"] in (None, s["name"]) else s["source"], s["note"]] for s in steps]
+        step_rows = [[s["action"], s["name"] or "—", s["dtype"], str(s["shape"]),
+                      "" if s["source"] in (None, s["name"]) else s["source"], s["note"]] for s in steps]
         identifier_table(f"Plan ({counts})" if doc["dry_run"] else f"Tensors ({counts}); changed:",
-                         ["action", "tensor", "dtype", "shape", "source", "note"], rows, prose="note")
+                         ["action", "tensor", "dtype", "shape", "source", "note"], step_rows, prose="note")
     else:
         out.print(f"Tensors: {counts}.")
     shown = [f for f in doc["findings"] if f["severity"] != "info"]

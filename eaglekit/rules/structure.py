@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eaglekit.catalogue import DOUBLE_INDEX, layer_index, reported_elsewhere
-from eaglekit.config_view import int_at
+from eaglekit.config_view import int_at, nested
 from eaglekit.errors import quoted
 from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.rules.expected import (
@@ -145,7 +145,7 @@ def quantisation_tensors(ctx: RuleContext):
 
 @rule("EK160", "error", "structure", None, "a quantised weight without its weight_scale", refuses_upgrade=True)
 def unscaled_quantised_weights(ctx: RuleContext):
-    qcfg = quantization_config(ctx.spec)
+    qcfg = quantization_config(ctx.spec) or {}
     for name in unscaled_weights(ctx.spec):
         scale = f"{name.removesuffix('.weight')}.weight_scale"
         yield Hit(f"{name} is {ctx.spec.tensors[name].dtype} but there is no {scale}: vLLM's "
@@ -311,7 +311,7 @@ def config_sizes(ctx: RuleContext):
     spec = ctx.spec
     lcfg = layer_config(spec)
     g = spec.geometry
-    checks = [("hidden_size", g.hidden_size), ("intermediate_size", g.intermediate_size)]
+    checks: list[tuple[str, int | None]] = [("hidden_size", g.hidden_size), ("intermediate_size", g.intermediate_size)]
     if g.mla is not None:
         checks += [("q_lora_rank", g.mla.q_lora_rank), ("kv_lora_rank", g.mla.kv_lora_rank)]
     for key, actual in checks:
@@ -519,7 +519,7 @@ def sliding_window(ctx: RuleContext):
 @rule("EK155", "info", "structure", "P40", "rope_theta not written")
 def rope_theta(ctx: RuleContext):
     lcfg = layer_config(ctx.spec)
-    params = lcfg.get("rope_parameters") if isinstance(lcfg.get("rope_parameters"), dict) else {}
+    params = nested(lcfg, "rope_parameters")
     if "rope_theta" not in lcfg and "rope_theta" not in params:
         yield Hit("rope_theta is not written: EAGLE's implicit 10000 applies; write it explicitly",
                   key=layer_key(ctx.spec, "rope_theta"))

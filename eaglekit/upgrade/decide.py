@@ -110,9 +110,9 @@ def _aux(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None, k: in
         if len(set(ids)) != len(ids):
             raise UsageError(f"aux layer ids {list(ids)} have duplicates (P20)")
         if origin == "argument":
-            raise UsageError(f"--aux-layer-ids {list(opts.aux_layer_ids)} are not ascending: engines concatenate the "
-                             "captured states in ascending layer order, so give them ascending (eaglekit does not "
-                             "permute fc's column blocks) (P20)")
+            raise UsageError(f"--aux-layer-ids {list(opts.aux_layer_ids or ())} are not ascending: engines "
+                             "concatenate the captured states in ascending layer order, so give them ascending "
+                             "(eaglekit does not permute fc's column blocks) (P20)")
         warnings.append(f"aux layer ids {list(ids)} written sorted: engines concatenate in ascending order; if the "
                         "producer concatenated in the listed order, fc's column blocks are now permuted (P20)")
         ids = tuple(sorted(ids))
@@ -169,8 +169,8 @@ def _fc_norm_init(opts: UpgradeOptions, target: TargetInfo | None, added: bool, 
         return None
     if opts.fc_norm_init is None:
         return "calibrated" if target is not None and target_has_weights(target) else "ones"
-    if opts.fc_norm_init == "calibrated" and not target_has_weights(target):
-        raise UsageError(f"--fc-norm-init calibrated: no weights next to {target.path}")
+    if opts.fc_norm_init == "calibrated" and (target is None or not target_has_weights(target)):
+        raise UsageError(f"--fc-norm-init calibrated: no weights next to {target.path if target else 'no target'}")
     return opts.fc_norm_init
 
 
@@ -293,8 +293,8 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
     aux = _aux(spec, opts, target, k, warnings)
     vocab_size = _vocab_size(spec, target, warnings)
     source_fc_norm, source_norm_output, norm_before_fc = _trained_flags(spec, opts, warnings)
-    fc_norm_added = opts.fc_norm and not source_fc_norm
-    norm_output_added = opts.norm_output and not source_norm_output
+    fc_norm_added = bool(opts.fc_norm) and not source_fc_norm
+    norm_output_added = bool(opts.norm_output) and not source_norm_output
     init = _fc_norm_init(opts, target, fc_norm_added, warnings)
     nbr, nbr_origin = _norm_before_residual(spec, warnings)
     compute, cast = _dtypes(spec, opts, fc_norm_added)
@@ -319,10 +319,10 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
         target_hidden=t,
         aux=aux,
         vocab_size=vocab_size,
-        fc_norm=opts.fc_norm or source_fc_norm,
+        fc_norm=bool(opts.fc_norm) or source_fc_norm,
         fc_norm_added=fc_norm_added,
         fc_norm_init=init,
-        norm_output=opts.norm_output or source_norm_output,
+        norm_output=bool(opts.norm_output) or source_norm_output,
         norm_output_added=norm_output_added,
         norm_output_rescale=no_rescale is None,
         norm_before_fc=norm_before_fc,

@@ -124,7 +124,7 @@ def plan_gguf(spec: DraftSpec, d: Decisions, plan: UpgradePlan, out: list[OutTen
         elif step.action == "rename":
             step = replace(step, note="")  # to llama.cpp's name, not the canonical one
         steps.append(step)
-    if rope_type(g.rope_scaling or {}) == "llama3":
+    if g.rope_scaling and rope_type(g.rope_scaling) == "llama3":
         factors = llama3_rope_factors(g.rope_scaling, g.rope_theta, g.head_dim)
         tensors.append(GgufTensor("rope_freqs.weight", factors.shape, "F32", lambda: factors))
         steps.append(TensorStep("rope_freqs.weight", "add", "F32", factors.shape, None, None,
@@ -218,8 +218,15 @@ def check_destination(destination: str, force: bool) -> None:
     check_parent(destination)
 
 
+def _target(job: OutputJob) -> TargetInfo:
+    """The target GGUF whose tokenizer goes into the draft (the gguf dialect refuses a job without one)."""
+    if job.target is None:
+        raise UsageError("--to gguf needs --target, the target's GGUF file")
+    return job.target
+
+
 def _gguf_plan(job: OutputJob, digests: dict[str, str]) -> GgufPlan:
-    target_gguf, _ = read_gguf(job.target.path)
+    target_gguf, _ = read_gguf(_target(job).path)
     return plan_gguf(job.spec, job.d, job.plan, job.tensors(), target_gguf, job.provenance(digests))
 
 
@@ -239,7 +246,7 @@ def write(job: OutputJob) -> list[str]:
 
     def write_file(tmp: str) -> None:
         write_gguf(tmp, ARCH, final.fields, final.tensors, job.progress)
-        check_gguf(tmp, job.spec, job.d, job.target)
+        check_gguf(tmp, job.spec, job.d, _target(job))
 
     publish_file(job.destination, write_file, what="the GGUF")
     job.report.validated = True

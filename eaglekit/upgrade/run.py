@@ -74,7 +74,11 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
         return None, None, None
     from eaglekit.upgrade.capture import capture_calibration, fit_fc_norm
 
-    capture = capture_calibration(os.path.dirname(d.target.path), d.aux.ids, text_file=opts.calibration_file,
+    target = d.target
+    if target is None:
+        raise UsageError("calibrating fc_norm or the norm_output rescale needs --target (the model whose hidden "
+                         "states it measures)")
+    capture = capture_calibration(os.path.dirname(target.path), d.aux.ids, text_file=opts.calibration_file,
                                   max_tokens=opts.calibration_tokens, device=opts.device)
     weights = fidelity = start = None
     if d.fc_norm_added:
@@ -82,7 +86,7 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
                           eps=spec.geometry.rms_norm_eps, dtype=d.compute_dtype)
         if not np.all(np.isfinite(cal.weights)):
             raise OutputError("calibration produced non-finite fc_norm weights (are the target's hidden states "
-                              "finite?)", d.target.path)
+                              "finite?)", target.path)
         weights = cal.weights
         fidelity = FidelityReport.of(cal.calibrated, cal.ones, cal.fit_tokens, cal.text_source)
     if d.norm_output_rescale:
@@ -93,7 +97,7 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
                                           head_dtype=d.cast_to or spec.tensors["lm_head.weight"].dtype)
         if not (np.isfinite(start.fidelity.scale) and start.fidelity.scale > 0):
             raise OutputError(f"the draft's pre-norm state has RMS {start.fidelity.scale} on the calibration text: "
-                              "no rescale fits it", d.target.path)
+                              "no rescale fits it", target.path)
     return weights, fidelity, start
 
 
