@@ -175,7 +175,7 @@ def class_attention(ctx: RuleContext):
                   key="architectures")
 
 
-@rule("EK314", "error", "engine", "P14", "EAGLE-1 fc bias", engine=VLLM, refuses_load=True)
+@rule("EK314", "error", "engine", "P14", "EAGLE-1 fc bias", engine=VLLM, refuses_load=True, convertible=False)
 def fc_bias(ctx: RuleContext):
     cfg = ctx.spec.config
     if "fc.bias" in ctx.spec.tensors:
