@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eaglekit.verify.prompts import Prompt, bundled_prompts, read_prompts
+from eaglekit.verify.prompts import Prompt
+
+if TYPE_CHECKING:
+    from eaglekit.verify.run import VerifyOptions
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,15 @@ class EvalOptions:
     max_new_tokens: int = 64
     k: int = 3
     context_tokens: tuple[int, ...] = (0, 1024)  # one setting per entry; 0 = the prompts as they are
+
+    def decode_options(self, device: str = "auto", dtype: str = "auto") -> VerifyOptions:
+        """The compare run this evaluation is: its prompts, k, new tokens and context settings, on `device` in `dtype`
+        (the target's)."""
+        from eaglekit.verify.run import VerifyOptions
+
+        return VerifyOptions(num_speculative_tokens=self.k, max_new_tokens=self.max_new_tokens,
+                             prompts_file=self.prompts_file, limit=self.limit,
+                             context_tokens=tuple(self.context_tokens), device=device, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -66,5 +78,8 @@ def resolved_worse(paired: Sequence[Paired]) -> str | None:
 
 
 def held_out_prompts(opts: EvalOptions) -> tuple[str, tuple[Prompt, ...]]:
-    prompts = read_prompts(opts.prompts_file) if opts.prompts_file else bundled_prompts()
-    return prompts.name, prompts.prompts[: opts.limit]
+    """The prompts the evaluation decodes (the compare run's own selection), for the report to name."""
+    from eaglekit.verify.setup import select_prompts
+
+    prompts = select_prompts(opts.decode_options())
+    return prompts.name, prompts.prompts

@@ -14,22 +14,12 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.errors import UsageError
-from eaglekit.families import apply_target, load_draft
-from eaglekit.target import read_target
-from eaglekit.target_model import load_target
-from eaglekit.verify.checks import compatibility_checks, refuse_failures, vllm_rules
 from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_decode
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.report import Condition, DecodeSettings, plain_report, sweep_document
-from eaglekit.verify.run import (
-    VerifyOptions,
-    _prompt_set,
-    refuse_clobbered_inputs,
-    refuse_prompts_past_context,
-    resolve_aux_ids,
-    turns,
-)
+from eaglekit.verify.run import VerifyOptions, turns
+from eaglekit.verify.setup import decode_setup
 from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
 
 
@@ -153,47 +143,32 @@ def compare_against(reference: str, drafts: Sequence[str], target: str, options:
     per condition and every drafter is replayed on that pass, so N drafts cost one target decode, not N. One sweep
     per draft, in order (A = the reference)."""
     options.check()
-    info = read_target(target)
-    specs = []
-    for path in (reference, *drafts):
-        raw = load_draft(path)
-        spec = apply_target(raw, info)
-        aux_ids, aux_source = resolve_aux_ids(spec, None)
-        refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states,
-                                             vllm_rules(spec, info)), raw.path)
-        specs.append((raw.path, spec, aux_ids))
     names = ["draft A", "draft B"] if len(drafts) == 1 else ["reference", *(f"draft {i + 1}"
                                                                             for i in range(len(drafts)))]
-    refuse_clobbered_inputs(options, [(name, path) for name, (path, _, _) in zip(names, specs)], target)
-    prompts = _prompt_set(options)
-    model = load_target(target, device=options.device, dtype=options.dtype)
-    refuse_prompts_past_context(prompts, model, options, lookahead=options.num_speculative_tokens + 1)
-
-    from eaglekit.drafter.model import Drafter
-
-    drafters = [Drafter.from_spec(spec, device=model.device, dtype=model.dtype, embed_tokens=model.embed_tokens,
-                                  lm_head=model.lm_head) for _, spec, _ in specs]
-    captured = sorted({i for _, _, ids in specs for i in ids})
-    k, conditions = options.num_speculative_tokens, options.conditions
+    k = options.num_speculative_tokens
+    setup = decode_setup(list(zip(names, (reference, *drafts))), target, options, lookahead=k + 1)
+    model, conditions = setup.target_model, options.conditions
+    drafters = [setup.drafter(draft) for draft in setup.drafts]
+    captured = sorted({i for draft in setup.drafts for i in draft.aux_ids})
     sweeps: list[list[CompareReport]] = [[] for _ in drafts]
     for done, condition in enumerate(conditions):
-        measured = [Measured(path, spec.eagle_version, list(ids)) for path, spec, ids in specs]
-        names, categories, conversations = [], [], []
-        for prompt, ids, plain in turns(prompts, model, options.at(condition), lookahead=k + 1):
+        measured = [Measured(d.path, d.spec.eagle_version, list(d.aux_ids)) for d in setup.drafts]
+        prompt_names, categories, conversations = [], [], []
+        for prompt, ids, plain in turns(setup.prompts, model, options.at(condition), lookahead=k + 1):
             capture = capture_pass(model, ids, plain.tokens, captured)
             for drafter, m in zip(drafters, measured):
                 proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + k + 2)
                 run = speculative_decode(ReplayVerifier(capture, m.aux_layer_ids), proposer, ids, k=k,
-                                         max_new_tokens=options.max_new_tokens, eos_ids=model.eos_token_ids)
+                                         max_new_tokens=setup.max_new_tokens, eos_ids=setup.eos_ids)
                 m.counters.append(run.counter)
-            names.append(prompt.name)
+            prompt_names.append(prompt.name)
             categories.append(prompt.category)
             conversations.append(prompt.conversation or prompt.name)
             if on_prompt is not None:
                 label = f"{condition.label}: {prompt.name}" if len(conditions) > 1 else prompt.name
-                on_prompt(prompts.turns * done + len(names), prompts.turns * len(conditions), label)
-        settings = DecodeSettings(target, k, options.max_new_tokens, str(model.dtype).replace("torch.", ""),
-                                  str(model.device), prompts.name, condition.context_tokens, condition.template)
+                on_prompt(setup.prompts.turns * done + len(prompt_names), setup.prompts.turns * len(conditions),
+                          label)
+        settings = setup.settings(condition)
         for sweep, m in zip(sweeps, measured[1:]):
-            sweep.append(CompareReport(settings, names, categories, conversations, measured[0], m))
+            sweep.append(CompareReport(settings, prompt_names, categories, conversations, measured[0], m))
     return [CompareSweep(reports) for reports in sweeps]

@@ -10,22 +10,20 @@ from dataclasses import dataclass
 
 from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
-from eaglekit.families import apply_target, load_draft
-from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
+from eaglekit.io.outputs import Role
 from eaglekit.rules import ValidationReport, checked_engines
 from eaglekit.spec import DraftSpec
-from eaglekit.target import read_target, target_config_path
-from eaglekit.target_model import TargetModel, load_target, load_tokenizer
+from eaglekit.target_model import TargetModel
 from eaglekit.verify.acceptance_profile import speculation_profile
-from eaglekit.verify.checks import compatibility_checks, refuse_failures, vllm_rules
-from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, check_room, greedy_decode, speculative_decode
+from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
 from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.engine import EngineOptions, EngineRun, check_engine_available, run_vllm
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.prompts import PromptSet, bundled_prompts, check_template, encode, read_prompts, with_context
-from eaglekit.verify.report import Condition, DecodeSettings, PromptOutcome, VerifyReport, VerifySweep, plain_report
+from eaglekit.verify.prompts import PromptSet, check_template, encode, with_context
+from eaglekit.verify.report import Condition, PromptOutcome, VerifyReport, VerifySweep, plain_report
 from eaglekit.verify.served import ServedReading, served_reading
+from eaglekit.verify.setup import decode_setup
 from eaglekit.verify.stats import by_category, tau_interval
 
 REFERENCE, ENGINE_ALONE, BOTH = "reference", "vllm", "both"
@@ -101,35 +99,6 @@ class VerifyOptions:
             checked_engines("vllm", self.engine_version)
 
 
-def refuse_clobbered_inputs(options: VerifyOptions, drafts: Sequence[tuple[str, str]], target: str) -> None:
-    """Before any decode: no file the caller will write from this run (`options.outputs`) lands in a draft (name,
-    folder), the target or the prompts file."""
-    reads = [role for name, folder in drafts for role in read_roles(name, folder)]
-    refuse_clobber(options.outputs, [*reads, *target_roles(target), *read_roles("--prompts", options.prompts_file)])
-
-
-def resolve_aux_ids(spec: DraftSpec, override: Sequence[int] | None) -> tuple[tuple[int, ...] | None, str]:
-    """The ids to capture (vLLM convention, ascending) and where they came from."""
-    if override is not None:
-        return tuple(sorted(override)), "--aux-layer-ids (vLLM convention)"
-    if spec.aux.ids is None:
-        return None, spec.aux.source
-    return tuple(sorted(spec.aux.ids)), spec.aux.source
-
-
-def _prompt_set(options: VerifyOptions) -> PromptSet:
-    if options.prompts_file:
-        prompts = read_prompts(options.prompts_file, options.categories, options.turns)
-    elif options.categories or options.turns != "first":
-        raise UsageError("--category and --turns select from a --prompts file (SPEED-Bench or JSONL with "
-                         "\"category\"); the bundled prompts have neither")
-    else:
-        prompts = bundled_prompts()
-    if options.limit is not None:
-        prompts = dataclasses.replace(prompts, prompts=prompts.prompts[: options.limit])
-    return prompts
-
-
 def _divergence(spec_tokens: list[int], target_tokens: list[int], margins: list[float],
                 tolerance: float) -> dict | None:
     n = min(len(spec_tokens), len(target_tokens))
@@ -164,34 +133,22 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
                          "--template")
     if options.engine == "both":
         check_engine_available(options.engine_options)  # before minutes of reference decoding
-    info = read_target(target)
-    raw = load_draft(draft)
-    refuse_clobbered_inputs(options, [("draft", raw.path)], target)
-    spec = apply_target(raw, info)
-    aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
-    rules = vllm_rules(spec, info, options.engine_version)
-    checks = compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states, rules)
-    refuse_failures(checks, raw.path)
-    prompts = _prompt_set(options)
-
-    model = load_target(target, device=options.device, dtype=options.dtype)
-    refuse_prompts_past_context(prompts, model, options)
-    dtype_name = str(model.dtype).replace("torch.", "")
-    tolerance = TIE_TOLERANCE.get(dtype_name, 0.0)
-
-    from eaglekit.drafter.model import Drafter
+    setup = decode_setup([("draft", draft)], target, options)
+    model, (checked,) = setup.target_model, setup.drafts
+    spec, info, aux_ids = checked.spec, setup.info, checked.aux_ids
+    tolerance = TIE_TOLERANCE.get(setup.dtype, 0.0)
 
     def make_drafter(overrides: dict[str, bool] | None = None):
-        return Drafter.from_spec(spec, device=model.device, dtype=model.dtype, embed_tokens=model.embed_tokens,
-                                 lm_head=model.lm_head, overrides=overrides or None)
+        return setup.drafter(checked, overrides)
 
     drafter = make_drafter()
-    k, eos = options.num_speculative_tokens, model.eos_token_ids
+    prompts, k, eos = setup.prompts, setup.k, setup.eos_ids
     if options.warmup:
         _warm_up(model, drafter, aux_ids, encode(prompts.prompts[0], model.tokenizer), k)
     flags = {name: bool(getattr(drafter.config, name)) for name in ("fc_norm", "norm_output", "norm_before_fc",
                                                                      "norm_before_residual")}
-    measured, total, reports = measured_files(raw, info), prompts.turns * len(conditions), []
+    measured, total = measured_files(spec, info), prompts.turns * len(conditions)
+    reports: list[VerifyReport] = []
     for condition in conditions:
         condition_options = options.at(condition)
         readings = None
@@ -199,14 +156,14 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             written_order = spec.aux.ids if options.aux_layer_ids is None else None
             hyps = hypotheses(aux_ids, written_order, info.num_layers, info.default_aux_ids,
                               bool(drafter.config.norm_before_residual), bool(drafter.config.norm_output))
-            readings = Sweep(hyps, make_drafter, k=k, max_new_tokens=options.max_new_tokens, eos_ids=eos)
+            readings = Sweep(hyps, make_drafter, k=k, max_new_tokens=setup.max_new_tokens, eos_ids=eos)
 
         counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
         target_s, spec_tokens, target_tokens, outcomes, target_outputs, encoded = 0.0, 0, 0, [], [], []
         for prompt, ids, plain in turns(prompts, model, condition_options):
-            proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + options.max_new_tokens + k + 2, drift=drift)
+            proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + setup.max_new_tokens + k + 2, drift=drift)
             spec_run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k,
-                                          max_new_tokens=options.max_new_tokens, eos_ids=eos)
+                                          max_new_tokens=setup.max_new_tokens, eos_ids=eos)
             counter.merge(spec_run.counter)
             clock.merge(spec_run.clock)
             target_s += plain.seconds
@@ -226,53 +183,31 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
 
         served = None
         if not options.as_eaglekit_reads and options.aux_layer_ids is None and not several:
-            served = served_section(spec, info, rules, options, flags, aux_ids, counter,
+            served = served_section(spec, info, checked.rules, options, flags, aux_ids, counter,
                                     lambda reading: _acceptance(model, make_drafter(_flips(flags, reading.flags)),
-                                                                reading.aux_ids, encoded, k, options.max_new_tokens,
+                                                                reading.aux_ids, encoded, k, setup.max_new_tokens,
                                                                 eos))
         engine = comparison = None
         if options.engine == "both":
-            run = run_vllm(raw.path, target, encoded, k=k, max_new_tokens=options.max_new_tokens, dtype=dtype_name,
+            run = run_vllm(spec.path, target, encoded, k=k, max_new_tokens=setup.max_new_tokens, dtype=setup.dtype,
                            opts=options.engine_options)
             engine = run.to_dict()
             engine_ids = engine_aux_ids(run, info)
             rerun = None
             if engine_ids is not None and tuple(engine_ids) != tuple(aux_ids):
-                rerun = _acceptance(model, drafter, engine_ids, encoded, k, options.max_new_tokens, eos)
+                rerun = _acceptance(model, drafter, engine_ids, encoded, k, setup.max_new_tokens, eos)
             comparison = compare_engine(counter, run, aux_ids, engine_ids, rerun, target_outputs,
                                         [o.counter for o in outcomes])
         reports.append(VerifyReport(
-            draft=raw.path, settings=DecodeSettings(target, k, options.max_new_tokens, dtype_name, str(model.device),
-                                                    prompts.name, condition.context_tokens, condition.template),
-            eagle_version=spec.eagle_version, flags=flags, aux_layer_ids=list(aux_ids),
-            aux_layer_ids_source=aux_source, chat_template=bool(getattr(model.tokenizer, "chat_template", None)),
-            checks=checks, counter=counter, drift=drift, spec_clock=clock, target_only_s=target_s,
+            draft=spec.path, settings=setup.settings(condition), eagle_version=spec.eagle_version, flags=flags,
+            aux_layer_ids=list(aux_ids), aux_layer_ids_source=checked.aux_source,
+            chat_template=bool(getattr(model.tokenizer, "chat_template", None)), checks=checked.checks,
+            counter=counter, drift=drift, spec_clock=clock, target_only_s=target_s,
             spec_tokens=spec_tokens, target_tokens=target_tokens, outcomes=outcomes, tie_tolerance=tolerance,
             diagnosis=conclude(readings.results()) if readings else None, min_acceptance=options.min_acceptance,
             engine=engine, engine_comparison=comparison, served=served, measured=measured,
         ))
     return VerifySweep(reports)
-
-
-def refuse_context_past_target(options: VerifyOptions, context: int | None, new_tokens: int) -> None:
-    """A --context-tokens setting that cannot fit the target's context with the decode is the option's fault, and is
-    said so (not blamed on the first prompt it is prepended to)."""
-    for condition in options.conditions:
-        if context is not None and condition.context_tokens + new_tokens >= context:
-            raise UsageError(f"--context-tokens {condition.context_tokens:,} and {new_tokens:,} new tokens leave no "
-                             f"room for a prompt in the target's {context:,}-token context (max_position_embeddings)")
-
-
-def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options: VerifyOptions,
-                                lookahead: int = 0) -> None:
-    """Every first turn, under every condition, must leave room for its decode in the target's context: checked
-    before the first decode, so a long last prompt costs seconds, not the whole run."""
-    refuse_context_past_target(options, model.context, options.max_new_tokens + lookahead)
-    for condition in options.conditions:
-        for index, first in enumerate(prompts.prompts):
-            prompt = with_context(first, model.tokenizer, condition.context_tokens, index)
-            check_room(model, encode(prompt, model.tokenizer, template=condition.template),
-                       options.max_new_tokens + lookahead)
 
 
 def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0):
@@ -355,44 +290,34 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
                          "--context-tokens value and --template chat")
     options = options.at(options.conditions[0])
     check_engine_available(options.engine_options)
-    info = read_target(target)
-    raw = load_draft(draft)
-    refuse_clobbered_inputs(options, [("draft", raw.path)], target)
-    spec = apply_target(raw, info)
-    aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
-    refuse_failures(compatibility_checks(raw, info, aux_ids, aux_source, spec.num_aux_hidden_states,
-                                         vllm_rules(spec, info, options.engine_version)), raw.path)
-    prompts = _prompt_set(options)
+    setup = decode_setup([("draft", draft)], target, options, load_model=False)
+    (checked,), prompts, dtype, info = setup.drafts, setup.prompts, setup.dtype, setup.info
+    spec = checked.spec
     if prompts.turns != len(prompts.prompts):
         raise UsageError("--turns all asks each turn after the target's answer to the one before: use --engine both "
                          "(the reference decodes the answers and vLLM gets the same turns) or --turns first")
-    tokenizer = load_tokenizer(os.path.dirname(os.path.abspath(target_config_path(target))), info)
-    refuse_context_past_target(options, info.max_position_embeddings, options.max_new_tokens)
-    encoded = [encode(p, tokenizer, context_tokens=options.context_tokens, index=i)
+    encoded = [encode(p, setup.tokenizer, context_tokens=options.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
-    from eaglekit.target_model import resolve_device
-
-    device = resolve_device(options.device)
-    dtype = options.dtype if options.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
-    run = run_vllm(raw.path, target, encoded, k=options.num_speculative_tokens, max_new_tokens=options.max_new_tokens,
-                   dtype=dtype, opts=options.engine_options)
+    run = run_vllm(spec.path, target, encoded, k=setup.k, max_new_tokens=setup.max_new_tokens, dtype=dtype,
+                   opts=options.engine_options)
     groups = [p.conversation or p.name for p in prompts.prompts]
     interval = tau_interval(run.per_request, groups) if run.per_request else None
     categories = (by_category(run.per_request, [p.category for p in prompts.prompts], groups,
-                              options.num_speculative_tokens)
+                              setup.k)
                   if run.per_request and any(p.category is not None for p in prompts.prompts) else None)
-    return {"draft": raw.path, "target": target, "eagle_version": spec.eagle_version,
-            "num_speculative_tokens": options.num_speculative_tokens, "max_new_tokens": options.max_new_tokens,
+    return {"draft": spec.path, "target": target, "eagle_version": spec.eagle_version,
+            "num_speculative_tokens": setup.k, "max_new_tokens": setup.max_new_tokens,
             "dtype": dtype, "prompts": {"name": prompts.name, "count": len(encoded),
                                         "context_tokens": options.context_tokens},
-            "eaglekit_aux_layer_ids": list(aux_ids), "engine_aux_layer_ids": list(engine_aux_ids(run, info) or []),
+            "eaglekit_aux_layer_ids": list(checked.aux_ids),
+            "engine_aux_layer_ids": list(engine_aux_ids(run, info) or []),
             "engine": run.to_dict(), "acceptance_length_interval": interval.to_dict() if interval else None,
             "categories": categories,
             "speculation_profile": speculation_profile(
                 run.counter, per_request=[c.acceptance_length for c in run.per_request or [] if c.drafts],
-                draft=raw.path, target=target, eagle_version=spec.eagle_version, per_category=categories,
+                draft=spec.path, target=target, eagle_version=spec.eagle_version, per_category=categories,
                 conditions={"engine": f"vLLM {run.version}", "dataset": prompts.name, "prompts": len(encoded),
-                            "context_tokens": options.context_tokens, "max_new_tokens": options.max_new_tokens,
+                            "context_tokens": options.context_tokens, "max_new_tokens": setup.max_new_tokens,
                             "sampling": "greedy", "dtype": dtype})}
 
 

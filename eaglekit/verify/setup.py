@@ -1,0 +1,171 @@
+"""The one setup every decode of drafts against a target starts from (verify, compare, finetune's evaluation).
+
+Each draft is read resolved against the target and checked against it, the prompts are chosen, the target is
+loaded and every prompt is checked to leave room for its decode, all before the first forward: a mismatch costs
+seconds, not a run. Decode settings (k, new tokens, device, dtype, EOS) are read off the setup, never re-derived,
+so every report of one run says what was actually decoded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eaglekit.errors import UsageError
+from eaglekit.families import load_draft
+from eaglekit.io.outputs import read_roles, refuse_clobber, target_roles
+from eaglekit.rules import ValidationReport
+from eaglekit.spec import DraftSpec
+from eaglekit.target import TargetInfo, read_target, target_config_path
+from eaglekit.target_model import TargetModel, load_target, load_tokenizer, resolve_device, resolve_dtype
+from eaglekit.verify.checks import Check, compatibility_checks, refuse_failures, vllm_rules
+from eaglekit.verify.decode import check_room
+from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
+from eaglekit.verify.report import Condition, DecodeSettings
+
+if TYPE_CHECKING:
+    from eaglekit.verify.run import VerifyOptions
+
+
+@dataclass(frozen=True)
+class DecodeDraft:
+    """One draft as a decode reads it: resolved against the target (`spec.as_written` is what its files record),
+    the aux ids the decode captures, and vLLM's rules run over it, from which its compatibility checks are drawn."""
+
+    name: str  # how a refusal names it: "draft", "draft A", "reference", ...
+    spec: DraftSpec
+    aux_ids: tuple[int, ...]
+    aux_source: str
+    rules: ValidationReport
+    checks: list[Check]
+
+    @property
+    def path(self) -> str:
+        return self.spec.path
+
+
+@dataclass(frozen=True)
+class DecodeSetup:
+    """Drafts, prompts and the target of one run, with the settings every decode of it uses."""
+
+    target: str  # as given (the reports name it so)
+    info: TargetInfo
+    drafts: tuple[DecodeDraft, ...]
+    prompts: PromptSet
+    k: int
+    max_new_tokens: int
+    device: str
+    dtype: str  # torch's name without "torch.", as the reports write it
+    tokenizer: Any
+    model: TargetModel | None  # None when an engine decodes alone: the tokenizer is all of the target loaded here
+
+    @property
+    def target_model(self) -> TargetModel:
+        if self.model is None:
+            raise RuntimeError("this setup did not load the target (an engine decodes alone)")
+        return self.model
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.target_model.eos_token_ids
+
+    def drafter(self, draft: DecodeDraft, overrides: dict[str, bool] | None = None):
+        """`draft`'s drafter on the target's device and dtype, sharing its embedding and lm_head where it ships
+        none; `overrides` flips norm flags (what another reading of the files would decode)."""
+        from eaglekit.drafter.model import Drafter
+
+        model = self.target_model
+        return Drafter.from_spec(draft.spec, device=model.device, dtype=model.dtype, embed_tokens=model.embed_tokens,
+                                 lm_head=model.lm_head, overrides=overrides or None)
+
+    def settings(self, condition: Condition) -> DecodeSettings:
+        return DecodeSettings(self.target, self.k, self.max_new_tokens, self.dtype, self.device, self.prompts.name,
+                              condition.context_tokens, condition.template)
+
+
+def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: VerifyOptions, *,
+                 load_model: bool = True, lookahead: int = 0) -> DecodeSetup:
+    """Read and check every (name, path) draft against `target`, choose the prompts and load the target (its
+    tokenizer only without `load_model`); refuse, before any decode, a draft that does not fit, an output that
+    would overwrite an input, or a prompt with no room for `options.max_new_tokens` + `lookahead` tokens."""
+    info = read_target(target)
+    specs = [(name, load_draft(path, target=info)) for name, path in drafts]
+    refuse_clobbered_inputs(options, [(name, spec.path) for name, spec in specs], target)
+    checked = tuple(_checked(name, spec, info, options) for name, spec in specs)
+    prompts = select_prompts(options)
+    new_tokens = options.max_new_tokens + lookahead
+    if load_model:
+        model = load_target(target, device=options.device, dtype=options.dtype)
+        refuse_prompts_past_context(prompts, model, options, lookahead)
+        device, dtype, tokenizer = str(model.device), model.dtype, model.tokenizer
+    else:
+        model = None
+        refuse_context_past_target(options, info.max_position_embeddings, new_tokens)
+        device = resolve_device(options.device)
+        dtype = resolve_dtype(options.dtype, device)
+        tokenizer = load_tokenizer(os.path.dirname(os.path.abspath(target_config_path(target))), info)
+    return DecodeSetup(target, info, checked, prompts, options.num_speculative_tokens, options.max_new_tokens,
+                       device, str(dtype).replace("torch.", ""), tokenizer, model)
+
+
+def _checked(name: str, spec: DraftSpec, info: TargetInfo, options: VerifyOptions) -> DecodeDraft:
+    aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
+    rules = vllm_rules(spec, info, options.engine_version)
+    checks = compatibility_checks(spec.as_written, info, aux_ids, aux_source, spec.num_aux_hidden_states, rules)
+    refuse_failures(checks, spec.path)
+    assert aux_ids is not None, "the aux_layer_ids check fails without ids"
+    return DecodeDraft(name, spec, aux_ids, aux_source, rules, checks)
+
+
+def resolve_aux_ids(spec: DraftSpec, override: Sequence[int] | None) -> tuple[tuple[int, ...] | None, str]:
+    """The ids to capture (vLLM convention, ascending) and where they came from."""
+    if override is not None:
+        return tuple(sorted(override)), "--aux-layer-ids (vLLM convention)"
+    if spec.aux.ids is None:
+        return None, spec.aux.source
+    return tuple(sorted(spec.aux.ids)), spec.aux.source
+
+
+def refuse_clobbered_inputs(options: VerifyOptions, drafts: Sequence[tuple[str, str]], target: str) -> None:
+    """Before any decode: no file the caller will write from this run (`options.outputs`) lands in a draft (name,
+    folder), the target or the prompts file."""
+    reads = [role for name, folder in drafts for role in read_roles(name, folder)]
+    refuse_clobber(options.outputs, [*reads, *target_roles(target), *read_roles("--prompts", options.prompts_file)])
+
+
+def select_prompts(options: VerifyOptions) -> PromptSet:
+    """The --prompts file (its --category and --turns selection) or the bundled prompts, the first --limit."""
+    if options.prompts_file:
+        prompts = read_prompts(options.prompts_file, options.categories, options.turns)
+    elif options.categories or options.turns != "first":
+        raise UsageError("--category and --turns select from a --prompts file (SPEED-Bench or JSONL with "
+                         "\"category\"); the bundled prompts have neither")
+    else:
+        prompts = bundled_prompts()
+    if options.limit is not None:
+        prompts = dataclasses.replace(prompts, prompts=prompts.prompts[: options.limit])
+    return prompts
+
+
+def refuse_context_past_target(options: VerifyOptions, context: int | None, new_tokens: int) -> None:
+    """A --context-tokens setting that cannot fit the target's context with the decode is the option's fault, and is
+    said so (not blamed on the first prompt it is prepended to)."""
+    for condition in options.conditions:
+        if context is not None and condition.context_tokens + new_tokens >= context:
+            raise UsageError(f"--context-tokens {condition.context_tokens:,} and {new_tokens:,} new tokens leave no "
+                             f"room for a prompt in the target's {context:,}-token context (max_position_embeddings)")
+
+
+def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options: VerifyOptions,
+                                lookahead: int = 0) -> None:
+    """Every first turn, under every condition, must leave room for its decode in the target's context: checked
+    before the first decode, so a long last prompt costs seconds, not the whole run."""
+    refuse_context_past_target(options, model.context, options.max_new_tokens + lookahead)
+    for condition in options.conditions:
+        for index, first in enumerate(prompts.prompts):
+            prompt = with_context(first, model.tokenizer, condition.context_tokens, index)
+            check_room(model, encode(prompt, model.tokenizer, template=condition.template),
+                       options.max_new_tokens + lookahead)
