@@ -34,7 +34,7 @@ class Explanation:
 
 @cache
 def pitfalls() -> dict[str, dict[str, str | None]]:
-    text = resources.files("eaglekit").joinpath("data").joinpath("pitfalls.json").read_text(encoding="utf-8")
+    text = (resources.files("eaglekit") / "data" / "pitfalls.json").read_text(encoding="utf-8")
     return json.loads(text)
 
 

@@ -41,8 +41,8 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
     from eaglekit.verify.compare import compare_conditions
+    from eaglekit.verify.options import VerifyOptions
     from eaglekit.verify.plot import plot_compare
-    from eaglekit.verify.run import VerifyOptions
 
     options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file,
                             limit=limit, categories=tuple(categories), turns=turns,

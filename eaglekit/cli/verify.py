@@ -73,9 +73,10 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
     from eaglekit.verify.engine import EngineOptions, parse_engine_args
+    from eaglekit.verify.options import VerifyOptions
     from eaglekit.verify.plot import plot_verify
     from eaglekit.verify.report import plain_report
-    from eaglekit.verify.run import VerifyOptions, verify_conditions, verify_in_engine
+    from eaglekit.verify.run import verify_conditions, verify_in_engine
 
     options = VerifyOptions(
         num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file, limit=limit,

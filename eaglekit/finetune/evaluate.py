@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from eaglekit.verify.prompts import Prompt
 
 if TYPE_CHECKING:
-    from eaglekit.verify.run import VerifyOptions
+    from eaglekit.verify.options import VerifyOptions
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class EvalOptions:
     def decode_options(self, device: str = "auto", dtype: str = "auto") -> VerifyOptions:
         """The compare run this evaluation is: its prompts, k, new tokens and context settings, on `device` in `dtype`
         (the target's)."""
-        from eaglekit.verify.run import VerifyOptions
+        from eaglekit.verify.options import VerifyOptions
 
         return VerifyOptions(num_speculative_tokens=self.k, max_new_tokens=self.max_new_tokens,
                              prompts_file=self.prompts_file, limit=self.limit,

@@ -10,8 +10,9 @@ Importing this package does not import torch; the functions that compute do.
 """
 
 from eaglekit.target_model import TargetModel, TargetPass, load_target
+from eaglekit.verify.options import VerifyOptions
 from eaglekit.verify.report import VerifyReport, VerifySweep
-from eaglekit.verify.run import VerifyOptions, verify, verify_conditions
+from eaglekit.verify.run import verify, verify_conditions
 
 __all__ = ["TargetModel", "TargetPass", "VerifyOptions", "VerifyReport", "VerifySweep", "load_target", "verify",
            "verify_conditions"]

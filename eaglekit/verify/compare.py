@@ -17,8 +17,9 @@ from eaglekit.errors import UsageError
 from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_decode
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.metrics import AcceptanceCounter
+from eaglekit.verify.options import VerifyOptions
 from eaglekit.verify.report import Condition, DecodeSettings, plain_report, sweep_document
-from eaglekit.verify.run import VerifyOptions, turns
+from eaglekit.verify.run import turns
 from eaglekit.verify.setup import decode_setup
 from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
 

@@ -233,6 +233,8 @@ def teacher_forced_chains(drafter, capture: Capture, hyp: Hypothesis,
             column = target_to_draft[known[wanted.clamp(max=len(tokens) - 1)]]
             picked = probs.gather(-1, column.clamp(min=0).unsqueeze(-1)).squeeze(-1)
             per_depth.append(picked.masked_fill((column < 0) | ~inside, 0.0))
+    if first is None:
+        raise ValueError("no unrolled step: depth must be at least 1")
     return first.tolist(), torch.stack(per_depth, -1).tolist()
 
 

@@ -28,7 +28,7 @@ class EagleProposer:
         self.drift = drift
         self.device = drafter.norm.weight.device
         self._to_target = drafter.target_token_ids().tolist() if drafter.d2t is not None else None
-        self.cache = None
+        self.cache: Any = None  # the drafter's KV cache, made by begin()
         self.committed = 0
         self._last: tuple[Any, Any, Any, Any] | None = None  # draft logits, feedback, hidden fed in, sink
 
@@ -61,6 +61,8 @@ class EagleProposer:
         self.committed = len(prompt)
 
     def propose(self, k: int) -> list[int]:
+        if self._last is None:
+            raise RuntimeError("propose() before begin()")
         logits, feedback, fed, sink = self._last
         self._record(1, fed, sink)
         drafts = [self._token(logits)]

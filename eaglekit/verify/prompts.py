@@ -48,8 +48,8 @@ class Prompt:
 
     def next_turn(self, answer: str) -> "Prompt":
         """The following turn: this conversation, the target's answer, then the next user turn."""
-        turn = len([m for m in self.messages if m["role"] == "user"]) + 1
-        messages = (*self.messages, {"role": "assistant", "content": answer},
+        turn = len([m for m in _messages(self) if m["role"] == "user"]) + 1
+        messages = (*_messages(self), {"role": "assistant", "content": answer},
                     {"role": "user", "content": self.follow_ups[0]})
         return Prompt(f"{self.conversation}#turn{turn}", messages, None, self.category, self.conversation,
                       self.follow_ups[1:], self.file, self.record)
@@ -138,7 +138,7 @@ def _filter_categories(prompts: tuple[Prompt, ...], categories: Sequence[str], w
 
 def bundled_prompts() -> PromptSet:
     """The coding prompts shipped with eaglekit (in the spirit of SPEED-Bench's coding split)."""
-    text = resources.files("eaglekit").joinpath("data", "prompts", "coding.jsonl").read_text(encoding="utf-8")
+    text = (resources.files("eaglekit") / "data" / "prompts" / "coding.jsonl").read_text(encoding="utf-8")
     return PromptSet(BUNDLED_NAME, parse_jsonl(text, "eaglekit/data/prompts/coding.jsonl"))
 
 
@@ -188,13 +188,13 @@ def with_context(prompt: Prompt, tokenizer, context_tokens: int, index: int = 0,
     context = source_context(tokenizer, context_tokens, index, modules)
     if prompt.text is not None:
         return dataclasses.replace(prompt, text=CONTEXT_TEMPLATE.format(context=context, prompt=prompt.text))
-    messages = [dict(m) for m in prompt.messages]
+    messages = [dict(m) for m in _messages(prompt)]
     messages[-1]["content"] = CONTEXT_TEMPLATE.format(context=context, prompt=messages[-1]["content"])
     return dataclasses.replace(prompt, messages=tuple(messages))
 
 
 def _messages(prompt: Prompt) -> tuple[dict[str, str], ...]:
-    return prompt.messages if prompt.messages is not None else ({"role": "user", "content": prompt.text},)
+    return prompt.messages if prompt.messages is not None else ({"role": "user", "content": prompt.text or ""},)
 
 
 def as_chat(prompt: Prompt) -> Prompt:
@@ -266,7 +266,7 @@ def leading_text(text: str, tokenizer, tokens: int) -> str:
 
 
 def _characters(prompt: Prompt) -> int:
-    return len(prompt.text) if prompt.text is not None else sum(len(m["content"]) for m in prompt.messages)
+    return len(prompt.text) if prompt.text is not None else sum(len(m["content"]) for m in _messages(prompt))
 
 
 def _cut(prompt: Prompt, chars: int) -> Prompt:
@@ -274,7 +274,7 @@ def _cut(prompt: Prompt, chars: int) -> Prompt:
     if prompt.text is not None:
         return dataclasses.replace(prompt, text=prompt.text[:chars])
     kept = []
-    for m in prompt.messages:
+    for m in _messages(prompt):
         if chars <= 0:
             break
         kept.append({"role": m["role"], "content": m["content"][:chars]})
@@ -310,7 +310,7 @@ def encode(prompt: Prompt, tokenizer, *, context_tokens: int = 0, index: int = 0
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
                                             tokenizer_kwargs={"verbose": False})["input_ids"]
     else:
-        text = prompt.text if prompt.text is not None else "\n".join(m["content"] for m in prompt.messages)
+        text = prompt.text if prompt.text is not None else "\n".join(m["content"] for m in _messages(prompt))
         ids = tokenizer(text, verbose=False)["input_ids"]
     if max_tokens is not None:
         return PromptTokens(ids[:max_tokens], prompt)

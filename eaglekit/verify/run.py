@@ -2,101 +2,32 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
-from eaglekit.io.outputs import Role
-from eaglekit.rules import ValidationReport, checked_engines
+from eaglekit.rules import ValidationReport
 from eaglekit.spec import DraftSpec
 from eaglekit.target_model import TargetModel
 from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
 from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.eagle import EagleProposer
-from eaglekit.verify.engine import EngineOptions, EngineRun, check_engine_available, run_vllm
+from eaglekit.verify.engine import EngineRun, check_engine_available, run_vllm
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.prompts import PromptSet, check_template, encode, with_context
-from eaglekit.verify.report import Condition, PromptOutcome, VerifyReport, VerifySweep, plain_report
+from eaglekit.verify.options import VerifyOptions
+from eaglekit.verify.prompts import PromptSet, encode, with_context
+from eaglekit.verify.report import PromptOutcome, VerifyReport, VerifySweep, plain_report
 from eaglekit.verify.served import ServedReading, served_reading
 from eaglekit.verify.setup import decode_setup
 from eaglekit.verify.stats import by_category, tau_interval
 
-REFERENCE, ENGINE_ALONE, BOTH = "reference", "vllm", "both"
-ENGINES = (REFERENCE, ENGINE_ALONE, BOTH)
-"""What verify runs: eaglekit's reference decode, the vLLM engine alone, or both and compares them."""
 AUX_IDS_IN_LOG = re.compile(r"\[([\d,\s]+)\]|\(([\d,\s]+)\)")
 TIE_TOLERANCE = {"float32": 1e-2, "float16": 0.1, "bfloat16": 0.5}
 """Top-1 minus top-2 logit of the target below which a divergence is a numerical tie: verifying k+1 rows at once
 and decoding one row at a time round differently, and on a near-tie either token is the target's greedy choice."""
 WARMUP_TOKENS = 4
-
-
-@dataclass(frozen=True)
-class VerifyOptions:
-    num_speculative_tokens: int = 3
-    max_new_tokens: int = 64
-    prompts_file: str | None = None
-    limit: int | None = None  # first N prompts only
-    context_tokens: int | tuple[int, ...] = 0  # several values: a sweep, one condition per value and template
-    device: str = "auto"  # CUDA when present
-    dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
-    aux_layer_ids: tuple[int, ...] | None = None  # override, vLLM convention
-    diagnose: bool = False
-    min_acceptance: float | None = None
-    warmup: bool = True
-    engine: str = "reference"  # reference (eaglekit's decode), vllm (the engine alone) or both, compared
-    engine_options: EngineOptions = EngineOptions()
-    as_eaglekit_reads: bool = False  # skip the second decode of the files as vLLM reads them
-    engine_version: str | None = None  # the vLLM version whose reading is mirrored (default: the latest modelled)
-    vllm_runner: str | None = None  # v1 | v2 (default: that version's default runner for the target)
-    categories: tuple[str, ...] = ()  # only prompts of these categories (SPEED-Bench's, or a JSONL "category")
-    turns: str = "first"  # SPEED-Bench conversations: the first user turn, or every turn after the target's answers
-    template: str | tuple[str, ...] = "chat"  # how prompts reach the target (prompts.TEMPLATES); several: a sweep
-    outputs: tuple[Role, ...] = ()  # what the caller writes from the result (--save-report, --plot, ...)
-
-    @property
-    def conditions(self) -> tuple[Condition, ...]:
-        """Every template with every context length, in the order given (templates outer)."""
-        contexts = (self.context_tokens,) if isinstance(self.context_tokens, int) else tuple(self.context_tokens)
-        templates = (self.template,) if isinstance(self.template, str) else tuple(self.template)
-        return tuple(Condition(template, context) for template in templates for context in contexts)
-
-    @property
-    def engine_only(self) -> bool:
-        """The engine alone decodes (no reference decode to draw or compare)."""
-        return self.engine == ENGINE_ALONE
-
-    def at(self, condition: Condition) -> "VerifyOptions":
-        """These options for one condition of the sweep."""
-        return dataclasses.replace(self, context_tokens=condition.context_tokens, template=condition.template)
-
-    def check(self) -> None:
-        if self.engine not in ENGINES:
-            raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
-        if self.num_speculative_tokens < 1:
-            raise UsageError("--num-speculative-tokens must be at least 1")
-        if self.max_new_tokens < 1:
-            raise UsageError("--max-new-tokens must be at least 1")
-        if self.limit is not None and self.limit < 1:
-            raise UsageError("--limit must be at least 1")
-        conditions = self.conditions
-        if not conditions:
-            raise UsageError("--context-tokens and --template need at least one value each")
-        if any(c.context_tokens < 0 for c in conditions):
-            raise UsageError("--context-tokens must not be negative")
-        for c in conditions:
-            check_template(c.template)
-        if len(set(conditions)) != len(conditions):
-            raise UsageError("--context-tokens and --template: each value once")
-        if self.vllm_runner is not None and self.vllm_runner not in VLLM_RUNNERS:
-            raise UsageError(f"--vllm-runner {self.vllm_runner!r}: use one of {', '.join(VLLM_RUNNERS)}")
-        if self.engine_version is not None:
-            checked_engines("vllm", self.engine_version)
 
 
 def _divergence(spec_tokens: list[int], target_tokens: list[int], margins: list[float],
@@ -197,7 +128,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             if engine_ids is not None and tuple(engine_ids) != tuple(aux_ids):
                 rerun = _acceptance(model, drafter, engine_ids, encoded, k, setup.max_new_tokens, eos)
             comparison = compare_engine(counter, run, aux_ids, engine_ids, rerun, target_outputs,
-                                        [o.counter for o in outcomes])
+                                        [o.counter or AcceptanceCounter(k) for o in outcomes])
         reports.append(VerifyReport(
             draft=spec.path, settings=setup.settings(condition), eagle_version=spec.eagle_version, flags=flags,
             aux_layer_ids=list(aux_ids), aux_layer_ids_source=checked.aux_source,
@@ -216,9 +147,9 @@ def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookah
     served conversation would be.
     `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them)."""
     for index, first in enumerate(prompts.prompts):
-        prompt = with_context(first, model.tokenizer, options.context_tokens, index)
+        prompt = with_context(first, model.tokenizer, options.condition.context_tokens, index)
         while True:
-            ids = encode(prompt, model.tokenizer, template=options.template)
+            ids = encode(prompt, model.tokenizer, template=options.condition.template)
             plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens + lookahead,
                                   eos_ids=model.eos_token_ids)
             yield prompt, ids, plain
@@ -296,7 +227,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     if prompts.turns != len(prompts.prompts):
         raise UsageError("--turns all asks each turn after the target's answer to the one before: use --engine both "
                          "(the reference decodes the answers and vLLM gets the same turns) or --turns first")
-    encoded = [encode(p, setup.tokenizer, context_tokens=options.context_tokens, index=i)
+    encoded = [encode(p, setup.tokenizer, context_tokens=options.condition.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
     run = run_vllm(spec.path, target, encoded, k=setup.k, max_new_tokens=setup.max_new_tokens, dtype=dtype,
                    opts=options.engine_options)
@@ -373,7 +304,7 @@ def compare_engine(reference: AcceptanceCounter, run: EngineRun, aux_ids: Sequen
     elif as_served is not None and _counts(as_served) == _counts(run.counter):
         doc.update(verdict="engine reads other aux ids",
                    message=f"as served by vLLM {run.version}: τ {run.counter.acceptance_length:.3f} (it captures "
-                           f"{list(served)}); as eaglekit reads the draft ({list(aux_ids)}): τ "
+                           f"{list(served or ())}); as eaglekit reads the draft ({list(aux_ids)}): τ "
                            f"{reference.acceptance_length:.3f}; `eaglekit upgrade` writes the ids so vLLM reads those")
     else:
         doc.update(verdict="disagree",

@@ -27,7 +27,7 @@ from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_pro
 from eaglekit.verify.report import Condition, DecodeSettings
 
 if TYPE_CHECKING:
-    from eaglekit.verify.run import VerifyOptions
+    from eaglekit.verify.options import VerifyOptions
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,89 @@
+"""What the caller asks of a verify; one object shared by the CLI, compare, finetune's evaluation and the API."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from eaglekit.engines import VLLM_RUNNERS
+from eaglekit.errors import UsageError
+from eaglekit.io.outputs import Role
+from eaglekit.rules import checked_engines
+from eaglekit.verify.engine import EngineOptions
+from eaglekit.verify.prompts import check_template
+from eaglekit.verify.report import Condition
+
+REFERENCE, ENGINE_ALONE, BOTH = "reference", "vllm", "both"
+ENGINES = (REFERENCE, ENGINE_ALONE, BOTH)
+"""What verify runs: eaglekit's reference decode, the vLLM engine alone, or both and compares them."""
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    num_speculative_tokens: int = 3
+    max_new_tokens: int = 64
+    prompts_file: str | None = None
+    limit: int | None = None  # first N prompts only
+    context_tokens: int | tuple[int, ...] = 0  # several values: a sweep, one condition per value and template
+    device: str = "auto"  # CUDA when present
+    dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
+    aux_layer_ids: tuple[int, ...] | None = None  # override, vLLM convention
+    diagnose: bool = False
+    min_acceptance: float | None = None
+    warmup: bool = True
+    engine: str = "reference"  # reference (eaglekit's decode), vllm (the engine alone) or both, compared
+    engine_options: EngineOptions = EngineOptions()
+    as_eaglekit_reads: bool = False  # skip the second decode of the files as vLLM reads them
+    engine_version: str | None = None  # the vLLM version whose reading is mirrored (default: the latest modelled)
+    vllm_runner: str | None = None  # v1 | v2 (default: that version's default runner for the target)
+    categories: tuple[str, ...] = ()  # only prompts of these categories (SPEED-Bench's, or a JSONL "category")
+    turns: str = "first"  # SPEED-Bench conversations: the first user turn, or every turn after the target's answers
+    template: str | tuple[str, ...] = "chat"  # how prompts reach the target (prompts.TEMPLATES); several: a sweep
+    outputs: tuple[Role, ...] = ()  # what the caller writes from the result (--save-report, --plot, ...)
+
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        """Every template with every context length, in the order given (templates outer)."""
+        contexts = (self.context_tokens,) if isinstance(self.context_tokens, int) else tuple(self.context_tokens)
+        templates = (self.template,) if isinstance(self.template, str) else tuple(self.template)
+        return tuple(Condition(template, context) for template in templates for context in contexts)
+
+    @property
+    def engine_only(self) -> bool:
+        """The engine alone decodes (no reference decode to draw or compare)."""
+        return self.engine == ENGINE_ALONE
+
+    @property
+    def condition(self) -> Condition:
+        """The one condition these options decode under (narrowed by `at`; a sweep has several)."""
+        only, *more = self.conditions
+        if more:
+            raise UsageError("one decode measures one condition: give one --context-tokens value and one --template")
+        return only
+
+    def at(self, condition: Condition) -> "VerifyOptions":
+        """These options for one condition of the sweep."""
+        return dataclasses.replace(self, context_tokens=condition.context_tokens, template=condition.template)
+
+    def check(self) -> None:
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if self.num_speculative_tokens < 1:
+            raise UsageError("--num-speculative-tokens must be at least 1")
+        if self.max_new_tokens < 1:
+            raise UsageError("--max-new-tokens must be at least 1")
+        if self.limit is not None and self.limit < 1:
+            raise UsageError("--limit must be at least 1")
+        conditions = self.conditions
+        if not conditions:
+            raise UsageError("--context-tokens and --template need at least one value each")
+        if any(c.context_tokens < 0 for c in conditions):
+            raise UsageError("--context-tokens must not be negative")
+        for c in conditions:
+            check_template(c.template)
+        if len(set(conditions)) != len(conditions):
+            raise UsageError("--context-tokens and --template: each value once")
+        if self.vllm_runner is not None and self.vllm_runner not in VLLM_RUNNERS:
+            raise UsageError(f"--vllm-runner {self.vllm_runner!r}: use one of {', '.join(VLLM_RUNNERS)}")
+        if self.engine_version is not None:
+            checked_engines("vllm", self.engine_version)
