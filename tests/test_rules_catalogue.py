@@ -339,6 +339,9 @@ CASES = [
     Case("EK374", lambda p: draft(p, attention="mla"), lambda p: draft(p), label="mla"),
     Case("EK374", lambda p: draft(p, attention="qwen3"), lambda p: draft(p), label="qwen3"),
     # SpecForge keeps its ids in eagle_config only, which llama.cpp's converter never reads: it writes the default
+    Case("EK377", lambda p: draft(p, add={"fc.bias": np.zeros(64, np.float32)}), lambda p: draft(p)),
+    Case("EK378", lambda p: draft(p, config_patch=FP8, add={"layers.0.mlp.up_proj.weight_scale": np.ones(1, np.float32)}),
+         lambda p: draft(p)),
     Case("EK375", lambda p: (draft(p, "specforge", aux_ids=(3, 6, 9)), target(p)),
          lambda p: (draft(p, aux_ids=(3, 6, 9)), target(p))),
     Case("EK376", lambda p: (draft(p), edit_config(target(p), lambda c: c.update(model_type="falcon_h1"))),

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from eaglekit.config_view import as_ids
 from eaglekit.engines.llamacpp import LATEST, LLAMACPP, NUM_TARGET_LAYERS, TARGET_MODEL_TYPES, converter_layers
-from eaglekit.rules.facts import fmt_ids, not_one_layer
+from eaglekit.rules.expected import quant_companions
+from eaglekit.rules.facts import examples, fmt_ids, not_one_layer
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 
@@ -50,6 +51,24 @@ def attention(ctx: RuleContext):
                   "norms", tensor="layers.0.self_attn.q_norm.weight")
     if spec.geometry.attention_bias:
         yield Hit("attention bias: llama.cpp's eagle3 draft has no q/k/v/o bias tensors", key="attention_bias")
+
+
+@rule("EK377", "error", "engine", "P14", "an fc bias, which llama.cpp's eagle3 draft does not have", engine=LLAMACPP,
+      refuses_load=True, convertible=False)
+def fc_bias(ctx: RuleContext):
+    if "fc.bias" in ctx.spec.tensors:
+        yield Hit("fc.bias (an EAGLE-1 leftover): llama.cpp's eagle3 loader creates fc.weight only, so a GGUF holding "
+                  "the bias fails its tensor count and one without it computes another function", tensor="fc.bias")
+
+
+@rule("EK378", "error", "engine", None, "quantisation tensors, which no GGUF of an eagle3 draft carries",
+      engine=LLAMACPP, convertible=False)
+def quantised(ctx: RuleContext):
+    companions = [c.name for c in quant_companions(ctx.spec)]
+    if companions:
+        yield Hit(f"{examples(companions)}: llama.cpp's eagle3 loader creates no scale or zero-point tensors and "
+                  "eaglekit's GGUF conversion writes F32/F16/BF16 weights only; serve the quantised draft with vLLM, "
+                  "or convert its unquantised weights", tensor=companions[0])
 
 
 @rule("EK375", "warning", "engine", "P17", "llama.cpp's own converter would write other target layers",
