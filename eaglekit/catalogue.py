@@ -69,7 +69,7 @@ class Dims:
     @classmethod
     def of(cls, spec: DraftSpec) -> Dims:
         g = spec.geometry
-        return cls(g.hidden_size, g.target_hidden_size or g.hidden_size, spec.num_aux_hidden_states,
+        return cls(g.hidden_size, g.target_hidden, spec.num_aux_hidden_states,
                    g.intermediate_size or None, g.num_heads or None, g.num_kv_heads or None, g.head_dim or None,
                    spec.vocab.vocab_size, spec.vocab.draft_vocab_size, g.mla if spec.attention == "mla" else None)
 

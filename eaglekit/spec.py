@@ -126,6 +126,13 @@ class SourceFacts:
     config_problems: tuple[ConfigProblem, ...] = ()  # written values of the wrong type or range (never defaulted)
 
 
+def aux_count(fc_in_features: int | None, target_hidden: int) -> int | None:
+    """K, the number of target states fc concatenates: its fan-in over T (None: unknown or not a whole multiple)."""
+    if not fc_in_features or not target_hidden or fc_in_features % target_hidden:
+        return None
+    return fc_in_features // target_hidden
+
+
 def eagle_version(fc_norm: bool, norm_output: bool) -> EagleVersion:
     """"3.1" with both EAGLE-3.1 functions, "3.1-partial" with one, else "3"."""
     if fc_norm and norm_output:

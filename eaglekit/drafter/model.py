@@ -79,7 +79,7 @@ class DrafterConfig:
         if vocab is None:
             raise CheckpointError("vocabulary size unknown (no vocab_size, no embed_tokens): "
                                   "pass the target's embedding", spec.path)
-        target_hidden = g.target_hidden_size or g.hidden_size
+        target_hidden = g.target_hidden
         written_eagle_config = spec.config.get("eagle_config")
         eagle_config = written_eagle_config if isinstance(written_eagle_config, dict) else {}
         mla = spec.attention == "mla"  # vLLM's MLA class always has fc and never input_norm

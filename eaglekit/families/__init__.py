@@ -10,7 +10,7 @@ from eaglekit.engines import other_draft_method
 from eaglekit.errors import UnknownLayoutError, UsageError
 from eaglekit.families.base import FAMILIES, Family, Observed, Traits, build_spec
 from eaglekit.io.checkpoint import CheckpointFiles, read_checkpoint
-from eaglekit.spec import AuxLayers, DraftSpec
+from eaglekit.spec import AuxLayers, DraftSpec, aux_count
 from eaglekit.target import TargetInfo
 
 _SUPPORT = {"base", "names"}
@@ -55,9 +55,8 @@ def apply_target(spec: DraftSpec, target: TargetInfo) -> DraftSpec:
     as_written = spec.as_written
     geometry = spec.geometry
     if not spec.facts.target_hidden_size_written and not spec.facts.fc_norm_tensor_ids:
-        fc_in = spec.facts.fc_in_features
         geometry = dataclasses.replace(geometry, target_hidden_size=target.hidden_size)
-        k = fc_in // target.hidden_size if fc_in and fc_in % target.hidden_size == 0 else spec.num_aux_hidden_states
+        k = aux_count(spec.facts.fc_in_features, target.hidden_size) or spec.num_aux_hidden_states
         spec = dataclasses.replace(spec, geometry=geometry, num_aux_hidden_states=k)
     vocab = spec.vocab
     if vocab.vocab_size is None:

@@ -24,6 +24,7 @@ from eaglekit.rules.facts import (
     written_id_lists,
 )
 from eaglekit.rules.registry import Hit, RuleContext, rule
+from eaglekit.spec import aux_count
 
 # ---------------------------------------------------------------- layers and the expected tensor set
 
@@ -94,7 +95,7 @@ def tensor_shapes(ctx: RuleContext):
     spec = ctx.spec
     quantised = quantization_config(spec) is not None
     fc_in = spec.facts.fc_in_features
-    T = spec.geometry.target_hidden_size or spec.geometry.hidden_size
+    T = spec.geometry.target_hidden
     for e in ctx.expectations:
         ref = spec.tensors.get(e.name)
         if ref is None or shape_matches(ref.shape, e.shape):
@@ -253,7 +254,7 @@ def mla_input_norm(ctx: RuleContext):
 def fc_width(ctx: RuleContext):
     spec = ctx.spec
     fc_in = spec.facts.fc_in_features
-    T = spec.geometry.target_hidden_size or spec.geometry.hidden_size
+    T = spec.geometry.target_hidden
     if fc_in and fc_in % T:
         yield Hit(f"fc.weight has {fc_in} in-features, not K·T for T={T} (target_hidden_size): either T or the fc "
                   "weight is wrong", tensor="fc.weight")
@@ -264,10 +265,11 @@ def k_written(ctx: RuleContext):
     spec = ctx.spec
     written = spec.facts.config_num_aux_hidden_states
     fc_in = spec.facts.fc_in_features
-    T = spec.geometry.target_hidden_size or spec.geometry.hidden_size
-    if written is not None and fc_in and fc_in % T == 0 and written != fc_in // T:
-        yield Hit(f"num_aux_hidden_states is {written} but fc.weight holds K={fc_in // T} (in-features {fc_in} / "
-                  f"T={T}): set it to {fc_in // T}", key="num_aux_hidden_states")
+    T = spec.geometry.target_hidden
+    K = aux_count(fc_in, T)
+    if written is not None and K is not None and written != K:
+        yield Hit(f"num_aux_hidden_states is {written} but fc.weight holds K={K} (in-features {fc_in} / "
+                  f"T={T}): set it to {K}", key="num_aux_hidden_states")
 
 
 @rule("EK122", "error", "structure", "P11", "an aux-id list's length disagrees with K")
@@ -300,7 +302,7 @@ def target_hidden_size(ctx: RuleContext):
 @rule("EK124", "error", "structure", "P26", "T != H without the draft's own embed_tokens")
 def embed_needed(ctx: RuleContext):
     spec = ctx.spec
-    H, T = spec.geometry.hidden_size, spec.geometry.target_hidden_size or spec.geometry.hidden_size
+    H, T = spec.geometry.hidden_size, spec.geometry.target_hidden
     if T != H and not spec.has_embed_tokens:
         yield Hit(f"target hidden size T={T} differs from the draft's H={H}, so the target's [V, {T}] embedding "
                   f"cannot be shared: ship embed_tokens.weight [V, {H}]", tensor="embed_tokens.weight")

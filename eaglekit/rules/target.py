@@ -29,7 +29,7 @@ def target_vocab(ctx: RuleContext):
 
 @rule("EK202", "error", "target", "P26", "draft's T is not the target's hidden size")
 def target_hidden(ctx: RuleContext):
-    T = ctx.spec.geometry.target_hidden_size or ctx.spec.geometry.hidden_size
+    T = ctx.spec.geometry.target_hidden
     hidden = _target(ctx).hidden_size
     if T != hidden:
         yield Hit(f"the draft expects target states of width T={T} but the target's hidden_size is "
