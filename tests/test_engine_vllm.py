@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.slow,
 @pytest.fixture(autouse=True)
 def _engine_env(monkeypatch):
     monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", VLLM_PYTHON or "")
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # eaglekit sizes vLLM's KV cache itself
 
 
 def _both(draft: str, *extra: str) -> dict:

@@ -23,6 +23,11 @@ from eaglekit.verify.metrics import AcceptanceCounter
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 AUX_LOG = re.compile(r"[^\n]*auxiliary layers[^\n]*", re.IGNORECASE)
+EXCEPTION_LINE = re.compile(r"(?:^|[\s\]])(?:[a-z_]\w*\.)*([A-Z]\w*(?:Error|Exception)): (.+)$")
+"""`ValueError: why`, also behind the `(EngineCore pid=…) ERROR … [file.py:N]` prefix of an engine process."""
+WRAPPERS = ("Engine core initialization failed", "See root cause above", "Worker failed", "Engine process failed")
+"""Exceptions vLLM raises about an exception raised earlier in its log (the root cause is that one)."""
+PYDANTIC_DETAIL = re.compile(r"^\s+(?:Value error, |Assertion failed, )?(.+?)(?: \[type=[^\]]*\])?$")
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {"max_model_len": 2048, "max_num_seqs": 1, "enforce_eager": True}
 """One sequence at a time, as the reference decodes (so batching cannot change float rounding), and no graph
 capture or compilation: on a CPU that warm-up costs minutes and changes no result."""
@@ -115,11 +120,27 @@ def _run_worker(opts: EngineOptions, request: dict[str, Any], what: str) -> tupl
             raise EngineError(f"vLLM ({what}) did not finish within {opts.timeout_s:.0f} s") from None
         log = proc.stdout + proc.stderr
         if proc.returncode != 0 or not os.path.isfile(res):
-            lines = [ln for ln in log.strip().splitlines() if ln.strip()]
-            errors = [ln for ln in lines if "Error" in ln or "error" in ln]
-            raise EngineError(f"vLLM ({what}) failed: {(errors or lines or ['no output'])[-1].strip()[:300]}")
+            raise EngineError(f"vLLM ({what}) failed: {root_cause(log)[:300]}")
         with open(res, encoding="utf-8") as fh:
             return json.load(fh), log
+
+
+def root_cause(log: str) -> str:
+    """The line of vLLM's log that says why it failed: the first exception that is not a wrapper of another (for a
+    config pydantic rejects, the reason it gives), else the last line that mentions an error, else the last line."""
+    lines = [ln.rstrip() for ln in log.splitlines() if ln.strip()]
+    for i, line in enumerate(lines):
+        found = EXCEPTION_LINE.search(line)
+        if found is None or any(w in line for w in WRAPPERS):
+            continue
+        if found.group(1) == "ValidationError":  # pydantic: the reason is on the indented line below the field name
+            details = [PYDANTIC_DETAIL.match(ln) for ln in lines[i + 1:i + 4] if ln.startswith((" ", "\t"))]
+            reasons = [d.group(1) for d in details if d is not None and not d.group(1).startswith("For further")]
+            if reasons:
+                return f"{found.group(2)}: {reasons[-1]}"
+        return f"{found.group(1)}: {found.group(2)}"
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors or lines or ["no output"])[-1].strip()
 
 
 def check_model_len(prompts: Sequence[Sequence[int]], max_new_tokens: int, k: int, max_model_len) -> None:

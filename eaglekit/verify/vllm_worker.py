@@ -12,6 +12,7 @@ reads which aux layers the engine captured.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -26,6 +27,8 @@ COUNTERS = {
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 PER_REQUEST = "per_request_spec_decode_metrics"  # an LLM(...) argument from vLLM 0.29
+CPU_KV_CACHE = "VLLM_CPU_KVCACHE_SPACE"  # GiB of KV cache vLLM's CPU worker reserves (unset: 92 % of a NUMA node)
+FALLBACK_KV_CACHE_GIB = 4  # when the target's config does not say its attention geometry
 
 
 def _metrics(llm) -> dict:
@@ -44,6 +47,25 @@ def _histogram(output) -> list[int] | None:
     """Rounds per accepted-draft count of one request (None: this vLLM has no per-request metrics)."""
     metrics = getattr(output.outputs[0], "spec_decode_metrics", None)
     return list(metrics.to_dict()["acceptance_histogram"]) if metrics is not None else None
+
+
+def cpu_kv_cache_gib(target: str, dtype: str, positions: int) -> int:
+    """The KV cache the job needs on a CPU, in whole GiB: keys and values of every target layer for `positions`
+    tokens, doubled for the draft's layer and vLLM's block rounding, at least 1. vLLM's CPU worker otherwise
+    reserves 92 % of a NUMA node's memory and refuses to start beside any other process."""
+    try:
+        with open(os.path.join(target, "config.json"), encoding="utf-8") as fh:
+            cfg = json.load(fh)
+        text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+        heads = int(text["num_attention_heads"])
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        layers = int(text["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return FALLBACK_KV_CACHE_GIB
+    itemsize = 4 if "32" in dtype else 2
+    needed = 2 * 2 * layers * kv_heads * head_dim * itemsize * positions
+    return max(1, math.ceil(needed / 2**30))
 
 
 def main(request_path: str, result_path: str) -> None:
@@ -65,6 +87,11 @@ def main(request_path: str, result_path: str) -> None:
 
         if PER_REQUEST in {f.name for f in fields(EngineArgs)}:
             kwargs.setdefault(PER_REQUEST, "summary")
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and not os.environ.get(CPU_KV_CACHE):
+        positions = int(kwargs.get("max_model_len") or 2048) * int(kwargs.get("max_num_seqs") or 1)
+        os.environ[CPU_KV_CACHE] = str(cpu_kv_cache_gib(request["target"], request["dtype"], positions))
     started = time.perf_counter()
     llm = LLM(**kwargs)
     ready = time.perf_counter()
