@@ -88,7 +88,8 @@ def mul(*dims: int | None) -> int | None:
 
 
 def add(*dims: int | None) -> int | None:
-    return None if any(not d for d in dims) else sum(dims)  # type: ignore[arg-type]
+    known = [d for d in dims if d]
+    return sum(known) if len(known) == len(dims) else None
 
 
 Shape = tuple[int | None, ...]

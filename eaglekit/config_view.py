@@ -64,8 +64,9 @@ def as_ids(value: Any) -> tuple[int, ...] | None:
     """A non-empty list of layer ids, as integers, else None."""
     if not isinstance(value, list) or not value:
         return None
-    ids = tuple(as_layer_id(i) for i in value)
-    return None if None in ids else ids  # type: ignore[return-value]
+    ids = [as_layer_id(i) for i in value]
+    known = tuple(i for i in ids if i is not None)
+    return known if len(known) == len(ids) else None
 
 
 def int_at(cfg: dict[str, Any], key: str, default: int | None = None) -> int | None:
