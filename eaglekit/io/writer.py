@@ -315,6 +315,7 @@ class StagedDirectory:
         self.parent, self.base = os.path.split(self.dst)
         self.path = ""
         self.published = False
+        self._old = ""  # the earlier output, moved aside while the new one takes its name
         self._syncs: list[threading.Thread] = []
 
     def check(self) -> None:
@@ -328,12 +329,17 @@ class StagedDirectory:
     def __enter__(self) -> StagedDirectory:
         self.check()
         remove_stale(self.dst)
-        self.path = os.path.join(self.parent, f".{self.base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        path = os.path.join(self.parent, f".{self.base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
-            os.mkdir(self.path)
+            os.mkdir(path)
         except OSError as exc:
             raise OutputError(f"cannot create a staging directory ({exc.strerror or exc})", self.parent) from None
-        return self
+        try:  # an interrupt before the with-body starts never reaches __exit__: clean up here
+            self.path = path
+            return self
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
 
     def sync_later(self, name: str) -> None:
         """Start flushing a finished file now, on a thread, so the disk works while the caller goes on."""
@@ -351,24 +357,26 @@ class StagedDirectory:
             if os.path.isfile(full):
                 _fsync_path(full)
         _fsync_path(self.path)
-        old = None
         if os.path.isdir(self.dst):
             if os.listdir(self.dst):
-                old = os.path.join(self.parent, f".{self.base}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-                os.rename(self.dst, old)
+                self._old = os.path.join(self.parent, f".{self.base}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                os.rename(self.dst, self._old)
             else:
                 os.rmdir(self.dst)
         os.rename(self.path, self.dst)
-        _fsync_path(self.parent)
         self.published = True
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
+        _fsync_path(self.parent)
+        if self._old:
+            shutil.rmtree(self._old, ignore_errors=True)
+            self._old = ""
 
     def __exit__(self, exc_type, exc, tb) -> None:
         for thread in self._syncs:
             thread.join()
         if not self.published and self.path and os.path.exists(self.path):
             shutil.rmtree(self.path, ignore_errors=True)
+        if not self.published and self._old and not os.path.lexists(self.dst):
+            os.rename(self._old, self.dst)  # interrupted between moving the earlier output aside and publishing
         if exc_type is not None and issubclass(exc_type, OSError):  # disk full, quota, I/O error: one line
             raise OutputError(f"writing the output failed ({exc.strerror or exc}); nothing was written",
                               self.dst) from None
