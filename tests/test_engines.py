@@ -112,7 +112,7 @@ def test_a_new_engine_is_one_record(tmp_path, monkeypatch):
         return IdReading("toyserve", "eagle_aux_hidden_state_layer_ids", 1, None, "--toy-layers")
 
     toy = replace(RECORDS["tokenspeed"], name="toyserve", label="ToyServe", latest="2.0", oldest="2.0",
-                  requirements=single_release_requirements("toyserve", "2.0", "EAGLE-3.1 as ToyServe 2.0 reads it"),
+                  requirements=single_release_requirements("2.0", "EAGLE-3.1 as ToyServe 2.0 reads it"),
                   serve=lambda target, draft, k, settings: f"toyserve {target} --draft {draft} --k {k}",
                   settings=lambda spec, target: ("--toy-layers 1,5,8",), read_ids=read_ids)
     monkeypatch.setitem(RECORDS, "toyserve", toy)

@@ -112,7 +112,7 @@ class Engine:
         return " --target <TARGET>" if self.needs_conversion else ""
 
 
-def single_release_requirements(engine: str, latest: str, what: str) -> Requirements:
+def single_release_requirements(latest: str, what: str) -> Requirements:
     """An engine modelled at one release: that release is the floor of any EAGLE-3.1 flag."""
 
     def requirements(spec: DraftSpec) -> list[tuple[Version, str]]:

@@ -81,6 +81,6 @@ def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:
 RECORD = Engine(
     name=SGLANG, label="SGLang", latest=LATEST, oldest=LATEST, loads="safetensors", dialect="sglang",
     rules_module="eaglekit.rules.engine_sglang",
-    requirements=single_release_requirements(SGLANG, LATEST, "EAGLE-3.1 in the Llama and MLA drafts"),
+    requirements=single_release_requirements(LATEST, "EAGLE-3.1 in the Llama and MLA drafts"),
     serve=serve_command, read_ids=read_ids,
 )

@@ -117,6 +117,6 @@ def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:
 RECORD = Engine(
     name=TOKENSPEED, label="tokenspeed", latest=LATEST, oldest=LATEST, loads="safetensors", dialect="vllm",
     rules_module="eaglekit.rules.engine_tokenspeed",
-    requirements=single_release_requirements(TOKENSPEED, LATEST, f"EAGLE-3.1 as read at {LATEST}"),
+    requirements=single_release_requirements(LATEST, f"EAGLE-3.1 as read at {LATEST}"),
     serve=serve_command, settings=settings, read_ids=read_ids,
 )

@@ -76,6 +76,6 @@ def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = (
 RECORD = Engine(
     name=TRTLLM, label="TensorRT-LLM", latest=LATEST, oldest=LATEST, loads="safetensors", dialect="trtllm",
     rules_module="eaglekit.rules.engine_trtllm",
-    requirements=single_release_requirements(TRTLLM, LATEST, f"EAGLE-3.1 as read at {LATEST}"),
+    requirements=single_release_requirements(LATEST, f"EAGLE-3.1 as read at {LATEST}"),
     serve=serve_command, settings=settings,
 )

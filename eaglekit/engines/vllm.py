@@ -254,11 +254,10 @@ def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = (
 
 def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:
     """The list the default runner of the latest release captures: top-level first, eagle_config's for V1 only."""
-    top, inner = as_ids(spec.config.get(TOP_IDS)), as_ids(nested(spec.config, "eagle_config").get(TOP_IDS))
-    runner = vllm_default_runner(parse_version(LATEST),
-                                 target.architectures[0] if target and target.architectures else None)
-    key = TOP_IDS if top else (NESTED_IDS if inner and runner == "v1" else None)
-    read = top if key == TOP_IDS else inner if key == NESTED_IDS else None
+    view = vllm_view(spec)
+    runner = vllm_default_runner(view.version, target.architectures[0] if target and target.architectures else None)
+    read = vllm_runner_ids(view, runner)
+    key = None if read is None else TOP_IDS if view.top_level_ids else NESTED_IDS
     return IdReading(VLLM, key, 0, read or (target.default_aux_ids if target is not None else None), None)
 
 
