@@ -247,9 +247,13 @@ def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
 
 
 
+def speculative_config(draft: str, k: int) -> dict[str, Any]:
+    """vLLM's --speculative-config for an EAGLE-3 or 3.1 draft (3.1 is switched on by the draft's own config)."""
+    return {"model": draft, "method": "eagle3", "num_speculative_tokens": k}
+
+
 def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = ()) -> str:
-    config = json.dumps({"model": draft, "method": "eagle3", "num_speculative_tokens": k})
-    return f"vllm serve {target} --speculative-config '{config}'"
+    return f"vllm serve {target} --speculative-config '{json.dumps(speculative_config(draft, k))}'"
 
 
 def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:

@@ -282,6 +282,15 @@ def _cut(prompt: Prompt, chars: int) -> Prompt:
     return dataclasses.replace(prompt, messages=tuple(kept))
 
 
+def render_text(prompt: Prompt, tokenizer) -> str:
+    """The text a server receives for `prompt`, tokenised there: the target's chat template applied to its
+    messages (what encode tokenises), or its raw text."""
+    if prompt.messages is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([dict(m) for m in prompt.messages], add_generation_prompt=True,
+                                             tokenize=False)
+    return prompt.text if prompt.text is not None else "\n".join(m["content"] for m in _messages(prompt))
+
+
 def encode(prompt: Prompt, tokenizer, *, context_tokens: int = 0, index: int = 0,
            modules: Sequence[str] = CONTEXT_MODULES, template: str = "chat",
            max_tokens: int | None = None) -> PromptTokens:

@@ -25,9 +25,10 @@ class Interval:
     low: float
     high: float
     level: float = LEVEL
+    method: str = "bootstrap over conversations"
 
     def to_dict(self) -> dict:
-        return {"low": self.low, "high": self.high, "level": self.level, "method": "bootstrap over conversations"}
+        return {"low": self.low, "high": self.high, "level": self.level, "method": self.method}
 
 
 def pooled(counters: Sequence[AcceptanceCounter], k: int) -> AcceptanceCounter:
@@ -47,7 +48,7 @@ def _groups(counters: Sequence[AcceptanceCounter], groups: Sequence[str]) -> lis
     return [(d, a) for d, a in sums.values()]
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     values = sorted(values)
     position = q * (len(values) - 1)
     lower = int(position)
@@ -57,7 +58,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _interval(samples: list[float], level: float) -> Interval:
     tail = (1 - level) / 2
-    return Interval(_percentile(samples, tail), _percentile(samples, 1 - tail), level)
+    return Interval(percentile(samples, tail), percentile(samples, 1 - tail), level)
 
 
 def _tau(cells: Sequence[tuple[int, int]]) -> float:
@@ -74,6 +75,27 @@ def tau_interval(counters: Sequence[AcceptanceCounter], groups: Sequence[str], *
     rng = random.Random(seed)
     n = len(cells)
     return _interval([_tau([cells[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)], level)
+
+
+def paired_ratio_interval(numerators: Sequence[float], denominators: Sequence[float], *, resamples: int = RESAMPLES,
+                          level: float = LEVEL, seed: int = SEED) -> Interval | None:
+    """Percentile bootstrap interval of mean(numerators) / mean(denominators), resampling pairs (one request
+    served both ways) together; None with fewer than two pairs."""
+    pairs = [(a, b) for a, b in zip(numerators, denominators)]
+    if len(pairs) < 2:
+        return None
+    rng = random.Random(seed)
+    n = len(pairs)
+    samples = []
+    for _ in range(resamples):
+        drawn = [pairs[rng.randrange(n)] for _ in range(n)]
+        below = sum(b for _, b in drawn)
+        samples.append(sum(a for a, _ in drawn) / below if below else float("nan"))
+    samples = [s for s in samples if s == s]
+    if not samples:
+        return None
+    found = _interval(samples, level)
+    return Interval(found.low, found.high, level, "paired bootstrap over requests")
 
 
 def paired_difference(a: Sequence[AcceptanceCounter], b: Sequence[AcceptanceCounter], groups: Sequence[str], *,

@@ -1,9 +1,11 @@
-"""One vLLM offline run for `eaglekit verify --engine vllm`, executed by the Python that has vLLM installed.
+"""What eaglekit runs inside the Python that has vLLM installed: one offline run, a server, or vLLM's benchmark client.
 
-    python vllm_worker.py REQUEST.json RESULT.json
+    python vllm_worker.py REQUEST.json RESULT.json        # verify --engine: one offline run
+    python vllm_worker.py serve REQUEST.json INFO.json    # bench: vLLM's OpenAI-compatible server, sized for the job
+    python vllm_worker.py bench-client RESULT.json ARGS   # bench: vLLM's own `bench serve` client, its result as JSON
 
 It imports only vLLM and the standard library (vLLM pins its own torch and transformers, so it often lives in
-an environment of its own). The request names the target, the draft (absent: target alone), token ids of
+an environment of its own). The offline request names the target, the draft (absent: target alone), token ids of
 every prompt, k, max_new_tokens, dtype and extra LLM(...) arguments; the result holds every prompt's greedy
 tokens and vLLM's own spec-decode counters from LLM.get_metrics(). vLLM's log goes to stderr, where the parent
 reads which aux layers the engine captured.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import runpy
 import sys
 import time
 
@@ -29,6 +32,8 @@ PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 PER_REQUEST = "per_request_spec_decode_metrics"  # an LLM(...) argument from vLLM 0.29
 CPU_KV_CACHE = "VLLM_CPU_KVCACHE_SPACE"  # GiB of KV cache vLLM's CPU worker reserves (unset: 92 % of a NUMA node)
 FALLBACK_KV_CACHE_GIB = 4  # when the target's config does not say its attention geometry
+GPU_SHARE = 0.9  # vLLM's own default gpu_memory_utilization: the most of a device it takes when it is free
+FREE_MARGIN = 0.95  # of the memory free at start: vLLM refuses to start when its share exceeds what is free
 
 
 def _metrics(llm) -> dict:
@@ -49,10 +54,9 @@ def _histogram(output) -> list[int] | None:
     return list(metrics.to_dict()["acceptance_histogram"]) if metrics is not None else None
 
 
-def cpu_kv_cache_gib(target: str, dtype: str, positions: int) -> int:
-    """The KV cache the job needs on a CPU, in whole GiB: keys and values of every target layer for `positions`
-    tokens, doubled for the draft's layer and vLLM's block rounding, at least 1. vLLM's CPU worker otherwise
-    reserves 92 % of a NUMA node's memory and refuses to start beside any other process."""
+def kv_cache_bytes(target: str, dtype: str, positions: int) -> int | None:
+    """The KV cache the job needs: keys and values of every target layer for `positions` tokens, doubled for the
+    draft's layer and vLLM's block rounding (None: the target's config does not say its attention geometry)."""
     try:
         with open(os.path.join(target, "config.json"), encoding="utf-8") as fh:
             cfg = json.load(fh)
@@ -62,10 +66,65 @@ def cpu_kv_cache_gib(target: str, dtype: str, positions: int) -> int:
         head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
         layers = int(text["num_hidden_layers"])
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return FALLBACK_KV_CACHE_GIB
+        return None
     itemsize = 4 if "32" in dtype else 2
-    needed = 2 * 2 * layers * kv_heads * head_dim * itemsize * positions
-    return max(1, math.ceil(needed / 2**30))
+    return 2 * 2 * layers * kv_heads * head_dim * itemsize * positions
+
+
+def cpu_kv_cache_gib(target: str, dtype: str, positions: int) -> int:
+    """The KV cache the job needs on a CPU, in whole GiB, at least 1. vLLM's CPU worker otherwise reserves 92 % of
+    a NUMA node's memory and refuses to start beside any other process."""
+    needed = kv_cache_bytes(target, dtype, positions)
+    return FALLBACK_KV_CACHE_GIB if needed is None else max(1, math.ceil(needed / 2**30))
+
+
+def size_for_job(target: str, dtype: str, positions: int, given: set[str]) -> dict:
+    """Memory settings that let vLLM start beside other processes, for engine settings the caller did not give
+    (`given`: their names). CPU: the KV cache the job needs (VLLM_CPU_KVCACHE_SPACE, set in this process's
+    environment). CUDA: vLLM refuses to start when gpu_memory_utilization x total exceeds the free memory, so its
+    share is capped by what is free, and the KV cache is the job's (kv_cache_memory_bytes) rather than all the rest."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        if not os.environ.get(CPU_KV_CACHE):
+            os.environ[CPU_KV_CACHE] = str(cpu_kv_cache_gib(target, dtype, positions))
+        return {}
+    if not current_platform.is_cuda_alike():
+        return {}
+    import torch
+
+    settings: dict = {}
+    if "gpu_memory_utilization" not in given:
+        free, total = torch.cuda.mem_get_info()
+        settings["gpu_memory_utilization"] = round(min(GPU_SHARE, FREE_MARGIN * free / total), 3)
+    needed = kv_cache_bytes(target, dtype, positions)
+    if needed is not None and not given & {"kv_cache_memory_bytes", "gpu_memory_utilization"}:
+        settings["kv_cache_memory_bytes"] = needed
+    return settings
+
+
+def platform_info() -> dict:
+    """The device vLLM runs on, as a report names it."""
+    from vllm.platforms import current_platform
+
+    device = current_platform.device_type
+    name = None
+    if current_platform.is_cuda_alike():
+        import torch
+
+        name = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    else:
+        import platform
+
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as fh:
+                model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None)
+            name = model or name
+        except OSError:
+            pass
+        name = f"{name}, {os.cpu_count()} cores"
+    return {"device_type": device, "device_name": name}
 
 
 def main(request_path: str, result_path: str) -> None:
@@ -87,11 +146,8 @@ def main(request_path: str, result_path: str) -> None:
 
         if PER_REQUEST in {f.name for f in fields(EngineArgs)}:
             kwargs.setdefault(PER_REQUEST, "summary")
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cpu() and not os.environ.get(CPU_KV_CACHE):
-        positions = int(kwargs.get("max_model_len") or 2048) * int(kwargs.get("max_num_seqs") or 1)
-        os.environ[CPU_KV_CACHE] = str(cpu_kv_cache_gib(request["target"], request["dtype"], positions))
+    positions = int(kwargs.get("max_model_len") or 2048) * int(kwargs.get("max_num_seqs") or 1)
+    kwargs.update(size_for_job(request["target"], request["dtype"], positions, set(request["engine_args"])))
     started = time.perf_counter()
     llm = LLM(**kwargs)
     ready = time.perf_counter()
@@ -110,5 +166,54 @@ def main(request_path: str, result_path: str) -> None:
         json.dump(result, fh)
 
 
+def serve(request_path: str, info_path: str) -> None:
+    """vLLM's OpenAI-compatible server (its own module, run as `python -m` would), sized for the job; what it runs
+    on is written to INFO first. The request holds the server's command-line arguments, the target, dtype, the KV
+    positions the job needs and the engine settings the caller gave."""
+    with open(request_path, encoding="utf-8") as fh:
+        request = json.load(fh)
+    import vllm
+
+    argv = list(request["argv"])
+    sized = size_for_job(request["target"], request["dtype"], request["positions"], set(request["given"]))
+    for name, value in sized.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and "enforce_eager" not in request["given"]:
+        argv.append("--enforce-eager")  # graph capture and compilation cost minutes on a CPU and serve no faster
+    info = {"vllm_version": vllm.__version__, **platform_info(), "sized": sized,
+            "kv_cache_gib_cpu": os.environ.get(CPU_KV_CACHE) if current_platform.is_cpu() else None,
+            "argv": argv}
+    with open(info_path, "w", encoding="utf-8") as fh:
+        json.dump(info, fh)
+    sys.argv = ["vllm.entrypoints.openai.api_server", *argv]
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+
+
+def bench_client(result_path: str, args: list[str]) -> None:
+    """vLLM's own benchmark client (`vllm bench serve`; its console script fails in the CPU wheel), its result
+    dict written as JSON."""
+    import importlib
+
+    try:
+        parsers = importlib.import_module("vllm.utils.argparse_utils")
+    except ImportError:  # vLLM before the argparse helpers had a module of their own
+        parsers = importlib.import_module("vllm.utils")
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+
+    parser = parsers.FlexibleArgumentParser()
+    add_cli_args(parser)
+    result = bench_main(parser.parse_args(args))
+    with open(result_path, "w", encoding="utf-8") as fh:
+        json.dump(result, fh, default=str)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "serve":
+        serve(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "bench-client":
+        bench_client(sys.argv[2], sys.argv[3:])
+    else:
+        main(sys.argv[1], sys.argv[2])

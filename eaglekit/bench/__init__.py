@@ -1,0 +1,1 @@
+"""`eaglekit bench`: serving throughput with and without a draft, at concurrency, in the real engine."""

@@ -1,0 +1,197 @@
+"""What `eaglekit bench` measured: per concurrency (and category), the target served alone and with the draft.
+
+Every figure comes from vLLM's own benchmark client (`vllm bench serve`) and the server's spec-decode counters;
+this module only pairs the two runs and says where speculation stops paying.
+
+- per-user output tokens/s of one request: its output tokens over its end-to-end latency (what one user sees,
+  first token included); reported as mean, p50 and p99, where p99 is the rate 99 % of requests reach or beat
+  (the 1st percentile of rates, the slow tail, as p99 latency is).
+- speed-up: mean per-user tokens/s with the draft over the same without it, measured in the same run on the same
+  requests, with a paired bootstrap interval over requests.
+- τ and per-position acceptance: the server's counters (vllm:spec_decode_*) over the measured requests only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from eaglekit.verify.stats import Interval, percentile, paired_ratio_interval
+
+SCHEMA_VERSION = "1"
+PAYS = 1.0  # a speed-up above this pays
+
+
+@dataclass(frozen=True)
+class Spread:
+    mean: float
+    p50: float
+    p99: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"mean": round(self.mean, 4), "p50": round(self.p50, 4), "p99": round(self.p99, 4)}
+
+
+def spread(values: Sequence[float], *, slow_tail_low: bool = False) -> Spread:
+    """mean, median and the slow tail: the 99th percentile of times, or the 1st of rates (`slow_tail_low`)."""
+    values = list(values) or [0.0]
+    return Spread(sum(values) / len(values), percentile(values, 0.5),
+                  percentile(values, 0.01 if slow_tail_low else 0.99))
+
+
+@dataclass(frozen=True)
+class ServedRun:
+    """One `bench serve` run at one concurrency: the client's figures, and the server's counters for it."""
+
+    completed: int
+    duration_s: float
+    output_tokens: int
+    output_throughput: float  # output tokens/s over all requests
+    per_user_rates: tuple[float, ...]  # per request, in request order
+    tpot_ms: Spread
+    ttft_ms: Spread
+    texts: tuple[str, ...]  # generated text per request, in request order
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    per_position: tuple[float, ...] = ()
+
+    @property
+    def per_user(self) -> Spread:
+        return spread(self.per_user_rates, slow_tail_low=True)
+
+    @classmethod
+    def from_vllm(cls, result: dict[str, Any]) -> "ServedRun":
+        """From the dict vLLM's `bench serve` returns (with --save-detailed); failed requests are refused upstream."""
+        lens, latencies = result["output_lens"], result["latencies"]
+        rates = tuple(n / t if t else 0.0 for n, t in zip(lens, latencies))
+        def metric(name: str) -> Spread:
+            return Spread(result[f"mean_{name}_ms"], result[f"p50_{name}_ms"], result[f"p99_{name}_ms"])
+
+        drafts = int(result.get("spec_decode_num_drafts") or 0)
+        return cls(int(result["completed"]), float(result["duration"]), int(result["total_output_tokens"]),
+                   float(result["output_throughput"]), rates, metric("tpot"), metric("ttft"),
+                   tuple(str(t) for t in result.get("generated_texts") or ()), drafts,
+                   int(result.get("spec_decode_draft_tokens") or 0), int(result.get("spec_decode_accepted_tokens") or 0),
+                   tuple(float(r) for r in result.get("spec_decode_per_position_acceptance_rates") or ()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"completed": self.completed, "duration_s": round(self.duration_s, 3),
+                "output_tokens": self.output_tokens, "output_throughput": round(self.output_throughput, 3),
+                "per_user_tokens_per_s": self.per_user.to_dict(), "tpot_ms": self.tpot_ms.to_dict(),
+                "ttft_ms": self.ttft_ms.to_dict()}
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    concurrency: int
+    category: str | None
+    baseline: ServedRun
+    speculative: ServedRun
+
+    @property
+    def speed_up(self) -> float:
+        base = self.baseline.per_user.mean
+        return self.speculative.per_user.mean / base if base else 0.0
+
+    @property
+    def speed_up_interval(self) -> Interval | None:
+        return paired_ratio_interval(self.speculative.per_user_rates, self.baseline.per_user_rates)
+
+    @property
+    def throughput_speed_up(self) -> float:
+        base = self.baseline.output_throughput
+        return self.speculative.output_throughput / base if base else 0.0
+
+    @property
+    def acceptance_length(self) -> float | None:
+        spec = self.speculative
+        return 1.0 + spec.accepted / spec.drafts if spec.drafts else None
+
+    @property
+    def identical_outputs(self) -> int:
+        """Requests whose text is the same with and without the draft (greedy: all, unless batching changed the
+        engine's rounding)."""
+        return sum(a == b for a, b in zip(self.baseline.texts, self.speculative.texts))
+
+    def to_dict(self) -> dict[str, Any]:
+        interval = self.speed_up_interval
+        spec = self.speculative
+        return {"concurrency": self.concurrency, "category": self.category,
+                "speed_up": round(self.speed_up, 4),
+                "speed_up_interval": interval.to_dict() if interval else None,
+                "throughput_speed_up": round(self.throughput_speed_up, 4),
+                "acceptance_length": None if self.acceptance_length is None else round(self.acceptance_length, 4),
+                "per_position_acceptance": [round(r, 4) for r in spec.per_position],
+                "num_drafts": spec.drafts, "num_draft_tokens": spec.draft_tokens, "num_accepted_tokens": spec.accepted,
+                "identical_outputs": self.identical_outputs, "requests": len(self.baseline.per_user_rates),
+                "baseline": self.baseline.to_dict(), "speculative": spec.to_dict()}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    category: str | None
+    pays_at: tuple[int, ...]
+    stops_paying_at: int | None  # the lowest concurrency measured where it does not pay
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"category": self.category, "pays_at": list(self.pays_at), "stops_paying_at": self.stops_paying_at,
+                "text": self.text}
+
+
+def verdict(rows: Sequence[BenchRow], category: str | None = None) -> Verdict:
+    """Where speculation pays (mean per-user speed-up above 1) and the concurrency where it first stops."""
+    mine = sorted((r for r in rows if r.category == category), key=lambda r: r.concurrency)
+    pays = tuple(r.concurrency for r in mine if r.speed_up > PAYS)
+    stops = next((r.concurrency for r in mine if r.speed_up <= PAYS), None)
+    where = f"{category}: " if category else ""
+    figures = ", ".join(f"C={r.concurrency} x{r.speed_up:.2f}" for r in mine)
+    if not mine:
+        text = f"{where}nothing measured"
+    elif stops is None:
+        text = f"{where}speculation pays at every concurrency measured ({figures})"
+    elif not pays:
+        text = f"{where}speculation does not pay at any concurrency measured ({figures})"
+    else:
+        before = [c for c in pays if c < stops]
+        text = (f"{where}speculation pays up to C={before[-1]} and stops paying at C={stops} ({figures})" if before
+                else f"{where}speculation does not pay at C={stops} but does at C={', '.join(map(str, pays))} "
+                     f"({figures}): measure again, the figures are noisy")
+    return Verdict(category, pays, stops, text)
+
+
+@dataclass
+class BenchReport:
+    draft: str
+    target: str
+    eagle_version: str | None
+    num_speculative_tokens: int
+    max_new_tokens: int
+    dtype: str
+    prompts: dict[str, Any]
+    engine: dict[str, Any]  # name, version, device, server settings of both runs
+    speculative_config: dict[str, Any]
+    rows: list[BenchRow] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def categories(self) -> list[str | None]:
+        seen: list[str | None] = []
+        for row in self.rows:
+            if row.category not in seen:
+                seen.append(row.category)
+        return seen
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return [verdict(self.rows, category) for category in self.categories]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "draft": self.draft, "target": self.target,
+                "eagle_version": self.eagle_version, "num_speculative_tokens": self.num_speculative_tokens,
+                "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "sampling": "greedy",
+                "prompts": self.prompts, "engine": self.engine, "speculative_config": self.speculative_config,
+                "rows": [r.to_dict() for r in self.rows], "verdicts": [v.to_dict() for v in self.verdicts],
+                "timings": {k: round(v, 3) for k, v in self.timings.items()}}

@@ -1,0 +1,166 @@
+"""vLLM's OpenAI-compatible server and its own benchmark client, run in the Python that has vLLM.
+
+The server is vLLM's `vllm.entrypoints.openai.api_server` module (the CPU wheel's `vllm` console script fails),
+started by eaglekit's worker so that its memory is sized for the job first; the load comes from vLLM's
+`vllm bench serve` client, run the same way. A server is stopped with its whole process group (vLLM starts an
+engine-core process of its own), also when eaglekit is interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eaglekit.errors import EngineError
+from eaglekit.verify.engine import WORKER, root_cause
+
+HEALTH_POLL_S = 1.0
+STOP_GRACE_S = 30.0
+
+
+def engine_flags(settings: dict[str, Any]) -> list[str]:
+    """vLLM server flags from engine settings (`max_model_len=4096` -> `--max-model-len 4096`; true -> the flag
+    alone, false -> its `--no-` form; dicts and lists as JSON)."""
+    flags: list[str] = []
+    for name, value in settings.items():
+        flag = f"--{name.replace('_', '-')}"
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append(f"--no-{name.replace('_', '-')}")
+        else:
+            flags += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return flags
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """One running vLLM server: its URL, the device it reports, the flags it was started with, its start time."""
+
+    what: str
+    port: int
+    process: subprocess.Popen
+    log_path: str
+    info: dict[str, Any]
+    start_s: float
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def flags(self) -> list[str]:
+        """The flags vLLM's server ran with, sizing included, without this run's host and port."""
+        argv, kept, skip = list(self.info.get("argv") or []), [], False
+        for arg in argv:
+            if skip:
+                skip = False
+            elif arg in ("--host", "--port"):
+                skip = True
+            else:
+                kept.append(arg)
+        return kept
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after a grace period."""
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
+
+
+def start_server(python: str, work: str, what: str, *, argv: Sequence[str], target: str, dtype: str, positions: int,
+                 given: Sequence[str], timeout_s: float) -> Server:
+    """Start vLLM's server for `what` ("target alone", "target + draft") and wait until it answers /health; a
+    server that exits first is reported by the root cause in its log."""
+    port = free_port()
+    tag = what.replace(" ", "-").replace("+", "and")
+    request, info_path, log_path = (os.path.join(work, f"{tag}.{suffix}") for suffix in ("request.json", "info.json",
+                                                                                           "log"))
+    with open(request, "w", encoding="utf-8") as fh:
+        json.dump({"argv": [*argv, "--host", "127.0.0.1", "--port", str(port)], "target": target, "dtype": dtype,
+                   "positions": positions, "given": list(given)}, fh)
+    env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+    started = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen([python, WORKER, "serve", request, info_path], stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    server = Server(what, port, process, log_path, {}, 0.0)
+    try:
+        _wait_healthy(server, timeout_s)
+        with open(info_path, encoding="utf-8") as fh:
+            server.info = json.load(fh)
+    except BaseException:
+        server.stop()
+        raise
+    server.start_s = time.perf_counter() - started
+    return server
+
+
+def _wait_healthy(server: Server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise EngineError(f"vLLM server ({server.what}) failed: {root_cause(server.log())[:300]}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(HEALTH_POLL_S)
+    raise EngineError(f"vLLM server ({server.what}) did not answer /health within {timeout_s:.0f} s "
+                      f"(last log line: {root_cause(server.log())[:200]})")
+
+
+def run_client(python: str, work: str, server: Server, args: Sequence[str], *, what: str,
+               timeout_s: float) -> dict[str, Any]:
+    """vLLM's `bench serve` against `server`; its result dict. A failed client, or any failed request, is an
+    EngineError naming the cause (the server's log is read when the client says nothing useful)."""
+    with tempfile.NamedTemporaryFile("w", dir=work, suffix=".json", delete=False) as fh:
+        result_path = fh.name
+    os.unlink(result_path)
+    command = [python, WORKER, "bench-client", result_path, "--base-url", server.url, *args]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"vLLM's benchmark client ({what}) did not finish within {timeout_s:.0f} s") from None
+    if proc.returncode != 0 or not os.path.isfile(result_path):
+        if server.process.poll() is not None:
+            raise EngineError(f"vLLM server ({server.what}) stopped during {what}: {root_cause(server.log())[:300]}")
+        raise EngineError(f"vLLM's benchmark client ({what}) failed: {root_cause(proc.stdout + proc.stderr)[:300]}")
+    with open(result_path, encoding="utf-8") as fh:
+        result = json.load(fh)
+    failed = int(result.get("failed") or 0)
+    if failed or not result.get("completed"):
+        errors = [e for e in result.get("errors") or [] if e]
+        raise EngineError(f"vLLM ({server.what}, {what}): {failed} of {failed + int(result.get('completed') or 0)} "
+                          f"requests failed (first: {str(errors[0]).strip()[:200] if errors else 'no error given'})")
+    return result
