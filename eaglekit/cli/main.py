@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "Two drafts on the same prompts and target pass: τ difference per category, with intervals."),
     "finetune": ("eaglekit.cli.finetune", "finetune_command",
                  "Train a draft against its target (training-time test), e.g. after upgrade."),
+    "bench": ("eaglekit.cli.bench", "bench_command",
+              "Serving throughput with and without the draft at each concurrency, in vLLM itself."),
     "push": ("eaglekit.cli.push", "push_command", "Publish vLLM-ready artifacts and a model card to the Hub."),
     "explain": ("eaglekit.cli.explain", "explain_command", "Say what a rule code (EK...) or pitfall id (P...) means."),
 }
