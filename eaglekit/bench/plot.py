@@ -38,8 +38,8 @@ def plot_bench(report: BenchReport, path: str) -> str:
         axis.set_xticks(sorted({r.concurrency for r in report.rows}), labels=None)
         axis.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
         axis.legend(fontsize="small")
-    fig.suptitle(f"{os.path.basename(os.path.normpath(report.draft))} on {os.path.basename(os.path.normpath(report.target))}"
-                 f": vLLM {engine.get('version')} ({engine.get('device_type')}), {report.dtype}, "
+    draft, target = (os.path.basename(os.path.normpath(p)) for p in (report.draft, report.target))
+    fig.suptitle(f"{draft} on {target}: vLLM {engine.get('version')} ({engine.get('device_type')}), {report.dtype}, "
                  f"k={report.num_speculative_tokens}", fontsize="medium")
     fig.tight_layout()
     return save_figure(fig, path, dpi=110)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglekit.verify.stats import Interval, percentile, paired_ratio_interval
+from eaglekit.verify.stats import Interval, paired_ratio_interval, percentile
 
 SCHEMA_VERSION = "1"
 PAYS = 1.0  # a speed-up above this pays
@@ -73,7 +73,8 @@ class ServedRun:
         return cls(int(result["completed"]), float(result["duration"]), int(result["total_output_tokens"]),
                    float(result["output_throughput"]), rates, metric("tpot"), metric("ttft"),
                    tuple(str(t) for t in result.get("generated_texts") or ()), drafts,
-                   int(result.get("spec_decode_draft_tokens") or 0), int(result.get("spec_decode_accepted_tokens") or 0),
+                   int(result.get("spec_decode_draft_tokens") or 0),
+                   int(result.get("spec_decode_accepted_tokens") or 0),
                    tuple(float(r) for r in result.get("spec_decode_per_position_acceptance_rates") or ()))
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,7 +190,10 @@ class BenchReport:
         return [verdict(self.rows, category) for category in self.categories]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": SCHEMA_VERSION, "draft": self.draft, "target": self.target,
+        from eaglekit import __version__
+
+        return {"schema_version": SCHEMA_VERSION, "eaglekit_version": __version__, "draft": self.draft,
+                "target": self.target,
                 "eagle_version": self.eagle_version, "num_speculative_tokens": self.num_speculative_tokens,
                 "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "sampling": "greedy",
                 "prompts": self.prompts, "engine": self.engine, "speculative_config": self.speculative_config,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from eaglekit.bench.report import BenchReport, BenchRow, ServedRun
-from eaglekit.bench.server import engine_flags, run_client, start_server
+from eaglekit.bench.server import check_client_available, engine_flags, run_client, start_server
 from eaglekit.engines.vllm import speculative_config
 from eaglekit.errors import UsageError
 from eaglekit.io.outputs import Role
@@ -83,6 +83,7 @@ def run_bench(draft: str, target: str, options: BenchOptions,
     say = on_stage or (lambda _: None)
     engine = options.engine_options
     check_engine_available(engine)
+    check_client_available(engine.interpreter)
     verify_options = VerifyOptions(num_speculative_tokens=options.num_speculative_tokens,
                                    max_new_tokens=options.max_new_tokens, prompts_file=options.prompts_file,
                                    categories=options.categories, dtype=options.dtype, engine="vllm",
@@ -104,7 +105,8 @@ def run_bench(draft: str, target: str, options: BenchOptions,
     spec_config = speculative_config(os.path.abspath(checked.path), k)
     report = BenchReport(
         checked.path, target, checked.spec.eagle_version, k, options.max_new_tokens, options.dtype,
-        {"name": setup.prompts.name, "count": sum(len(g.texts) for g in groups), "speed_bench": setup.prompts.speed_bench,
+        {"name": setup.prompts.name, "count": sum(len(g.texts) for g in groups),
+         "speed_bench": setup.prompts.speed_bench,
          "categories": [g.category for g in groups if g.category is not None], "ignore_eos": options.ignore_eos},
         {}, spec_config)
     started = time.perf_counter()
@@ -115,8 +117,9 @@ def run_bench(draft: str, target: str, options: BenchOptions,
         for side, settings in (("target alone", base_settings),
                                ("target + draft", {**base_settings, "speculative_config": spec_config})):
             say(f"{side}: starting vLLM")
-            server = start_server(engine.interpreter, work, side, argv=["--model", target_path, *engine_flags(settings)],
-                                  target=target_path, dtype=options.dtype, positions=model_len * max_seqs,
+            server = start_server(engine.interpreter, work, side,
+                                  argv=["--model", target_path, *engine_flags(settings)], target=target_path,
+                                  dtype=options.dtype, positions=model_len * max_seqs,
                                   given=list(engine.engine_args), timeout_s=options.start_timeout_s)
             try:
                 measured = {}
@@ -141,7 +144,8 @@ def run_bench(draft: str, target: str, options: BenchOptions,
                                  cpu_kv_cache_gib=server.info.get("kv_cache_gib_cpu"),
                                  client="vllm bench serve", endpoint="/v1/completions")
     report.timings["total_s"] = time.perf_counter() - started
-    report.rows = [BenchRow(c, g.category, runs["target alone"][(g.category, c)], runs["target + draft"][(g.category, c)])
+    alone, drafted = runs["target alone"], runs["target + draft"]
+    report.rows = [BenchRow(c, g.category, alone[(g.category, c)], drafted[(g.category, c)])
                    for g in groups for c in options.concurrency]
     return report
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eaglekit.errors import EngineError
+from eaglekit.errors import EngineError, UsageError
 from eaglekit.verify.engine import WORKER, root_cause
 
 HEALTH_POLL_S = 1.0
@@ -41,6 +41,17 @@ def engine_flags(settings: dict[str, Any]) -> list[str]:
         else:
             flags += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
     return flags
+
+
+def check_client_available(python: str) -> None:
+    """vLLM's benchmark client reads its dataset with pandas (vLLM's "bench" extra); without it the client fails
+    with a misleading package-metadata error, so say so before any server starts."""
+    probe = subprocess.run([python, "-c", "import pandas, vllm.benchmarks.serve"], capture_output=True, text=True,
+                           timeout=300)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"vLLM's benchmark client does not import in {python} ({last[:160]}): install pandas there "
+                         "(pip install pandas, vLLM's bench extra; scripts/vllm-env.sh does)")
 
 
 def free_port() -> int:

@@ -83,8 +83,11 @@ def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_
     options.check()
     if plot:
         check_plot_path(plot)
-    stage = (lambda text: err.print(f"bench: {text}")) if output_format != "json" else None
-    report = run_bench(draft, target, options, on_stage=stage)
+    if err.is_terminal:  # a transient status line; in a log it would be noise (and a stray line before any error)
+        with err.status("bench: reading the draft") as status:
+            report = run_bench(draft, target, options, on_stage=lambda text: status.update(f"bench: {text}"))
+    else:
+        report = run_bench(draft, target, options)
     doc = report.to_dict()
     if save_report:
         write_text_atomically(save_report, json.dumps(doc, indent=2) + "\n")
@@ -115,7 +118,8 @@ def render(doc: dict) -> None:
     for table, columns in ((speed, [*lead, "C", "alone", "draft", "speed-up", "95 %", "τ", "per position"]),
                            (latency, [*lead, "C", "tok/s p50", "tok/s p99", "TPOT ms", "TTFT ms", "total tok/s"])):
         for column in columns:
-            table.add_column(column, no_wrap=True, justify="left" if column in ("category", "per position") else "right")
+            left = column in ("category", "per position")
+            table.add_column(column, no_wrap=True, justify="left" if left else "right")
     for r in doc["rows"]:
         base, spec = r["baseline"], r["speculative"]
         iv = r["speed_up_interval"]

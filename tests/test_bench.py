@@ -1,0 +1,104 @@
+"""`eaglekit bench` without a running engine: its arithmetic, verdict, server flags, and every refusal made before a
+server starts (each one line, exit 2). The real engine runs in tests/test_bench_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from eaglekit.bench.report import BenchRow, ServedRun, Spread, spread, verdict
+from eaglekit.bench.run import _model_len
+from eaglekit.bench.server import engine_flags, start_server
+from eaglekit.errors import EngineError
+from tests.cli import run_cli
+
+DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "examples", "drafters")
+
+
+def _served(rates: list[float], throughput: float, *, drafts: int = 0, accepted: int = 0) -> ServedRun:
+    none = Spread(0.0, 0.0, 0.0)
+    return ServedRun(len(rates), 1.0, 10 * len(rates), throughput, tuple(rates), none, none,
+                     tuple(f"text {i}" for i in range(len(rates))), drafts, 3 * drafts, accepted)
+
+
+def _row(concurrency: int, base: list[float], spec: list[float], category: str | None = None) -> BenchRow:
+    return BenchRow(concurrency, category, _served(base, sum(base)), _served(spec, sum(spec), drafts=40, accepted=50))
+
+
+def test_speed_up_is_the_ratio_of_mean_per_user_rates_with_a_paired_interval():
+    base, spec = [10.0, 20.0, 30.0, 40.0], [15.0, 26.0, 33.0, 60.0]
+    row = _row(1, base, spec)
+    assert row.speed_up == pytest.approx((sum(spec) / 4) / (sum(base) / 4))
+    assert row.acceptance_length == pytest.approx(1 + 50 / 40)
+    interval = row.speed_up_interval
+    assert interval is not None and interval.low <= row.speed_up <= interval.high
+    assert min(s / b for s, b in zip(spec, base)) <= interval.low  # resampled means stay within the pairs' ratios
+    assert row.to_dict()["speed_up_interval"]["method"] == "paired bootstrap over requests"
+
+
+def test_the_slow_tail_of_rates_is_their_low_end_and_of_times_their_high_end():
+    values = [float(v) for v in range(1, 101)]
+    assert spread(values, slow_tail_low=True).p99 < 2.5 < 99 < spread(values).p99
+    assert spread(values).p50 == pytest.approx(50.5)
+
+
+def test_the_verdict_names_the_concurrency_where_speculation_stops_paying():
+    rows = [_row(1, [10, 10], [18, 18]), _row(4, [8, 8], [10, 10]), _row(16, [5, 5], [4, 4]),
+            _row(1, [10, 10], [9, 9], "math")]
+    found = verdict(rows)
+    assert (found.pays_at, found.stops_paying_at) == ((1, 4), 16)
+    assert "pays up to C=4 and stops paying at C=16" in found.text
+    math = verdict(rows, "math")
+    assert math.pays_at == () and math.stops_paying_at == 1 and "does not pay" in math.text
+    always = verdict(rows[:2])
+    assert always.stops_paying_at is None and "every concurrency" in always.text
+
+
+def test_engine_settings_become_vllm_server_flags():
+    flags = engine_flags({"max_model_len": 4096, "enforce_eager": True, "enable_prefix_caching": False,
+                          "speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}})
+    assert flags[:3] == ["--max-model-len", "4096", "--enforce-eager"]
+    assert "--no-enable-prefix-caching" in flags
+    assert json.loads(flags[flags.index("--speculative-config") + 1]) == {"method": "eagle3",
+                                                                          "num_speculative_tokens": 3}
+
+
+def test_max_model_len_holds_the_longest_request_within_the_target_context():
+    assert _model_len(100, 256, 3, 8192) == 512
+    assert _model_len(8000, 256, 3, 8192) == 8192
+    assert _model_len(8000, 256, 3, None) % 256 == 0
+
+
+def test_a_server_that_cannot_start_is_reported_by_its_root_cause(tmp_path):
+    """This interpreter has no vLLM: the server process dies, and the error says why in one line."""
+    with pytest.raises(EngineError) as caught:
+        start_server(sys.executable, str(tmp_path), "target alone", argv=["--model", str(tmp_path)],
+                     target=str(tmp_path), dtype="bfloat16", positions=1024, given=[], timeout_s=120)
+    message = str(caught.value)
+    assert message.startswith("vLLM server (target alone) failed: ModuleNotFoundError: No module named 'vllm'")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--concurrency", "0"], "--concurrency takes positive integers"),
+    (["--concurrency", "1,1"], "--concurrency lists a value twice"),
+    (["--concurrency", "a"], "expected comma-separated integers"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--num-prompts", "0"], "--num-prompts must be at least 1"),
+    (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be at least 1"),
+])
+def test_bad_options_are_refused_before_any_engine_starts(tmp_path, args, needle):
+    result = run_cli(["bench", os.path.join(DRAFTERS, "smollm2-135m-eagle3"), "--target", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_engine_is_one_line_saying_how_to_install_it(tmp_path):
+    result = run_cli(["bench", os.path.join(DRAFTERS, "smollm2-135m-eagle3"), "--target", str(tmp_path),
+                      "--engine-python", str(tmp_path / "no-python")])
+    assert result.exit_code == 2
+    assert "cannot run" in result.stderr and "scripts/vllm-env.sh" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
