@@ -192,8 +192,10 @@ def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, 
     readme = repo.files()["README.md"].decode()
     assert readme == doc["card"]
     for row in ("| Lossless (greedy output identical to the target's) | yes |", "| Mean acceptance length τ | 2.81 |",
-                "| Acceptance rate per draft position | 0.80, 0.60, 0.41 |", "| Speedup | 2.01× |",
-                "| Prompts | mt-bench (80) |", "| Device | NVIDIA H200 |", "| Tokens/s with the draft | 120.5 |"):
+                "| Acceptance rate per draft position | 0.80, 0.60, 0.41 |",
+                "| Reference-decode speed ratio (batch 1, not a serving engine: see `eaglekit bench`) | 2.01× |",
+                "| Prompts | mt-bench (80) |", "| Device | NVIDIA H200 |",
+                "| Tokens/s with the draft, eaglekit's reference decode | 120.5 |"):
         assert row in readme
     assert json.loads(repo.files()["eaglekit.json"])["verify"] == {
         **VERIFY_REPORT, "measured": measured(draft_dir, name_or_path=TARGET)}
@@ -225,6 +227,79 @@ def test_a_report_of_other_files_is_refused_unless_forced(fake_hub, draft_dir, r
         assert code == 0, err
         card = json.loads(out)["card"]
         assert "Warning: these figures were measured on other files" in card and expected in card
+
+
+def bench_row(concurrency: int, base: float, spec: float, drafts: int = 40, accepted: int = 50) -> dict:
+    """One bench row as `eaglekit bench` writes it; τ and per-position rates consistent with the counters."""
+    positions = [accepted - accepted // 2 - accepted // 4, accepted // 2, accepted // 4]
+    def side(rate: float) -> dict:
+        spread = {"mean": rate, "p50": rate, "p99": rate}
+        return {"completed": 4, "duration_s": 1.0, "output_tokens": 100, "output_throughput": rate * concurrency,
+                "per_user_tokens_per_s": spread, "tpot_ms": spread, "ttft_ms": spread}
+
+    return {"concurrency": concurrency, "category": None, "speed_up": spec / base,
+            "speed_up_interval": {"low": spec / base - 0.1, "high": spec / base + 0.1, "level": 0.95,
+                                  "method": "paired bootstrap over requests"},
+            "throughput_speed_up": spec / base, "acceptance_length": 1 + accepted / drafts,
+            "per_position_acceptance": sorted((p / drafts for p in positions), reverse=True),
+            "num_drafts": drafts, "num_draft_tokens": 3 * drafts, "num_accepted_tokens": accepted,
+            "identical_outputs": 4, "requests": 4, "baseline": side(base), "speculative": side(spec)}
+
+
+def write_bench(path, draft: str, **fields) -> str:
+    doc = {"schema_version": "1", "num_speculative_tokens": 3, "dtype": "bfloat16", "max_new_tokens": 256,
+           "engine": {"name": "vllm", "version": "0.33.0", "device_type": "cuda", "device_name": "1 x NVIDIA H200",
+                      "tensor_parallel_size": 1},
+           "prompts": {"name": "speed-bench-coding", "count": 80},
+           "rows": [bench_row(1, 50.0, 100.0), bench_row(4, 40.0, 60.0), bench_row(16, 30.0, 27.0)],
+           "verdicts": [{"category": None, "pays_at": [1, 4], "stops_paying_at": 16,
+                         "text": "speculation pays up to C=4 and stops paying at C=16"}],
+           "measured": measured(draft, name_or_path=TARGET), **fields}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_a_bench_report_is_the_cards_serving_speed_with_its_conditions(fake_hub, draft_dir, rules, tmp_path, capsys):
+    bench = write_bench(tmp_path / "bench.json", draft_dir)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench,
+                             "--dry-run", "--format", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    card = doc["card"]
+    section = card[card.index("## Serving speed"):]
+    assert "vllm 0.33.0 on 1 x NVIDIA H200 (cuda, tensor parallel 1), bfloat16, k = 3, greedy" in section
+    rows = json.loads(open(bench).read())["rows"]
+    for row in rows:
+        assert (f"| {row['concurrency']} | {row['baseline']['per_user_tokens_per_s']['mean']:.1f} | "
+                f"{row['speculative']['per_user_tokens_per_s']['mean']:.1f} | {row['speed_up']:.2f}× |") in section
+    assert "- speculation pays up to C=4 and stops paying at C=16" in section
+    assert "measured on other files" not in card
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"rows": []}, "not an eaglekit bench report"),
+    ({"schema_version": "0"}, "not an eaglekit bench report"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens must be a positive integer"),
+    ({"rows": [bench_row(1, 50.0, 100.0), bench_row(1, 50.0, 90.0)]}, "concurrency 1 is measured twice"),
+    ({"rows": [{**bench_row(2, 50.0, 100.0), "speed_up": float("inf")}]}, "speed_up must be a finite"),
+    ({"rows": [{**bench_row(2, 50.0, 100.0), "acceptance_length": 7.0}]}, "acceptance_length 7.0 is more than"),
+    ({"rows": [{**bench_row(2, 50.0, 100.0), "num_accepted_tokens": 51}]}, "does not match its counters"),
+    ({"rows": [{**bench_row(2, 50.0, 100.0), "speed_up_interval": {"low": "x"}}]}, "speed_up_interval"),
+])
+def test_a_bench_report_that_would_make_the_card_lie_is_refused(fake_hub, draft_dir, rules, tmp_path, capsys,
+                                                                change, expected):
+    bench = write_bench(tmp_path / "bench.json", draft_dir, **change)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    assert code == 1 and expected in err and err.count("\n") == 1, err
+
+
+def test_a_bench_report_of_other_files_is_refused_unless_forced(fake_hub, draft_dir, rules, tmp_path, capsys):
+    bench = write_bench(tmp_path / "bench.json", draft_dir, measured=None)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    assert code == 1 and "refusing this bench report" in err and "does not record which files" in err
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run",
+                             "--force", "--format", "json")
+    assert code == 0 and "Warning: these figures were measured on other files" in json.loads(out)["card"]
 
 
 def test_token_only_travels_in_the_authorization_header(fake_hub, draft_dir, rules, capsys):

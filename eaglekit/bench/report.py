@@ -123,8 +123,7 @@ class BenchRow:
                 "speed_up": round(self.speed_up, 4),
                 "speed_up_interval": interval.to_dict() if interval else None,
                 "throughput_speed_up": round(self.throughput_speed_up, 4),
-                "acceptance_length": None if self.acceptance_length is None else round(self.acceptance_length, 4),
-                "per_position_acceptance": [round(r, 4) for r in spec.per_position],
+                "acceptance_length": self.acceptance_length, "per_position_acceptance": list(spec.per_position),
                 "num_drafts": spec.drafts, "num_draft_tokens": spec.draft_tokens, "num_accepted_tokens": spec.accepted,
                 "identical_outputs": self.identical_outputs, "requests": len(self.baseline.per_user_rates),
                 "baseline": self.baseline.to_dict(), "speculative": spec.to_dict()}
@@ -174,6 +173,7 @@ class BenchReport:
     prompts: dict[str, Any]
     engine: dict[str, Any]  # name, version, device, server settings of both runs
     speculative_config: dict[str, Any]
+    measured: dict[str, Any]  # the draft files' hashes and the target's identity (push --bench binds to them)
     rows: list[BenchRow] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -197,5 +197,6 @@ class BenchReport:
                 "eagle_version": self.eagle_version, "num_speculative_tokens": self.num_speculative_tokens,
                 "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "sampling": "greedy",
                 "prompts": self.prompts, "engine": self.engine, "speculative_config": self.speculative_config,
-                "rows": [r.to_dict() for r in self.rows], "verdicts": [v.to_dict() for v in self.verdicts],
+                "measured": self.measured, "rows": [r.to_dict() for r in self.rows],
+                "verdicts": [v.to_dict() for v in self.verdicts],
                 "timings": {k: round(v, 3) for k, v in self.timings.items()}}

@@ -23,6 +23,7 @@ from eaglekit.errors import UsageError
 from eaglekit.io.outputs import Role
 from eaglekit.verify.engine import EngineOptions, check_engine_available
 from eaglekit.verify.prompts import Prompt, encode, render_text
+from eaglekit.verify.run import measured_files
 
 DEFAULT_CONCURRENCY = (1, 4, 16)
 MODEL_LEN_SLACK = 32  # tokens beyond the longest prompt's: the server tokenises the rendered text itself
@@ -108,7 +109,7 @@ def run_bench(draft: str, target: str, options: BenchOptions,
         {"name": setup.prompts.name, "count": sum(len(g.texts) for g in groups),
          "speed_bench": setup.prompts.speed_bench,
          "categories": [g.category for g in groups if g.category is not None], "ignore_eos": options.ignore_eos},
-        {}, spec_config)
+        {}, spec_config, measured_files(checked.spec, setup.info))
     started = time.perf_counter()
     runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work:

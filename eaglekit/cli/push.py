@@ -21,7 +21,7 @@ EXAMPLES = """
 Examples:
   eaglekit push ./out --repo-id my-org/Llama-3.1-8B-EAGLE3.1 --target meta-llama/Llama-3.1-8B-Instruct --dry-run
   eaglekit push ./out --repo-id my-org/Llama-3.1-8B-EAGLE3.1 --target meta-llama/Llama-3.1-8B-Instruct \
-      --report verify.json
+      --report verify.json --bench bench.json
   eaglekit push ./out --repo-id my-org/draft --revision v2 --create-pr --format json
 """
 
@@ -44,6 +44,8 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
                                 "local folder a --report measured (the Hub id its config records names it).")
 @click.option("--report", "report_path", type=click.Path(exists=True, dir_okay=False),
               help="Verify report JSON (from eaglekit verify) to put in the card.")
+@click.option("--bench", "bench_path", type=click.Path(exists=True, dir_okay=False),
+              help="Bench report JSON (from eaglekit bench --save-report): the card's serving-speed section.")
 @click.option("--private", is_flag=True, help="Create the repository private (ignored if it exists).")
 @click.option("--revision", help="Branch to commit to (created if missing); with --create-pr, the PR's base.")
 @click.option("--create-pr", is_flag=True, help="Open a pull request instead of committing to the branch.")
@@ -58,25 +60,27 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
                    "--license-link.")
 @click.option("--license-link", help="With --license other: the URL of the licence text.")
 @format_option
-def push_command(draft, repo_id, target, report_path, private, revision, create_pr, commit_message, token, endpoint,
-                 dry_run, force, card_out, license_id, license_link, output_format):
+def push_command(draft, repo_id, target, report_path, bench_path, private, revision, create_pr, commit_message, token,
+                 endpoint, dry_run, force, card_out, license_id, license_link, output_format):
     """Validate DRAFT for vLLM and publish config, weights, model card and eaglekit.json to the Hub."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    from eaglekit.hub.push import load_report, push
+    from eaglekit.hub.push import load_bench_report, load_report, push
     from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 
     refuse_clobber([Role("--card-out", card_out)],
                    [*read_roles("draft", draft), *read_roles("--report", report_path),
+                    *read_roles("--bench", bench_path),
                     *target_roles(local_path(target))])
     report = load_report(report_path) if report_path else None
+    bench = load_bench_report(bench_path) if bench_path else None
     bars_were_off = are_progress_bars_disabled()
     if output_format == "json":
         disable_progress_bars()
     try:
-        result = push(draft, repo_id, target=target, report=report, private=private, revision=revision,
-                      create_pr=create_pr, commit_message=commit_message, token=token, endpoint=endpoint,
-                      dry_run=dry_run, force=force, license=license_id, license_link=license_link)
+        result = push(draft, repo_id, target=target, report=report, bench=bench, private=private,
+                      revision=revision, create_pr=create_pr, commit_message=commit_message, token=token,
+                      endpoint=endpoint, dry_run=dry_run, force=force, license=license_id, license_link=license_link)
     finally:
         if not bars_were_off:
             enable_progress_bars()

@@ -93,10 +93,13 @@ def build_card(
     license: str | None = None,
     license_link: str | None = None,
     rules: ValidationReport | None = None,
+    bench: Mapping[str, Any] | None = None,
+    bench_mismatches: Sequence[str] = (),
 ) -> str:
     """Return README.md text: YAML front matter, then the body. `forced`: pushed despite error findings;
     `report_mismatches`: why the verify report describes other files (pushed with --force); `rules`: the caller's
-    rules run over every engine, which the serving sections show (run here when absent)."""
+    rules run over every engine, which the serving sections show (run here when absent); `bench`: an
+    `eaglekit bench` report, the serving-speed section (`bench_mismatches` as `report_mismatches`)."""
     from huggingface_hub import ModelCardData
 
     target = target or recorded_target(spec)
@@ -118,6 +121,7 @@ def build_card(
         _warm_start_notice(spec),
         _draft_table(spec, target),
         _serving(spec, repo_id, target, rules),
+        _speed_section(bench, bench_mismatches) if bench else "",
         _verify_section(report, report_mismatches) if report else "",
         _validation_section(findings, validated),
         _provenance_section(spec),
@@ -280,11 +284,12 @@ def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = ()) -
         rows.append(("Speculative tokens k", _number(report["num_speculative_tokens"])))
     spec_tps, target_tps = report.get("tokens_per_s_spec"), report.get("tokens_per_s_target")
     if spec_tps is not None:
-        rows.append(("Tokens/s with the draft", _number(spec_tps, 1)))
+        rows.append(("Tokens/s with the draft, eaglekit's reference decode", _number(spec_tps, 1)))
     if target_tps is not None:
-        rows.append(("Tokens/s, target alone", _number(target_tps, 1)))
+        rows.append(("Tokens/s, target alone, eaglekit's reference decode", _number(target_tps, 1)))
     if isinstance(spec_tps, (int, float)) and isinstance(target_tps, (int, float)) and target_tps > 0:
-        rows.append(("Speedup", f"{spec_tps / target_tps:.2f}×"))
+        rows.append(("Reference-decode speed ratio (batch 1, not a serving engine: see `eaglekit bench`)",
+                     f"{spec_tps / target_tps:.2f}×"))
     prompts = report.get("prompts")
     if isinstance(prompts, Mapping):
         rows.append(("Prompts", f"{prompts.get('name', 'unnamed')} ({_number(prompts.get('count', '?'))})"))
@@ -301,6 +306,40 @@ def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = ()) -
                f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
     return (f"## Verification\n\n{warning}Measured with `eaglekit verify` against the target.\n\n| | |\n|---|---|\n"
             f"{table}\n")
+
+
+def _speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> str:
+    """Serving speed as `eaglekit bench` measured it in the engine: the conditions first, then one row per
+    concurrency (and category), then the verdict."""
+    engine = nested(bench, "engine")
+    prompts = nested(bench, "prompts")
+    conditions = (f"{engine.get('name', 'vllm')} {engine.get('version', '?')} on {engine.get('device_name', '?')} "
+                  f"({engine.get('device_type', '?')}, tensor parallel {engine.get('tensor_parallel_size', 1)}), "
+                  f"{bench.get('dtype', '?')}, k = {bench.get('num_speculative_tokens', '?')}, greedy, up to "
+                  f"{bench.get('max_new_tokens', '?')} new tokens per request, prompts "
+                  f"{prompts.get('name', 'unnamed')} ({_number(prompts.get('count', '?'))})")
+    rows = [r for r in bench.get("rows") or [] if isinstance(r, Mapping)]
+    per_category = any(r.get("category") for r in rows)
+    header = ("| Category " if per_category else "") + ("| Concurrency | Per-user tokens/s, target alone | With the "
+                                                       "draft | Speed-up | 95 % interval | τ (engine) |")
+    lines = [header, "|---" * (header.count("|") - 1) + "|"]
+    for r in rows:
+        base, spec = nested(r, "baseline"), nested(r, "speculative")
+        interval = r.get("speed_up_interval")
+        tau = r.get("acceptance_length")
+        lines.append(("| " + str(r.get("category") or "") + " " if per_category else "")
+                     + f"| {r['concurrency']} | {_number(nested(base, 'per_user_tokens_per_s').get('mean'), 1)} | "
+                     f"{_number(nested(spec, 'per_user_tokens_per_s').get('mean'), 1)} | {r['speed_up']:.2f}× | "
+                     + (f"{_number(interval.get('low'), 2)}–{_number(interval.get('high'), 2)}"
+                        if isinstance(interval, Mapping) else "—")
+                     + f" | {'—' if tau is None else _number(tau, 2)} |")
+    verdicts = [f"- {v['text']}" for v in bench.get("verdicts") or [] if isinstance(v, Mapping) and "text" in v]
+    warning = ("> **Warning: these figures were measured on other files** than the ones published "
+               f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
+    return ("## Serving speed\n\n" + warning + "Measured with `eaglekit bench`: the target served alone and with this "
+            "draft, on the same requests, by vLLM's own benchmark client (`vllm bench serve`) at each concurrency; τ "
+            f"from the server's spec-decode counters. {conditions}.\n\n" + "\n".join(lines) + "\n"
+            + ("\n" + "\n".join(verdicts) + "\n" if verdicts else ""))
 
 
 def _validation_section(findings: Sequence[Finding], validated: bool) -> str:

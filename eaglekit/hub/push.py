@@ -51,6 +51,8 @@ VERIFY_FIELDS = (
     "lossless", "acceptance_length", "per_position_acceptance", "num_speculative_tokens",
     "tokens_per_s_spec", "tokens_per_s_target", "prompts", "dtype", "device", "measured",
 )
+BENCH_FIELDS = ("engine", "dtype", "num_speculative_tokens", "max_new_tokens", "prompts", "rows", "verdicts",
+                "measured")
 # huggingface_hub retries preupload, LFS batch and LFS PUT itself, but not create_repo or the commit POST.
 TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
 COMMIT_ATTEMPTS = 3
@@ -112,6 +114,7 @@ class PushTarget:
 
 
 VERDICTS = ("passed", "lossless", "exact_match")
+BENCH_FIGURES = ("speed_up", "throughput_speed_up")
 RATES = ("per_position_acceptance", "conditional_acceptance")
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 FIGURE_TOLERANCE = 1e-6  # a report's figures are one counter's quotients, written with full float precision
@@ -135,6 +138,42 @@ def load_report(path: str) -> VerifyReportFile:
             problem = contradicting_verdicts(figures) or impossible_figures(figures, k)
             if problem:
                 raise CheckpointError(problem, path)
+    return VerifyReportFile(path, report)
+
+
+def load_bench_report(path: str) -> VerifyReportFile:
+    """Read a bench report JSON (`eaglekit bench --save-report`) for the card's speed section; a report with no
+    measurement, or figures no engine run can produce, is refused (one line naming it)."""
+    report = load_json_object(path, "bench report")
+    rows = report.get("rows")
+    engine = report.get("engine")
+    if report.get("schema_version") != "1" or not isinstance(rows, list) or not rows or not isinstance(engine, Mapping):
+        raise CheckpointError("not an eaglekit bench report (schema_version \"1\" with engine and rows)", path)
+    k = report.get("num_speculative_tokens")
+    if type(k) is not int or k < 1:
+        raise CheckpointError(f"num_speculative_tokens must be a positive integer, not {quoted(k)}", path)
+    seen = set()
+    for row in rows:
+        if not isinstance(row, Mapping):
+            raise CheckpointError("every row must be an object", path)
+        level, category = row.get("concurrency"), row.get("category")
+        if type(level) is not int or level < 1:
+            raise CheckpointError(f"concurrency must be a positive integer, not {quoted(level)}", path)
+        if (level, category) in seen:
+            raise CheckpointError(f"concurrency {level} is measured twice{f' for {category}' if category else ''}",
+                                  path)
+        seen.add((level, category))
+        for key in BENCH_FIGURES:
+            if not (finite(row.get(key)) and row[key] >= 0):
+                raise CheckpointError(f"concurrency {level}: {key} must be a finite non-negative number, not "
+                                      f"{quoted(row.get(key))}", path)
+        interval = row.get("speed_up_interval")
+        if interval is not None and not (isinstance(interval, Mapping) and finite(interval.get("low"))
+                                         and finite(interval.get("high"))):
+            raise CheckpointError(f"concurrency {level}: speed_up_interval must hold finite low and high", path)
+        problem = impossible_figures(row, k)
+        if problem:
+            raise CheckpointError(f"concurrency {level}: {problem}", path)
     return VerifyReportFile(path, report)
 
 
@@ -198,6 +237,7 @@ def push(
     *,
     target: str | None = None,
     report: VerifyReportFile | None = None,
+    bench: VerifyReportFile | None = None,
     private: bool = False,
     revision: str | None = None,
     create_pr: bool = False,
@@ -214,7 +254,8 @@ def push(
 
     `target`: a Hub id, or a local target folder (its config's Hub id names it in the card). `validate(spec)`
     returns a report with `.findings` or a list of findings; by default eaglekit's vLLM rules run. An error finding,
-    or a report that measured other files or another target, refuses the push unless `force`.
+    or a report that measured other files or another target, refuses the push unless `force`. `bench`: an
+    `eaglekit bench` report, the card's serving-speed section (bound to the files as a verify report is).
     """
     from huggingface_hub import constants
 
@@ -248,7 +289,11 @@ def push(
     if report is not None and unbound and not force:
         raise EaglekitError(f"refusing this verify report: {unbound[0]} (rerun `eaglekit verify`, or pass --force: "
                             "the card then says so)", report.path)
-    forced = bool(errors) or bool(warm_start) or bool(worse) or bool(unbound)
+    bench_unbound = report_mismatches(bench.doc, spec, declared, endpoint=endpoint, token=token) if bench else []
+    if bench is not None and bench_unbound and not force:
+        raise EaglekitError(f"refusing this bench report: {bench_unbound[0]} (rerun `eaglekit bench`, or pass "
+                            "--force: the card then says so)", bench.path)
+    forced = bool(errors) or bool(warm_start) or bool(worse) or bool(unbound) or bool(bench_unbound)
     warnings = []
     if not target:
         unnamed = "no target model known" if declared.config is None else "the --target folder records no Hub id"
@@ -259,10 +304,11 @@ def push(
         warnings.append("no --license: the card states none (a draft trained on a target's outputs usually "
                         "carries the target's licence)")
     figures = report.doc if report is not None else None
+    speed = bench.doc if bench is not None else None
     card = build_card(spec, repo_id, target=target, report=figures, findings=findings, validated=validated,
                       forced=forced, report_mismatches=unbound, license=license, license_link=license_link,
-                      rules=rules)
-    manifest = _manifest(spec, target, figures, findings, validated, forced)
+                      rules=rules, bench=speed, bench_mismatches=bench_unbound)
+    manifest = _manifest(spec, target, figures, findings, validated, forced, speed)
     sources = _upload_sources(spec, card, manifest)
     shown = without_credentials(endpoint)
     result = PushResult(
@@ -382,6 +428,7 @@ def _manifest(
     findings: list[Finding],
     validated: bool,
     forced: bool,
+    bench: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """eaglekit.json: what was published, from what, and how it checked out; machine-readable twin of the card."""
     g = spec.geometry
@@ -423,6 +470,7 @@ def _manifest(
             "findings": [f.to_dict() for f in findings],
         },
         "verify": {k: report[k] for k in VERIFY_FIELDS if k in report} if report else None,
+        "bench": {k: bench.get(k) for k in BENCH_FIELDS} if bench else None,
     }
 
 
