@@ -32,7 +32,6 @@ def main(argv=None) -> None:
     p.add_argument("-k", type=int, default=3)
     args = p.parse_args(argv)
     os.environ.setdefault("EAGLEKIT_VLLM_PYTHON", os.path.join(REPO, ".vllm-env", "bin", "python"))
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
     from eaglekit.upgrade import UpgradeOptions, upgrade
     from eaglekit.verify.engine import EngineOptions

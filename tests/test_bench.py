@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from eaglekit.bench.report import BenchRow, ServedRun, Spread, spread, verdict
-from eaglekit.bench.run import _model_len
 from eaglekit.bench.server import engine_flags, start_server
 from eaglekit.errors import EngineError
+from eaglekit.verify.engine import fitted_model_len
 from tests.cli import run_cli
 
 DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "examples", "drafters")
@@ -46,15 +46,15 @@ def test_the_slow_tail_of_rates_is_their_low_end_and_of_times_their_high_end():
 
 
 def test_the_verdict_names_the_concurrency_where_speculation_stops_paying():
-    rows = [_row(1, [10, 10], [18, 18]), _row(4, [8, 8], [10, 10]), _row(16, [5, 5], [4, 4]),
-            _row(1, [10, 10], [9, 9], "math")]
+    rows = [_row(1, [10, 12, 11], [18, 20, 19]), _row(4, [8, 9, 10], [10, 11, 12]), _row(8, [8, 9, 10], [6, 11, 12]),
+            _row(16, [5, 6, 7], [4, 5, 6]), _row(1, [10, 11], [9, 10], "math")]
     found = verdict(rows)
-    assert (found.pays_at, found.stops_paying_at) == ((1, 4), 16)
-    assert "pays up to C=4 and stops paying at C=16" in found.text
+    assert (found.pays_at, found.unresolved_at, found.loses_at, found.stops_paying_at) == ((1, 4), (8,), (16,), 8)
+    assert "not resolved at C=8" in found.text and "stops being shown to pay at C=8" in found.text
     math = verdict(rows, "math")
-    assert math.pays_at == () and math.stops_paying_at == 1 and "does not pay" in math.text
+    assert math.pays_at == () and math.loses_at == (1,) and math.stops_paying_at == 1
     always = verdict(rows[:2])
-    assert always.stops_paying_at is None and "every concurrency" in always.text
+    assert always.stops_paying_at is None and "pays at every concurrency measured" in always.text
 
 
 def test_engine_settings_become_vllm_server_flags():
@@ -67,9 +67,9 @@ def test_engine_settings_become_vllm_server_flags():
 
 
 def test_max_model_len_holds_the_longest_request_within_the_target_context():
-    assert _model_len(100, 256, 3, 8192) == 512
-    assert _model_len(8000, 256, 3, 8192) == 8192
-    assert _model_len(8000, 256, 3, None) % 256 == 0
+    assert fitted_model_len(100, 256, 3, 8192) == 512
+    assert fitted_model_len(8000, 256, 3, 8192) == 8192
+    assert fitted_model_len(8000, 256, 3, None) == 8448
 
 
 def test_a_server_that_cannot_start_is_reported_by_its_root_cause(tmp_path):

@@ -368,16 +368,17 @@ def test_finetune_data_is_cut_at_the_context_and_says_which_records(tmp_path, ti
 @given(tokens=st.integers(1, 3000), new=st.integers(1, 300), k=st.integers(1, 8))
 def test_the_vllm_engine_is_not_started_for_a_prompt_past_its_max_model_len(smollm2_tokenizer, tokens, new, k):
     from eaglekit.errors import UsageError
-    from eaglekit.verify.engine import DEFAULT_ENGINE_ARGS, EngineOptions, run_vllm
+    from eaglekit.verify.engine import EngineOptions, run_vllm
 
     prompt = Prompt("p", ({"role": "user", "content": "x"},), None, file="speed.jsonl", record="question_id 'q7'")
     ids = PromptTokens([1] * tokens, prompt)
     engine = EngineOptions(python="/no/such/python", timeout_s=1)  # starting vLLM fails differently (OSError)
     with pytest.raises((UsageError, OSError)) as raised:
-        run_vllm("draft", "target", [ids], k=k, max_new_tokens=new, dtype="float32", opts=engine)
-    if tokens + new + k > DEFAULT_ENGINE_ARGS["max_model_len"]:
+        run_vllm("draft", "target", [ids], k=k, max_new_tokens=new, dtype="float32", opts=engine, context=2048)
+    if tokens + new + k > 2048:  # max_model_len is fitted to the prompts, within the target's context
         assert isinstance(raised.value, UsageError)
-        assert str(raised.value).startswith("speed.jsonl: question_id 'q7': ") and "max_model_len" in str(raised.value)
+        message = str(raised.value)
+        assert message.startswith("speed.jsonl: question_id 'q7': ") and "2,048-token context" in message
     else:
         assert "max_model_len" not in str(raised.value)
 

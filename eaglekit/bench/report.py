@@ -132,34 +132,55 @@ class BenchRow:
 @dataclass(frozen=True)
 class Verdict:
     category: str | None
-    pays_at: tuple[int, ...]
-    stops_paying_at: int | None  # the lowest concurrency measured where it does not pay
+    pays_at: tuple[int, ...]  # speed-up above 1, its whole interval too
+    unresolved_at: tuple[int, ...]  # the interval holds 1: this run cannot say
+    loses_at: tuple[int, ...]  # speed-up at most 1, its whole interval too
+    stops_paying_at: int | None  # the lowest concurrency measured where it is not shown to pay
     text: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"category": self.category, "pays_at": list(self.pays_at), "stops_paying_at": self.stops_paying_at,
-                "text": self.text}
+        return {"category": self.category, "pays_at": list(self.pays_at), "unresolved_at": list(self.unresolved_at),
+                "loses_at": list(self.loses_at), "stops_paying_at": self.stops_paying_at, "text": self.text}
+
+
+def outcome(row: BenchRow) -> str:
+    """pays, loses or unresolved: the speed-up's side of 1, and whether its interval stays there."""
+    interval = row.speed_up_interval
+    if row.speed_up > PAYS and (interval is None or interval.low > PAYS):
+        return "pays"
+    if row.speed_up <= PAYS and (interval is None or interval.high <= PAYS):
+        return "loses"
+    return "unresolved"
 
 
 def verdict(rows: Sequence[BenchRow], category: str | None = None) -> Verdict:
-    """Where speculation pays (mean per-user speed-up above 1) and the concurrency where it first stops."""
+    """Where speculation pays, where this run cannot tell, where it loses, and the lowest concurrency where it
+    stops being shown to pay."""
     mine = sorted((r for r in rows if r.category == category), key=lambda r: r.concurrency)
-    pays = tuple(r.concurrency for r in mine if r.speed_up > PAYS)
-    stops = next((r.concurrency for r in mine if r.speed_up <= PAYS), None)
+    outcomes = [(r, outcome(r)) for r in mine]
+    pays, unresolved, loses = (tuple(r.concurrency for r, o in outcomes if o == kind)
+                               for kind in ("pays", "unresolved", "loses"))
+    stops = next((r.concurrency for r, o in outcomes if o != "pays"), None)
     where = f"{category}: " if category else ""
-    figures = ", ".join(f"C={r.concurrency} x{r.speed_up:.2f}" for r in mine)
+
+    def figures(kind: str) -> str:
+        shown = []
+        for r, o in outcomes:
+            if o == kind:
+                iv = r.speed_up_interval
+                shown.append(f"C={r.concurrency} x{r.speed_up:.2f}" + (f" [{iv.low:.2f}, {iv.high:.2f}]" if iv else ""))
+        return ", ".join(shown)
+
+    parts = [f"pays at {figures('pays')}" if pays else "",
+             f"not resolved at {figures('unresolved')} (the interval holds 1)" if unresolved else "",
+             f"loses at {figures('loses')}" if loses else ""]
     if not mine:
         text = f"{where}nothing measured"
-    elif stops is None:
-        text = f"{where}speculation pays at every concurrency measured ({figures})"
-    elif not pays:
-        text = f"{where}speculation does not pay at any concurrency measured ({figures})"
     else:
-        before = [c for c in pays if c < stops]
-        text = (f"{where}speculation pays up to C={before[-1]} and stops paying at C={stops} ({figures})" if before
-                else f"{where}speculation does not pay at C={stops} but does at C={', '.join(map(str, pays))} "
-                     f"({figures}): measure again, the figures are noisy")
-    return Verdict(category, pays, stops, text)
+        ending = ("; it pays at every concurrency measured" if stops is None
+                  else f"; it stops being shown to pay at C={stops}")
+        text = f"{where}speculation " + "; ".join(p for p in parts if p) + ending
+    return Verdict(category, pays, unresolved, loses, stops, text)
 
 
 @dataclass

@@ -21,13 +21,11 @@ from eaglekit.bench.server import check_client_available, engine_flags, run_clie
 from eaglekit.engines.vllm import speculative_config
 from eaglekit.errors import UsageError
 from eaglekit.io.outputs import Role
-from eaglekit.verify.engine import EngineOptions, check_engine_available
+from eaglekit.verify.engine import EngineOptions, check_engine_available, fitted_model_len
 from eaglekit.verify.prompts import Prompt, encode, render_text
 from eaglekit.verify.run import measured_files
 
 DEFAULT_CONCURRENCY = (1, 4, 16)
-MODEL_LEN_SLACK = 32  # tokens beyond the longest prompt's: the server tokenises the rendered text itself
-MODEL_LEN_STEP = 256
 PERCENTILES = "50,99"
 
 
@@ -93,8 +91,8 @@ def run_bench(draft: str, target: str, options: BenchOptions,
     (checked,) = setup.drafts
     groups, longest = _groups(setup.prompts.prompts, setup.tokenizer, options.limit, setup.prompts.speed_bench)
     k = options.num_speculative_tokens
-    model_len = engine.engine_args.get("max_model_len") or _model_len(longest, options.max_new_tokens, k,
-                                                                     setup.info.max_position_embeddings)
+    model_len = engine.engine_args.get("max_model_len") or fitted_model_len(longest, options.max_new_tokens, k,
+                                                                            setup.info.max_position_embeddings)
     if longest + options.max_new_tokens + k > model_len:
         raise UsageError(f"the longest prompt's {longest:,} tokens, {options.max_new_tokens:,} new ones and {k} drafts "
                          f"exceed max_model_len {model_len:,}")
@@ -164,14 +162,6 @@ def _groups(prompts: Sequence[Prompt], tokenizer, limit: int | None,
         longest = max([longest, *(len(encode(p, tokenizer)) for p in chosen)])
         groups.append(PromptGroup(category, tuple(render_text(p, tokenizer) for p in chosen)))
     return groups, longest
-
-
-def _model_len(longest: int, new_tokens: int, k: int, context: int | None) -> int:
-    """The smallest max_model_len (a multiple of MODEL_LEN_STEP) that holds every request, within the target's
-    context: a smaller one leaves vLLM's KV cache, and its memory, sized for the job."""
-    needed = longest + new_tokens + k + MODEL_LEN_SLACK
-    rounded = -(-needed // MODEL_LEN_STEP) * MODEL_LEN_STEP
-    return min(rounded, context) if context else rounded
 
 
 def _dataset(work: str, group: PromptGroup, requests: int, new_tokens: int) -> str:

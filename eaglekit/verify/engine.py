@@ -28,9 +28,12 @@ EXCEPTION_LINE = re.compile(r"(?:^|[\s\]])(?:[a-z_]\w*\.)*([A-Z]\w*(?:Error|Exce
 WRAPPERS = ("Engine core initialization failed", "See root cause above", "Worker failed", "Engine process failed")
 """Exceptions vLLM raises about an exception raised earlier in its log (the root cause is that one)."""
 PYDANTIC_DETAIL = re.compile(r"^\s+(?:Value error, |Assertion failed, )?(.+?)(?: \[type=[^\]]*\])?$")
-DEFAULT_ENGINE_ARGS: dict[str, Any] = {"max_model_len": 2048, "max_num_seqs": 1, "enforce_eager": True}
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {"max_num_seqs": 1, "enforce_eager": True}
 """One sequence at a time, as the reference decodes (so batching cannot change float rounding), and no graph
-capture or compilation: on a CPU that warm-up costs minutes and changes no result."""
+capture or compilation: on a CPU that warm-up costs minutes and changes no result. max_model_len is fitted to the
+prompts (fitted_model_len) unless given."""
+MODEL_LEN_SLACK = 32  # tokens beyond the longest request's: a server tokenises rendered text itself
+MODEL_LEN_STEP = 256
 
 
 @dataclass(frozen=True)
@@ -143,27 +146,41 @@ def root_cause(log: str) -> str:
     return (errors or lines or ["no output"])[-1].strip()
 
 
-def check_model_len(prompts: Sequence[Sequence[int]], max_new_tokens: int, k: int, max_model_len) -> None:
+def fitted_model_len(longest: int, new_tokens: int, k: int, context: int | None) -> int:
+    """The smallest max_model_len (a multiple of MODEL_LEN_STEP) that holds the longest prompt, its new tokens and
+    the k drafts of its last round, within the target's context: vLLM's KV cache, and its memory, follow from it."""
+    needed = longest + new_tokens + k + MODEL_LEN_SLACK
+    rounded = -(-needed // MODEL_LEN_STEP) * MODEL_LEN_STEP
+    return min(rounded, context) if context else rounded
+
+
+def check_model_len(prompts: Sequence[Sequence[int]], max_new_tokens: int, k: int, max_model_len,
+                    given: bool = True) -> None:
     """Refuse before vLLM starts (minutes) a prompt it would reject: prompt, new tokens and the k drafts of the
-    last round must fit its max_model_len. The prompt is named when its ids came from `prompts.encode`."""
+    last round must fit its max_model_len (`given`: the caller's; else fitted, and capped by the target's context).
+    The prompt is named when its ids came from `prompts.encode`."""
     if not isinstance(max_model_len, int) or isinstance(max_model_len, bool):
         return
     for ids in prompts:
         if len(ids) + max_new_tokens + k > max_model_len:
             source = getattr(ids, "prompt", None)
+            limit = (f"vLLM's max_model_len {max_model_len:,}: raise it with --engine-arg max_model_len=N (up to "
+                     "the target's context)" if given else f"the target's {max_model_len:,}-token context "
+                     "(max_position_embeddings): shorten the prompt or generate fewer tokens")
             raise UsageError(f"{source.label + ': ' if source else ''}the prompt's {len(ids):,} tokens, "
-                             f"{max_new_tokens:,} new ones and {k} drafts exceed vLLM's max_model_len "
-                             f"{max_model_len:,}: raise it with --engine-arg max_model_len=N (up to the target's "
-                             "context)", source.file if source else None)
+                             f"{max_new_tokens:,} new ones and {k} drafts exceed {limit}",
+                             source.file if source else None)
 
 
 def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
-             dtype: str, opts: EngineOptions) -> EngineRun:
-    """Target alone, then target + draft, in vLLM; τ and per-position rates from vLLM's counters.
-    Callers run check_engine_available first, before any work of their own."""
+             dtype: str, opts: EngineOptions, context: int | None = None) -> EngineRun:
+    """Target alone, then target + draft, in vLLM; τ and per-position rates from vLLM's counters. `context`: the
+    target's max_position_embeddings, the most max_model_len is fitted to. Callers run check_engine_available
+    first, before any work of their own."""
     opts.check()
-    engine_args = {**DEFAULT_ENGINE_ARGS, **opts.engine_args}
-    check_model_len(prompts, max_new_tokens, k, engine_args.get("max_model_len"))
+    fitted = fitted_model_len(max((len(p) for p in prompts), default=0), max_new_tokens, k, context)
+    engine_args = {**DEFAULT_ENGINE_ARGS, "max_model_len": fitted, **opts.engine_args}
+    check_model_len(prompts, max_new_tokens, k, engine_args.get("max_model_len"), "max_model_len" in opts.engine_args)
     request = {"target": os.path.abspath(target), "prompts": [list(p) for p in prompts], "k": k,
                "max_new_tokens": max_new_tokens, "dtype": dtype, "tensor_parallel_size": opts.tensor_parallel_size,
                "engine_args": engine_args}

@@ -121,7 +121,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
         engine = comparison = None
         if options.engine == "both":
             run = run_vllm(spec.path, target, encoded, k=k, max_new_tokens=setup.max_new_tokens, dtype=setup.dtype,
-                           opts=options.engine_options)
+                           opts=options.engine_options, context=info.max_position_embeddings)
             engine = run.to_dict()
             engine_ids = engine_aux_ids(run, info)
             rerun = None
@@ -230,7 +230,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
     encoded = [encode(p, setup.tokenizer, context_tokens=options.condition.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
     run = run_vllm(spec.path, target, encoded, k=setup.k, max_new_tokens=setup.max_new_tokens, dtype=dtype,
-                   opts=options.engine_options)
+                   opts=options.engine_options, context=info.max_position_embeddings)
     groups = [p.conversation or p.name for p in prompts.prompts]
     interval = tau_interval(run.per_request, groups) if run.per_request else None
     categories = (by_category(run.per_request, [p.category for p in prompts.prompts], groups,
