@@ -18,9 +18,14 @@ from typing import Any, cast
 
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.dtypes import FLOAT_DTYPES
+from eaglekit.quantization import Scheme, quantize_linear_layers, scheme
 from eaglekit.target import TargetInfo, read_target, target_tensors
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+QUANTIZED_DTYPE = "float64"
+"""What `auto` means for a target with served numerics: the emulation's own arithmetic must add no rounding. In
+float32 a chunked pass (verification) and a one-token pass differ by an ULP before a format's rounding, which flips
+an FP8 rounding about once in five tokens and makes the target disagree with itself; in float64 it never did."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -73,8 +78,10 @@ def _decoder_parts(model) -> tuple[Sequence[Any], Any, Any]:
 class TargetModel:
     """A loaded target plus aux-state capture; `forward` is the only entry point the decode loop needs."""
 
-    def __init__(self, model, tokenizer, *, path: str, device: str, dtype, context: int | None = None):
+    def __init__(self, model, tokenizer, *, path: str, device: str, dtype, context: int | None = None,
+                 quantization: Scheme | None = None):
         self.model = model
+        self.quantization = quantization  # the served numerics its linear layers compute with (None: full precision)
         self.tokenizer = tokenizer
         self.path = path
         self.device = device
@@ -281,12 +288,17 @@ def _refuse_non_finite(model, path: str) -> None:
                                       "checkpoint", path)
 
 
-def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> TargetModel:
-    """Load a local HF causal LM directory (safetensors only; nothing is unpickled) on `device` in `dtype`.
+def load_target(path: str, *, device: str = "cpu", dtype: str = "float32",
+                quantization: str | None = None) -> TargetModel:
+    """Load a local HF causal LM directory (safetensors only; nothing is unpickled) on `device` in `dtype`;
+    with `quantization` (eaglekit.quantization.SCHEMES) its decoder's linear layers compute as that format serves.
 
     Its config and weights are checked first (read_target with weights: every tensor the config builds is there,
     no file is truncated), then its architecture on an empty model; a tensor transformers would still have to
     initialise is refused after loading, so no target ever runs with random weights."""
+    served = scheme(quantization)
+    if served is not None and dtype == "auto":
+        dtype = QUANTIZED_DTYPE
     device = resolve_device(device)  # torch, then transformers: a missing install is said before any file is read
     torch_dtype = resolve_dtype(dtype, device)
     import transformers
@@ -309,6 +321,8 @@ def load_target(path: str, *, device: str = "cpu", dtype: str = "float32") -> Ta
         _refuse_initialised(type(model).__name__, sorted(loading.get("missing_keys") or ()), path)
         _refuse_non_finite(model, path)
         model.to(device).eval()
+    if served is not None:
+        quantize_linear_layers(_decoder_parts(model)[0], served.name)
     tokenizer = load_tokenizer(path, info)
     return TargetModel(model, tokenizer, path=path, device=device, dtype=torch_dtype,
-                       context=info.max_position_embeddings)
+                       context=info.max_position_embeddings, quantization=served)

@@ -15,6 +15,7 @@ from eaglekit.cli.output import (
     identifier_table,
     key_value_table,
     out,
+    quantization_text,
     write_text_atomically,
 )
 
@@ -35,7 +36,8 @@ Examples:
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @format_option
 def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, limit, categories, turns,
-                    context_tokens, template, plot, device, dtype, save_report, no_progress, output_format):
+                    context_tokens, template, plot, device, dtype, target_quantization, save_report, no_progress,
+                    output_format):
     """Measure DRAFT_A and DRAFT_B on one target pass per prompt: τ of each and the paired difference B − A, under
     each condition (template x context length) asked for."""
     from eaglekit.io.outputs import Role
@@ -47,6 +49,7 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
     options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file,
                             limit=limit, categories=tuple(categories), turns=turns,
                             **conditions(context_tokens, template), device=device, dtype=dtype,
+                            target_quantization=target_quantization,
                             outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")))
     options.check()
     if plot:
@@ -105,6 +108,7 @@ def render(doc: dict) -> None:
         ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, {doc['dtype']} on "
                 f"{doc['device']}; one target pass per prompt, both drafts replayed on it"),
         ("prompts", f"{prompts['name']} ({prompts['count']} prompt turns{context})"),
+        ("target numerics", quantization_text(doc["target_quantization"])),
     ], title="eaglekit compare"))
     for title, condition in measured:
         out.print()

@@ -63,6 +63,21 @@ def target_path(ctx: click.Context, param: click.Parameter, value: str | None) -
     return None if value is None else resolve_target(value)
 
 
+target_quantization_option = click.option(
+    "--target-quantization", type=click.Choice(["fp8", "nvfp4", "int8", "int4"]),
+    help="Run the target with a served format's numerics: fp8 (E4M3 weights per channel, activations per token), "
+         "nvfp4 (E2M1 in blocks of 16 with E4M3 scales, weights and activations), int8 (weights per channel) or "
+         "int4 (weights in groups of 128); the report names the scheme and its granularity.")
+
+
+def quantization_text(served: dict | None) -> str:
+    """How a report's target computed: full precision, or the scheme and its granularity."""
+    if not served:
+        return "full precision (the checkpoint's weights in the run's dtype)"
+    activations = served["activations"] or "unquantized"
+    return f"{served['scheme']}: weights {served['weights']}; activations {activations} ({served['specification']})"
+
+
 def decode_options(fn):
     """The options every command that decodes against a target shares (verify, compare): the target, k, the prompt
     set and how it is selected, where and in what dtype the target runs, the conditions (templates x context
@@ -100,8 +115,10 @@ def decode_options(fn):
                           "template (needs matplotlib: eaglekit[plot])."),
         click.option("--device", default="auto", show_default=True,
                      help="auto (CUDA when there is a device, else CPU), cpu or cuda[:N]; the report names it."),
-        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-                     show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA."),
+        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "float64"]),
+                     default="auto", show_default=True,
+                     help="auto: float32 on CPU, bfloat16 on CUDA; float64 with --target-quantization."),
+        target_quantization_option,
     ]
     for option in reversed(options):
         fn = option(fn)

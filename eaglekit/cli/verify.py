@@ -17,6 +17,7 @@ from eaglekit.cli.output import (
     identifier_table,
     key_value_table,
     out,
+    quantization_text,
     styled,
     write_text_atomically,
 )
@@ -65,7 +66,8 @@ STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "info": "
               help="Extra vLLM LLM(...) argument, repeatable (JSON values), e.g. max_model_len=4096.")
 @format_option
 def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, categories, turns, context_tokens, template,
-                   plot, device, dtype, aux_layer_ids, as_eaglekit_reads, engine_version, vllm_runner, diagnose,
+                   plot, device, dtype, target_quantization, aux_layer_ids, as_eaglekit_reads, engine_version,
+                   vllm_runner, diagnose,
                    min_acceptance, save_report, profile_out, no_progress, engine, engine_python, tensor_parallel_size,
                    engine_args, output_format):
     """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis; under
@@ -83,6 +85,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
         **conditions(context_tokens, template), device=device, dtype=dtype, aux_layer_ids=aux_ids(aux_layer_ids),
         diagnose=diagnose, min_acceptance=min_acceptance, engine=engine, categories=tuple(categories), turns=turns,
         as_eaglekit_reads=as_eaglekit_reads, engine_version=engine_version, vllm_runner=vllm_runner,
+        target_quantization=target_quantization,
         engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
                                      engine_args=parse_engine_args(engine_args)),
         outputs=(Role("--save-report", save_report or ""), Role("--profile-out", profile_out or ""),
@@ -223,6 +226,7 @@ def _header(doc: dict, prompts: str) -> None:
         ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, {doc['dtype']} on "
                 f"{doc['device']}"),
         ("prompts", prompts),
+        ("target numerics", quantization_text(doc.get("target_quantization"))),
     ], title="eaglekit verify"))
     out.print()
     checks = Table(title="Compatibility", title_justify="left")

@@ -83,6 +83,7 @@ class CompareReport:
             "num_speculative_tokens": run.num_speculative_tokens,
             "max_new_tokens": run.max_new_tokens,
             "dtype": run.dtype,
+            "target_quantization": run.target_quantization,
             "device": run.device,
             "prompts": {"name": run.prompts_name, "count": len(self.names)},
         }

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
 from eaglekit.io.outputs import Role
+from eaglekit.quantization import scheme
 from eaglekit.rules import checked_engines
 from eaglekit.verify.engine import EngineOptions
 from eaglekit.verify.prompts import check_template
@@ -40,6 +41,7 @@ class VerifyOptions:
     turns: str = "first"  # SPEED-Bench conversations: the first user turn, or every turn after the target's answers
     template: str | tuple[str, ...] = "chat"  # how prompts reach the target (prompts.TEMPLATES); several: a sweep
     outputs: tuple[Role, ...] = ()  # what the caller writes from the result (--save-report, --plot, ...)
+    target_quantization: str | None = None  # the target computes with these served numerics (quantization.SCHEMES)
 
     @property
     def conditions(self) -> tuple[Condition, ...]:
@@ -68,6 +70,11 @@ class VerifyOptions:
     def check(self) -> None:
         if self.engine not in ENGINES:
             raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        scheme(self.target_quantization)
+        if self.target_quantization and self.engine != REFERENCE:
+            raise UsageError(f"--target-quantization {self.target_quantization} with --engine {self.engine}: the "
+                             "engine would serve the target in full precision (vLLM's CPU build has no FP8, NVFP4 or "
+                             "INT8 kernels); measure the quantized target with --engine reference")
         if self.num_speculative_tokens < 1:
             raise UsageError("--num-speculative-tokens must be at least 1")
         if self.max_new_tokens < 1:

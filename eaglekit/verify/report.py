@@ -19,6 +19,7 @@ from eaglekit.verify.stats import Interval, by_category, tau_interval
 
 SWEEP_SHARED = ("eaglekit_version", "draft", "target", "eagle_version", "flags", "aux_layer_ids",
                 "aux_layer_ids_source", "checks", "num_speculative_tokens", "max_new_tokens", "dtype", "device",
+                "target_quantization",
                 "min_acceptance", "tie_tolerance", "notes", "measured")
 """Verify report keys every condition of a sweep shares: written once, before the conditions."""
 
@@ -47,6 +48,7 @@ class DecodeSettings:
     prompts_name: str
     context_tokens: int
     template: str = "chat"
+    target_quantization: dict[str, Any] | None = None  # the served numerics the target computed with (None: full)
 
     @property
     def condition(self) -> Condition:
@@ -201,6 +203,7 @@ class VerifyReport:
             "max_new_tokens": run.max_new_tokens,
             "dtype": run.dtype,
             "device": run.device,
+            "target_quantization": run.target_quantization,
             "tie_tolerance": self.tie_tolerance,
             "per_prompt": [
                 {

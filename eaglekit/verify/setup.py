@@ -82,8 +82,9 @@ class DecodeSetup:
                                  lm_head=model.lm_head, overrides=overrides or None)
 
     def settings(self, condition: Condition) -> DecodeSettings:
+        served = self.model.quantization if self.model is not None else None
         return DecodeSettings(self.target, self.k, self.max_new_tokens, self.dtype, self.device, self.prompts.name,
-                              condition.context_tokens, condition.template)
+                              condition.context_tokens, condition.template, served.to_dict() if served else None)
 
 
 def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: VerifyOptions, *,
@@ -98,7 +99,8 @@ def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: Verify
     prompts = select_prompts(options)
     new_tokens = options.max_new_tokens + lookahead
     if load_model:
-        model = load_target(target, device=options.device, dtype=options.dtype)
+        model = load_target(target, device=options.device, dtype=options.dtype,
+                            quantization=options.target_quantization)
         refuse_prompts_past_context(prompts, model, options, lookahead)
         device, dtype, tokenizer = str(model.device), model.dtype, model.tokenizer
     else:
