@@ -20,6 +20,7 @@ from eaglekit.cli.output import (
     out,
     styled,
     target_path,
+    target_quantization_option,
 )
 from eaglekit.errors import UsageError
 
@@ -155,6 +156,7 @@ class _Progress:
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N] (under torchrun: one GPU per rank).")
 @click.option("--target-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Target dtype for capture and evaluation.")
+@target_quantization_option
 @click.option("--checkpoint-every", type=int, default=0, show_default=True,
               help="Save a resumable checkpoint every N steps (Ctrl-C always saves one).")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False),
@@ -177,7 +179,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
                      max_length, code_tokens, templates, hidden_states, captured_ids, cache_dir, steps, batch_tokens,
                      depth, lr, warmup_steps,
                      depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
-                     keep_worse, device, target_dtype, checkpoint_every,
+                     keep_worse, device, target_dtype, target_quantization, checkpoint_every,
                      checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_context_tokens, k,
                      no_eval, plot,
                      force, no_progress, output_format):
@@ -212,7 +214,8 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
                                               max_new_tokens=eval_max_new_tokens, k=k,
                                               context_tokens=int_list(eval_context_tokens, "--eval-context-tokens",
                                                                       "0,1024")),
-        device=device, target_dtype=target_dtype, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+        device=device, target_dtype=target_dtype, target_quantization=target_quantization,
+        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
         resume=resume, force=force, plot=plot, warm_start=warm_start, from_scratch=from_scratch,
         validation_fraction=validation_fraction, keep_worse=keep_worse,
     )

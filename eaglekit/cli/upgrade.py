@@ -23,6 +23,7 @@ from eaglekit.cli.output import (
     out,
     styled,
     target_path,
+    target_quantization_option,
 )
 from eaglekit.errors import UsageError
 
@@ -83,6 +84,7 @@ def _progress(enabled: bool):
                    "else ones].")
 @click.option("--calibration-file", type=click.Path(exists=True, dir_okay=False),
               help="Text to run the target on for calibration (default: a bundled prose and code sample).")
+@target_quantization_option
 @click.option("--fc-norm/--no-fc-norm", default=None,
               help="Add EAGLE-3.1 per-aux RMSNorms before fc [default: on; off with --to gguf].")
 @click.option("--norm-output/--no-norm-output", default=None,
@@ -101,8 +103,8 @@ def _progress(enabled: bool):
 @click.option("--device", default="cpu", show_default=True, help="Where the target runs for calibration (cpu, cuda).")
 @format_option
 def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_convention, fc_norm_init, calibration_file,
-                    fc_norm, norm_output, to, dtype, max_shard_size, dry_run, force, allow_pickle, subfolder, revision,
-                    device, output_format):
+                    target_quantization, fc_norm, norm_output, to, dtype, max_shard_size, dry_run, force, allow_pickle,
+                    subfolder, revision, device, output_format):
     """Write SRC as a correct EAGLE-3.1 draft for vLLM (or SGLang / speculators) in DST.
 
     Adds fc_norm and switches on norm_output by default. With the target's weights both are set up to keep the
@@ -118,7 +120,8 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
     options = UpgradeOptions(
         source_family=source_family, target=target, aux_layer_ids=aux_ids(aux_layer_ids),
         aux_convention=aux_convention, fc_norm=fc_norm, norm_output=norm_output, fc_norm_init=fc_norm_init,
-        calibration_file=calibration_file, to=to, dtype=dtype_from_name(dtype) if dtype else None,
+        calibration_file=calibration_file, target_quantization=target_quantization, to=to,
+        dtype=dtype_from_name(dtype) if dtype else None,
         max_shard_size=parse_size(max_shard_size), dry_run=dry_run, force=force, allow_pickle=allow_pickle,
         subfolder=subfolder, revision=revision, device=device,
     )

@@ -324,6 +324,7 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     code = code_sequences(target.tokenizer, opts.code_tokens, min(512, limit)) if opts.code_tokens else []
     digest = content_address({
         "format": DATA_FORMAT, "target": target_identity(target_dir), "dtype": str(target.dtype),
+        "quantization": target.quantization.name if target.quantization else None,
         "aux_ids": sorted(int(i) for i in aux_ids), "generate": opts.generate, "max_length": opts.max_length,
         "sequences": hashlib.sha256(json.dumps(sequences).encode()).hexdigest(),
         "code": hashlib.sha256(json.dumps(code).encode()).hexdigest(),

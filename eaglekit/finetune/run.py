@@ -7,6 +7,7 @@ it, and only then moved into place, so a failed or killed run leaves no output.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -37,6 +38,7 @@ class FinetuneOptions:
     eval: EvalOptions | None = EvalOptions()
     device: str = "cpu"
     target_dtype: str = "float32"  # the target's dtype for capture and evaluation
+    target_quantization: str | None = None  # capture from, and evaluate against, the target with these numerics
     checkpoint_dir: str | None = None  # default: DST + ".checkpoint" (removed after a successful run)
     checkpoint_every: int = 0
     resume: bool = False
@@ -146,8 +148,10 @@ def _paired_evaluation(source: str, output: str, opts: FinetuneOptions, ev: Eval
 
     progress = (lambda done, total, name: on_stage("held-out τ, output vs source (paired)", done, total)) \
         if on_stage else None
-    sweep = compare_conditions(source, output, opts.target, ev.decode_options(opts.device, opts.target_dtype),
-                               on_prompt=progress)
+    # a quantized target is evaluated in float64 (quantization.py: its own rounding must not flip the format's)
+    dtype = "auto" if opts.target_quantization else opts.target_dtype
+    decode = dataclasses.replace(ev.decode_options(opts.device, dtype), target_quantization=opts.target_quantization)
+    sweep = compare_conditions(source, output, opts.target, decode, on_prompt=progress)
     return [Paired.of(r.settings.context_tokens, r.rows()["all"], len(r.names)) for r in sweep.reports]
 
 
@@ -283,7 +287,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
 
     t = time.perf_counter()
     hidden_states_mode = bool(opts.data.hidden_states)
-    target = None if hidden_states_mode else load_target(opts.target, device=str(device), dtype=opts.target_dtype)
+    target = None if hidden_states_mode else load_target(opts.target, device=str(device), dtype=opts.target_dtype,
+                                                         quantization=opts.target_quantization)
     if target is not None and target.num_layers != info.num_layers:
         raise CheckpointError(f"target has {target.num_layers} layers, its config says {info.num_layers}", opts.target)
     assert spec.aux.ids is not None, "_source_spec refuses a draft without aux ids"
@@ -419,7 +424,8 @@ def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
         "data": {k: plain(v) for k, v in asdict(opts.data).items()},
         "train": {k: plain(v) for k, v in asdict(opts.train).items()},
         "eval": {k: plain(v) for k, v in asdict(opts.eval).items()} if opts.eval else None,
-        "device": opts.device, "target_dtype": opts.target_dtype, "warm_start": opts.warm_start,
+        "device": opts.device, "target_dtype": opts.target_dtype, "target_quantization": opts.target_quantization,
+        "warm_start": opts.warm_start,
         "checkpoint_every": opts.checkpoint_every,
         "resume": opts.resume, "validation_fraction": opts.validation_fraction, "from_scratch": opts.from_scratch,
         "keep_worse": opts.keep_worse,

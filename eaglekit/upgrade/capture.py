@@ -76,15 +76,17 @@ def _sequences(ids: list[int]) -> list[list[int]]:
 
 
 def capture_calibration(target_dir: str, aux_ids: tuple[int, ...], *, text_file: str | None = None,
-                        max_tokens: int = 2048, device: str = "cpu") -> CalibrationCapture:
-    """One target pass over the calibration text, keeping tokens and the aux states `aux_ids` (vLLM convention)."""
+                        max_tokens: int = 2048, device: str = "cpu",
+                        quantization: str | None = None) -> CalibrationCapture:
+    """One target pass over the calibration text, keeping tokens and the aux states `aux_ids` (vLLM convention);
+    with `quantization`, the target computes as that format serves it (the states a served drafter sees)."""
     import torch
 
     from eaglekit.target_model import load_target
     from eaglekit.verify.prompts import leading_text
 
     text, where = calibration_text(text_file)
-    target = load_target(target_dir, device=device, dtype="auto")
+    target = load_target(target_dir, device=device, dtype="auto", quantization=quantization)
     if target.tokenizer is None:
         raise CheckpointError("the target has no tokenizer; calibration needs one to read the text", target_dir)
     ids = list(target.tokenizer(leading_text(text, target.tokenizer, max_tokens), add_special_tokens=True,

@@ -7,6 +7,7 @@ from typing import Any
 
 from eaglekit.errors import UsageError
 from eaglekit.families import family_names
+from eaglekit.quantization import scheme
 from eaglekit.upgrade.dialects import NAMES as DIALECTS
 from eaglekit.upgrade.dialects import writes_eagle31
 
@@ -25,6 +26,7 @@ class UpgradeOptions:
     fc_norm_init: str | None = None  # "ones" | "calibrated"; None: calibrated when the target has weights
     calibration_file: str | None = None
     calibration_tokens: int = 2048
+    target_quantization: str | None = None  # calibrate on the target as served with these numerics
     to: str = "vllm"
     dtype: str | None = None  # "BF16" | "F16" | "F32"; None: keep each tensor's dtype
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
@@ -55,6 +57,10 @@ class UpgradeOptions:
             raise UsageError("--fc-norm-init has no effect with --no-fc-norm")
         if self.calibration_file and not self.target:
             raise UsageError("--calibration-file needs --target")
+        scheme(self.target_quantization)
+        if self.target_quantization and (not self.target or self.lossless or self.fc_norm_init == "ones"):
+            raise UsageError(f"--target-quantization {self.target_quantization} sets the numerics calibration runs "
+                             "the target with: it needs --target and a calibrated fc_norm or norm_output")
         if self.aux_layer_ids is not None:
             if not self.aux_layer_ids or any(i < 0 for i in self.aux_layer_ids):
                 raise UsageError("--aux-layer-ids must be non-negative integers")

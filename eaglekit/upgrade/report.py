@@ -30,11 +30,13 @@ class FidelityReport:
     min_cosine: float
     ones_relative_error: float  # the same tokens with unit fc_norm weights
     ones_cosine: float
+    target_quantization: str | None = None  # the served numerics the target was calibrated with
 
     @classmethod
-    def of(cls, calibrated: Fidelity, ones: Fidelity, fit_tokens: int, text: str) -> FidelityReport:
+    def of(cls, calibrated: Fidelity, ones: Fidelity, fit_tokens: int, text: str,
+           target_quantization: str | None = None) -> FidelityReport:
         return cls(calibrated.tokens, fit_tokens, text, calibrated.relative_error, calibrated.cosine,
-                   calibrated.min_cosine, ones.relative_error, ones.cosine)
+                   calibrated.min_cosine, ones.relative_error, ones.cosine, target_quantization)
 
 
 @dataclass

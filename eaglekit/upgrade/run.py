@@ -44,6 +44,7 @@ def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions
             "from": opts.source_family, "to": opts.to, "fc_norm": opts.fc_norm, "norm_output": opts.norm_output,
             "fc_norm_init": d.fc_norm_init, "aux_layer_ids": list(opts.aux_layer_ids) if opts.aux_layer_ids else None,
             "aux_convention": opts.aux_convention, "dtype": opts.dtype,
+            "target_quantization": opts.target_quantization,
         },
         "function": d.function,
         "summary": summary,
@@ -79,7 +80,8 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
         raise UsageError("calibrating fc_norm or the norm_output rescale needs --target (the model whose hidden "
                          "states it measures)")
     capture = capture_calibration(os.path.dirname(target.path), d.aux.ids, text_file=opts.calibration_file,
-                                  max_tokens=opts.calibration_tokens, device=opts.device)
+                                  max_tokens=opts.calibration_tokens, device=opts.device,
+                                  quantization=opts.target_quantization)
     weights = fidelity = start = None
     if d.fc_norm_added:
         cal = fit_fc_norm(capture, d.num_aux, read_array(spec, "fc.weight", as_float32=True),
@@ -88,7 +90,8 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
             raise OutputError("calibration produced non-finite fc_norm weights (are the target's hidden states "
                               "finite?)", target.path)
         weights = cal.weights
-        fidelity = FidelityReport.of(cal.calibrated, cal.ones, cal.fit_tokens, cal.text_source)
+        fidelity = FidelityReport.of(cal.calibrated, cal.ones, cal.fit_tokens, cal.text_source,
+                                     opts.target_quantization)
     if d.norm_output_rescale:
         from eaglekit.upgrade.start import function_preserving_start
 
