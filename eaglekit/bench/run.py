@@ -26,6 +26,8 @@ from eaglekit.verify.prompts import Prompt, encode, render_text
 from eaglekit.verify.run import measured_files
 
 DEFAULT_CONCURRENCY = (1, 4, 16)
+MAX_REQUESTS = 100_000  # per concurrency: each is a dataset row written before the client starts
+MAX_CONCURRENCY = 4096  # vLLM's max_num_seqs is the highest one
 PERCENTILES = "50,99"
 
 
@@ -51,6 +53,11 @@ class BenchOptions:
             raise UsageError("--concurrency takes positive integers, e.g. 1,4,16")
         if len(set(self.concurrency)) != len(self.concurrency):
             raise UsageError("--concurrency lists a value twice")
+        if max(self.concurrency) > MAX_CONCURRENCY:
+            raise UsageError(f"--concurrency {max(self.concurrency)}: at most {MAX_CONCURRENCY}")
+        for name, value in (("--num-prompts", self.num_prompts), ("--warmups", self.warmups)):
+            if value is not None and value > MAX_REQUESTS:
+                raise UsageError(f"{name} {value:,}: at most {MAX_REQUESTS:,} per concurrency")
         for name, value in (("-k", self.num_speculative_tokens), ("--max-new-tokens", self.max_new_tokens),
                             ("--limit", self.limit), ("--num-prompts", self.num_prompts)):
             if value is not None and value < 1:
