@@ -90,6 +90,7 @@ def test_a_server_that_cannot_start_is_reported_by_its_root_cause(tmp_path):
     (["--num-prompts", "0"], "--num-prompts must be at least 1"),
     (["--num-prompts", "1000000000"], "--num-prompts 1,000,000,000: at most 100,000"),
     (["--concurrency", "1,100000"], "--concurrency 100000: at most 4096"),
+    (["--engine-arg", "max_model_len=\"long\""], "expected a positive integer"),
     (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be at least 1"),
 ])
 def test_bad_options_are_refused_before_any_engine_starts(tmp_path, args, needle):

@@ -67,6 +67,10 @@ class BenchOptions:
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise UsageError(f"--dtype {self.dtype!r}: use bfloat16, float16 or float32")
 
+        given = self.engine_options.engine_args.get("max_model_len")
+        if given is not None and (type(given) is not int or given < 1):
+            raise UsageError(f"--engine-arg max_model_len={given!r}: expected a positive integer")
+
     def requests(self, prompts: int, concurrency: int) -> int:
         return self.num_prompts or max(prompts, 2 * concurrency)
 
