@@ -8,15 +8,14 @@ import click
 from rich.table import Table
 
 from eaglekit.cli.output import (
-    emit_json,
     err,
+    finish_report,
     format_option,
     int_list,
     key_value_table,
     out,
     styled,
     target_path,
-    write_text_atomically,
 )
 
 EXAMPLES = """
@@ -88,16 +87,8 @@ def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_
             report = run_bench(draft, target, options, on_stage=lambda text: status.update(f"bench: {text}"))
     else:
         report = run_bench(draft, target, options)
-    doc = report.to_dict()
-    if save_report:
-        write_text_atomically(save_report, json.dumps(doc, indent=2) + "\n")
-    written = plot_bench(report, plot) if plot else None
-    if output_format == "json":
-        emit_json(doc)
-        return
-    render(doc)
-    if written:
-        out.print(f"plot: {written}")
+    finish_report(report.to_dict(), output_format, render, save_report=save_report,
+                  draw=(lambda: plot_bench(report, plot)) if plot else None)
 
 
 def render(doc: dict) -> None:

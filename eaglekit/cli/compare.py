@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from eaglekit.cli.output import (
     conditions,
     decode_options,
-    emit_json,
     err,
+    finish_report,
     format_option,
     identifier_table,
     key_value_table,
     out,
     quantization_text,
-    write_text_atomically,
 )
 
 EXAMPLES = """
@@ -66,16 +63,8 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
             sweep = compare_conditions(draft_a, draft_b, target, options,
                                        on_prompt=lambda done, total, name: progress.update(
                                            task, completed=done, total=total, description=name))
-    doc = sweep.to_dict()
-    if save_report:
-        write_text_atomically(save_report, json.dumps(doc, indent=2) + "\n")
-    written = plot_compare(sweep, plot) if plot else None
-    if output_format == "json":
-        emit_json(doc)
-    else:
-        render(doc)
-        if written:
-            out.print(f"plot: {written}")
+    finish_report(sweep.to_dict(), output_format, render, save_report=save_report,
+                  draw=(lambda: plot_compare(sweep, plot)) if plot else None)
 
 
 def _interval(interval: dict | None, signed: bool = False) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -154,6 +155,21 @@ def write_text_atomically(path: str, text: str) -> None:
 
 def emit_json(doc: Any) -> None:
     click.echo(json.dumps(json_safe(doc), indent=2, sort_keys=False, allow_nan=False))
+
+
+def finish_report(doc: dict, output_format: str, render: Callable[[dict], None], *, save_report: str | None = None,
+                  draw: Callable[[], str] | None = None) -> None:
+    """A measuring command's last steps: its JSON written to --save-report, its plot drawn, then the JSON or the
+    tables (and where the plot went) printed."""
+    if save_report:
+        write_text_atomically(save_report, json.dumps(doc, indent=2) + "\n")
+    written = draw() if draw else None
+    if output_format == "json":
+        emit_json(doc)
+        return
+    render(doc)
+    if written:
+        out.print(f"plot: {written}")
 
 
 ROWS_PER_CODE = 10
