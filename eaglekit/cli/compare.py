@@ -97,7 +97,7 @@ def render(doc: dict) -> None:
         ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, {doc['dtype']} on "
                 f"{doc['device']}; one target pass per prompt, both drafts replayed on it"),
         ("prompts", f"{prompts['name']} ({prompts['count']} prompt turns{context})"),
-        ("target numerics", quantization_text(doc["target_quantization"])),
+        ("target numerics", quantization_text(doc.get("target_quantization"))),
     ], title="eaglekit compare"))
     for title, condition in measured:
         out.print()

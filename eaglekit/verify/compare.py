@@ -18,7 +18,7 @@ from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_dec
 from eaglekit.verify.eagle import EagleProposer
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.options import VerifyOptions
-from eaglekit.verify.report import Condition, DecodeSettings, plain_report, sweep_document
+from eaglekit.verify.report import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
 from eaglekit.verify.run import turns
 from eaglekit.verify.setup import decode_setup
 from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
@@ -83,8 +83,8 @@ class CompareReport:
             "num_speculative_tokens": run.num_speculative_tokens,
             "max_new_tokens": run.max_new_tokens,
             "dtype": run.dtype,
-            "target_quantization": run.target_quantization,
             "device": run.device,
+            **quantization_entry(run),
             "prompts": {"name": run.prompts_name, "count": len(self.names)},
         }
 

@@ -55,6 +55,12 @@ class DecodeSettings:
         return Condition(self.template, self.context_tokens)
 
 
+def quantization_entry(run: DecodeSettings) -> dict[str, Any]:
+    """The report's `target_quantization` key, written only for a quantized target: a full-precision report keeps
+    the keys it always had."""
+    return {"target_quantization": run.target_quantization} if run.target_quantization else {}
+
+
 def plain_report(conditions: Sequence[Condition]) -> bool:
     """One condition under the chat template is written as a report without a `conditions` list."""
     return len(conditions) == 1 and conditions[0].template == "chat"
@@ -203,7 +209,7 @@ class VerifyReport:
             "max_new_tokens": run.max_new_tokens,
             "dtype": run.dtype,
             "device": run.device,
-            "target_quantization": run.target_quantization,
+            **quantization_entry(run),
             "tie_tolerance": self.tie_tolerance,
             "per_prompt": [
                 {
@@ -259,6 +265,7 @@ class VerifySweep:
             return docs[0]
         first = docs[0]
         header = {key: first[key] for key in ("eaglekit_version", "draft", "target")}
-        header.update(passed=self.passed, lossless=self.lossless, **{key: first[key] for key in SWEEP_SHARED})
+        header.update(passed=self.passed, lossless=self.lossless,
+                      **{key: first[key] for key in SWEEP_SHARED if key in first})
         return sweep_document(header, [(c, {k: v for k, v in doc.items() if k not in SWEEP_SHARED})
                                        for c, doc in zip(self.conditions, docs)])
