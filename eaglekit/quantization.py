@@ -25,7 +25,12 @@ Schemes (each as its format's specification writes it):
 - ``int8``: weight-only INT8, symmetric, one scale per output channel (amax / 127), round half to even, range
   [-128, 127] (the W8A16 per-channel scheme of GPTQ / compressed-tensors).
 - ``int4``: weight-only INT4, symmetric, one scale per group of 128 input elements (amax / 7), round half to
-  even, range [-8, 7] (GPTQ with sym=True, group_size=128, as Marlin kernels serve it).
+  even, range [-8, 7] (GPTQ with sym=True, group_size=128; compressed-tensors W4A16 "pack-quantized").
+
+The weight-only formats keep their scales in the model's 16-bit dtype (compressed-tensors writes them so and vLLM
+loads them so) and their kernels dequantise into it: vLLM's CPU W4A16 kernel computes (q - 8) · scale in float32
+and rounds that to bf16 / fp16 before the matmul. So a scale is rounded to the target's 16-bit dtype before the
+weights are divided by it, and every dequantised weight is rounded to that dtype too.
 """
 
 from __future__ import annotations
@@ -67,9 +72,10 @@ SCHEMES = {
     "nvfp4": Scheme("nvfp4", "NVFP4: E2M1, E4M3 scale per 16 elements, FP32 scale per tensor",
                     "NVFP4: E2M1, E4M3 scale per 16 elements, dynamic FP32 scale per token",
                     "NVIDIA NVFP4 (arXiv 2509.25149)"),
-    "int8": Scheme("int8", "INT8 symmetric, per-output-channel scale", None, "GPTQ / compressed-tensors W8A16"),
-    "int4": Scheme("int4", "INT4 symmetric, scale per group of 128 inputs", None,
-                   "GPTQ sym, group_size 128 (W4A16)"),
+    "int8": Scheme("int8", "INT8 symmetric, per-output-channel scale in the model's 16-bit dtype", None,
+                   "GPTQ / compressed-tensors W8A16"),
+    "int4": Scheme("int4", "INT4 symmetric, scale per group of 128 inputs in the model's 16-bit dtype", None,
+                   "GPTQ sym, group_size 128 / compressed-tensors W4A16"),
 }
 
 
@@ -138,10 +144,15 @@ def _nvfp4(x, amax):
     return rounded.reshape(padded.shape)[..., :columns]
 
 
-def int_rows(w, bits: int, group: int | None = None):
-    """w rounded to signed `bits`-bit integers, symmetric, one scale per row or per `group` inputs of a row."""
+def int_rows(w, bits: int, group: int | None = None, stored=None):
+    """w rounded to signed `bits`-bit integers, symmetric, one scale per row or per `group` inputs of a row; with
+    `stored` (a torch dtype) the scale is kept in it and each dequantised value is rounded to it, as a weight-only
+    checkpoint stores and its kernel dequantises."""
     import torch
     import torch.nn.functional as F
+
+    def keep(t):
+        return t if stored is None else t.to(stored).to(t.dtype)
 
     top = 2 ** (bits - 1) - 1
     columns = w.shape[-1]
@@ -149,26 +160,28 @@ def int_rows(w, bits: int, group: int | None = None):
     pad = -columns % size
     padded = F.pad(w, (0, pad)) if pad else w
     groups = padded.reshape(*padded.shape[:-1], -1, size)
-    scale = _safe(groups.abs().amax(dim=-1, keepdim=True) / top)
-    rounded = torch.round(groups / scale).clamp(-top - 1, top) * scale
+    scale = _safe(keep(groups.abs().amax(dim=-1, keepdim=True) / top))
+    rounded = keep(torch.round(groups / scale).clamp(-top - 1, top) * scale)
     return rounded.reshape(padded.shape)[..., :columns]
 
 
-WEIGHTS = {"fp8": fp8_rows, "nvfp4": nvfp4_weight, "int8": lambda w: int_rows(w, 8),
-           "int4": lambda w: int_rows(w, 4, INT4_GROUP)}
+WEIGHTS = {"fp8": lambda w, stored: fp8_rows(w), "nvfp4": lambda w, stored: nvfp4_weight(w),
+           "int8": lambda w, stored: int_rows(w, 8, None, stored),
+           "int4": lambda w, stored: int_rows(w, 4, INT4_GROUP, stored)}
 ACTIVATIONS = {"fp8": fp8_rows, "nvfp4": nvfp4_rows}
 
 
-def quantize_linear_layers(layers, name: str) -> int:
+def quantize_linear_layers(layers, name: str, stored) -> int:
     """Round the weights of every nn.Linear under `layers` (a target's decoder layers) to scheme `name` in place
-    and, for W+A schemes, round their inputs at every call; the number of layers changed."""
+    and, for W+A schemes, round their inputs at every call; `stored` is the model's 16-bit dtype, which the
+    weight-only formats keep their scales and dequantised weights in. Returns the number of layers changed."""
     import torch
 
     weights, activations = WEIGHTS[name], ACTIVATIONS.get(name)
     changed = 0
     for module in (m for layer in layers for m in layer.modules() if isinstance(m, torch.nn.Linear)):
         with torch.no_grad():
-            module.weight.copy_(weights(module.weight.float()).to(module.weight.dtype))
+            module.weight.copy_(weights(module.weight.float(), stored).to(module.weight.dtype))
         if activations is not None:
             module.register_forward_pre_hook(_input_rounder(activations))
         changed += 1

@@ -288,6 +288,15 @@ def _refuse_non_finite(model, path: str) -> None:
                                       "checkpoint", path)
 
 
+def served_16bit_dtype(config):
+    """The 16-bit dtype a quantized checkpoint of this target keeps its scales in: the one its config declares,
+    bfloat16 when it declares none or float32 (the dtype vLLM then serves it in; its weight-only kernels run 16-bit)."""
+    import torch
+
+    declared = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return torch.float16 if declared in (torch.float16, "float16") else torch.bfloat16
+
+
 def load_target(path: str, *, device: str = "cpu", dtype: str = "float32",
                 quantization: str | None = None) -> TargetModel:
     """Load a local HF causal LM directory (safetensors only; nothing is unpickled) on `device` in `dtype`;
@@ -322,7 +331,7 @@ def load_target(path: str, *, device: str = "cpu", dtype: str = "float32",
         _refuse_non_finite(model, path)
         model.to(device).eval()
     if served is not None:
-        quantize_linear_layers(_decoder_parts(model)[0], served.name)
+        quantize_linear_layers(_decoder_parts(model)[0], served.name, served_16bit_dtype(config))
     tokenizer = load_tokenizer(path, info)
     return TargetModel(model, tokenizer, path=path, device=device, dtype=torch_dtype,
                        context=info.max_position_embeddings, quantization=served)

@@ -81,16 +81,26 @@ def test_int8_is_symmetric_per_output_channel_and_int4_per_group_of_128():
     assert q[:2] == [7.0, 4.0] and q[INT4_GROUP:INT4_GROUP + 2] == [14.0, 4.0]
 
 
+def test_weight_only_scales_and_dequantised_weights_are_kept_in_the_models_16_bit_dtype():
+    w = torch.tensor([[7.7, 2.0, -0.56, 0.0]])
+    # scale 7.7 / 7 = 1.1 is stored as bf16 1.1015625; 7.7 / 1.1015625 = 6.99 -> 7 -> 7.7109375, which bf16
+    # (steps of 1/32 in [4, 8)) rounds to 7.71875; 2 -> 1.82 -> 2 -> 2.203125 (exact); -0.56 -> -0.51 -> -1
+    assert values(int_rows(w, 4, None, torch.bfloat16)) == [7.71875, 2.203125, -1.1015625, 0.0]
+    # fp16 keeps 1.1 as 1.099609375 (10 fraction bits): 7.7 -> 7 -> 7.697265625, halfway between fp16 steps of
+    # 1/256 in [4, 8): ties to even, 7 + 178/256
+    assert values(int_rows(w, 4, None, torch.float16))[0] == 7.6953125
+
+
 @pytest.mark.parametrize("name", list(SCHEMES))
 def test_the_decoder_linear_layers_compute_with_the_schemes_numerics(name):
     torch.manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
     original = [m.weight.detach().clone() for m in layer if isinstance(m, torch.nn.Linear)]
-    assert quantize_linear_layers([layer], name) == 2
+    assert quantize_linear_layers([layer], name, torch.bfloat16) == 2
     from eaglekit.quantization import ACTIVATIONS, WEIGHTS
 
     for module, weight in zip((m for m in layer if isinstance(m, torch.nn.Linear)), original):
-        assert torch.equal(module.weight, WEIGHTS[name](weight))
+        assert torch.equal(module.weight, WEIGHTS[name](weight, torch.bfloat16))
     x = torch.randn(3, 32)
     rounding = ACTIVATIONS.get(name, lambda t: t)
     first = torch.nn.functional.linear(rounding(x), layer[0].weight, layer[0].bias)

@@ -73,8 +73,9 @@ class VerifyOptions:
         scheme(self.target_quantization)
         if self.target_quantization and self.engine != REFERENCE:
             raise UsageError(f"--target-quantization {self.target_quantization} with --engine {self.engine}: the "
-                             "engine would serve the target in full precision (vLLM's CPU build has no FP8, NVFP4 or "
-                             "INT8 kernels); measure the quantized target with --engine reference")
+                             "engine would serve the target in full precision (vLLM's CPU build has no FP8 kernel, and "
+                             "its online INT8 and NVFP4 quantize MoE experts only); measure the quantized target with "
+                             "--engine reference")
         if self.num_speculative_tokens < 1:
             raise UsageError("--num-speculative-tokens must be at least 1")
         if self.max_new_tokens < 1:
