@@ -452,3 +452,17 @@ def test_a_run_killed_while_its_output_is_measured_leaves_no_output(env, tmp_pat
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert os.listdir(tmp_path) == []
+
+
+def test_finetune_captures_from_the_quantized_target_and_names_its_numerics(env, tmp_path):
+    cache = str(tmp_path / "cache")
+    full = finetune(env["draft"], str(tmp_path / "full"), options(env, data={"cache_dir": cache}, train={"steps": 1}))
+    served = finetune(env["draft"], str(tmp_path / "int4"), options(env, data={"cache_dir": cache}, train={"steps": 1},
+                                                                    target_quantization="int4"))
+    # the served target's states are other data: captured afresh, never the full-precision cache
+    assert not served.data["reused"] and served.data["cache"] != full.data["cache"]
+    assert served.data["sha256"] != full.data["sha256"]
+    doc = served.to_dict()
+    jsonschema.validate(json.loads(json.dumps(doc)), SCHEMA)
+    assert doc["options"]["target_quantization"] == "int4" and full.to_dict()["options"]["target_quantization"] is None
+    assert doc["target_quantization"]["scheme"] == "int4" and "target_quantization" not in full.to_dict()

@@ -296,3 +296,30 @@ def test_the_eagle3_function_start_is_publishable_and_its_card_says_it_is_untrai
     result = push(str(tmp_path / "out"), "org/start", target=target_dir, dry_run=True)
     assert not result.forced
     assert "Not yet trained as EAGLE-3.1" in result.card and "untrained warm start" not in result.card
+
+
+def test_calibration_on_the_quantized_target_fits_other_norms_and_names_the_numerics(tiny_target, tmp_path):
+    from eaglekit.families import load_draft
+    from eaglekit.io.tensors import read_array
+    from eaglekit.quantization import SCHEMES
+
+    target_dir, vocab = tiny_target
+    src = make_draft(str(tmp_path / "src"), "vllm", vocab=vocab, draft_vocab=None, aux_ids=(1, 2, 3))
+    full = upgrade(src, str(tmp_path / "full"), UpgradeOptions(target=target_dir))
+    served = upgrade(src, str(tmp_path / "nvfp4"), UpgradeOptions(target=target_dir, target_quantization="nvfp4"))
+    assert full.fidelity is not None and served.fidelity is not None
+    assert full.fidelity.target_quantization is None
+    doc = json.loads(json.dumps(served.to_dict()))
+    assert doc["fidelity"]["target_quantization"] == SCHEMES["nvfp4"].to_dict()
+    schema = load_json(os.path.join(os.path.dirname(__file__), "..", "schemas", "upgrade-report.schema.json"))
+    jsonschema.validate(doc, schema)
+
+    def fc_norm(path):
+        draft = load_draft(path)
+        return np.stack([read_array(draft, f"fc_norm.{k}.weight", as_float32=True) for k in range(3)])
+
+    # the quantized target's states are other states: the fitted norms move, and stay finite
+    assert np.all(np.isfinite(fc_norm(str(tmp_path / "nvfp4"))))
+    assert not np.array_equal(fc_norm(str(tmp_path / "full")), fc_norm(str(tmp_path / "nvfp4")))
+    with pytest.raises(Exception, match="target-quantization"):
+        upgrade(src, str(tmp_path / "refused"), UpgradeOptions(target_quantization="nvfp4"))

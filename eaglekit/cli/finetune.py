@@ -18,6 +18,7 @@ from eaglekit.cli.output import (
     int_list,
     key_value_table,
     out,
+    quantization_text,
     styled,
     target_path,
     target_quantization_option,
@@ -244,6 +245,7 @@ def render(doc: dict) -> None:
         ("source", f"{doc['source']['path']}  (EAGLE-{doc['source']['eagle_version']})"),
         ("output", doc["output"]["path"]),
         ("target", doc["target"]),
+        ("target numerics", quantization_text(doc.get("target_quantization"))),
         ("data", styled(f"{data['sequences']} sequences, {data['positions']} positions — {data['source']}",
                         ("  (cached)" if data["reused"] else "", "dim"))),
         ("training", f"{training['steps']} steps in {training['seconds']:.0f} s on {training['world_size']} "

@@ -21,6 +21,7 @@ from eaglekit.cli.output import (
     identifier_table,
     key_value_table,
     out,
+    quantization_text,
     styled,
     target_path,
     target_quantization_option,
@@ -175,8 +176,10 @@ def render(doc: dict) -> None:
             out.print(f"  • {change}")
     fid = doc["fidelity"]
     if fid:
+        served = f"; target as served in {quantization_text(fid['target_quantization'])}" \
+            if fid["target_quantization"] else ""
         table = Table(title=f"First-step fc output fidelity ({fid['tokens']} held-out tokens, fit on "
-                            f"{fid['fit_tokens']}, text: {fid['text']})", title_justify="left")
+                            f"{fid['fit_tokens']}, text: {fid['text']}{served})", title_justify="left")
         for col in ("fc_norm weights", "cosine", "relative error"):
             table.add_column(col)
         table.add_row("calibrated (written)", f"{fid['cosine']:.4f}", f"{fid['relative_error']:.4f}")

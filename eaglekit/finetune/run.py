@@ -23,6 +23,7 @@ from eaglekit.finetune.evaluate import EvalOptions, Paired, held_out_prompts, re
 from eaglekit.io.dtypes import torch_dtype
 from eaglekit.io.jsonfile import load_json_object
 from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
+from eaglekit.quantization import scheme
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, read_target
 
@@ -75,8 +76,10 @@ class FinetuneReport:
                 for a in self.evaluation.get("after", []) if a["context_tokens"] in before]
 
     def to_dict(self) -> dict[str, Any]:
+        served = scheme(self.options.get("target_quantization"))
         return {
             "eaglekit_version": __version__, "source": self.source, "output": self.output, "target": self.target,
+            **({"target_quantization": served.to_dict()} if served else {}),
             "data": self.data, "training": self.training, "options": self.options,
             "evaluation": {**self.evaluation, "prompts": self.evaluation_prompts, "gain": self.gains()},
             "findings": self.findings, "plot": self.plot, "notes": self.notes,

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from eaglekit.findings import Finding
+from eaglekit.quantization import scheme
 from eaglekit.upgrade.calibrate import Fidelity
 from eaglekit.upgrade.plan import TensorStep
 from eaglekit.upgrade.start import StartFidelity
@@ -30,13 +31,14 @@ class FidelityReport:
     min_cosine: float
     ones_relative_error: float  # the same tokens with unit fc_norm weights
     ones_cosine: float
-    target_quantization: str | None = None  # the served numerics the target was calibrated with
+    target_quantization: dict[str, Any] | None = None  # the served numerics calibrated on (Scheme.to_dict)
 
     @classmethod
     def of(cls, calibrated: Fidelity, ones: Fidelity, fit_tokens: int, text: str,
            target_quantization: str | None = None) -> FidelityReport:
+        served = scheme(target_quantization)
         return cls(calibrated.tokens, fit_tokens, text, calibrated.relative_error, calibrated.cosine,
-                   calibrated.min_cosine, ones.relative_error, ones.cosine, target_quantization)
+                   calibrated.min_cosine, ones.relative_error, ones.cosine, served.to_dict() if served else None)
 
 
 @dataclass
