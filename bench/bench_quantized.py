@@ -3,6 +3,7 @@ the quantized target recover.
 
     python bench/bench_quantized.py                           # 16 held-out prompts x 48 tokens, finetune 200 steps
     python bench/bench_quantized.py --limit 8 --steps 50      # quicker
+    python bench/bench_quantized.py --precisions full,nvfp4 --code-tokens 96000   # the recovery, with code data
 
 1. τ of each bundled drafter (the EAGLE-3 one upgraded losslessly; the EAGLE-3.1 one upgraded keeping its trained
    norms) against the target in full precision and with each served format (fp8, int8, int4, nvfp4;
@@ -36,12 +37,16 @@ def parse_args(argv=None):
     p.add_argument("--target", help="SmolLM2 directory (default: .cache/smollm2, materialised if missing)")
     p.add_argument("--limit", type=int, default=16, help="held-out prompts (of the 16 bundled coding prompts)")
     p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--precisions", default="full,fp8,int8,int4,nvfp4",
+                   help="target formats measured in part 1 (full and --recover are always measured)")
     p.add_argument("--recover", default="nvfp4", help="the format recalibration and finetune are measured at")
     p.add_argument("--steps", type=int, default=200, help="finetune steps on the quantized target")
     p.add_argument("--lr", type=float, default=1e-3, help="finetune's default 2e-4 barely moves a drafter this far "
                    "off its training distribution")
     p.add_argument("--data-limit", type=int, help="training prompts (default: all bundled ones)")
     p.add_argument("--generate", type=int, default=64)
+    p.add_argument("--code-tokens", type=int, default=0,
+                   help="add about this many tokens of standard-library source to the finetune data")
     p.add_argument("--work", help="folder for the drafts written on the way (default: a temporary one)")
     return p.parse_args(argv)
 
@@ -88,8 +93,9 @@ def main(argv=None) -> None:
     print("\n| drafter | target | τ [95 %] | drop vs full | lossless | seconds |")
     print("|---|---|---|---|---|---|")
     taus: dict[tuple[str, str | None], float] = {}
+    asked = {None if name == "full" else name for name in args.precisions.split(",")} | {None, args.recover}
     for label, path in drafts.items():
-        for quantization in PRECISIONS:
+        for quantization in (p for p in PRECISIONS if p in asked):
             started = time.perf_counter()
             report = verify(path, target, options(quantization)).to_dict()
             tau = taus[(label, quantization)] = report["acceptance_length"]
@@ -107,8 +113,8 @@ def main(argv=None) -> None:
                                                                        target_quantization=scheme),
     }
     calibrate_s = time.perf_counter() - started
-    data = DataOptions(limit=args.data_limit, generate=args.generate)
-    recipe = f"{args.steps} steps, lr {args.lr:g}"
+    data = DataOptions(limit=args.data_limit, generate=args.generate, code_tokens=args.code_tokens)
+    recipe = f"{args.steps} steps, lr {args.lr:g}" + (f", + {args.code_tokens} code tokens" if args.code_tokens else "")
     sources = {f"+ finetune on the {scheme} target ({recipe})":
                recovered[f"EAGLE-3.1 upgrade calibrated on the {scheme} target"],
                "control: the EAGLE-3 drafter fine-tuned the same way": drafts["EAGLE-3"],
