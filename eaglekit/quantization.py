@@ -29,8 +29,9 @@ Schemes (each as its format's specification writes it):
 
 The weight-only formats keep their scales in the model's 16-bit dtype (compressed-tensors writes them so and vLLM
 loads them so) and their kernels dequantise into it: vLLM's CPU W4A16 kernel computes (q - 8) · scale in float32
-and rounds that to bf16 / fp16 before the matmul. So a scale is rounded to the target's 16-bit dtype before the
-weights are divided by it, and every dequantised weight is rounded to that dtype too.
+and rounds that to bf16 / fp16 before the matmul (to nearest even, as here; its bf16 path for CPUs without AMX
+may round toward zero, engine arithmetic this reference does not follow). So a scale is rounded to the target's
+16-bit dtype before the weights are divided by it, and every dequantised weight is rounded to that dtype too.
 """
 
 from __future__ import annotations
