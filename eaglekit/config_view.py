@@ -121,15 +121,19 @@ def value_problem(key: str, value: Any) -> str | None:
     return None
 
 
-def config_problems(cfg: dict[str, Any], layer_cfg: dict[str, Any] | None = None) -> tuple[ConfigProblem, ...]:
+def config_problems(cfg: dict[str, Any], layer_cfg: dict[str, Any] | None = None, *,
+                    empty_ids_allowed: bool = False) -> tuple[ConfigProblem, ...]:
     """Every typed key written with a wrong value: at the top level, in the nested objects engines read, and in
-    the speculators transformer_layer_config (`layer_cfg`, when it is not the top level)."""
+    the speculators transformer_layer_config (`layer_cfg`, when it is not the top level). `empty_ids_allowed`: the
+    producer writes an empty id list for "my default ids", which engines read as not written."""
     places: list[tuple[str, dict[str, Any]]] = [("", cfg)] + [(f"{p}.", nested(cfg, p)) for p in NESTED_PLACES]
     if layer_cfg is not None and layer_cfg is not cfg:
         places.append(("transformer_layer_config.", layer_cfg))
     found = []
     for prefix, place in places:
         for key in TYPED_KEYS:
+            if empty_ids_allowed and key in ID_LIST_KEYS and place.get(key) == []:
+                continue
             if key in place and (why := value_problem(key, place[key])):
                 shown = repr(place[key])
                 shown = shown if len(shown) <= 40 else shown[:37] + "..."

@@ -145,6 +145,35 @@ def test_ids_absent_need_a_target_or_an_argument(tmp_path, target):
     assert any("engine default" in w for w in report.warnings)
 
 
+@pytest.mark.parametrize("layout", ["modelopt", "modelopt-megatron"])
+def test_modelopt_empty_id_list_resolves_to_its_default_ids_with_the_guess_stated(tmp_path, target, layout):
+    # ModelOpt's export template writes [] when training used its default ids; vLLM reads [] as not written
+    src = make_draft(str(tmp_path / "src"), layout)
+    cfg = load_json(os.path.join(src, "config.json"))
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = []
+    cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+    with open(os.path.join(src, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    assert not [f for f in run_rules(load_draft(src)).findings if f.code == "EK157"]
+    with pytest.raises(UsageError, match="not recorded"):
+        upgrade(src, str(tmp_path / "a"))
+    report = upgrade(src, str(tmp_path / "b"), UpgradeOptions(target=target, fc_norm=False, norm_output=False))
+    assert report.aux["origin"] == "default" and report.aux["ids"] == [2, 6, 9]
+    assert any("engine default" in w for w in report.warnings)
+    assert load_json(tmp_path / "b" / "config.json")["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
+    over = upgrade(src, str(tmp_path / "c"), UpgradeOptions(target=target, fc_norm=False, norm_output=False,
+                                                             aux_layer_ids=(3, 6, 9)))
+    assert over.aux["origin"] == "argument"
+    assert load_json(tmp_path / "c" / "config.json")["eagle_aux_hidden_state_layer_ids"] == [3, 6, 9]
+
+
+def test_an_empty_id_list_stays_an_error_for_producers_that_never_write_one(tmp_path):
+    src = make_draft(str(tmp_path / "src"), "specforge", config_patch={"eagle_config": {
+        **load_json(make_draft(str(tmp_path / "probe"), "specforge") + "/config.json")["eagle_config"],
+        "eagle_aux_hidden_state_layer_ids": []}})
+    assert [f for f in run_rules(load_draft(src)).findings if f.code == "EK157"]
+
+
 @pytest.mark.parametrize("convention,given", [("input", "3,7,10"), ("output", "2,6,9")])
 def test_explicit_ids_in_either_convention(tmp_path, convention, given):
     src = make_draft(str(tmp_path / "src"), "sglang")

@@ -93,6 +93,7 @@ class Traits:
     notes: tuple[str, ...] = field(default_factory=tuple)
     # quirks the rules read by name (never by family string)
     trained_on_default_ids: bool = False  # the producer hard-wires (2, L//2, L-3): a missing id list means those
+    empty_ids_mean_default: bool = False  # the producer writes [] when it trained on its default ids (ModelOpt)
     norm_before_residual_forced: bool = False  # the converter writes true whatever training used (P12)
     norm_output_meaning_versioned: bool = False  # norm_output meant another recurrence in older releases (P35)
     hidden_norm_is_input_norm: bool = False  # layers >= 1 store their input norm as hidden_norm (P32)
@@ -126,6 +127,8 @@ def family(name: str, priority: int, traits: Traits | None = None):
 
 def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
     places = {"top-level": obs.config, "eagle_config": obs.eagle_config}
+    if traits.empty_ids_mean_default:  # "use the defaults", as the producer's export template writes it
+        places = {p: _without_empty_ids(cfg) for p, cfg in places.items()}
     top, nested = (as_ids(places[p].get("eagle_aux_hidden_state_layer_ids")) for p in ("top-level", "eagle_config"))
     written = None
     location: IdLocation | None = None
@@ -153,6 +156,12 @@ def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
     ids = tuple(i + 1 for i in written) if convention == "output" else written
     how = f"{traits.producer} convention" if known else "heuristic: first id " + str(written[0])
     return AuxLayers(ids, written, convention, known, location, f"{location}, {convention}-of-layer ({how})")
+
+
+def _without_empty_ids(cfg: dict[str, Any]) -> dict[str, Any]:
+    if cfg.get("eagle_aux_hidden_state_layer_ids") == []:
+        return {k: v for k, v in cfg.items() if k != "eagle_aux_hidden_state_layer_ids"}
+    return cfg
 
 
 def read_tensors(obs: Observed, traits: Traits) -> tuple[dict[str, TensorRef], list[int], list[int]]:
@@ -341,7 +350,7 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         norm_before_residual_forced=traits.norm_before_residual_forced,
         norm_output_meaning_versioned=traits.norm_output_meaning_versioned,
         vllm_layout=traits.vllm_layout,
-        config_problems=config_problems(cfg, obs.layer_config),
+        config_problems=config_problems(cfg, obs.layer_config, empty_ids_allowed=traits.empty_ids_mean_default),
     )
     dtypes = Counter(t.dtype for t in tensors.values() if t.dtype in FLOAT_DTYPES)
     return DraftSpec(

@@ -5,7 +5,7 @@ from eaglekit.families.base import Observed, Traits, family
 
 @family("modelopt-megatron", priority=40,
         traits=Traits("ModelOpt Megatron export", "output", ("eagle_config", "top-level"), False,
-                      hidden_norm_is_input_norm=True))
+                      hidden_norm_is_input_norm=True, empty_ids_mean_default=True))
 class ModelOptMegatron:
     @staticmethod
     def matches(obs: Observed) -> bool:
