@@ -229,6 +229,25 @@ def test_one_line_is_bounded_keeps_its_start_and_hides_the_token(message, printa
     assert token not in line and len(line) <= MAX_LINE_CHARS
 
 
+def test_words_with_hf_in_a_path_print_intact(tmp_path):
+    draft = tmp_path / "modelopt_hf_midlayer_llama33_70b"
+    draft.mkdir()
+    (draft / "config.json").write_text("{")
+    line = refused("inspect", str(draft)).stderr
+    assert f"{draft}/config.json" in line and "***" not in line
+
+
+def test_token_shapes_the_saved_login_and_known_tokens_are_redacted(tmp_path, monkeypatch):
+    shaped = "hf_" + "aB3" * 11 + "z"  # hf_ and 34 letters or digits
+    saved = tmp_path / "token"
+    saved.write_text("saved-login-secret\n")
+    monkeypatch.setenv("HF_TOKEN_PATH", str(saved))
+    monkeypatch.setenv("HF_TOKEN", "env-token-secret")
+    line = one_line(f"Error: /a/hf_folder_name: {shaped} saved-login-secret env-token-secret given-secret",
+                    ["push", "--token=given-secret"])
+    assert line == "Error: /a/hf_folder_name: *** *** *** ***"
+
+
 # ------------------------------------------------------------------ 5. undecodable path bytes
 
 UNDECODABLE = st.binary(min_size=1, max_size=6).map(lambda b: b.replace(b"/", b"_").replace(b"\0", b"_") + b"\xff")

@@ -102,18 +102,31 @@ def cli() -> None:
     """eaglekit: inspect, validate, upgrade, verify and publish EAGLE-3 / EAGLE-3.1 draft models."""
 
 
-_TOKEN_PATTERNS = re.compile(r"hf_[A-Za-z0-9]{8,}|(?i:bearer)\s+\S+")
+_TOKEN_SHAPES = re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{34}(?![A-Za-z0-9])|(?i:bearer)\s+\S+")
+"""A Hugging Face access token (hf_ and 34 letters or digits) and an Authorization value: not words such as a
+folder named modelopt_hf_midlayer."""
+
+
+def _saved_login() -> str:
+    """The token `hf auth login` saved, where huggingface_hub looks for it."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    path = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(4096).strip()
+    except OSError:
+        return ""
 
 
 def _secrets(argv: list[str]) -> list[str]:
-    """Token values this run knows: from the environment and from --token on the command line."""
-    found = [os.environ.get(k, "") for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
+    """Token values this run knows: from the environment, the saved login and --token on the command line."""
+    found = [os.environ.get(k, "") for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")] + [_saved_login()]
     for i, arg in enumerate(argv):
         if arg == "--token" and i + 1 < len(argv):
             found.append(argv[i + 1])
         elif arg.startswith("--token="):
             found.append(arg.split("=", 1)[1])
-    return [t for t in found if len(t) >= 4]
+    return sorted({t for t in found if len(t) >= 4}, key=len, reverse=True)
 
 
 MAX_LINE_CHARS = 400
@@ -127,7 +140,7 @@ def one_line(message: str, argv: list[str]) -> str:
 
     for secret in _secrets(argv):
         message = message.replace(secret, "***")
-    message = without_credentials(_TOKEN_PATTERNS.sub("***", message))
+    message = without_credentials(_TOKEN_SHAPES.sub("***", message))
     line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
     if len(line) <= MAX_LINE_CHARS:
         return line
