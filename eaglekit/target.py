@@ -74,6 +74,16 @@ TARGET_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.
 """What a target needs from the Hub: configs, weights and tokenizer files (no pickles, no other formats)."""
 
 
+HUB_CACHE_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+/")
+
+
+def hub_id(target: TargetInfo) -> str | None:
+    """The Hub id a target was given as: it is read from its Hugging Face cache folder (models--ORG--NAME); None for
+    a local folder."""
+    cached = HUB_CACHE_SNAPSHOT.search(os.path.abspath(target.path))
+    return f"{cached.group(1)}/{cached.group(2)}" if cached else None
+
+
 def resolve_target(value: str) -> str:
     """A target given as a local folder, its config.json, or a Hub id: the local path to read.
 

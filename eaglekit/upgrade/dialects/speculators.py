@@ -6,11 +6,12 @@ norm_before_residual is always explicit because this path defaults it to true (P
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from eaglekit.catalogue import output_name
 from eaglekit.spec import DraftSpec
-from eaglekit.target import TargetInfo
+from eaglekit.target import TargetInfo, hub_id
 from eaglekit.upgrade import folder
 from eaglekit.upgrade.decide import Decisions
 from eaglekit.upgrade.dialects.flat import carried_keys, dtype_keys, geometry_keys, source_layer_config
@@ -34,17 +35,21 @@ def read_family(spec: DraftSpec, d: Decisions) -> str:
     return "speculators"
 
 
-def _verifier(spec: DraftSpec, d: Decisions) -> dict[str, Any]:
+def _source_verifier(spec: DraftSpec) -> dict[str, Any] | None:
     source = spec.config.get("speculators_config")
-    if isinstance(source, dict) and isinstance(source.get("verifier"), dict):
-        return dict(source["verifier"])
-    name, archs = None, []
-    if d.target is not None:
-        archs = list(d.target.architectures)
-        recorded = d.target.name_or_path
-        if recorded and recorded.count("/") == 1 and not recorded.startswith((".", "/")):
-            name = recorded
-    return {"name_or_path": name, "architectures": archs}
+    verifier = source.get("verifier") if isinstance(source, dict) else None
+    return dict(verifier) if isinstance(verifier, dict) and verifier.get("name_or_path") else None
+
+
+def _verifier(spec: DraftSpec, d: Decisions) -> dict[str, Any]:
+    """The verifier speculators loads the embedding, lm_head and final norm from (`load_verifier_weights`): the
+    source's, else the target as given (a Hub id, or its folder), as speculators' own converter writes it."""
+    recorded = _source_verifier(spec)
+    if recorded is not None:
+        return recorded
+    assert d.target is not None  # refusal() requires one
+    return {"name_or_path": hub_id(d.target) or os.path.dirname(os.path.abspath(d.target.path)),
+            "architectures": list(d.target.architectures)}
 
 
 def _speculators_config(spec: DraftSpec, d: Decisions) -> dict[str, Any]:
@@ -89,4 +94,13 @@ def tensor_name(canonical: str, spec: DraftSpec) -> str | None:
 
 
 def refusal(spec: DraftSpec, d: Decisions, target: TargetInfo | None) -> str | None:
+    if _source_verifier(spec) is not None:
+        return None
+    if target is None:
+        return ("speculators loads the verifier's embedding, lm_head and norm from speculators_config.verifier, which "
+                "the source does not record: pass --target (a Hub id or the target's folder)")
+    if hub_id(target) is None:
+        d.warnings.append("speculators_config.verifier names the local target folder (speculators loads the "
+                          "verifier's embedding, lm_head and norm from it): give --target as a Hub id before "
+                          "publishing this output")
     return None
