@@ -615,7 +615,8 @@ def test_card_of_a_converted_draft_names_its_source(tmp_path):
     assert f"vllm serve {TARGET} " in card
     for text in ("Converted from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`]",
                  "from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`](https://huggingface.co/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), "
-                 "eagle layout", "  - options: `calibrate=True`", "  - renamed midlayer.* to layers.0.*"):
+                 "eagle layout", "  - options: `calibrate=True`",
+                 "  - renamed midlayer.\\* to layers.0.\\*"):  # a literal star, not emphasis
         assert text in card
 
 
