@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import jsonschema
 import pytest
 
 pytest.importorskip("torch")
@@ -126,6 +127,10 @@ def test_no_token_or_local_path_in_any_report_card_or_upload(target, tmp_path, m
     assert provenance["source"] == "up" and provenance["source_provenance"]["source"] == os.path.basename(draft)
     assert provenance["target"] == "target"
     assert b"a local folder named `modelopt_hf_midlayer_llama33_70b`" in uploaded["README.md"]
+    schemas = os.path.join(os.path.dirname(__file__), "..", "eaglekit", "schemas")
+    for saved, schema in (("v.json", "verify-report"), ("c.json", "compare-report"), ("b.json", "bench-report")):
+        with open(tmp_path / saved) as fh, open(os.path.join(schemas, f"{schema}.schema.json")) as sh:
+            jsonschema.validate(json.load(fh), json.load(sh))
 
 
 def test_token_shapes_and_known_secrets():
@@ -141,8 +146,8 @@ def test_token_shapes_and_known_secrets():
 def test_secret_named_settings_are_hidden_and_the_rest_kept(tmp_path):
     assert [is_secret_name(n) for n in ("hf_token", "--api-key", "authorization", "auth_header", "password")] == \
         [True] * 5
-    assert not any(is_secret_name(n) for n in ("max_num_batched_tokens", "tokenizer", "tokenizer_mode", "kv_cache_dtype",
-                                               "max_model_len", "monkey"))
+    harmless = ("max_num_batched_tokens", "tokenizer", "tokenizer_mode", "kv_cache_dtype", "max_model_len", "monkey")
+    assert not any(is_secret_name(n) for n in harmless)
     shown = public_engine_args({"hf_token": "anything", "max_model_len": 4096,
                                 "tokenizer": str(tmp_path / "tok"), "hf_overrides": {"api_key": "x"}})
     assert shown == {"hf_token": REDACTED, "max_model_len": 4096, "tokenizer": "tok",
