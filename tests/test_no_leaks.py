@@ -60,8 +60,10 @@ def _bench_report(draft: str, target: str) -> dict:
                          {"name": "eaglekit-coding", "count": 2, "speed_bench": False, "categories": [],
                           "ignore_eos": False},
                          {"name": "vllm", "version": "0.0", "device_type": "cpu", "device_name": "cpu",
-                          "tensor_parallel_size": 1, "max_model_len": 256,
-                          "server_args": {"baseline": public_flags(["--model", target, *engine_flags(settings)])}},
+                          "tensor_parallel_size": 1, "max_model_len": 256, "max_num_seqs": 1, "memory_sizing": None,
+                          "cpu_kv_cache_gib": None, "client": "vllm bench serve", "endpoint": "/v1/completions",
+                          "server_args": {side: public_flags(["--model", target, *engine_flags(settings)])
+                                          for side in ("baseline", "speculative")}},
                          {"method": "eagle3", "model": os.path.abspath(draft), "num_speculative_tokens": 3},
                          measured_files(spec, read_target(target)))
     report.rows = [BenchRow(1, None, _served((10.0, 11.0)), _served((15.0, 16.0), drafts=10, accepted=10))]
@@ -122,7 +124,7 @@ def test_no_token_or_local_path_in_any_report_card_or_upload(target, tmp_path, m
     assert verify["draft"] == "up-vllm" and verify["target"] == "target"
     assert bench["engine"]["server_args"]["baseline"][:2] == ["--model", "target"]
     assert {"--hf-token", "--api-key"} <= set(bench["engine"]["server_args"]["baseline"])
-    assert bench["speculative_config"]["model"] == "up-vllm"
+    assert bench["speculative_config"]["model"] == "up-vllm" and bench["engine"]["endpoint"] == "/v1/completions"
     provenance = json.loads(uploaded["config.json"])["eaglekit"]
     assert provenance["source"] == "up" and provenance["source_provenance"]["source"] == os.path.basename(draft)
     assert provenance["target"] == "target"
