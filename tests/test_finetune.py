@@ -158,8 +158,9 @@ def test_cli_report_is_schema_valid_with_held_out_evaluation_and_a_plot(env, tmp
     doc = json.loads(result.output)
     jsonschema.validate(doc, SCHEMA)
     assert [e["context_tokens"] for e in doc["evaluation"]["after"]] == [0, 48]
-    assert doc["plot"] == out + "-finetune.png"
-    with open(doc["plot"], "rb") as fh:
+    assert doc["plot"] == f"{tmp_path.name}/out-finetune.png"  # its folder and file name: no local path
+    assert str(tmp_path) not in result.output
+    with open(out + "-finetune.png", "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     human = run(["finetune", env["draft"], str(tmp_path / "h"), "--target", env["target"], "--data", env["data"],
                  "--cache-dir", env["cache"], "--steps", "2", "--batch-tokens", "256", "--eval-limit", "1",

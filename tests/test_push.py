@@ -7,6 +7,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -272,8 +273,72 @@ def test_a_bench_report_is_the_cards_serving_speed_with_its_conditions(fake_hub,
     for row in rows:
         assert (f"| {row['concurrency']} | {row['baseline']['per_user_tokens_per_s']['mean']:.1f} | "
                 f"{row['speculative']['per_user_tokens_per_s']['mean']:.1f} | {row['speed_up']:.2f}× |") in section
-    assert "- speculation pays up to C=4 and stops paying at C=16" in section
+    # the verdict is judged again from the rows, never the report's own words (Markdown characters escaped)
+    assert ("- speculation pays at C=1 x2.00 \\[1.90, 2.10\\], C=4 x1.50 \\[1.40, 1.60\\]; loses at C=16 x0.90 "
+            "\\[0.80, 1.00\\]; it stops being shown to pay at C=16") in section
+    assert "pays up to C=4" not in card
     assert "measured on other files" not in card
+
+
+def _with_side(row: dict, side: str, **figures) -> dict:
+    return {**row, side: {**row[side], **figures}}
+
+
+@pytest.mark.parametrize("row, expected", [
+    ({**bench_row(2, 50.0, 100.0), "speed_up": 3.0}, "speed_up 3.0 is not the ratio of the means beside it"),
+    ({**bench_row(2, 50.0, 100.0), "throughput_speed_up": 1.2}, "throughput_speed_up 1.2 is not the ratio"),
+    ({**bench_row(2, 50.0, 100.0), "speed_up_interval": {"low": 2.1, "high": 1.9}}, "its low must be non-negative"),
+    ({**bench_row(2, 50.0, 100.0), "speed_up_interval": {"low": 2.5, "high": 2.9}}, "excludes its own estimate 2.0"),
+    ({**bench_row(2, 50.0, 100.0), "speed_up_interval": {"low": -0.5, "high": 2.9}}, "its low must be non-negative"),
+    (_with_side(bench_row(2, 50.0, 100.0), "baseline", ttft_ms={"mean": -3.0, "p50": 1.0, "p99": 1.0}),
+     "baseline.ttft_ms.mean must be a finite non-negative number"),
+    (_with_side(bench_row(2, 50.0, 100.0), "speculative", per_user_tokens_per_s={"mean": -100.0, "p50": 1, "p99": 1},
+                output_throughput=-200.0), "speculative.per_user_tokens_per_s.mean must be a finite non-negative"),
+    (_with_side(bench_row(2, 50.0, 100.0), "baseline", output_throughput=-1.0),
+     "baseline.output_throughput must be a finite non-negative number"),
+    ({**bench_row(2, 50.0, 100.0), "baseline": None}, "baseline must be an object"),
+])
+def test_a_bench_row_whose_speeds_cannot_be_measured_is_refused(fake_hub, draft_dir, rules, tmp_path, capsys, row,
+                                                                expected):
+    bench = write_bench(tmp_path / "bench.json", draft_dir, rows=[row], verdicts=None)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"Error: {bench}: concurrency 2: ") and expected in err, err
+
+
+def test_a_bench_verdict_its_rows_contradict_is_refused(fake_hub, draft_dir, rules, tmp_path, capsys):
+    lying = [{"category": None, "pays_at": [1, 4, 16], "stops_paying_at": None,
+              "text": "speculation pays at every concurrency measured"}]
+    bench = write_bench(tmp_path / "bench.json", draft_dir, verdicts=lying)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"{bench}: its verdict says pays_at [1, 4, 16], but its rows give [1, 4]" in err
+    elsewhere = write_bench(tmp_path / "other.json", draft_dir, verdicts=[{**lying[0], "category": "coding"}])
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", elsewhere,
+                             "--dry-run")
+    assert code == 1 and "it gives a verdict for coding but measured no row for coding" in err
+
+
+def test_report_strings_are_data_in_the_card(fake_hub, draft_dir, rules, tmp_path, capsys):
+    hostile = "x\n## Injected\n| a | b |\n`code` <img src=x onerror=alert(1)> [link](https://evil.example)"
+    rows = [{**bench_row(1, 50.0, 100.0), "category": hostile}, {**bench_row(1, 40.0, 60.0), "category": "plain"}]
+    bench = write_bench(tmp_path / "bench.json", draft_dir, rows=rows, verdicts=None, dtype=hostile,
+                        engine={"name": hostile, "version": hostile, "device_name": hostile, "device_type": "cuda"},
+                        prompts={"name": hostile, "count": hostile})
+    report = write_report(tmp_path / "report.json", draft_dir, prompts={"name": hostile, "count": 2}, device=hostile,
+                          dtype=hostile, measured=measured(draft_dir, name_or_path=TARGET))
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--report",
+                             report, "--dry-run", "--format", "json")
+    assert code == 0, err
+    card = json.loads(out)["card"]
+    assert "\n## Injected" not in card and not any(line.startswith("| a") for line in card.splitlines())
+    for raw in ("<img", "](https://evil.example)", "`code"):  # only ever behind a backslash
+        assert not re.search(r"(?<!\\)" + re.escape(raw), card), raw
+    shown = r"x\\n## Injected\\n\| a \| b \|\\n\`code\` \<img src=x onerror=alert(1)\> \[link\](https://evil.example)"
+    assert card.count(shown) >= 6  # category cell and verdict, engine name, version, device, dtype, prompt set, ...
+    section = card[card.index("## Serving speed"):card.index("## Verification")]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert {line.replace("\\|", "").count("|") for line in table} == {8}  # no row gained or lost a cell
 
 
 @pytest.mark.parametrize("change, expected", [
@@ -550,7 +615,8 @@ def test_card_of_a_converted_draft_names_its_source(tmp_path):
     assert f"vllm serve {TARGET} " in card
     for text in ("Converted from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`]",
                  "from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`](https://huggingface.co/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), "
-                 "eagle layout", "  - options: `calibrate=True`", "  - renamed midlayer.* to layers.0.*"):
+                 "eagle layout", "  - options: `calibrate=True`",
+                 "  - renamed midlayer.\\* to layers.0.\\*"):  # a literal star, not emphasis
         assert text in card
 
 

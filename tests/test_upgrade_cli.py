@@ -15,6 +15,7 @@ import pytest
 from eaglekit.cli.upgrade import parse_size
 from eaglekit.errors import UsageError
 from eaglekit.families import load_draft
+from eaglekit.redact import public_path
 from eaglekit.rules import run_rules
 from tests.cli import run_cli as run
 from tests.factory import make_draft, make_target_config
@@ -50,9 +51,9 @@ def test_json_report_validates_against_the_schema(drafts, tmp_path, extra):
     assert doc["validated"] == ("--dry-run" not in extra)
     assert os.path.isdir(tmp_path / "out") != doc["dry_run"]
     untrained_vllm = "--no-fc-norm" not in extra and "--to" not in extra
+    # the JSON names folders by their names only (no local path leaves in a report); the human output shows all
     assert doc["next_command"] == (None if not untrained_vllm else
-                                   f"eaglekit finetune {tmp_path / 'out'} {tmp_path / 'out'}-tuned --target "
-                                   f"{drafts['target']}")
+                                   f"eaglekit finetune out out-tuned --target {public_path(drafts['target'])}")
 
 
 def test_human_report_says_plainly_what_happened(drafts, tmp_path):

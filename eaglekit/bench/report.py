@@ -13,7 +13,7 @@ this module only pairs the two runs and says where speculation stops paying.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,7 +143,24 @@ class Verdict:
                 "loses_at": list(self.loses_at), "stops_paying_at": self.stops_paying_at, "text": self.text}
 
 
-def outcome(row: BenchRow) -> str:
+@dataclass(frozen=True)
+class RowFigures:
+    """The figures of a row a saved report records that its verdict follows from: what `verdict` judges again
+    when a report is read back (push --bench), so that no report's own verdict text reaches a card."""
+
+    concurrency: int
+    category: str | None
+    speed_up: float
+    speed_up_interval: Interval | None
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> "RowFigures":
+        interval = row.get("speed_up_interval")
+        return cls(row["concurrency"], row.get("category"), float(row["speed_up"]),
+                   Interval(float(interval["low"]), float(interval["high"])) if isinstance(interval, Mapping) else None)
+
+
+def outcome(row: BenchRow | RowFigures) -> str:
     """pays, loses or unresolved: the speed-up's side of 1, and whether its interval stays there."""
     interval = row.speed_up_interval
     if row.speed_up > PAYS and (interval is None or interval.low > PAYS):
@@ -153,7 +170,7 @@ def outcome(row: BenchRow) -> str:
     return "unresolved"
 
 
-def verdict(rows: Sequence[BenchRow], category: str | None = None) -> Verdict:
+def verdict(rows: Sequence[BenchRow | RowFigures], category: str | None = None) -> Verdict:
     """Where speculation pays, where this run cannot tell, where it loses, and the lowest concurrency where it
     stops being shown to pay."""
     mine = sorted((r for r in rows if r.category == category), key=lambda r: r.concurrency)
@@ -183,6 +200,20 @@ def verdict(rows: Sequence[BenchRow], category: str | None = None) -> Verdict:
     return Verdict(category, pays, unresolved, loses, stops, text)
 
 
+def categories(rows: Sequence[BenchRow | RowFigures]) -> list[str | None]:
+    """The categories the rows name, in the order they first do (None: the whole prompt set)."""
+    seen: list[str | None] = []
+    for row in rows:
+        if row.category not in seen:
+            seen.append(row.category)
+    return seen
+
+
+def verdicts(rows: Sequence[BenchRow | RowFigures]) -> list[Verdict]:
+    """One verdict per category, in the order the rows first name them."""
+    return [verdict(rows, category) for category in categories(rows)]
+
+
 @dataclass
 class BenchReport:
     draft: str
@@ -200,15 +231,11 @@ class BenchReport:
 
     @property
     def categories(self) -> list[str | None]:
-        seen: list[str | None] = []
-        for row in self.rows:
-            if row.category not in seen:
-                seen.append(row.category)
-        return seen
+        return categories(self.rows)
 
     @property
     def verdicts(self) -> list[Verdict]:
-        return [verdict(self.rows, category) for category in self.categories]
+        return verdicts(self.rows)
 
     def to_dict(self) -> dict[str, Any]:
         from eaglekit import __version__

@@ -21,6 +21,7 @@ from eaglekit.bench.server import check_client_available, engine_flags, run_clie
 from eaglekit.engines.vllm import speculative_config
 from eaglekit.errors import UsageError
 from eaglekit.io.outputs import Role
+from eaglekit.redact import public_flags
 from eaglekit.verify.engine import EngineOptions, check_engine_available, fitted_model_len
 from eaglekit.verify.prompts import Prompt, encode, render_text
 from eaglekit.verify.run import measured_files
@@ -145,7 +146,7 @@ def run_bench(draft: str, target: str, options: BenchOptions,
             runs[side] = measured
             key = "baseline" if side == "target alone" else "speculative"
             report.timings[f"{key}_start_s"] = server.start_s
-            report.engine.setdefault("server_args", {})[key] = server.flags
+            report.engine.setdefault("server_args", {})[key] = public_flags(server.flags)
             report.engine.update(name="vllm", version=server.info.get("vllm_version"),
                                  device_type=server.info.get("device_type"),
                                  device_name=server.info.get("device_name"),

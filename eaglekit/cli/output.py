@@ -153,8 +153,21 @@ def write_text_atomically(path: str, text: str) -> None:
     publish_file(path, write)
 
 
+def public_json(doc: Any) -> Any:
+    """A document as eaglekit prints or saves it: finite numbers only, no secret, no local path beyond a folder's
+    name (eaglekit.redact)."""
+    from eaglekit.redact import public_report
+
+    return public_report(json_safe(doc))
+
+
 def emit_json(doc: Any) -> None:
-    click.echo(json.dumps(json_safe(doc), indent=2, sort_keys=False, allow_nan=False))
+    click.echo(json.dumps(public_json(doc), indent=2, sort_keys=False, allow_nan=False))
+
+
+def write_report(path: str, doc: Any) -> None:
+    """A JSON report saved to `path` (--save-report, --profile-out), as `public_json` makes it, atomically."""
+    write_text_atomically(path, json.dumps(public_json(doc), indent=2, allow_nan=False) + "\n")
 
 
 def finish_report(doc: dict, output_format: str, render: Callable[[dict], None], *, save_report: str | None = None,
@@ -162,7 +175,7 @@ def finish_report(doc: dict, output_format: str, render: Callable[[dict], None],
     """A measuring command's last steps: its JSON written to --save-report, its plot drawn, then the JSON or the
     tables (and where the plot went) printed."""
     if save_report:
-        write_text_atomically(save_report, json.dumps(doc, indent=2) + "\n")
+        write_report(save_report, doc)
     written = draw() if draw else None
     if output_format == "json":
         emit_json(doc)

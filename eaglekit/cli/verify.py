@@ -19,7 +19,7 @@ from eaglekit.cli.output import (
     out,
     quantization_text,
     styled,
-    write_text_atomically,
+    write_report,
 )
 from eaglekit.errors import EaglekitError, UsageError
 
@@ -102,9 +102,9 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
     if options.engine_only:
         doc = verify_in_engine(draft, target, options)
         if save_report:
-            _write_json(save_report, doc)
+            write_report(save_report, doc)
         if profile_out:
-            _write_json(profile_out, doc["speculation_profile"])
+            write_report(profile_out, doc["speculation_profile"])
         emit_json(doc) if output_format == "json" else render_engine(doc)
         if not doc["engine"]["lossless"]:
             raise EaglekitError(f"{draft}: vLLM's speculative output differs from its own target-only output on "
@@ -116,10 +116,10 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
         sweep = _with_progress(draft, target, options, verify_conditions)
     doc = sweep.to_dict()
     if save_report:
-        _write_json(save_report, doc)
+        write_report(save_report, doc)
     profile = sweep.reports[0].speculation_profile() if profile_out else None
     if profile is not None:
-        _write_json(profile_out, profile)
+        write_report(profile_out, profile)
     written = plot_verify(sweep, plot) if plot else None
     if output_format == "json":
         emit_json(doc)
@@ -156,10 +156,6 @@ def _with_progress(draft, target, options, verify):
             progress.update(task, completed=done, total=total, description=name)
 
         return verify(draft, target, options, on_prompt=on_prompt)
-
-
-def _write_json(path: str, doc: dict) -> None:
-    write_text_atomically(path, json.dumps(doc, indent=2) + "\n")
 
 
 def _interval_text(doc: dict) -> str:

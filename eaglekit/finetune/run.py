@@ -24,6 +24,7 @@ from eaglekit.io.dtypes import torch_dtype
 from eaglekit.io.jsonfile import load_json_object
 from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
 from eaglekit.quantization import scheme
+from eaglekit.redact import public_path, public_report
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, read_target
 
@@ -163,11 +164,11 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
                 paired: list[Paired] | None = None) -> dict[str, Any]:
     previous = spec.config.get("eaglekit")
     last = result.history[-1] if result.history else None
-    return {
-        "version": __version__, "command": "finetune", "function": "trained", "source": source,
+    return public_report({  # written into config.json and the weights' metadata, which a push publishes
+        "version": __version__, "command": "finetune", "function": "trained", "source": public_path(source),
         "source_eagle_version": spec.eagle_version, "source_files": hashes,
         "source_provenance": previous if isinstance(previous, dict) else None,
-        "target": opts.target, "target_files": target_files,
+        "target": public_path(opts.target), "target_files": target_files,
         "data": {"source": data.source, "sha256": data.digest, "sequences": data.sequences,
                  "positions": data.positions},
         "options": _options_dict(opts)["train"],
@@ -177,7 +178,7 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "final_accuracy": [round(a, 4) for a in last.accuracy] if last else None,
         "selected_step": result.selected_step,
         "paired_evaluation": [p.to_dict() for p in paired] if paired is not None else None,
-    }
+    })
 
 
 def _out_tensors(spec: DraftSpec, drafter, trained: set[str]):

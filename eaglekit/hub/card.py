@@ -14,6 +14,7 @@ from eaglekit import __version__
 from eaglekit.config_view import REPO_ID, nested
 from eaglekit.engines import RECORDS
 from eaglekit.findings import Finding
+from eaglekit.redact import public_path, redact
 from eaglekit.rules import ValidationReport
 from eaglekit.serving import (
     NOT_AS_IS,
@@ -127,7 +128,7 @@ def build_card(
         _provenance_section(spec),
         _citations(spec),
     ]
-    body = "\n".join(s for s in sections if s)
+    body = redact("\n".join(s for s in sections if s))  # no secret or local path from any file it quotes
     card = "---\n" + data.to_yaml() + "\n---\n\n" + body
     # a name read from a file or the command line may hold an undecodable byte (a lone surrogate): the card is
     # UTF-8 text, so such a character is written as its escape
@@ -265,9 +266,29 @@ def _serving(spec: DraftSpec, repo_id: str, target: str | None, rules: Validatio
     return "\n".join(sections)
 
 
+MARKDOWN_SPECIALS = frozenset("\\`*_[]<>|&")
+"""What a string read from a file could use to become Markdown or HTML in the card: emphasis, code, links, tags,
+table cells, entities. Escaped with a backslash wherever such a string is rendered."""
+
+
+def text(value: Any) -> str:
+    """A string read from a report or a config, as the card shows it: data, never Markdown. Control characters
+    (a newline would start a section) are written as their escapes, Markdown and HTML characters escaped."""
+    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(value))
+    return "".join(f"\\{c}" if c in MARKDOWN_SPECIALS else c for c in shown)
+
+
+def _code(value: Any) -> str:
+    """A name read from a file as inline code; as escaped text when it holds what a code span cannot."""
+    name = str(value)
+    if "`" in name or "|" in name or not name.isprintable():
+        return text(name)
+    return f"`{name}`"
+
+
 def _number(value: Any, digits: int = 2) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
+        return text(value)
     return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
 
 
@@ -292,15 +313,16 @@ def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = ()) -
                      f"{spec_tps / target_tps:.2f}×"))
     prompts = report.get("prompts")
     if isinstance(prompts, Mapping):
-        rows.append(("Prompts", f"{prompts.get('name', 'unnamed')} ({_number(prompts.get('count', '?'))})"))
+        rows.append(("Prompts", f"{text(prompts.get('name', 'unnamed'))} ({_number(prompts.get('count', '?'))})"))
     for key, label in (("dtype", "dtype"), ("device", "Device")):
         if key in report:
-            rows.append((label, str(report[key])))
+            rows.append((label, text(report[key])))
     target = nested(nested(report, "measured"), "target")
     if target:
         name = target.get("name_or_path")
-        origin = name if is_repo_id(name) else f"a local copy in a folder named {target.get('folder')}"
-        rows.append(("Target measured", f"{origin} (config.json {str(target.get('config_sha256', ''))[7:19]}…)"))
+        origin = name if is_repo_id(name) else f"a local copy in a folder named {text(target.get('folder'))}"
+        digest = text(str(target.get("config_sha256", ""))[7:19])
+        rows.append(("Target measured", f"{origin} (config.json {digest}…)"))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     warning = ("> **Warning: these figures were measured on other files** than the ones published "
                f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
@@ -313,11 +335,14 @@ def _speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> 
     concurrency (and category), then the verdict."""
     engine = nested(bench, "engine")
     prompts = nested(bench, "prompts")
-    conditions = (f"{engine.get('name', 'vllm')} {engine.get('version', '?')} on {engine.get('device_name', '?')} "
-                  f"({engine.get('device_type', '?')}, tensor parallel {engine.get('tensor_parallel_size', 1)}), "
-                  f"{bench.get('dtype', '?')}, k = {bench.get('num_speculative_tokens', '?')}, greedy, up to "
-                  f"{bench.get('max_new_tokens', '?')} new tokens per request, prompts "
-                  f"{prompts.get('name', 'unnamed')} ({_number(prompts.get('count', '?'))})")
+    def field(block: Mapping[str, Any], key: str, default: str = "?") -> str:
+        return text(block.get(key, default))
+
+    conditions = (f"{field(engine, 'name', 'vllm')} {field(engine, 'version')} on {field(engine, 'device_name')} "
+                  f"({field(engine, 'device_type')}, tensor parallel {field(engine, 'tensor_parallel_size', '1')}), "
+                  f"{field(bench, 'dtype')}, k = {field(bench, 'num_speculative_tokens')}, greedy, up to "
+                  f"{field(bench, 'max_new_tokens')} new tokens per request, prompts "
+                  f"{field(prompts, 'name', 'unnamed')} ({_number(prompts.get('count', '?'))})")
     rows = [r for r in bench.get("rows") or [] if isinstance(r, Mapping)]
     per_category = any(r.get("category") for r in rows)
     header = ("| Category " if per_category else "") + ("| Concurrency | Per-user tokens/s, target alone | With the "
@@ -327,13 +352,13 @@ def _speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> 
         base, spec = nested(r, "baseline"), nested(r, "speculative")
         interval = r.get("speed_up_interval")
         tau = r.get("acceptance_length")
-        lines.append(("| " + str(r.get("category") or "") + " " if per_category else "")
+        lines.append(("| " + text(r.get("category") or "") + " " if per_category else "")
                      + f"| {r['concurrency']} | {_number(nested(base, 'per_user_tokens_per_s').get('mean'), 1)} | "
                      f"{_number(nested(spec, 'per_user_tokens_per_s').get('mean'), 1)} | {r['speed_up']:.2f}× | "
                      + (f"{_number(interval.get('low'), 2)}–{_number(interval.get('high'), 2)}"
                         if isinstance(interval, Mapping) else "—")
                      + f" | {'—' if tau is None else _number(tau, 2)} |")
-    verdicts = [f"- {v['text']}" for v in bench.get("verdicts") or [] if isinstance(v, Mapping) and "text" in v]
+    verdicts = [f"- {text(v['text'])}" for v in bench.get("verdicts") or [] if isinstance(v, Mapping) and "text" in v]
     warning = ("> **Warning: these figures were measured on other files** than the ones published "
                f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
     return ("## Serving speed\n\n" + warning + "Measured with `eaglekit bench`: the target served alone and with this "
@@ -363,7 +388,7 @@ def public_source(source: Any) -> str | None:
         return None
     if is_repo_id(source):
         return f"[`{source}`](https://huggingface.co/{source})"
-    return f"a local folder named `{os.path.basename(os.path.normpath(source))}`"
+    return f"a local folder named {_code(public_path(source))}"
 
 
 def _provenance_section(spec: DraftSpec) -> str:
@@ -377,23 +402,23 @@ def _provenance_section(spec: DraftSpec) -> str:
         return ""
     lines = ["## Provenance", ""]
     for step in chain:
-        command = COMMANDS.get(str(step.get("command")), f"`{step.get('command', 'eaglekit')}`")
+        command = COMMANDS.get(str(step.get("command")), _code(step.get("command", "eaglekit")))
         source = public_source(step.get("source"))
-        line = f"- {command} (eaglekit {step.get('version', '?')})" + (f" from {source}" if source else "")
+        line = f"- {command} (eaglekit {text(step.get('version', '?'))})" + (f" from {source}" if source else "")
         if step.get("source_family"):
-            line += f", {step['source_family']} layout"
+            line += f", {text(step['source_family'])} layout"
         if step.get("summary"):
-            line += f": {step['summary']}"
+            line += f": {text(step['summary'])}"
         lines.append(line)
         options = nested(step, "options")
         chosen = {k: v for k, v in options.items() if v not in (None, False, "", [], {})}
         if chosen:
-            lines.append("  - options: " + ", ".join(f"`{k}={v}`" for k, v in chosen.items()))
+            lines.append("  - options: " + ", ".join(_code(f"{k}={v}") for k, v in chosen.items()))
         for detail in step.get("conversion") or []:
-            lines.append(f"  - {detail}")
+            lines.append(f"  - {text(detail)}")
         files = step.get("source_files")
         if isinstance(files, Mapping) and files:
-            lines.append("  - source files: " + ", ".join(f"`{name}` {str(digest)[7:19]}…"
+            lines.append("  - source files: " + ", ".join(f"{_code(name)} {text(str(digest)[7:19])}…"
                                                          for name, digest in sorted(files.items())))
     return "\n".join(lines) + "\n"
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eaglekit import __version__
+from eaglekit.bench.report import RowFigures, Verdict, verdicts
 from eaglekit.config_view import REPO_ID, nested
 from eaglekit.engines import RECORDS
 from eaglekit.errors import CheckpointError, EaglekitError, UsageError, quoted
@@ -37,6 +38,7 @@ from eaglekit.io.hub_client import (
 )
 from eaglekit.io.jsonfile import finite, load_json_object
 from eaglekit.provenance import resolved_worse_finetune, untrained_warm_start
+from eaglekit.redact import public_report, remember_secret
 from eaglekit.serving import minimum_versions
 from eaglekit.spec import DraftSpec
 
@@ -118,6 +120,11 @@ BENCH_FIGURES = ("speed_up", "throughput_speed_up")
 RATES = ("per_position_acceptance", "conditional_acceptance")
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 FIGURE_TOLERANCE = 1e-6  # a report's figures are one counter's quotients, written with full float precision
+SPREADS = ("per_user_tokens_per_s", "tpot_ms", "ttft_ms")
+VERDICT_FIELDS = ("pays_at", "unresolved_at", "loses_at", "stops_paying_at")
+RATIO_ROUNDING = 0.5e-4  # bench writes speed-ups and per-user means to 4 decimals, throughputs to 3
+MEAN_ROUNDING = 0.5e-4
+THROUGHPUT_ROUNDING = 0.5e-3
 
 
 def load_report(path: str) -> VerifyReportFile:
@@ -171,10 +178,91 @@ def load_bench_report(path: str) -> VerifyReportFile:
         if interval is not None and not (isinstance(interval, Mapping) and finite(interval.get("low"))
                                          and finite(interval.get("high"))):
             raise CheckpointError(f"concurrency {level}: speed_up_interval must hold finite low and high", path)
-        problem = impossible_figures(row, k)
+        problem = impossible_figures(row, k) or impossible_speeds(row)
         if problem:
-            raise CheckpointError(f"concurrency {level}: {problem}", path)
-    return VerifyReportFile(path, report)
+            raise CheckpointError(f"concurrency {level}{f' ({category})' if category else ''}: {problem}", path)
+    problem = contradicted_verdicts(report)
+    if problem:
+        raise CheckpointError(problem, path)
+    return VerifyReportFile(path, {**report, "verdicts": [v.to_dict() for v in bench_verdicts(report["rows"])]})
+
+
+def impossible_speeds(row: Mapping[str, Any]) -> str | None:
+    """Why a bench row's speeds cannot come from one measurement; None when they can. Rates, times and counts are
+    not negative, a speed-up is the ratio of the means beside it (within the report's rounding), and its interval
+    runs from low to high around it."""
+    sides = {}
+    for side in ("baseline", "speculative"):
+        figures = row.get(side)
+        if not isinstance(figures, Mapping):
+            return f"{side} must be an object with the figures of that run"
+        for key in SPREADS:
+            spread = figures.get(key)
+            if not isinstance(spread, Mapping):
+                return f"{side}.{key} must hold mean, p50 and p99"
+            for stat in ("mean", "p50", "p99"):
+                if not (finite(spread.get(stat)) and spread[stat] >= 0):
+                    return f"{side}.{key}.{stat} must be a finite non-negative number, not {quoted(spread.get(stat))}"
+        for key in ("duration_s", "output_throughput"):
+            if not (finite(figures.get(key)) and figures[key] >= 0):
+                return f"{side}.{key} must be a finite non-negative number, not {quoted(figures.get(key))}"
+        sides[side] = figures
+    for key, mean, rounding in (("speed_up", ("per_user_tokens_per_s", "mean"), MEAN_ROUNDING),
+                                ("throughput_speed_up", ("output_throughput",), THROUGHPUT_ROUNDING)):
+        base, spec = (_figure(sides[side], mean) for side in ("baseline", "speculative"))
+        if not _ratio_within_rounding(row[key], spec, base, rounding):
+            return (f"{key} {row[key]} is not the ratio of the means beside it ({spec} / {base} with the draft and "
+                    "without)")
+    interval = row.get("speed_up_interval")
+    if isinstance(interval, Mapping):
+        low, high = interval["low"], interval["high"]
+        if low < 0 or low > high + RATIO_ROUNDING:
+            return f"speed_up_interval runs from {low} to {high}: its low must be non-negative and below its high"
+        if not low - RATIO_ROUNDING <= row["speed_up"] <= high + RATIO_ROUNDING:
+            return f"speed_up_interval [{low}, {high}] excludes its own estimate {row['speed_up']}"
+    return None
+
+
+def _figure(figures: Mapping[str, Any], keys: tuple[str, ...]) -> float:
+    value: Any = figures
+    for key in keys:
+        value = value[key]
+    return float(value)
+
+
+def _ratio_within_rounding(ratio: float, spec: float, base: float, rounding: float) -> bool:
+    """Whether `ratio` (rounded to RATIO_ROUNDING) can be spec / base with both rounded to `rounding` (0 for 0)."""
+    if base <= rounding:  # bench writes 0 for a run with no throughput; below the rounding any ratio is possible
+        return ratio == 0 if base == 0 else ratio >= 0
+    low = max(spec - rounding, 0.0) / (base + rounding)
+    high = (spec + rounding) / (base - rounding)
+    return low - RATIO_ROUNDING <= ratio <= high + RATIO_ROUNDING
+
+
+def bench_verdicts(rows: list[Mapping[str, Any]]) -> list[Verdict]:
+    """The verdicts `eaglekit bench` gives these rows, judged again from their figures: what a card prints."""
+    return verdicts([RowFigures.from_dict(row) for row in rows])
+
+
+def contradicted_verdicts(report: Mapping[str, Any]) -> str | None:
+    """Why a bench report's own verdicts are not the ones its rows give; None when they are (or it records none)."""
+    recorded = report.get("verdicts")
+    if recorded is None:
+        return None
+    if not isinstance(recorded, list) or not all(isinstance(v, Mapping) for v in recorded):
+        return "verdicts must be a list of objects"
+    judged = {v.category: v.to_dict() for v in bench_verdicts(report["rows"])}
+    for given in recorded:
+        category = given.get("category")
+        mine = judged.get(category)
+        where = f" for {category}" if category else ""
+        if mine is None:
+            return f"it gives a verdict{where} but measured no row{where}"
+        for key in VERDICT_FIELDS:
+            if key in given and given[key] != mine[key]:
+                return (f"its verdict{where} says {key} {quoted(given[key])}, but its rows give {quoted(mine[key])}: "
+                        "the verdict does not follow from the figures")
+    return None
 
 
 def contradicting_verdicts(figures: Mapping[str, Any]) -> str | None:
@@ -259,6 +347,7 @@ def push(
     """
     from huggingface_hub import constants
 
+    remember_secret(token)
     check_repo_id(repo_id)
     endpoint = check_endpoint(endpoint, "--endpoint") if endpoint else check_endpoint(constants.ENDPOINT,
                                                                                       "HF_ENDPOINT")
@@ -432,7 +521,7 @@ def _manifest(
 ) -> dict[str, Any]:
     """eaglekit.json: what was published, from what, and how it checked out; machine-readable twin of the card."""
     g = spec.geometry
-    return {
+    return public_report({
         "eaglekit_version": __version__,
         "target": target,
         "draft": {
@@ -471,7 +560,7 @@ def _manifest(
         },
         "verify": {k: report[k] for k in VERIFY_FIELDS if k in report} if report else None,
         "bench": {k: bench.get(k) for k in BENCH_FIELDS} if bench else None,
-    }
+    })
 
 
 def _upload_sources(spec: DraftSpec, card: str, manifest: dict[str, Any]) -> list[tuple[str, str | bytes]]:

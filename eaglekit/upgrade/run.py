@@ -14,6 +14,7 @@ from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.io.tensors import read_array
+from eaglekit.redact import public_path, public_report
 from eaglekit.spec import DraftSpec, eagle_version
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import Decisions, decide
@@ -33,13 +34,13 @@ def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions
     block: dict[str, Any] = {
         "version": __version__,
         "command": "upgrade",
-        "source": source,
+        "source": public_path(source),
         "source_family": spec.family,
         "source_producer": spec.producer,
         "source_eagle_version": spec.eagle_version,
         "source_files": hashes,
         "source_provenance": spec.config["eaglekit"] if isinstance(spec.config.get("eaglekit"), dict) else None,
-        "target": opts.target,
+        "target": public_path(opts.target),
         "options": {
             "from": opts.source_family, "to": opts.to, "fc_norm": opts.fc_norm, "norm_output": opts.norm_output,
             "fc_norm_init": d.fc_norm_init, "aux_layer_ids": list(opts.aux_layer_ids) if opts.aux_layer_ids else None,
@@ -60,7 +61,7 @@ def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions
                              "held_out_tokens": fidelity.tokens, "calibration_text": fidelity.text}
     if start is not None:
         block["norm_output_rescale"] = start.fidelity.to_dict()
-    return block
+    return public_report(block)  # written into config.json and the weights' metadata, which a push publishes
 
 
 def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
