@@ -18,8 +18,9 @@ from typing import Any
 from eaglekit.io.hub_client import without_credentials
 
 REDACTED = "***"
-TOKEN_SHAPE = re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{34}(?![A-Za-z0-9])")
-"""A Hugging Face access token: exactly 34 letters or digits after `hf_`, so words such as `hf_midlayer` stay."""
+TOKEN_SHAPE = re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{34}(?![A-Za-z0-9])|(?i:bearer)\s+\S+")
+"""A Hugging Face access token (exactly 34 letters or digits after `hf_`, so words such as `hf_midlayer` stay) and
+an Authorization header's value."""
 SECRET_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passwd", "passphrase", "auth",
                           "authorization", "credential", "credentials", "cookie"})
 MIN_SECRET_CHARS = 4  # shorter values would redact ordinary words
@@ -91,13 +92,17 @@ def _local_path(match: re.Match[str]) -> str:
     return str(public_path(path)) + found[len(path):]
 
 
-def redact(text: str, secrets: Iterable[str] | None = None) -> str:
-    """`text` with every known secret and token-shaped string as ***, URL credentials removed and local paths named
-    as `public_path` names them. `secrets`: the values to remove (default: `known_secrets()`)."""
+def without_secrets(text: str, secrets: Iterable[str] | None = None) -> str:
+    """`text` with every known secret and token-shaped string as *** and URL credentials removed; paths stay (an
+    error line names the file as the user gave it). `secrets`: the values to remove (default: `known_secrets()`)."""
     for secret in known_secrets() if secrets is None else secrets:
         text = text.replace(secret, REDACTED)
-    text = without_credentials(TOKEN_SHAPE.sub(REDACTED, text))
-    return _ABSOLUTE_PATH.sub(_local_path, text)
+    return without_credentials(TOKEN_SHAPE.sub(REDACTED, text))
+
+
+def redact(text: str, secrets: Iterable[str] | None = None) -> str:
+    """`text` without secrets (`without_secrets`) and with local paths named as `public_path` names them."""
+    return _ABSOLUTE_PATH.sub(_local_path, without_secrets(text, secrets))
 
 
 def public_report(doc: Any, secrets: Iterable[str] | None = None) -> Any:

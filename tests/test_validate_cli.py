@@ -159,10 +159,11 @@ def test_engine_errors_come_with_the_command_that_fixes_them(tmp_path):
     import shlex
 
     source = make_draft(str(tmp_path / "sf"), "specforge")  # EK307: ids only in eagle_config
-    doc = _json(run(source, "--format", "json"))
-    assert not doc["ok"] and doc["fix"] == f"eaglekit upgrade {source} {source}-vllm --no-fc-norm --no-norm-output"
-    assert doc["fix"] in run(source).stdout  # printed whole, never wrapped
-    command = shlex.split(doc["fix"])
+    fix = f"eaglekit upgrade {source} {source}-vllm --no-fc-norm --no-norm-output"
+    assert fix in run(source).stdout  # printed whole, never wrapped
+    doc = _json(run(source, "--format", "json"))  # JSON names local folders by name only
+    assert not doc["ok"] and doc["fix"] == "eaglekit upgrade sf sf-vllm --no-fc-norm --no-norm-output"
+    command = shlex.split(fix)
     assert run_cli(command[1:]).exit_code == 0
     fixed = _json(run(f"{source}-vllm", "--format", "json"))
     assert fixed["ok"] and fixed["fix"] is None

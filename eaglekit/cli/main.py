@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import signal
 import sys
 import warnings
@@ -102,31 +101,17 @@ def cli() -> None:
     """eaglekit: inspect, validate, upgrade, verify and publish EAGLE-3 / EAGLE-3.1 draft models."""
 
 
-_TOKEN_SHAPES = re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{34}(?![A-Za-z0-9])|(?i:bearer)\s+\S+")
-"""A Hugging Face access token (hf_ and 34 letters or digits) and an Authorization value: not words such as a
-folder named modelopt_hf_midlayer."""
-
-
-def _saved_login() -> str:
-    """The token `hf auth login` saved, where huggingface_hub looks for it."""
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    path = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(4096).strip()
-    except OSError:
-        return ""
-
-
 def _secrets(argv: list[str]) -> list[str]:
-    """Token values this run knows: from the environment, the saved login and --token on the command line."""
-    found = [os.environ.get(k, "") for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")] + [_saved_login()]
+    """Token values this run knows: the environment's, the saved login's and --token's on the command line."""
+    from eaglekit.redact import MIN_SECRET_CHARS, known_secrets
+
+    found = set(known_secrets())
     for i, arg in enumerate(argv):
         if arg == "--token" and i + 1 < len(argv):
-            found.append(argv[i + 1])
+            found.add(argv[i + 1])
         elif arg.startswith("--token="):
-            found.append(arg.split("=", 1)[1])
-    return sorted({t for t in found if len(t) >= 4}, key=len, reverse=True)
+            found.add(arg.split("=", 1)[1])
+    return sorted((t for t in found if len(t) >= MIN_SECRET_CHARS), key=len, reverse=True)
 
 
 MAX_LINE_CHARS = 400
@@ -136,11 +121,9 @@ MAX_LINE_CHARS = 400
 def one_line(message: str, argv: list[str]) -> str:
     """A message as one bounded, printable line: secrets and URL credentials redacted, control characters
     escaped, and anything past MAX_LINE_CHARS cut from the middle."""
-    from eaglekit.io.hub_client import without_credentials
+    from eaglekit.redact import without_secrets
 
-    for secret in _secrets(argv):
-        message = message.replace(secret, "***")
-    message = without_credentials(_TOKEN_SHAPES.sub("***", message))
+    message = without_secrets(message, _secrets(argv))
     line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
     if len(line) <= MAX_LINE_CHARS:
         return line
