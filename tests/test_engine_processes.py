@@ -82,9 +82,9 @@ def fake_engine(tmp_path, monkeypatch):
     return pids
 
 
-def _driver(tmp_path: Path, mode: str, pids: Path) -> subprocess.Popen:
+def _driver(tmp_path: Path, mode: str, pids: Path, grace_s: float = GRACE_S) -> subprocess.Popen:
     """eaglekit's own code running the fake engine in a process of its own, as the CLI would."""
-    code = DRIVER.format(grace=GRACE_S, fake=FAKE, work=str(tmp_path))
+    code = DRIVER.format(grace=grace_s, fake=FAKE, work=str(tmp_path))
     env = dict(os.environ, PYTHONPATH=str(REPO), FAKE_ENGINE_PIDS=str(pids))
     return subprocess.Popen([sys.executable, "-c", code, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env, text=True)
@@ -112,17 +112,18 @@ def test_every_engine_process_dies_when_eaglekit_is_killed(tmp_path, fake_engine
 
 
 def test_a_second_ctrl_c_does_not_cut_the_stop_short(tmp_path, fake_engine):
-    """Ctrl-C starts the stop (its SIGKILL comes GRACE_S later); another Ctrl-C meanwhile waits for the stop to end,
-    so when eaglekit exits, nothing of the engine is left."""
-    driver = _driver(tmp_path, "bench", fake_engine)
+    """Ctrl-C starts the stop (its SIGKILL comes `grace_s` later); another Ctrl-C meanwhile waits for the stop to
+    end, so when eaglekit exits, nothing of the engine is left."""
+    grace_s = 2.0
+    driver = _driver(tmp_path, "bench", fake_engine, grace_s)
     try:
         assert driver.stdout is not None and driver.stdout.readline().strip() == "serving"
         pids = read_pids(fake_engine)
         driver.send_signal(signal.SIGINT)
-        time.sleep(GRACE_S / 4)
+        time.sleep(grace_s / 8)
         assert alive(pids["engine_core"])  # still in the stop's grace period
         driver.send_signal(signal.SIGINT)
-        _, err = driver.communicate(timeout=GONE_WITHIN_S)
+        _, err = driver.communicate(timeout=grace_s + GONE_WITHIN_S)
         assert not [name for name, pid in pids.items() if alive(pid)]
         assert err.strip().endswith("KeyboardInterrupt")  # the interrupt still ends the program, after the stop
     finally:
