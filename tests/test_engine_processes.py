@@ -37,8 +37,8 @@ work = {work!r}
 if sys.argv[1] == "bench":
     running = server.start_server(sys.executable, work, "target alone", argv=[], target=work, dtype="bfloat16",
                                   positions=1, given=[], timeout_s=60)
-    print("serving", flush=True)
     try:
+        print("serving", flush=True)
         time.sleep(600)
     finally:
         running.stop()
