@@ -134,16 +134,20 @@ def test_a_second_ctrl_c_does_not_cut_the_stop_short(tmp_path, fake_engine):
 def test_a_stop_outlasts_any_number_of_interrupts(tmp_path, fake_engine):
     server = _start_server(tmp_path)
     pids = read_pids(fake_engine)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    def interrupt(signum, frame):  # as the CLI handles both
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         with pytest.raises(KeyboardInterrupt):
             with processes.signals_deferred():
-                os.kill(os.getpid(), signal.SIGINT)
-                os.kill(os.getpid(), signal.SIGTERM)
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+                    os.kill(os.getpid(), signum)
                 server.stop()
                 assert not any(alive(pid) for pid in pids.values())
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         server.stop()
 
 

@@ -103,8 +103,8 @@ def check_engine_available(opts: EngineOptions) -> str:
             probe = processes.run(python, ["-c", f"import vllm; print({VERSION_TAG!r}, vllm.__version__)"],
                                   os.path.join(work, "probe.log"), timeout_s=PROBE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise UsageError(f"--engine vllm: cannot run {python} "
-                             f"({exc.strerror if isinstance(exc, OSError) else exc}); create a vLLM environment "
+            why = exc.strerror if isinstance(exc, OSError) else f"importing vLLM took over {PROBE_TIMEOUT_S:.0f} s"
+            raise UsageError(f"--engine vllm: cannot run {python} ({why}); create a vLLM environment "
                              "(scripts/vllm-env.sh) and pass --engine-python or set EAGLEKIT_VLLM_PYTHON") from None
     if probe.returncode != 0:
         last = (probe.log.strip().splitlines() or ["no output"])[-1]
