@@ -87,7 +87,7 @@ def _driver(tmp_path: Path, mode: str, pids: Path, grace_s: float = GRACE_S) -> 
     code = DRIVER.format(grace=grace_s, fake=FAKE, work=str(tmp_path))
     env = dict(os.environ, PYTHONPATH=str(REPO), FAKE_ENGINE_PIDS=str(pids))
     return subprocess.Popen([sys.executable, "-c", code, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, text=True)
+                            env=env, text=True, cwd=REPO)
 
 
 def _start_server(tmp_path: Path) -> bench_server.Server:
