@@ -2,15 +2,15 @@
 
 The server is vLLM's `vllm.entrypoints.openai.api_server` module (the CPU wheel's `vllm` console script fails),
 started by eaglekit's worker so that its memory is sized for the job first; the load comes from vLLM's
-`vllm bench serve` client, run the same way. A server is stopped with its whole process group (vLLM starts an
-engine-core process of its own), also when eaglekit is interrupted.
+`vllm bench serve` client, run the same way. Each runs under eaglekit's process guard (eaglekit.verify.processes):
+a server is stopped with every process it started (vLLM starts an engine-core process of its own) when the bench
+ends however it ends, also when eaglekit itself is killed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import tempfile
@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.errors import EngineError, UsageError
-from eaglekit.verify.engine import WORKER, root_cause
+from eaglekit.verify import processes
+from eaglekit.verify.engine import PROBE_TIMEOUT_S, WORKER, root_cause
 
 HEALTH_POLL_S = 1.0
-STOP_GRACE_S = 30.0
+HEALTH_CHECK_S = 5.0  # a server that does not answer /health this soon is not serving
 
 
 def engine_flags(settings: dict[str, Any]) -> list[str]:
@@ -46,10 +47,11 @@ def engine_flags(settings: dict[str, Any]) -> list[str]:
 def check_client_available(python: str) -> None:
     """vLLM's benchmark client reads its dataset with pandas (vLLM's "bench" extra); without it the client fails
     with a misleading package-metadata error, so say so before any server starts."""
-    probe = subprocess.run([python, "-c", "import pandas, vllm.benchmarks.serve"], capture_output=True, text=True,
-                           timeout=300)
+    with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work:
+        probe = processes.run(python, ["-c", "import pandas, vllm.benchmarks.serve"], os.path.join(work, "probe.log"),
+                              timeout_s=PROBE_TIMEOUT_S)
     if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (probe.log.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"vLLM's benchmark client does not import in {python} ({last[:160]}): install pandas there "
                          "(pip install pandas, vLLM's bench extra; scripts/vllm-env.sh does)")
 
@@ -92,18 +94,19 @@ class Server:
         with open(self.log_path, encoding="utf-8", errors="replace") as fh:
             return fh.read()
 
-    def stop(self) -> None:
-        """SIGTERM to the server's process group, SIGKILL after a grace period."""
+    def healthy(self, timeout_s: float = HEALTH_CHECK_S) -> bool:
+        """Whether the server answers /health now."""
         if self.process.poll() is not None:
-            return
+            return False
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        except ProcessLookupError:
-            pass
+            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        """Stop the server and every process it started (SIGTERM, SIGKILL after a grace period)."""
+        processes.stop(self.process)
 
 
 def start_server(python: str, work: str, what: str, *, argv: Sequence[str], target: str, dtype: str, positions: int,
@@ -120,8 +123,7 @@ def start_server(python: str, work: str, what: str, *, argv: Sequence[str], targ
     env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen([python, WORKER, "serve", request, info_path], stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        process = processes.start(python, [WORKER, "serve", request, info_path], stdout=log, env=env)
     server = Server(what, port, process, log_path, {}, 0.0)
     try:
         _wait_healthy(server, timeout_s)
@@ -139,12 +141,8 @@ def _wait_healthy(server: Server, timeout_s: float) -> None:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise EngineError(f"vLLM server ({server.what}) failed: {root_cause(server.log())[:300]}")
-        try:
-            with urllib.request.urlopen(f"{server.url}/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+        if server.healthy():
+            return
         time.sleep(HEALTH_POLL_S)
     raise EngineError(f"vLLM server ({server.what}) did not answer /health within {timeout_s:.0f} s "
                       f"(last log line: {root_cause(server.log())[:200]})")
@@ -157,21 +155,31 @@ def run_client(python: str, work: str, server: Server, args: Sequence[str], *, w
     with tempfile.NamedTemporaryFile("w", dir=work, suffix=".json", delete=False) as fh:
         result_path = fh.name
     os.unlink(result_path)
-    command = [python, WORKER, "bench-client", result_path, "--base-url", server.url, *args]
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
+        proc = processes.run(python, [WORKER, "bench-client", result_path, "--base-url", server.url, *args],
+                             f"{result_path}.log", timeout_s=timeout_s)
     except subprocess.TimeoutExpired:
+        _check_running(server, what)
         raise EngineError(f"vLLM's benchmark client ({what}) did not finish within {timeout_s:.0f} s") from None
     if proc.returncode != 0 or not os.path.isfile(result_path):
-        if server.process.poll() is not None:
-            raise EngineError(f"vLLM server ({server.what}) stopped during {what}: {root_cause(server.log())[:300]}")
-        raise EngineError(f"vLLM's benchmark client ({what}) failed: {root_cause(proc.stdout + proc.stderr)[:300]}")
+        _check_running(server, what)
+        raise EngineError(f"vLLM's benchmark client ({what}) failed: {root_cause(proc.log)[:300]}")
     with open(result_path, encoding="utf-8") as fh:
         result = json.load(fh)
     failed = int(result.get("failed") or 0)
     if failed or not result.get("completed"):
+        _check_running(server, what)
         errors = [e for e in result.get("errors") or [] if e]
         raise EngineError(f"vLLM ({server.what}, {what}): {failed} of {failed + int(result.get('completed') or 0)} "
                           f"requests failed (first: {str(errors[0]).strip()[:200] if errors else 'no error given'})")
     return result
+
+
+def _check_running(server: Server, what: str) -> None:
+    """A client that failed because the server stopped under it is reported as the server's failure: the server is
+    stopped for good (with every process it started) and its log says why."""
+    if server.healthy():
+        return
+    server.stop()
+    raise EngineError(f"vLLM ({server.what}): the server stopped during {what} "
+                      f"({processes.ended_by(server.process.returncode)}): {root_cause(server.log())[:300]}")

