@@ -11,7 +11,7 @@ import pytest
 
 from eaglekit.bench.report import BenchRow, ServedRun, Spread, spread, verdict
 from eaglekit.bench.server import engine_flags, start_server
-from eaglekit.errors import EngineError
+from eaglekit.errors import EngineError, UsageError
 from eaglekit.verify.engine import fitted_model_len
 from tests.cli import run_cli
 
@@ -105,3 +105,20 @@ def test_a_missing_engine_is_one_line_saying_how_to_install_it(tmp_path):
     assert result.exit_code == 2
     assert "cannot run" in result.stderr and "scripts/vllm-env.sh" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_project_vllm_environment_is_found_where_the_setup_script_makes_it(tmp_path, monkeypatch):
+    from eaglekit.verify.engine import EngineOptions, check_engine_available
+
+    monkeypatch.delenv("EAGLEKIT_VLLM_PYTHON", raising=False)
+    monkeypatch.chdir(tmp_path)
+    python = tmp_path / ".vllm-env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\necho vllm-version 9.9.9\n")  # answers the version probe as vLLM's Python does
+    python.chmod(0o755)
+    assert EngineOptions().interpreter == str(python)
+    assert check_engine_available(EngineOptions()) == "9.9.9"
+    python.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named vllm'; exit 1\n")
+    with pytest.raises(UsageError) as refused:
+        check_engine_available(EngineOptions())
+    assert str(python) in str(refused.value) and "--engine-python .vllm-env/bin/python" in str(refused.value)

@@ -54,7 +54,8 @@ Examples:
 @click.option("--tensor-parallel-size", type=int, default=1, show_default=True,
               help="vLLM tensor parallelism for targets that do not fit one device.")
 @click.option("--engine-python", help="Python of the environment that has vLLM (default: $EAGLEKIT_VLLM_PYTHON, "
-                                      "else this one).")
+                                      "else .vllm-env/bin/python of the working directory or the eaglekit checkout, "
+                                      "as scripts/vllm-env.sh makes it, else this one).")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Extra vLLM server setting, repeatable (JSON values), e.g. gpu_memory_utilization=0.8.")
 @click.option("--save-report", type=click.Path(dir_okay=False), help="Also write the JSON report here (push --bench).")

