@@ -166,6 +166,20 @@ def _check_gguf_tensors(contents, layers: int, extra_layers, path: str) -> None:
             raise CheckpointError(f"GGUF has no {name} tensor", path)
 
 
+DRAFT_KEYS = ("speculators_config", "eagle_config", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")
+
+
+def _draft_sign(cfg: dict[str, Any]) -> str | None:
+    """What marks a config as a draft's (a key only drafts write, or a draft architecture); None for a model."""
+    key = next((k for k in DRAFT_KEYS if k in cfg), None)
+    if key is not None:
+        return f"its config has {key}"
+    archs = cfg.get("architectures")
+    arch = next((a for a in archs if isinstance(a, str) and ("Eagle" in a or "Speculator" in a)), None) \
+        if isinstance(archs, list) else None
+    return None if arch is None else f"architecture {arch}"
+
+
 def read_target(path: str, *, weights: bool = False) -> TargetInfo:
     """A target's facts from its folder, its config.json, or its GGUF file.
 
@@ -178,6 +192,9 @@ def read_target(path: str, *, weights: bool = False) -> TargetInfo:
         raise CheckpointError("target config not found (give a model directory or its config.json)", cfg_path)
     check_inside(cfg_path, symlink_root(os.path.dirname(os.path.abspath(cfg_path))), cfg_path)
     cfg = load_json_object(cfg_path, "target config")
+    if (draft_sign := _draft_sign(cfg)) is not None:
+        raise CheckpointError(f"this is an EAGLE draft ({draft_sign}), not a target model: --target takes the model "
+                              "the draft was trained for", cfg_path)
     text_config = cfg.get("text_config")
     text: dict[str, Any] = text_config if isinstance(text_config, dict) else cfg
     L, T, V = (_positive_int(text, k, cfg_path) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))

@@ -169,3 +169,21 @@ def test_engine_errors_come_with_the_command_that_fixes_them(tmp_path):
     assert fixed["ok"] and fixed["fix"] is None
     assert _json(run(make_draft(str(tmp_path / "nan"), "vllm", add={"norm.weight": np.full(64, np.nan, np.float32)}),
                      "--deep", "--format", "json"))["fix"] is None  # a deep error is not upgrade's to fix
+
+
+def test_a_wrong_target_is_named_as_the_users_mistake_with_no_fix(tmp_path):
+    draft = make_draft(str(tmp_path / "d"), "specforge")  # built for T=64, V=256, ids up to 9
+    other = make_target_config(str(tmp_path / "other"), layers=8, hidden=96, vocab=512)
+    doc = _json(run(draft, "--target", other, "--format", "json"))
+    assert doc["target_mismatch"].startswith("this draft was built for H=64, V=256, L≥9; the target has 96 / 512 / 8")
+    assert doc["fix"] is None and all(e["fix"] is None for e in doc["engines"])  # an upgrade would not help
+    assert "is --target the right model?" in run(draft, "--target", other).stdout.splitlines()[2]
+    right = make_target_config(str(tmp_path / "right"))
+    assert _json(run(draft, "--target", right, "--format", "json"))["target_mismatch"] is None
+
+
+def test_a_draft_passed_as_the_target_is_recognised(tmp_path):
+    draft = make_draft(str(tmp_path / "d"), "vllm")
+    result = run(draft, "--target", make_draft(str(tmp_path / "other-draft"), "speculators"))
+    assert result.exit_code == 1
+    assert "this is an EAGLE draft" in result.stderr and "not a target model" in result.stderr

@@ -84,6 +84,8 @@ def render_report(doc: dict, family: str, producer: str) -> None:
     engines = ", ".join(f"{e['engine']} {e['version']}" for e in doc["engines"])
     out.print(styled((doc["path"], "bold"), f"  {family} — {producer}"))
     out.print(f"checked: {checked}" + (f" (engine: {engines})" if engines else ""))
+    if doc["target_mismatch"]:
+        out.print(styled(("wrong target? ", "bold yellow"), doc["target_mismatch"]), soft_wrap=True)
     findings = sorted(doc["findings"], key=lambda f: (_ORDER[f["severity"]], f["code"]))
     if findings:
         out.print(findings_table(findings))

@@ -23,6 +23,7 @@ from eaglekit.errors import UsageError
 from eaglekit.findings import Finding
 from eaglekit.rules.expected import expected_tensors, tensor_expectations
 from eaglekit.rules.registry import GROUPS, Rule, RuleContext, registered
+from eaglekit.rules.target import wrong_target
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
@@ -49,6 +50,7 @@ class ValidationReport:
     fixes: dict[str, str | None] = field(default_factory=dict)  # engine -> the upgrade that serves it (None: none)
     settings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # engine -> what to pass it beside the files
     conflicts: list[str] = field(default_factory=list)  # engines that read one key of this config differently
+    target_mismatch: str | None = None  # the draft was built for another model than --target (rules/target.py)
 
     @property
     def fix(self) -> str | None:
@@ -97,6 +99,7 @@ class ValidationReport:
             "findings": [f.to_dict() for f in self.findings],
             "fix": self.fix,
             "conflicts": list(self.conflicts),
+            "target_mismatch": self.target_mismatch,
         }
 
 
@@ -154,10 +157,11 @@ def run_rules(
             findings.append(Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key, refuses))
     checked = {e: format_version(v) for e, v in versions.items()} if "engine" in selected else {}
     ran = tuple(g for g in selected if g != "target" or target is not None)
-    fixes = {e: fix_command(spec, findings, e) for e in checked}
+    mismatch = wrong_target(spec, target) if "target" in ran and target is not None else None
+    fixes = {e: None if mismatch else fix_command(spec, findings, e) for e in checked}  # no fix for a wrong target
     settings = {e: RECORDS[e].settings(spec, target) for e in checked}
     clashes = conflicts(spec, tuple(checked), target) if len(checked) > 1 else []
-    return ValidationReport(spec.path, findings, ran, checked, fixes, settings, clashes)
+    return ValidationReport(spec.path, findings, ran, checked, fixes, settings, clashes, mismatch)
 
 
 def upgrade_refusals(spec: DraftSpec, engine: str | None = None) -> list[Finding]:

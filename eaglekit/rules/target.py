@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from eaglekit.rules.facts import fmt_ids
 from eaglekit.rules.registry import Hit, RuleContext, rule
+from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
 
@@ -94,3 +95,21 @@ def hybrid_no_ids(ctx: RuleContext):
     if types and not all(_attention_layer(t) for t in types) and ctx.spec.aux.as_written is None:
         yield Hit("hybrid target (attention mixed with other layer types) and no aux ids recorded: the engine "
                   "default may pick non-attention layers; write the ids the draft was trained on")
+
+
+def wrong_target(spec: DraftSpec, target: TargetInfo) -> str | None:
+    """One line when the draft as written disagrees with the target in two or more of T, V and the layers its aux
+    ids need: then --target is more likely the wrong model than the draft wrong in each of them (None otherwise).
+    Judged on the draft before the target filled its gaps (a T read off the target would hide the mismatch)."""
+    own = spec.as_written
+    T, V, ids = own.geometry.target_hidden, own.facts.config_vocab_size or own.vocab.vocab_size, own.aux.ids
+    L = max(ids) if ids else None
+    built = {"H": T, "V": V, "L≥": L}
+    has = {"H": target.hidden_size, "V": target.vocab_size, "L≥": target.num_layers}
+    differs = [k for k, v in built.items() if v is not None and (has[k] < v if k == "L≥" else has[k] != v)]
+    if len(differs) < 2:
+        return None
+    drafted = ", ".join(f"{k}{'' if k.endswith('≥') else '='}{v}" for k, v in built.items() if v is not None)
+    theirs = " / ".join(str(has[k]) for k, v in built.items() if v is not None)
+    return (f"this draft was built for {drafted}; the target has {theirs}: is --target the right model? "
+            "(the errors below follow from that)")
