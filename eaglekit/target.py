@@ -28,6 +28,7 @@ class TargetInfo:
     layer_types: tuple[str, ...] | None = None  # hybrid targets (P21)
     max_position_embeddings: int | None = None
     name_or_path: str | None = None  # what the config records as its origin (often a Hub id)
+    derived_from: str | None = None  # how a local copy differs from that origin (DERIVED_FROM), e.g. dequantised
 
     @property
     def default_aux_ids(self) -> tuple[int, ...]:
@@ -166,6 +167,10 @@ def _check_gguf_tensors(contents, layers: int, extra_layers, path: str) -> None:
             raise CheckpointError(f"GGUF has no {name} tensor", path)
 
 
+DERIVED_FROM = "eaglekit_derived_from"
+"""A target config key: how a local copy was made from the model `_name_or_path` names (a card says so)."""
+MAX_DERIVED_CHARS = 200
+
 DRAFT_KEYS = ("speculators_config", "eagle_config", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")
 
 
@@ -221,6 +226,7 @@ def read_target(path: str, *, weights: bool = False) -> TargetInfo:
         max_position_embeddings=None if max_pos is None else bounded_int(max_pos, "max_position_embeddings",
                                                                           cfg_path),
         name_or_path=name if isinstance(name, str) else None,
+        derived_from=derived[:MAX_DERIVED_CHARS] if isinstance(derived := cfg.get(DERIVED_FROM), str) else None,
     )
     check_target_weights(info, text.get("num_nextn_predict_layers"), required=weights,
                          quantized="quantization_config" in cfg or "quantization_config" in text)

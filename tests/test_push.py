@@ -25,7 +25,7 @@ from eaglekit.hub import push as push_module
 from eaglekit.hub.card import build_card
 from eaglekit.hub.push import COMMIT_ATTEMPTS, push
 from eaglekit.io.checkpoint import INDEX_NAME
-from tests.factory import make_draft
+from tests.factory import make_draft, make_target_config
 from tests.hub_fixtures import fake_hub  # noqa: F401  (fixture)
 
 TARGET = "meta-llama/Llama-3.1-8B-Instruct"
@@ -420,6 +420,35 @@ def test_the_card_prints_as_plain_markdown_and_card_out_writes_it(fake_hub, draf
     serve = next(line for line in text.splitlines() if line.startswith("vllm serve "))
     assert serve in out.splitlines()  # one line to copy
     assert fake_hub.requests == [] and sorted(os.listdir(tmp_path)) == ["README.md", "draft"]
+
+
+def test_a_local_target_is_named_by_its_hub_id_on_the_card(fake_hub, draft_dir, rules, capsys, tmp_path):
+    local = make_target_config(str(tmp_path / "local-target"))
+    args = ["--repo-id", REPO, "--target", local, "--endpoint", fake_hub.endpoint, "--dry-run", "--format", "json"]
+    code, out, err = run_cli(capsys, draft_dir, *args)
+    assert code == 0, err
+    assert "<TARGET_MODEL>" in json.loads(out)["card"]  # a folder of unknown origin
+    code, out, err = run_cli(capsys, draft_dir, *args, "--target-id", "my-org/Base-8B")
+    card = json.loads(out)["card"]
+    assert code == 0, err
+    assert "<TARGET_MODEL>" not in card and "vllm serve my-org/Base-8B " in card
+    config = json.loads(open(os.path.join(local, "config.json")).read())
+    with open(os.path.join(local, "config.json"), "w") as fh:  # a copy that records where it came from
+        json.dump({**config, "_name_or_path": "my-org/Base-8B"}, fh)
+    code, out, err = run_cli(capsys, draft_dir, *args)
+    assert code == 0 and "vllm serve my-org/Base-8B " in json.loads(out)["card"]
+    code, out, err = run_cli(capsys, draft_dir, *args, "--target-id", "not a hub id")
+    assert code == 2 and "--target-id" in err
+
+
+def test_a_derived_local_copy_is_named_as_such_on_the_card():
+    from eaglekit.hub.card import _verify_section
+
+    measured = {"name_or_path": "org/Base", "folder": "base", "config_sha256": "sha256:" + "a" * 64,
+                "derived_from": "base.Q4_1.gguf dequantised to bfloat16"}
+    row = next(line for line in _verify_section({"measured": {"target": measured}}).splitlines()
+               if line.startswith("| Target measured"))
+    assert "org/Base, as a local copy: base.Q4\\_1.gguf dequantised to bfloat16" in row
 
 
 # ---------------------------------------------------------------- one clear line per failure

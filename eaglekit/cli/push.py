@@ -42,6 +42,8 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--repo-id", required=True, callback=_repo_id, help="Destination repository, ORG/NAME.")
 @click.option("--target", help="Target model: a Hub id (the card's base_model and serve commands name it), or the "
                                 "local folder a --report measured (the Hub id its config records names it).")
+@click.option("--target-id", help="The Hub id of a local --target folder, for the card's base_model and serve "
+                                   "commands (default: the Hub id its config records).")
 @click.option("--report", "report_path", type=click.Path(exists=True, dir_okay=False),
               help="Verify report JSON (from eaglekit verify) to put in the card.")
 @click.option("--bench", "bench_path", type=click.Path(exists=True, dir_okay=False),
@@ -60,8 +62,8 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
                    "--license-link.")
 @click.option("--license-link", help="With --license other: the URL of the licence text.")
 @format_option
-def push_command(draft, repo_id, target, report_path, bench_path, private, revision, create_pr, commit_message, token,
-                 endpoint, dry_run, force, card_out, license_id, license_link, output_format):
+def push_command(draft, repo_id, target, target_id, report_path, bench_path, private, revision, create_pr,
+                 commit_message, token, endpoint, dry_run, force, card_out, license_id, license_link, output_format):
     """Validate DRAFT for vLLM and publish config, weights, model card and eaglekit.json to the Hub."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
@@ -78,7 +80,7 @@ def push_command(draft, repo_id, target, report_path, bench_path, private, revis
     if output_format == "json":
         disable_progress_bars()
     try:
-        result = push(draft, repo_id, target=target, report=report, bench=bench, private=private,
+        result = push(draft, repo_id, target=target, target_id=target_id, report=report, bench=bench, private=private,
                       revision=revision, create_pr=create_pr, commit_message=commit_message, token=token,
                       endpoint=endpoint, dry_run=dry_run, force=force, license=license_id, license_link=license_link)
     finally:

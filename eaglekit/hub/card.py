@@ -321,6 +321,8 @@ def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = ()) -
     if target:
         name = target.get("name_or_path")
         origin = name if is_repo_id(name) else f"a local copy in a folder named {text(target.get('folder'))}"
+        if is_repo_id(name) and target.get("derived_from"):
+            origin = f"{name}, as a local copy: {text(target['derived_from'])}"
         digest = text(str(target.get("config_sha256", ""))[7:19])
         rows.append(("Target measured", f"{origin} (config.json {digest}…)"))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)

@@ -324,6 +324,7 @@ def push(
     repo_id: str,
     *,
     target: str | None = None,
+    target_id: str | None = None,
     report: VerifyReportFile | None = None,
     bench: VerifyReportFile | None = None,
     private: bool = False,
@@ -340,10 +341,10 @@ def push(
 ) -> PushResult:
     """Validate `draft_dir` for vLLM and publish it as `repo_id`; `dry_run` builds everything but sends nothing.
 
-    `target`: a Hub id, or a local target folder (its config's Hub id names it in the card). `validate(spec)`
-    returns a report with `.findings` or a list of findings; by default eaglekit's vLLM rules run. An error finding,
-    or a report that measured other files or another target, refuses the push unless `force`. `bench`: an
-    `eaglekit bench` report, the card's serving-speed section (bound to the files as a verify report is).
+    `target`: a Hub id, or a local target folder (`target_id`, else its config's Hub id names it in the card).
+    `validate(spec)` returns a report with `.findings` or a list of findings; by default eaglekit's vLLM rules run.
+    An error finding, or a report that measured other files or another target, refuses the push unless `force`.
+    `bench`: an `eaglekit bench` report, the card's serving-speed section (bound to the files as a verify report is).
     """
     from huggingface_hub import constants
 
@@ -372,7 +373,7 @@ def push(
     if worse and not force:
         raise EaglekitError(f"refusing to push a draft its finetune measured worse than its source ({worse}); pass "
                             "--force to publish it anyway", draft_dir)
-    declared = declared_target(target, spec)
+    declared = declared_target(target, spec, target_id)
     target = declared.repo_id
     unbound = report_mismatches(report.doc, spec, declared, endpoint=endpoint, token=token) if report else []
     if report is not None and unbound and not force:
@@ -414,19 +415,24 @@ def push(
     return result
 
 
-def declared_target(value: str | None, spec: DraftSpec) -> PushTarget:
-    """The target a push declares: --target as a local folder (or its config.json) or a Hub id, else the Hub id
-    the draft records."""
+def declared_target(value: str | None, spec: DraftSpec, hub_id: str | None = None) -> PushTarget:
+    """The target a push declares: --target as a local folder (or its config.json), named on the card by
+    --target-id or else by the Hub id its config records, or --target as a Hub id, else the Hub id the draft
+    records."""
     from eaglekit.provenance import target_weight_files, weights_fingerprint
     from eaglekit.target import target_config_path
 
+    if hub_id is not None and not REPO_ID.match(hub_id):
+        raise UsageError(f"--target-id {quoted(hub_id)} is not a Hub id (ORG/NAME)")
     if value and os.path.exists(value):
         config = target_config_path(value)
-        name = load_json_object(config, "target config").get("_name_or_path")
+        name = hub_id or load_json_object(config, "target config").get("_name_or_path")
         return PushTarget(name if is_repo_id(name) else None, config, weights_fingerprint(target_weight_files(config)))
     if value and not REPO_ID.match(value):
         raise UsageError(f"--target {quoted(value)} is neither a Hub id (ORG/NAME) nor an existing folder")
-    return PushTarget(value or recorded_target(spec), None)
+    if value and hub_id and value != hub_id:
+        raise UsageError(f"--target {quoted(value)} and --target-id {quoted(hub_id)} name two different Hub models")
+    return PushTarget(value or hub_id or recorded_target(spec), None)
 
 
 def _hub_config(repo_id: str, endpoint: str, token: str | None) -> str | None:

@@ -174,7 +174,8 @@ def measured_files(spec: DraftSpec, info) -> dict:
             "target": {"name_or_path": info.name_or_path,
                        "folder": os.path.basename(os.path.dirname(os.path.abspath(info.path))),
                        "config_sha256": sha256_file(info.path),
-                       "weights_fingerprint": weights_fingerprint(target_weight_files(info.path))}}
+                       "weights_fingerprint": weights_fingerprint(target_weight_files(info.path)),
+                       **({"derived_from": info.derived_from} if info.derived_from else {})}}
 
 
 def _flips(ours: dict[str, bool], served: dict[str, bool]) -> dict[str, bool]:
