@@ -149,6 +149,36 @@ def test_states_of_another_shape_are_refused_and_the_spool_removed(tmp_path):
     assert _spools() == before
 
 
+OUT_OF_ORDER = """
+import json, os, sys, time
+import torch
+from safetensors.torch import save_file
+request = json.load(open(sys.argv[-1]))
+spool, ids = request["spool"], request["layer_ids"]
+seqs = [json.loads(line) for line in open(request["sequences"])]
+for i in reversed(range(len(seqs))):  # vLLM finishes requests in any order
+    states = torch.stack([torch.full((len(seqs[i]), 64), 100.0 * i + k) for k in ids], dim=1)
+    save_file({"hidden_states": states, "token_ids": torch.tensor(seqs[i])}, f"{spool}/{i}.safetensors.partial")
+    os.replace(f"{spool}/{i}.safetensors.partial", f"{spool}/{i}.safetensors")
+json.dump({"init_s": 1.0, "generate_s": 2.0, "sequences": len(seqs)}, open(f"{spool}/generated.json", "w"))
+while not os.path.exists(f"{spool}/close"):
+    time.sleep(0.01)
+"""
+
+
+def test_records_come_in_input_order_with_each_layers_states(tmp_path):
+    target = make_target_config(str(tmp_path / "target"))
+    sequences = [[3, 1, 4], [1, 5], [9, 2, 6, 5]]
+    capture = capture_with_vllm(target, sequences, [12, 0, 7, 7], python=_stand_in(tmp_path, OUT_OF_ORDER))
+    records = list(capture)
+    assert [(r.index, list(r.token_ids)) for r in records] == list(enumerate(sequences))
+    for r in records:
+        assert sorted(r.states) == [0, 7, 12]
+        assert all(r.states[k].shape == (len(r.token_ids), 64) and bool((r.states[k] == 100.0 * r.index + k).all())
+                   for k in r.states)
+    assert capture.timings["generate_s"] == 2.0
+
+
 @pytest.mark.parametrize("args, layer_ids, sequences, message", [
     ({"kv_transfer_config": {}}, [1], [[1]], "capture sets it itself"),
     ({"enable_prefix_caching": True}, [1], [[1]], "needs it off"),

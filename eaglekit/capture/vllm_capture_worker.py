@@ -8,20 +8,24 @@ and names it as vLLM's KV connector module (`kv_connector_module_path`), so vLLM
 import the connector below by that name and nothing else from eaglekit. It imports only vLLM, its torch and
 safetensors, and the standard library.
 
-Why a connector of its own: vLLM's ExampleHiddenStatesConnector copies each finished request's states out of its
-cache through a CUDA copy stream into pinned memory (`_submit_async_write`). vLLM's CPU worker replaces
-torch.cuda.Stream / Event with placeholders but not the `pin_memory=True` argument, so on a CPU the copy raises;
-the request has by then been reported finished with its file's path, so the caller sees a path and an empty
-`.lock` file, while the engine dies in a later step. This connector copies synchronously (the states leave the
-cache before its blocks are freed, on any device), writes each file from a thread under a temporary name and
-renames it into place, so a file that exists is whole. A failed write stops the engine at its next step.
+Why a connector of its own: vLLM's ExampleHiddenStatesConnector (0.32) copies each finished request's states out of
+its cache through a CUDA copy stream into pinned memory (`_submit_async_write`) and reports them sent once a CUDA
+event says so (`get_finished`). vLLM's CPU worker (vllm/v1/worker/cpu/shm.py) swaps torch.cuda.Stream and Event for
+placeholders and makes Tensor.pin_memory() a no-op, but `torch.empty_like(..., pin_memory=True)` still asks for a
+pinned allocator and raises; had it not, the placeholder event has no `query()`. The failure is out of the
+caller's sight: the request is returned, with its file's path, the moment it finishes, while the copy runs in the
+engine's next step, so an offline run has often returned (exit status 0, only the `.lock` file written) when that
+step kills the engine. This connector copies synchronously (the states leave the cache before its blocks are
+freed, on any device), writes each file from a thread under a temporary name and renames it into place, so a file
+that exists is whole; a failed write stops the engine at its next step.
 
 The request names the target, dtype, tensor parallel size, LLM(...) arguments, the layer ids (ascending, distinct),
-the sequences file (one JSON list of token ids a line), the spool folder, the batch size and the path of
-eaglekit's vllm_worker.py (it sizes vLLM's memory for the job). Sequence i's file is `SPOOL/i.safetensors`:
+the sequences file (one JSON list of token ids a line), the spool folder, the batch size, this module's name and
+the path of eaglekit's vllm_worker.py (it sizes vLLM's memory for the job). Sequence i's file is `SPOOL/i.safetensors`:
 `hidden_states` [T, K, H] in the engine's dtype, slot j the j-th layer id, and `token_ids` [T]. At most about two
-batches of unread files wait in the spool: the parent reads and deletes them in order. `SPOOL/done.json` is written
-last, with vLLM's version and timings.
+batches of unread files wait in the spool: the parent reads and deletes them in order. `SPOOL/generated.json`
+(vLLM's version and timings) follows the last generate call; the engine then runs until the parent writes
+`SPOOL/close`, since it writes the last files after that call has returned.
 """
 
 from __future__ import annotations

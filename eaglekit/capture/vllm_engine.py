@@ -19,7 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 from eaglekit.capture.sequence import CapturedSequence
@@ -42,19 +42,18 @@ class VllmCapture(Iterator[CapturedSequence]):
     """The records of a vLLM capture, in input order, one at a time. `version` is vLLM's; `timings` (engine start
     and generate seconds, sequences, tokens) are filled once the last record has been read."""
 
-    def __init__(self, version: str, records: Iterator[CapturedSequence]):
+    def __init__(self, version: str, python: str, request: dict[str, Any], sequences: Sequence[Sequence[int]],
+                 ids: list[int], hidden: int, progress: Progress | None):
         self.version = version
-        self.timings: dict[str, float] = {}
-        self._records = records
+        self.timings: dict[str, Any] = {}
+        self._records = _records(python, request, sequences, ids, hidden, progress, self)
 
     def __next__(self) -> CapturedSequence:
         return next(self._records)
 
     def close(self) -> None:
         """Stop vLLM and remove the spool; what was not read is lost."""
-        close = getattr(self._records, "close", None)
-        if close is not None:
-            close()
+        self._records.close()
 
 
 def capture_with_vllm(target: str, sequences: Sequence[Sequence[int]], layer_ids: Sequence[int], *,
@@ -91,13 +90,11 @@ def capture_with_vllm(target: str, sequences: Sequence[Sequence[int]], layer_ids
     request = {"target": os.path.abspath(target), "dtype": dtype, "tensor_parallel_size": tensor_parallel_size,
                "engine_args": {**opts.engine_args, "max_model_len": int(model_len)}, "layer_ids": ids,
                "batch_size": BATCH, "module": MODULE, "vllm_worker": SIZER}
-    capture = VllmCapture(version, iter(()))
-    capture._records = _records(opts.interpreter, request, sequences, ids, info.hidden_size, progress, capture)
-    return capture
+    return VllmCapture(version, opts.interpreter, request, sequences, ids, info.hidden_size, progress)
 
 
 def _records(python: str, request: dict[str, Any], sequences: Sequence[Sequence[int]], ids: list[int], hidden: int,
-             progress: Progress | None, capture: VllmCapture) -> Iterator[CapturedSequence]:
+             progress: Progress | None, capture: VllmCapture) -> Generator[CapturedSequence, None, None]:
     work = tempfile.mkdtemp(prefix="eaglekit-capture-")
     try:
         spool = os.path.join(work, "spool")
