@@ -1,0 +1,194 @@
+"""capture's vLLM backend: its records against transformers' own hidden states, and its failures.
+
+The engine test needs vLLM in an environment of its own (scripts/vllm-env.sh writes .vllm-env; or set
+EAGLEKIT_VLLM_PYTHON): SmolLM2-135M in float32, 16 sequences of 16 to 136 tokens from the bundled calibration
+text, the bundled drafter's aux ids plus id L, one engine start (about 1-2 minutes on two cores). vLLM schedules at
+most 64 tokens a step, so most sequences are prefilled in chunks over several steps, beside others. The other
+tests stand a small script in for vLLM's Python and run in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from eaglekit.capture.vllm_engine import capture_with_vllm  # noqa: E402
+from eaglekit.errors import EngineError, UsageError  # noqa: E402
+from tests.factory import make_target_config  # noqa: E402
+from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DRAFTER = REPO / "examples" / "drafters" / "smollm2-135m-eagle3"
+CALIBRATION = REPO / "eaglekit" / "data" / "calibration.txt"
+MIN_COSINE = 0.999
+
+
+def _vllm_python() -> str | None:
+    python = os.environ.get("EAGLEKIT_VLLM_PYTHON") or str(REPO / ".vllm-env" / "bin" / "python")
+    if not os.path.exists(python):
+        return None
+    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True)
+    return python if probe.returncode == 0 else None
+
+
+def _sequences(count: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(smollm2_path())(CALIBRATION.read_text(encoding="utf-8"))["input_ids"]
+    lengths = [16 + 8 * i for i in range(count)]
+    starts = [(97 * i) % (len(ids) - max(lengths)) for i in range(count)]
+    return [ids[s:s + n] for s, n in zip(starts, lengths)]
+
+
+def _reference(sequences: list[list[int]], layer_ids: list[int]) -> list[dict[int, torch.Tensor]]:
+    """transformers' hidden_states (index i enters layer i) and, for id L, the final norm's input."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path(), torch_dtype=torch.float32).eval()
+    last = model.config.num_hidden_layers
+    before_norm: list[torch.Tensor] = []
+    model.model.norm.register_forward_pre_hook(lambda _module, args: before_norm.append(args[0][0].clone()))
+    out = []
+    with torch.no_grad():
+        for seq in sequences:
+            hidden = model(torch.tensor([seq]), output_hidden_states=True).hidden_states
+            out.append({i: before_norm.pop() if i == last else hidden[i][0] for i in layer_ids})
+    return out
+
+
+@pytest.mark.slow
+def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
+    python = _vllm_python()
+    if python is None:
+        pytest.skip("no vLLM environment (scripts/vllm-env.sh)")
+    from eaglekit.families import load_draft
+    from eaglekit.target import read_target
+
+    info = read_target(smollm2_path())
+    aux = load_draft(str(DRAFTER), target=info).aux.ids
+    assert aux is not None
+    layer_ids = sorted({*aux, info.num_layers})
+    sequences = _sequences(16)
+    stages: list[tuple[str, int, int]] = []
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # eaglekit sizes vLLM's KV cache itself
+    capture = capture_with_vllm(smollm2_path(), sequences, layer_ids, python=python, dtype="float32",
+                                engine_args={"max_num_batched_tokens": 64},
+                                progress=lambda *stage: stages.append(stage))
+    records = list(capture)
+    assert [r.index for r in records] == list(range(len(sequences)))
+    assert [list(r.token_ids) for r in records] == sequences
+    assert stages[0] == ("starting vLLM", 0, 1) and stages[-1] == ("capturing target states", 16, 16)
+    reference = _reference(sequences, layer_ids)
+    worst = {}
+    for record, expected in zip(records, reference):
+        assert sorted(record.states) == layer_ids
+        for i in layer_ids:
+            got = record.states[i]
+            assert got.dtype == torch.float32 and got.shape == expected[i].shape
+            cosine = torch.nn.functional.cosine_similarity(got, expected[i], dim=-1)
+            worst[i] = min(worst.get(i, 1.0), float(cosine.min()))
+    print(f"\nmin cosine per layer id: {worst}")
+    assert all(c >= MIN_COSINE for c in worst.values()), worst
+    # the embeddings are not what any captured id holds: the comparison can tell layers apart
+    assert not torch.allclose(records[0].states[layer_ids[0]], records[0].states[layer_ids[1]])
+
+
+def _stand_in(tmp_path: Path, worker: str) -> str:
+    """An interpreter that answers vLLM's version probe and runs `worker` in place of the capture worker."""
+    script = tmp_path / "worker.py"
+    script.write_text(worker, encoding="utf-8")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then printf 0.32.0; exit 0; fi\n'
+                      f'exec {sys.executable} {script} "$@"\n', encoding="utf-8")
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    return str(python)
+
+
+def _spools() -> set[str]:
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("eaglekit-capture-")}
+
+
+def test_an_engine_that_dies_is_one_line_naming_its_error(tmp_path):
+    target = make_target_config(str(tmp_path / "target"))
+    python = _stand_in(tmp_path, "import sys\nprint('(EngineCore pid=1) ERROR [core.py:1] ValueError: "
+                                 "the model does not support aux hidden states', file=sys.stderr)\nsys.exit(1)\n")
+    before = _spools()
+    capture = capture_with_vllm(target, [[1, 2, 3]], [1, 12], python=python)
+    with pytest.raises(EngineError, match="before sequence 0: ValueError: the model does not support aux"):
+        next(capture)
+    assert _spools() == before
+
+
+WRONG_STATES = """
+import json, sys
+import torch
+from safetensors.torch import save_file
+request = json.load(open(sys.argv[-1]))
+seqs = [json.loads(line) for line in open(request["sequences"])]
+for i, seq in enumerate(seqs):
+    save_file({"hidden_states": torch.zeros(len(seq), len(request["layer_ids"]) + 1, 64),
+               "token_ids": torch.tensor(seq)}, f"{request['spool']}/{i}.safetensors")
+"""
+
+
+def test_states_of_another_shape_are_refused_and_the_spool_removed(tmp_path):
+    target = make_target_config(str(tmp_path / "target"))
+    python = _stand_in(tmp_path, WRONG_STATES)
+    before = _spools()
+    capture = capture_with_vllm(target, [[5, 6, 7, 8]], [2, 12], python=python)
+    with pytest.raises(EngineError, match=r"shape \(4, 3, 64\), expected \(4, 2, 64\)"):
+        list(capture)
+    assert _spools() == before
+
+
+OUT_OF_ORDER = """
+import json, os, sys, time
+import torch
+from safetensors.torch import save_file
+request = json.load(open(sys.argv[-1]))
+spool, ids = request["spool"], request["layer_ids"]
+seqs = [json.loads(line) for line in open(request["sequences"])]
+for i in reversed(range(len(seqs))):  # vLLM finishes requests in any order
+    states = torch.stack([torch.full((len(seqs[i]), 64), 100.0 * i + k) for k in ids], dim=1)
+    save_file({"hidden_states": states, "token_ids": torch.tensor(seqs[i])}, f"{spool}/{i}.safetensors.partial")
+    os.replace(f"{spool}/{i}.safetensors.partial", f"{spool}/{i}.safetensors")
+json.dump({"init_s": 1.0, "generate_s": 2.0, "sequences": len(seqs)}, open(f"{spool}/generated.json", "w"))
+while not os.path.exists(f"{spool}/close"):
+    time.sleep(0.01)
+"""
+
+
+def test_records_come_in_input_order_with_each_layers_states(tmp_path):
+    target = make_target_config(str(tmp_path / "target"))
+    sequences = [[3, 1, 4], [1, 5], [9, 2, 6, 5]]
+    capture = capture_with_vllm(target, sequences, [12, 0, 7, 7], python=_stand_in(tmp_path, OUT_OF_ORDER))
+    records = list(capture)
+    assert [(r.index, list(r.token_ids)) for r in records] == list(enumerate(sequences))
+    for r in records:
+        assert sorted(r.states) == [0, 7, 12]
+        assert all(r.states[k].shape == (len(r.token_ids), 64) and bool((r.states[k] == 100.0 * r.index + k).all())
+                   for k in r.states)
+    assert capture.timings["generate_s"] == 2.0
+
+
+@pytest.mark.parametrize("args, layer_ids, sequences, message", [
+    ({"kv_transfer_config": {}}, [1], [[1]], "capture sets it itself"),
+    ({"enable_prefix_caching": True}, [1], [[1]], "needs it off"),
+    ({}, [13], [[1]], r"lie in \[0, 12\]"),
+    ({}, [1], [[1], []], "sequence 1 is empty"),
+    ({"max_model_len": 4}, [1], [[1, 2, 3, 4]], "exceeds vLLM's max_model_len 4"),
+])
+def test_arguments_vllm_would_take_wrongly_are_refused_before_it_starts(tmp_path, args, layer_ids, sequences,
+                                                                         message):
+    with pytest.raises(UsageError, match=message):
+        capture_with_vllm(make_target_config(str(tmp_path / "target")), sequences, layer_ids,
+                          python=str(tmp_path / "no-python"),
+                          engine_args=args)
