@@ -102,11 +102,13 @@ def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
 
 
 def _stand_in(tmp_path: Path, worker: str) -> str:
-    """An interpreter that answers vLLM's version probe and runs `worker` in place of the capture worker."""
+    """An interpreter that runs eaglekit's process guard as Python does, answers vLLM's version probe and runs
+    `worker` in place of the capture worker."""
     script = tmp_path / "worker.py"
     script.write_text(worker, encoding="utf-8")
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then printf 0.32.0; exit 0; fi\n'
+    python.write_text(f'#!/bin/sh\nif [ "$1" = "-I" ]; then exec {sys.executable} "$@"; fi\n'
+                      f'if [ "$1" = "-c" ]; then echo vllm-version 0.32.0; exit 0; fi\n'
                       f'exec {sys.executable} {script} "$@"\n', encoding="utf-8")
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     return str(python)

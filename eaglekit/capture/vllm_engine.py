@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import EngineError, UsageError
+from eaglekit.verify import processes
 from eaglekit.verify.engine import EngineOptions, check_engine_available, fitted_model_len, root_cause
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_capture_worker.py")
@@ -113,8 +113,7 @@ def _records(python: str, request: dict[str, Any], sequences: Sequence[Sequence[
         if progress:
             progress("starting vLLM", 0, 1)
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen([python, script, request_path], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, cwd=work, start_new_session=True)
+            proc = processes.start(python, [script, request_path], stdout=log, env=env, cwd=work)
         try:
             for index, seq in enumerate(sequences):
                 path = os.path.join(spool, f"{index}.safetensors")
@@ -135,7 +134,7 @@ def _records(python: str, request: dict[str, Any], sequences: Sequence[Sequence[
             if code != 0:
                 raise EngineError(f"vLLM failed after the last record: {_cause(log_path)}")
         finally:
-            _stop(proc)
+            processes.stop(proc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -170,26 +169,3 @@ def _cause(log_path: str) -> str:
             return root_cause(fh.read())[:300]
     except OSError:
         return "no log"
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """vLLM and the processes it started (its own process group), asked first, then made to stop. A worker that
-    exited cleanly has shut its engine down; one that failed may have left engine processes behind."""
-    code = proc.poll()
-    if code is not None:
-        if code != 0:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        return
-    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue

@@ -26,12 +26,13 @@ GUARD_MARGIN_S = 10.0
 DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def start(python: str, args: Sequence[str], *, stdout: IO | int, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start(python: str, args: Sequence[str], *, stdout: IO | int, env: dict[str, str] | None = None,
+          cwd: str | None = None) -> subprocess.Popen:
     """`python ARGS` under the guard, stdout and stderr both to `stdout`; the Popen is the guard's. Call it from a
     thread that outlives the command: Linux's parent-death signal follows the thread that started the guard."""
     guard = [python, "-I", GUARD, str(os.getpid()), str(STOP_GRACE_S), "--", python, *args]
     return subprocess.Popen(guard, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+                            cwd=cwd, start_new_session=True)
 
 
 def stop(process: subprocess.Popen) -> None:
