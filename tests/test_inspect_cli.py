@@ -148,3 +148,20 @@ def test_tensor_names_are_never_truncated_or_wrapped(drafts, monkeypatch, column
         assert t["name"] in text and t["source_name"] in text
     plan = run(["upgrade", drafts["specforge"], str(tmp_path / "out"), "--dry-run"]).stdout
     assert all(name in plan for name in (t["name"] for t in doc["tensors"]))
+
+
+def test_rows_too_wide_for_80_columns_keep_every_header(tmp_path, capsys):
+    from eaglekit.cli.output import identifier_table, out
+
+    columns = ["category", "prompts", "τ A", "τ B", "B − A", "95 % interval", "verdict", "per position A"]
+    row = ["coding", "16", "1.995", "1.900", "-0.095", "-0.201 – +0.012", "not resolved", "0.61 0.33 0.12"]
+    width = out.width
+    out.width = 80
+    try:
+        with out.capture() as captured:
+            identifier_table("τ by category", columns, [row], prose="verdict")
+    finally:
+        out.width = width
+    lines = captured.get().splitlines()
+    assert lines[1] == ("  coding — prompts: 16; τ A: 1.995; τ B: 1.900; B − A: -0.095; 95 % interval: -0.201 – "
+                        "+0.012; verdict: not resolved; per position A: 0.61 0.33 0.12")

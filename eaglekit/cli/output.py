@@ -211,7 +211,8 @@ def findings_table(findings: list[dict], title: str = "Findings") -> Table:
 
 def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, prose: str | None = None) -> None:
     """Print rows whose cells are names to copy (tensor names, paths): a table when it fits the terminal with
-    every identifier whole, else plain lines; only the `prose` column may wrap."""
+    every identifier whole, else one line per row naming each column (`first — column: value; …`), so an 80-column
+    log keeps every header; only the `prose` column may wrap."""
     fixed = [c for c in columns if c != prose]
     widths = {c: max([len(c)] + [len(str(r[columns.index(c)])) for r in rows]) for c in columns}
     needed = sum(widths[c] for c in fixed) + 3 * len(columns) + 1 + (12 if prose else 0)
@@ -225,13 +226,14 @@ def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, p
         return
     out.print(title)
     for r in rows:
-        out.print("  " + "  ".join(str(v) for v in r if str(v)), soft_wrap=True)
+        named = "; ".join(f"{column}: {value}" for column, value in zip(columns[1:], r[1:]) if str(value))
+        out.print(f"  {r[0]} — {named}", soft_wrap=True)
 
 
 def key_value_table(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left", show_header=False, expand=False, box=None, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
-    table.add_column()
+    table.add_column(overflow="fold")  # a long path or id is folded, never cut
     for key, value in rows:
         table.add_row(key, "—" if value is None else value if isinstance(value, Text) else str(value))
     return table
