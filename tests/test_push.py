@@ -280,6 +280,17 @@ def test_a_bench_report_is_the_cards_serving_speed_with_its_conditions(fake_hub,
     assert "measured on other files" not in card
 
 
+def test_with_a_bench_report_the_card_states_the_engines_speed_alone(fake_hub, draft_dir, rules, tmp_path, capsys):
+    report = write_report(tmp_path / "verify.json", draft_dir, measured=measured(draft_dir, name_or_path=TARGET))
+    bench = write_bench(tmp_path / "bench.json", draft_dir)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", report,
+                             "--bench", bench, "--dry-run", "--format", "json")
+    assert code == 0, err
+    card = json.loads(out)["card"]
+    assert "| Mean acceptance length τ | 2.81 |" in card and "## Serving speed" in card
+    assert "reference decode" not in card and "Reference-decode speed ratio" not in card
+
+
 def _with_side(row: dict, side: str, **figures) -> dict:
     return {**row, side: {**row[side], **figures}}
 

@@ -123,7 +123,7 @@ def build_card(
         _draft_table(spec, target),
         _serving(spec, repo_id, target, rules),
         _speed_section(bench, bench_mismatches) if bench else "",
-        _verify_section(report, report_mismatches) if report else "",
+        _verify_section(report, report_mismatches, speed=bench is None) if report else "",
         _validation_section(findings, validated),
         _provenance_section(spec),
         _citations(spec),
@@ -292,7 +292,9 @@ def _number(value: Any, digits: int = 2) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
 
 
-def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = ()) -> str:
+def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = (), *, speed: bool = True) -> str:
+    """verify's figures; its reference-decode speed only when no bench report gives the serving speed (`speed`):
+    a card states one speed, the engine's when it was measured."""
     rows = []
     if "lossless" in report:
         rows.append(("Lossless (greedy output identical to the target's)", "yes" if report["lossless"] else "**no**"))
@@ -304,6 +306,8 @@ def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = ()) -
     if "num_speculative_tokens" in report:
         rows.append(("Speculative tokens k", _number(report["num_speculative_tokens"])))
     spec_tps, target_tps = report.get("tokens_per_s_spec"), report.get("tokens_per_s_target")
+    if not speed:
+        spec_tps = target_tps = None
     if spec_tps is not None:
         rows.append(("Tokens/s with the draft, eaglekit's reference decode", _number(spec_tps, 1)))
     if target_tps is not None:
