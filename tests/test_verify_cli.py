@@ -67,6 +67,8 @@ def test_json_report_is_schema_valid_and_lossless(env, tmp_path):
     assert [d["depth"] for d in doc["drift"]] == [1, 2, 3]
     assert json.loads(saved.read_text()) == doc
     assert "hypotheses" not in doc
+    speed = doc["speedup_interval"]  # two prompts, each timed both ways: the ratio's spread
+    assert speed["low"] <= doc["speedup"] <= speed["high"] and speed["method"].startswith("bootstrap over prompts")
 
 
 def test_human_output_names_the_verdict(env):
@@ -74,6 +76,8 @@ def test_human_output_names_the_verdict(env):
     assert result.exit_code == 0, result.output
     for text in ("Compatibility", "lossless", "acceptance length", "Drift per draft depth", "(max 3)"):
         assert text in result.stdout
+    assert "over prompts;" in result.stdout and ("not a serving figure" in result.stdout
+                                                 or "not a measured speed-up" in result.stdout)
 
 
 def test_diagnose_scores_every_hypothesis(env):

@@ -60,3 +60,13 @@ def test_drift_means_per_depth():
     other.record(2, 0.0, 0.75)
     d.merge(other)
     assert d.rows()[1]["hidden_rms"] == 4.0 and d.rows()[1]["sink_attention"] == 0.5
+
+
+def test_the_speed_ratio_interval_resamples_prompts_timed_both_ways():
+    from eaglekit.verify.stats import pooled_speed_ratio_interval
+
+    assert pooled_speed_ratio_interval([(10, 1.0)], [(10, 1.0)]) is None  # one prompt: no spread
+    steady = pooled_speed_ratio_interval([(20, 1.0)] * 8, [(10, 1.0)] * 8)
+    assert steady is not None and steady.low == steady.high == 2.0
+    noisy = pooled_speed_ratio_interval([(20, 1.0), (20, 4.0), (20, 1.0), (20, 5.0)], [(10, 1.0)] * 4)
+    assert noisy is not None and noisy.low < 1.0 < noisy.high  # a spread that holds 1x: the ratio says nothing

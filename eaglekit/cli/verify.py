@@ -235,13 +235,27 @@ def _header(doc: dict, prompts: str) -> None:
     out.print(checks)
 
 
+def _speed_text(measured: dict) -> str:
+    """The reference decode's speed ratio with its spread over prompts; when the spread holds 1× it says the ratio
+    means nothing here (the serving figure is `eaglekit bench`'s)."""
+    if measured["speedup"] is None:
+        return "—"
+    interval = measured.get("speedup_interval")
+    if interval is None:
+        return f"{measured['speedup']:.2f}×, one prompt: no spread to judge it by"
+    text = f"{measured['speedup']:.2f}× [{interval['low']:.2f}, {interval['high']:.2f}] over prompts"
+    if interval["low"] <= 1.0 <= interval["high"]:
+        return text + "; the spread holds 1×, so this ratio is not a measured speed-up (eaglekit bench measures one)"
+    return text + "; batch 1 on this machine, not a serving figure"
+
+
 def _result(measured: dict, k: int, title: str) -> None:
     """One condition's measurement: the lossless verdict, τ, both rate definitions and the speed."""
     lossless = styled(("yes", "green")) if measured["lossless"] else styled(("NO", "bold red"))
     if measured["lossless"] and not measured["exact_match"]:
         lossless.append(" (differs only after numerical ties)", "dim")
     split = measured["time_split"]
-    speedup = f"{measured['speedup']:.2f}×" if measured["speedup"] is not None else "—"
+    speedup = _speed_text(measured)
     out.print(key_value_table([
         ("lossless", lossless),
         ("acceptance length τ", styled((f"{measured['acceptance_length']:.2f}", "bold"), f" (max {k + 1})",
@@ -249,7 +263,7 @@ def _result(measured: dict, k: int, title: str) -> None:
         ("per position", _rates(measured["per_position_acceptance"])),
         ("conditional", _rates(measured["conditional_acceptance"])),
         ("tokens/s", f"{measured['tokens_per_s_spec']:.1f} with the draft vs {measured['tokens_per_s_target']:.1f} "
-                     f"target alone ({speedup})"),
+                     f"target alone, reference decode ({speedup})"),
         ("time", f"spec {split['spec_total_s']:.1f} s (draft {split['spec_draft_s']:.1f} s, target "
                  f"{split['spec_target_s']:.1f} s); target alone {split['target_only_s']:.1f} s"),
     ], title=title))

@@ -15,7 +15,7 @@ from eaglekit.verify.checks import Check
 from eaglekit.verify.decode import Clock
 from eaglekit.verify.diagnose import Diagnosis
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.stats import Interval, by_category, tau_interval
+from eaglekit.verify.stats import Interval, by_category, pooled_speed_ratio_interval, tau_interval
 
 SWEEP_SHARED = ("eaglekit_version", "draft", "target", "eagle_version", "flags", "aux_layer_ids",
                 "aux_layer_ids_source", "checks", "num_speculative_tokens", "max_new_tokens", "dtype", "device",
@@ -84,6 +84,9 @@ class PromptOutcome:
     category: str | None = None
     conversation: str | None = None  # turns of one conversation share it
     counter: AcceptanceCounter | None = None  # this prompt's own rounds
+    spec_s: float = 0.0  # this prompt's decode with the draft, timed right after ...
+    target_s: float = 0.0  # ... the target's own decode of it (the two timed phases interleave prompt by prompt)
+    target_tokens: int = 0
 
 
 @dataclass
@@ -132,6 +135,12 @@ class VerifyReport:
     @property
     def tokens_per_s_target(self) -> float:
         return self.target_tokens / self.target_only_s if self.target_only_s else 0.0
+
+    def speedup_interval(self) -> Interval | None:
+        """How far the reference decode's speed ratio moves with the prompts drawn: a ratio whose interval holds 1
+        says nothing about the draft's speed (batch 1, this machine; `eaglekit bench` measures serving)."""
+        return pooled_speed_ratio_interval([(o.generated_tokens, o.spec_s) for o in self.outcomes],
+                                           [(o.target_tokens, o.target_s) for o in self.outcomes])
 
     def _counters(self) -> tuple[list[AcceptanceCounter], list[str]]:
         counters = [o.counter or AcceptanceCounter(self.counter.k) for o in self.outcomes]
@@ -186,6 +195,7 @@ class VerifyReport:
             "tokens_per_s_spec": self.tokens_per_s_spec,
             "tokens_per_s_target": self.tokens_per_s_target,
             "speedup": self.tokens_per_s_spec / self.tokens_per_s_target if self.tokens_per_s_target else None,
+            "speedup_interval": speed.to_dict() if (speed := self.speedup_interval()) else None,
             "time_split": {
                 "spec_total_s": self.spec_clock.total_s,
                 "spec_draft_s": self.spec_clock.draft_s,

@@ -105,7 +105,8 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             divergence = _divergence(spec_run.tokens, plain.tokens, plain.margins, tolerance)
             outcomes.append(PromptOutcome(prompt.name, len(ids), len(spec_run.tokens),
                                           spec_run.counter.acceptance_length, divergence is None, divergence,
-                                          prompt.category, prompt.conversation or prompt.name, spec_run.counter))
+                                          prompt.category, prompt.conversation or prompt.name, spec_run.counter,
+                                          spec_run.clock.total_s, plain.seconds, len(plain.tokens)))
             if readings is not None:
                 readings.add(capture_pass(model, ids, plain.tokens, needed_ids(readings.hyps)))
             if on_prompt is not None:

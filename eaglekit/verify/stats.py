@@ -98,6 +98,28 @@ def paired_ratio_interval(numerators: Sequence[float], denominators: Sequence[fl
     return Interval(found.low, found.high, level, "paired bootstrap over requests")
 
 
+def pooled_speed_ratio_interval(spec: Sequence[tuple[int, float]], plain: Sequence[tuple[int, float]], *,
+                                resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> Interval | None:
+    """Bootstrap interval of the pooled speed ratio (Σ tokens / Σ seconds with the draft over the same without),
+    resampling prompts, each timed both ways back to back; None with fewer than two prompts."""
+    pairs = [(a, b) for a, b in zip(spec, plain) if a[1] > 0 and b[1] > 0]
+    if len(pairs) < 2:
+        return None
+    rng = random.Random(seed)
+    n = len(pairs)
+    samples = []
+    for _ in range(resamples):
+        drawn = [pairs[rng.randrange(n)] for _ in range(n)]
+        spec_rate = sum(a[0] for a, _ in drawn) / sum(a[1] for a, _ in drawn)
+        plain_rate = sum(b[0] for _, b in drawn) / sum(b[1] for _, b in drawn)
+        samples.append(spec_rate / plain_rate if plain_rate else float("nan"))
+    samples = [x for x in samples if x == x]
+    if not samples:
+        return None
+    found = _interval(samples, level)
+    return Interval(found.low, found.high, level, "bootstrap over prompts, each timed with and without the draft")
+
+
 def paired_difference(a: Sequence[AcceptanceCounter], b: Sequence[AcceptanceCounter], groups: Sequence[str], *,
                       resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED
                       ) -> tuple[float, Interval | None]:
