@@ -8,7 +8,6 @@ import click
 from rich.table import Table
 
 from eaglekit.cli.output import (
-    err,
     finish_report,
     format_option,
     int_list,
@@ -17,6 +16,7 @@ from eaglekit.cli.output import (
     styled,
     target_path,
 )
+from eaglekit.cli.progress import StageProgress
 
 EXAMPLES = """
 \b
@@ -83,11 +83,9 @@ def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_
     options.check()
     if plot:
         check_plot_path(plot)
-    if err.is_terminal:  # a transient status line; in a log it would be noise (and a stray line before any error)
-        with err.status("bench: reading the draft") as status:
-            report = run_bench(draft, target, options, on_stage=lambda text: status.update(f"bench: {text}"))
-    else:
-        report = run_bench(draft, target, options)
+    with StageProgress("bench") as progress:
+        progress.text("reading the draft")
+        report = run_bench(draft, target, options, on_stage=progress.text)
     finish_report(report.to_dict(), output_format, render, save_report=save_report,
                   draw=(lambda: plot_bench(report, plot)) if plot else None)
 

@@ -7,7 +7,6 @@ import click
 from eaglekit.cli.output import (
     conditions,
     decode_options,
-    err,
     finish_report,
     format_option,
     identifier_table,
@@ -15,6 +14,7 @@ from eaglekit.cli.output import (
     out,
     quantization_text,
 )
+from eaglekit.cli.progress import StageProgress
 
 EXAMPLES = """
 \b
@@ -51,18 +51,8 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
     options.check()
     if plot:
         check_plot_path(plot)
-    if no_progress or not err.is_terminal:
-        sweep = compare_conditions(draft_a, draft_b, target, options)
-    else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.description}", markup=False), TimeElapsedColumn(), console=err,
-                      transient=True) as progress:
-            task = progress.add_task("loading", total=None)
-            sweep = compare_conditions(draft_a, draft_b, target, options,
-                                       on_prompt=lambda done, total, name: progress.update(
-                                           task, completed=done, total=total, description=name))
+    with StageProgress("compare", not no_progress) as progress:
+        sweep = compare_conditions(draft_a, draft_b, target, options, on_prompt=progress.item)
     finish_report(sweep.to_dict(), output_format, render, save_report=save_report,
                   draw=(lambda: plot_compare(sweep, plot)) if plot else None)
 

@@ -12,7 +12,6 @@ from eaglekit.cli.output import (
     conditions,
     decode_options,
     emit_json,
-    err,
     format_option,
     identifier_table,
     key_value_table,
@@ -21,6 +20,7 @@ from eaglekit.cli.output import (
     styled,
     write_report,
 )
+from eaglekit.cli.progress import StageProgress
 from eaglekit.errors import EaglekitError, UsageError
 
 EXAMPLES = """
@@ -101,7 +101,9 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
             raise UsageError("--plot draws the reference decode's conditions: use --engine reference or both")
         check_plot_path(plot)
     if options.engine_only:
-        doc = verify_in_engine(draft, target, options)
+        with StageProgress("verify", not no_progress) as progress:
+            progress.text("vLLM: the target alone, then with the draft")
+            doc = verify_in_engine(draft, target, options)
         if save_report:
             write_report(save_report, doc)
         if profile_out:
@@ -111,10 +113,8 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
             raise EaglekitError(f"{draft}: vLLM's speculative output differs from its own target-only output on "
                                 f"prompt(s) {doc['engine']['mismatched_prompts']}")
         return
-    if no_progress or not err.is_terminal:  # a bar in a log is noise (and a stray line before any error)
-        sweep = verify_conditions(draft, target, options)
-    else:
-        sweep = _with_progress(draft, target, options, verify_conditions)
+    with StageProgress("verify", not no_progress) as progress:
+        sweep = verify_conditions(draft, target, options, on_prompt=progress.item)
     doc = sweep.to_dict()
     if save_report:
         write_report(save_report, doc)
@@ -143,20 +143,6 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
         if not report.passed:
             raise EaglekitError(f"{draft}: mean acceptance length {report.acceptance_length:.2f}{under(report)} is "
                                 f"below --min-acceptance {min_acceptance}")
-
-
-def _with_progress(draft, target, options, verify):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("verify"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.description}", markup=False), TimeElapsedColumn(), console=err,
-                  transient=True) as progress:
-        task = progress.add_task("loading", total=None)
-
-        def on_prompt(done: int, total: int, name: str) -> None:
-            progress.update(task, completed=done, total=total, description=name)
-
-        return verify(draft, target, options, on_prompt=on_prompt)
 
 
 def _interval_text(doc: dict) -> str:

@@ -1,0 +1,107 @@
+"""Progress on stderr for every long step: a transient rich bar on a terminal, timestamped lines with an ETA in a
+log (a file, CI), never both; `--no-progress` silences it. Library code reports through plain callbacks
+(`stage(what, done, total)`, `item(done, total, name)`); this turns them into what the reader sees."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import click
+
+from eaglekit.cli.output import err
+
+LOG_EVERY_S = 10.0
+"""A log line at most this often within one stage (a new stage and its last item always print), and none in a
+command's first LOG_EVERY_S: a refusal before the work stays the one line on stderr."""
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class StageProgress:
+    """Reports `what: done/total` as it moves; the ETA comes from the stage's own pace so far."""
+
+    def __init__(self, command: str, enabled: bool = True, *, tty: bool | None = None):
+        self.command, self.enabled = command, enabled
+        self.tty = err.is_terminal if tty is None else tty
+        self.bar: Any = None
+        self.task: Any = None
+        self.stage: str | None = None
+        self.started = self.stage_started = time.monotonic()
+        self.last_line = 0.0
+        self.counted = ""
+        self.done = threading.Event()
+        self.heartbeat: threading.Thread | None = None
+
+    def __enter__(self) -> StageProgress:
+        if self.enabled and self.tty:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(TextColumn(self.command), TextColumn("{task.description}", markup=False), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                console=err, transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("starting", total=None)
+        elif self.enabled:  # a step that reports nothing for a while still shows it is alive
+            self.heartbeat = threading.Thread(target=self._beat, daemon=True)
+            self.heartbeat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def _beat(self) -> None:
+        while not self.done.wait(LOG_EVERY_S):
+            if self.stage is not None and time.monotonic() - self.last_line >= LOG_EVERY_S:
+                self.log(f"{self.stage}{self.counted} ({_clock(time.monotonic() - self.stage_started)} in this step)")
+
+    def log(self, text: str, force: bool = False) -> None:
+        """A timestamped line in a log (throttled unless `force`); nothing on a terminal, where the bar shows it."""
+        now = time.monotonic()
+        if now - self.started < LOG_EVERY_S:
+            return
+        if self.enabled and not self.tty and (force or now - self.last_line >= LOG_EVERY_S):
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {self.command}: {text}", err=True)
+            self.last_line = now
+
+    def stage_update(self, what: str, done: int = 0, total: int = 0) -> None:
+        """`stage(what, done, total)`: total 0 when unknown."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        new = what != self.stage
+        if new:
+            self.stage, self.stage_started = what, now
+        if self.bar is not None:
+            self.bar.update(self.task, description=what, completed=done, total=total or None)
+            return
+        eta = ""
+        if total and 0 < done < total:
+            eta = f", ETA {_clock((now - self.stage_started) / done * (total - done))}"
+        self.counted = f" {done}/{total}" if total else ""
+        self.log(f"{what}{self.counted}{eta}", force=new or (bool(total) and done >= total))
+
+    def item(self, done: int, total: int, name: str) -> None:
+        """`on_prompt(done, total, name)`: one item of a counted stage done."""
+        if self.bar is not None and self.enabled:
+            self.bar.update(self.task, description=name, completed=done, total=total)
+            return
+        self.stage_update("prompts", done, total)
+
+    def text(self, what: str) -> None:
+        """`on_stage(text)`: a stage without a count."""
+        self.stage_update(what)
