@@ -1,0 +1,233 @@
+"""`capture`: plan the sequences, run them through a backend, stream the states into a resumable store.
+
+A rerun of the same command on the same store captures only what is missing: the planned sequences are read
+back from the store, intact shards are kept, and capture resumes at the first record no intact shard holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from eaglekit import __version__
+from eaglekit.capture import store as st
+from eaglekit.capture.sequence import CapturedSequence
+from eaglekit.errors import CaptureInterrupted, CheckpointError, UsageError
+from eaglekit.finetune.data import DataOptions, content_address, plan_sequences
+from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
+from eaglekit.quantization import scheme
+from eaglekit.target import TargetInfo, read_target
+
+Stage = Callable[[str, int, int], None]
+ENGINES = ("reference", "vllm")
+DEFAULT_SHARD_TOKENS = 1 << 16
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    target: str
+    data: DataOptions = DataOptions()
+    draft: str | None = None  # its aux ids are captured
+    aux_ids: tuple[int, ...] | None = None  # vLLM convention; default: the draft's, else the target's default
+    engine: str = "reference"
+    tensor_parallel_size: int = 1
+    engine_args: tuple[tuple[str, str], ...] = ()
+    engine_python: str | None = None
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    store_dtype: str = "bfloat16"
+    device: str = "cpu"
+    dtype: str = "auto"
+    target_quantization: str | None = None  # reference engine: the served numerics it emulates
+    force: bool = False  # replace a store of another capture
+
+    def check(self) -> None:
+        self.data.check()
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if self.shard_tokens < 1:
+            raise UsageError("--shard-tokens must be at least 1")
+        if self.tensor_parallel_size < 1:
+            raise UsageError("--tensor-parallel-size must be at least 1")
+        st.check_store_dtype(self.store_dtype)
+        if self.data.hidden_states:
+            raise UsageError("capture reads no --hidden-states: import such files with --import")
+        if self.draft and self.aux_ids is not None:
+            raise UsageError("give --draft or --aux-layer-ids, not both")
+        if self.engine == "vllm" and self.data.generate:
+            raise UsageError("--generate runs the target's greedy decode with --engine reference only")
+        if self.engine == "vllm" and self.target_quantization:
+            raise UsageError("--target-quantization emulates served numerics in the reference engine; vLLM serves "
+                             "a quantized checkpoint as it is")
+        if self.engine == "reference" and (self.tensor_parallel_size != 1 or self.engine_args or self.engine_python):
+            raise UsageError("--tensor-parallel-size, --engine-arg and --engine-python apply to --engine vllm")
+
+
+@dataclass
+class CaptureReport:
+    store: str
+    target: str
+    engine: dict[str, Any]
+    layer_ids: dict[str, Any]
+    store_dtype: str
+    records: int
+    tokens: int
+    shards: int
+    bytes: int
+    resumed_from: int | None  # the records already in the store when this run started (None: a new store)
+    captured_records: int  # captured by this run
+    complete: bool
+    data: str
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"eaglekit_version": __version__, **dataclasses.asdict(self), "seconds": round(self.seconds, 3)}
+
+
+def capture_layer_ids(info: TargetInfo, opts: CaptureOptions) -> tuple[tuple[int, ...], str]:
+    """(aux ids, where they came from): the draft's, --aux-layer-ids, or the target's default."""
+    if opts.draft:
+        from eaglekit.families import load_draft
+
+        spec = load_draft(opts.draft, target=info)
+        if spec.aux.ids is None:
+            raise CheckpointError("the draft records no aux layer ids: pass --aux-layer-ids", spec.path)
+        ids, where = tuple(spec.aux.ids), f"the draft {spec.path}"
+    elif opts.aux_ids is not None:
+        ids, where = tuple(opts.aux_ids), "--aux-layer-ids"
+    else:
+        ids, where = info.default_aux_ids, "the target's default (2, L//2, L-3)"
+    ids = tuple(sorted(set(int(i) for i in ids)))
+    bad = [i for i in ids if not 0 <= i <= info.num_layers]
+    if not ids or bad:
+        raise UsageError(f"aux layer ids {list(bad or ids)} are outside [0, {info.num_layers}] for this target "
+                         f"(L={info.num_layers})", info.path)
+    return ids, where
+
+
+def _engine_block(opts: CaptureOptions) -> dict[str, Any]:
+    """What computed the states: engine, its version, dtype and numerics (part of the store's identity)."""
+    if opts.engine == "reference":
+        import torch
+        import transformers
+
+        from eaglekit.target_model import QUANTIZED_DTYPE, resolve_device, resolve_dtype
+
+        served = scheme(opts.target_quantization)
+        dtype = QUANTIZED_DTYPE if served is not None and opts.dtype == "auto" else opts.dtype
+        resolved = str(resolve_dtype(dtype, resolve_device(opts.device))).removeprefix("torch.")
+        return {"name": "reference", "version": f"transformers {transformers.__version__}, torch {torch.__version__}",
+                "dtype": resolved, "quantization": served.name if served else None, "tensor_parallel_size": 1,
+                "engine_args": {}}
+    return {"name": "vllm", "version": None, "dtype": opts.dtype, "quantization": "as served",
+            "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": dict(opts.engine_args)}
+
+
+def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, Any], inputs: dict[str, Any],
+                   opts: CaptureOptions) -> dict[str, Any]:
+    """The manifest's identity blocks: a rerun resumes only when every one is equal."""
+    from eaglekit.capture.head import config_digest, head_digest, tokenizer_identity, weights_fingerprint
+
+    tokenizer = tokenizer_identity(info)
+    return {
+        "target": {"config_sha256": config_digest(info), "weights_fingerprint": weights_fingerprint(
+                       os.path.dirname(os.path.abspath(info.path))), "head_sha256": head_digest(info),
+                   "num_hidden_layers": info.num_layers, "hidden_size": info.hidden_size,
+                   "vocab_size": info.vocab_size, "model_type": info.model_type,
+                   "tokenizer_sha256": tokenizer["sha256"], "chat_template_sha256": tokenizer["chat_template_sha256"]},
+        "layer_ids": {"convention": "vllm", "aux": list(aux_ids), "last": info.num_layers},
+        "engine": engine,
+        "inputs": inputs,
+        "store": {"dtype": opts.store_dtype, "shard_tokens": opts.shard_tokens},
+    }
+
+
+def _backend(opts: CaptureOptions, target, sequences: Sequence[Sequence[int]], layer_ids: Sequence[int]
+             ) -> Iterator[CapturedSequence]:
+    if opts.engine == "reference":
+        from eaglekit.capture.reference import capture_with_reference
+
+        return capture_with_reference(target, sequences, layer_ids)
+    try:
+        from eaglekit.capture.vllm_engine import capture_with_vllm  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        raise UsageError("--engine vllm is not available in this eaglekit build (eaglekit.capture.vllm_engine is "
+                         "missing); use --engine reference") from None
+    return capture_with_vllm(opts.target, sequences, layer_ids, python=opts.engine_python,
+                             tensor_parallel_size=opts.tensor_parallel_size, engine_args=dict(opts.engine_args),
+                             dtype=opts.dtype)
+
+
+def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = None) -> CaptureReport:
+    """Capture (or complete) the hidden-state store at `store` for `opts.target` on `opts.data`."""
+    started = time.perf_counter()
+    opts.check()
+    info = read_target(opts.target)
+    aux_ids, ids_from = capture_layer_ids(info, opts)
+    refuse_clobber([Role("store", store)], [*target_roles(opts.target), *read_roles("--draft", opts.draft),
+                                             *read_roles("--data", opts.data.data_file)])
+    from eaglekit.target_model import load_tokenizer
+
+    folder = os.path.dirname(os.path.abspath(info.path))
+    tokenizer = load_tokenizer(folder, info)
+    if tokenizer is None:
+        raise CheckpointError("the target has no tokenizer; capture needs one to encode the data", folder)
+    plan = plan_sequences(tokenizer, opts.data, on_stage=on_stage)
+    inputs = {"sha256": content_address({"prompts": hashlib.sha256(json.dumps(plan.prompts).encode()).hexdigest(),
+                                         "code": hashlib.sha256(json.dumps(plan.code).encode()).hexdigest(),
+                                         "generate": opts.data.generate, "limit": plan.limit}),
+              "source": plan.source}
+    engine = _engine_block(opts)
+    identity = store_identity(info, aux_ids, engine, inputs, opts)
+    manifest, done = st.open_store(store, identity, force=opts.force)
+    layer_ids = tuple(sorted(set(aux_ids) | {info.num_layers}))
+    target = None
+    if opts.engine == "reference" and (manifest is None or not manifest.get("complete") or
+                                       len(done) < len(manifest["shards"])):
+        from eaglekit.target_model import load_target
+
+        if on_stage:
+            on_stage("loading the target", 0, 1)
+        target = load_target(folder, device=opts.device, dtype=opts.dtype, quantization=opts.target_quantization)
+    resumed_from = None
+    if manifest is None:
+        sequences = plan.complete(target, opts.data, on_stage=on_stage)
+        digest = st.write_plan(store, sequences)
+        manifest = {"format": st.FORMAT, "version": st.VERSION, **identity,
+                    "plan": {"sha256": digest, "records": len(sequences), "tokens": sum(map(len, sequences))}}
+        st.write_manifest(store, {**manifest, "complete": False, "records": 0, "tokens": 0, "shards": []})
+    else:
+        sequences = st.read_plan(store, manifest)
+        resumed_from = done[-1].end_record if done else 0
+    writer = st.StoreWriter(store, manifest, done, aux_ids=aux_ids, last_id=info.num_layers,
+                            shard_tokens=opts.shard_tokens, store_dtype=opts.store_dtype)
+    start = writer.next_record
+    try:
+        if start < len(sequences):
+            for record in _backend(opts, target, sequences[start:], layer_ids):
+                writer.add(dataclasses.replace(record, index=record.index + start))
+                if on_stage:
+                    on_stage("capturing target states", writer.next_record, len(sequences))
+            writer.flush()
+        if writer.next_record != len(sequences):
+            raise CheckpointError(f"the capture backend returned {writer.next_record - start} of "
+                                  f"{len(sequences) - start} records", store)
+        writer.write_manifest(complete=True)
+    except KeyboardInterrupt:
+        kept = writer.done[-1].end_record if writer.done else 0
+        raise CaptureInterrupted(f"interrupted after {kept} of {len(sequences)} records ({len(writer.done)} "
+                                 "shard(s) kept); rerun the same command to resume", store) from None
+    notes = [f"aux ids from {ids_from}; id {info.num_layers} (L) is always captured"] + list(plan.notes)
+    return CaptureReport(
+        store=os.path.abspath(store), target=opts.target, engine=engine,
+        layer_ids={"aux": list(aux_ids), "last": info.num_layers}, store_dtype=opts.store_dtype,
+        records=len(sequences), tokens=sum(s.tokens for s in writer.done), shards=len(writer.done),
+        bytes=sum(s.bytes for s in writer.done), resumed_from=resumed_from,
+        captured_records=len(sequences) - start, complete=True, data=plan.source,
+        seconds=time.perf_counter() - started, notes=notes)
