@@ -135,7 +135,7 @@ def load_head(info: TargetInfo, device: str = "cpu") -> TargetHead:
         with safe_open(os.path.join(folder, rel), "pt") as fh:
             tensors[role] = fh.get_tensor(entry.name).to(device, torch.float32)
     config = load_json_object(info.path, "target config")
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text: dict[str, Any] = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     eps = text.get("rms_norm_eps", text.get("layer_norm_eps", 1e-6))
     return TargetHead(tensors["embed"], tensors["norm"], tensors["lm_head"], float(eps),
                       unit_offset=str(info.model_type or "").startswith("gemma"))

@@ -205,9 +205,17 @@ def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    from safetensors.torch import save
+    """A safetensors file's bytes, tensors in name order and the header written by io.writer: the same tensors
+    always give the same bytes (the safetensors library orders metadata by a per-process hash)."""
+    import torch
 
-    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+    from eaglekit.io.writer import OutTensor, header_bytes
+
+    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float8_e4m3fn: "F8_E4M3", torch.int64: "I64",
+             torch.uint8: "U8"}
+    ordered = sorted(tensors.items())
+    head = header_bytes([OutTensor(n, names[t.dtype], tuple(t.shape), lambda: ()) for n, t in ordered], metadata)
+    return head + b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() for _, t in ordered)
 
 
 class StoreWriter:
@@ -344,7 +352,8 @@ def own_files(store: str) -> list[str]:
     return names
 
 
-def open_store(store: str, identity: dict[str, Any], *, force: bool = False) -> tuple[dict[str, Any] | None, list[Shard]]:
+def open_store(store: str, identity: dict[str, Any], *,
+               force: bool = False) -> tuple[dict[str, Any] | None, list[Shard]]:
     """(the existing manifest, its intact shards) to resume from, or (None, []) for a fresh store.
 
     A folder holding anything but a store's own files is refused; a store of another capture (its identity blocks
@@ -384,3 +393,47 @@ def open_store(store: str, identity: dict[str, Any], *, force: bool = False) -> 
         if name not in keep:
             os.unlink(os.path.join(store, name))
     return manifest, intact
+
+
+def is_store(path: str) -> bool:
+    """Whether `path` is a folder holding a store's manifest (what `inspect` shows as a store)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, MANIFEST))
+
+
+def describe_store(store: str) -> dict[str, Any]:
+    """What a store is, from its manifest and the shards' headers only (no tensor byte, no torch): identity,
+    progress, per-shard state (ok, missing, size differs, unreadable header) and the tensors a shard holds."""
+    from eaglekit.io.header import read_header
+
+    manifest = read_manifest(store)
+    listed = shards(store, manifest)
+    rows, problems, tensors = [], [], None
+    for shard in listed:
+        path = os.path.join(store, shard.file)
+        state = "ok"
+        if not os.path.isfile(path):
+            state = "missing"
+        elif os.path.getsize(path) != shard.bytes:
+            state = "size differs"
+        else:
+            try:
+                header = read_header(path)
+                if tensors is None:
+                    tensors = {n: {"dtype": e.dtype, "shape": list(e.shape)} for n, e in sorted(header.entries.items())}
+            except CheckpointError:
+                state = "unreadable header"
+        if state != "ok":
+            problems.append(f"{shard.file}: {state} (rerun the capture to replace it)")
+        rows.append({**shard.to_dict(), "state": state})
+    plan: dict[str, Any] = manifest["plan"] if isinstance(manifest.get("plan"), dict) else {}
+    tokens = sum(s.tokens for s in listed)
+    total = sum(s.bytes for s in listed)
+    return {
+        "kind": "hidden-state store", "path": os.path.abspath(store), "format": manifest["format"],
+        "version": manifest["version"], "complete": bool(manifest.get("complete")) and not problems,
+        "records": listed[-1].end_record if listed else 0, "planned_records": plan.get("records"),
+        "tokens": tokens, "planned_tokens": plan.get("tokens"), "bytes": total,
+        "bytes_per_token": round(total / tokens, 1) if tokens else None,
+        **{key: manifest[key] for key in IDENTITY_KEYS},
+        "tensors": tensors or {}, "shards": rows, "problems": problems,
+    }
