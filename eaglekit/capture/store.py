@@ -7,9 +7,11 @@ Layout of STORE:
   answer is never generated twice);
 * `shard-NNNNNN.safetensors`: consecutive whole records, cut after the record that brings the shard to
   `shard_tokens` tokens (so the cut depends on record order and lengths only). Tensors: `aux` [n, K, H] (the K aux
-  ids in ascending order), `last` [n, H] (id L: the last decoder layer's output before the final norm),
-  `token_ids` [n] int64, `offsets` [r+1] int64 (record boundaries inside the shard), `loss_mask` [n] uint8; an fp8
-  store keeps `aux` and `last` as float8 E4M3 with per-token float32 scales `aux_scale` [n, K] and `last_scale` [n];
+  ids in ascending order) in the store dtype (fp8: float8 E4M3 with a float32 scale per token and id, `aux_scale`
+  [n, K]), `last` [n, H] float32 (id L: the last decoder layer's output before the final norm; the target's greedy
+  labels are argmax(lm_head · norm(id L)), and rounding it to bfloat16 flips the near-ties: 19 of 1,334 labels of a
+  small random Llama), `token_ids` [n] int64, `offsets` [r+1] int64 (record boundaries inside the shard),
+  `loss_mask` [n] uint8;
 * `manifest.json`: what was captured (target, ids, engine, numerics, tokenizer, data; see `identity`) and, per
   published shard, its file name, byte size, SHA-256, record range and token count.
 
@@ -164,14 +166,13 @@ def read_shard(store: str, shard: Shard) -> dict[str, torch.Tensor]:
 
 
 def dequantized(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`aux` and `last` as float32 (an fp8 shard's values times their per-token scales)."""
+    """`aux` as float32 (an fp8 shard's values times their per-token scales)."""
     import torch
 
     out = dict(tensors)
     if "aux_scale" in out:
         out["aux"] = out["aux"].float() * out.pop("aux_scale")[..., None]
-        out["last"] = out["last"].float() * out.pop("last_scale")[..., None]
-    out["aux"], out["last"] = out["aux"].to(torch.float32), out["last"].to(torch.float32)
+    out["aux"] = out["aux"].to(torch.float32)
     return out
 
 
@@ -266,12 +267,11 @@ class StoreWriter:
             "offsets": torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0),
             "loss_mask": torch.ones(sum(lengths), dtype=torch.uint8),
         }
+        tensors["last"] = last
         if self.store_dtype == "fp8":
             tensors["aux"], tensors["aux_scale"] = quantize_fp8(aux)
-            tensors["last"], tensors["last_scale"] = quantize_fp8(last)
         else:
-            dtype = torch.float32 if self.store_dtype == "float32" else torch.bfloat16
-            tensors["aux"], tensors["last"] = aux.to(dtype), last.to(dtype)
+            tensors["aux"] = aux.to(torch.float32 if self.store_dtype == "float32" else torch.bfloat16)
         data = _safetensors_bytes(tensors, {"format": FORMAT, "first_record": str(first)})
         shard = Shard(shard_name(len(self.done)), len(data), sha256_bytes(data), first, first + len(lengths),
                       sum(lengths))

@@ -181,7 +181,8 @@ def make_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor, *,
         lo = int(offsets[i])
         ids[row, :n] = tokens[lo : lo + n]
         if not mask_labels:
-            lab[row, :n] = to_draft[labels[lo : lo + n]]
+            target = labels[lo : lo + n]
+            lab[row, :n] = torch.where(target >= 0, to_draft[target.clamp_min(0)], IGNORE)
         hid[row, :n] = aux[lo : lo + n].float()
     return ids, lab, hid, width
 
@@ -498,7 +499,8 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
         objective = DistributedDataParallel(objective, broadcast_buffers=False,
                                             device_ids=[device.index] if device.type == "cuda" else None)
     to_draft = draft_label_map(drafter)
-    coverage = float((to_draft[data.labels] != IGNORE).double().mean())
+    labelled = data.labels[data.labels >= 0]
+    coverage = float((to_draft[labelled] != IGNORE).double().mean()) if labelled.numel() else 0.0
     if coverage == 0:
         raise CheckpointError("none of the target's greedy tokens in the data is in the draft vocabulary: this "
                               "draft was not made for this target (or its d2t is wrong)", drafter.config.source)

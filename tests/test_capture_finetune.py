@@ -1,0 +1,100 @@
+"""`finetune --store`: training from a capture store without the target's decoder, equal to the in-memory path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+import eaglekit.target_model  # noqa: E402
+from eaglekit.capture.reader import read_training_store  # noqa: E402
+from eaglekit.capture.run import CaptureOptions, capture_store  # noqa: E402
+from eaglekit.errors import UsageError  # noqa: E402
+from eaglekit.finetune.data import DataOptions  # noqa: E402
+from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
+from eaglekit.finetune.train import TrainOptions  # noqa: E402
+from eaglekit.target import read_target  # noqa: E402
+from tests.capture_fixtures import make_target_with_tokenizer, write_prompts  # noqa: E402
+from tests.factory import make_draft  # noqa: E402
+
+VOCAB = 384
+AUX = (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    base = tmp_path_factory.mktemp("capture-finetune")
+    target = make_target_with_tokenizer(str(base / "target"))
+    data = write_prompts(str(base / "prompts.jsonl"), count=16)
+    draft = make_draft(str(base / "draft"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=AUX,
+                       target_layers=4, fc_norm=True, norm_output=True)
+    stores = {}
+    for dtype in ("float32", "bfloat16"):
+        stores[dtype] = str(base / f"store-{dtype}")
+        capture_store(stores[dtype], CaptureOptions(target=target, data=DataOptions(data_file=data), draft=draft,
+                                                    shard_tokens=200, store_dtype=dtype))
+    # the target as a store's reader needs it: config, tokenizer, and no decoder layer
+    head_only = base / "head-only"
+    shutil.copytree(target, head_only, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors = load_file(os.path.join(target, "model.safetensors"))
+    save_file({n: t for n, t in tensors.items() if ".layers." not in n}, str(head_only / "model.safetensors"))
+    return {"base": base, "target": target, "data": data, "draft": draft, "stores": stores,
+            "head_only": str(head_only)}
+
+
+def train_options(env, **changes) -> FinetuneOptions:
+    train = TrainOptions(steps=4, batch_tokens=256, depth=2, lr=3e-3, log_every=2, seed=0, precision="fp32")
+    return FinetuneOptions(target=env["target"], data=DataOptions(data_file=env["data"],
+                                                                  cache_dir=str(env["base"] / "cache")),
+                           train=train, eval=None, validation_fraction=0.0, **changes)
+
+
+def test_greedy_labels_from_id_L_equal_the_targets_argmax(env):
+    target = eaglekit.target_model.load_target(env["target"])
+    data = read_training_store(env["stores"]["float32"], read_target(env["target"]), AUX)
+    offsets = data.offsets.tolist()
+    for lo, hi in zip(offsets, offsets[1:]):
+        logits = target.forward(data.tokens[lo:hi][None], ()).logits[0]
+        assert torch.equal(data.labels[lo:hi], logits.argmax(-1))
+        ref = target.forward(data.tokens[lo:hi][None], AUX)
+        torch.testing.assert_close(data.aux[lo:hi], torch.cat([a[0] for a in ref.aux], -1), rtol=0, atol=0)
+
+
+def test_finetune_from_a_store_never_loads_the_decoder_and_equals_the_in_memory_run(env, tmp_path, monkeypatch):
+    memory = str(tmp_path / "memory")
+    finetune(env["draft"], memory, train_options(env))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the target's decoder was loaded")
+
+    monkeypatch.setattr(eaglekit.target_model, "load_target", refuse)
+    stored = str(tmp_path / "stored")
+    opts = train_options(env, store=env["stores"]["bfloat16"], max_resident_shards=1)
+    report = finetune(env["draft"], stored, FinetuneOptions(**{**opts.__dict__, "target": env["head_only"],
+                                                                "data": DataOptions()}))
+    assert report.data["sequences"] == 16 and report.training["steps"] == 4
+    want, got = load_file(os.path.join(memory, "model.safetensors")), load_file(os.path.join(stored, "model.safetensors"))
+    changed = [n for n in want if not torch.equal(want[n], load_file(os.path.join(env["draft"], "model.safetensors"))[n])]
+    assert "fc.weight" in changed
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+
+
+def test_a_store_of_another_target_or_ids_is_refused(env, tmp_path):
+    other = make_target_with_tokenizer(str(tmp_path / "other"), seed=1)
+    opts = train_options(env, store=env["stores"]["float32"])
+    with pytest.raises(UsageError, match="captured from another target: its final norm / lm_head weights differ"):
+        finetune(env["draft"], str(tmp_path / "a"), FinetuneOptions(**{**opts.__dict__, "target": other,
+                                                                        "data": DataOptions()}))
+    draft = make_draft(str(tmp_path / "draft"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(0, 2, 3),
+                       target_layers=4)
+    with pytest.raises(UsageError, match=r"not \[0\] that the draft reads"):
+        finetune(draft, str(tmp_path / "b"), FinetuneOptions(**{**opts.__dict__, "data": DataOptions()}))
+    with pytest.raises(UsageError, match="--store brings its own sequences"):
+        finetune(env["draft"], str(tmp_path / "c"), opts)
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
