@@ -153,3 +153,45 @@ def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *,
                         offsets=torch.tensor([0, *lengths], dtype=torch.long).cumsum(0), digest=digest.hexdigest(),
                         source=f"{os.path.abspath(store)} ({manifest['inputs'].get('source', '')})",
                         notes=[f"states streamed from the store, at most {max_resident} shard(s) resident"])
+
+
+def calibration_from_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *, max_tokens: int = 2048,
+                           quantization: str | None = None):
+    """upgrade's calibration capture (eaglekit.upgrade.capture.CalibrationCapture) read from a store.
+
+    A store of `capture --calibration` holds upgrade's own fit and held-out sequences; from any other store the
+    first records up to `max_tokens` tokens are read, the last quarter of their tokens (whole records) held out."""
+    import torch
+
+    from eaglekit.capture.head import load_head
+    from eaglekit.upgrade.capture import HELD_OUT_FRACTION, CalibrationCapture, CapturedSequence
+
+    manifest, shards = open_complete_store(store)
+    check_store_target(manifest, info, store, quantization=quantization)
+    columns = store_columns(manifest, aux_ids, store)
+    fit_records = manifest["inputs"].get("calibration_fit_records")
+    records: list[CapturedSequence] = []
+    count = 0
+    for shard in shards:
+        tensors = st.read_shard(store, shard)
+        aux = tensors["aux"][:, columns].reshape(tensors["aux"].shape[0], -1)
+        bounds = tensors["offsets"].tolist()
+        for lo, hi in zip(bounds, bounds[1:]):
+            records.append(CapturedSequence(tensors["token_ids"][lo:hi].clone(), aux[lo:hi].clone()))
+            count += hi - lo
+            if fit_records is None and count >= max_tokens:
+                break
+        if fit_records is None and count >= max_tokens:
+            break
+    if fit_records is None:
+        held, tail = 0, 0
+        while held < len(records) - 1 and tail < count * HELD_OUT_FRACTION:
+            held += 1
+            tail += int(records[-held].tokens.numel())
+        fit_records = len(records) - held
+    if not 0 < fit_records < len(records):
+        raise UsageError(f"the store holds {len(records)} record(s): calibration needs some to fit and some held "
+                         "out", store)
+    embed = load_head(info).embed_tokens.to(torch.float32)
+    where = f"the store {os.path.abspath(store)}: {manifest['inputs'].get('source', '')}"
+    return CalibrationCapture(records[:fit_records], records[fit_records:], where, embed)

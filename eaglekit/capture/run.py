@@ -19,7 +19,7 @@ from eaglekit import __version__
 from eaglekit.capture import store as st
 from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import CaptureInterrupted, CheckpointError, UsageError
-from eaglekit.finetune.data import DataOptions, content_address, plan_sequences
+from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.quantization import scheme
 from eaglekit.target import TargetInfo, read_target
@@ -45,6 +45,9 @@ class CaptureOptions:
     dtype: str = "auto"
     target_quantization: str | None = None  # reference engine: the served numerics it emulates
     force: bool = False  # replace a store of another capture
+    calibration: bool = False  # capture upgrade's calibration text (fit and held-out parts) instead of the data
+    calibration_file: str | None = None  # default: the bundled calibration text
+    calibration_tokens: int = 2048
 
     def check(self) -> None:
         self.data.check()
@@ -55,6 +58,11 @@ class CaptureOptions:
         if self.tensor_parallel_size < 1:
             raise UsageError("--tensor-parallel-size must be at least 1")
         st.check_store_dtype(self.store_dtype)
+        if self.calibration and self.data != DataOptions():
+            raise UsageError("--calibration captures upgrade's calibration text: it cannot be combined with --data, "
+                             "--generate, --context-tokens, --code-tokens or --templates")
+        if self.calibration_file and not self.calibration:
+            raise UsageError("--calibration-file needs --calibration")
         if self.data.hidden_states:
             raise UsageError("capture reads no --hidden-states: import such files with --import")
         if self.draft and self.aux_ids is not None:
@@ -164,6 +172,19 @@ def _backend(opts: CaptureOptions, target, sequences: Sequence[Sequence[int]], l
                              dtype=opts.dtype)
 
 
+def _plan(tokenizer, opts: CaptureOptions, on_stage: Stage | None) -> tuple[SequencePlan, int | None]:
+    """(the sequences to capture, how many of them upgrade fits on when they are its calibration text)."""
+    if not opts.calibration:
+        return plan_sequences(tokenizer, opts.data, on_stage=on_stage), None
+    from eaglekit.upgrade.capture import calibration_sequences
+
+    fit, held_out, where = calibration_sequences(tokenizer, text_file=opts.calibration_file,
+                                                 max_tokens=opts.calibration_tokens)
+    return SequencePlan(where, fit + held_out, [], opts.calibration_tokens, [],
+                        f"upgrade's calibration text ({where}): {len(fit)} fit and {len(held_out)} held-out "
+                        "sequences"), len(fit)
+
+
 def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = None) -> CaptureReport:
     """Capture (or complete) the hidden-state store at `store` for `opts.target` on `opts.data`."""
     started = time.perf_counter()
@@ -171,18 +192,22 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
     info = read_target(opts.target)
     aux_ids, ids_from = capture_layer_ids(info, opts)
     refuse_clobber([Role("store", store)], [*target_roles(opts.target), *read_roles("--draft", opts.draft),
-                                             *read_roles("--data", opts.data.data_file)])
+                                             *read_roles("--data", opts.data.data_file),
+                                             *read_roles("--calibration-file", opts.calibration_file)])
     from eaglekit.target_model import load_tokenizer
 
     folder = os.path.dirname(os.path.abspath(info.path))
     tokenizer = load_tokenizer(folder, info)
     if tokenizer is None:
         raise CheckpointError("the target has no tokenizer; capture needs one to encode the data", folder)
-    plan = plan_sequences(tokenizer, opts.data, on_stage=on_stage)
-    inputs = {"sha256": content_address({"prompts": hashlib.sha256(json.dumps(plan.prompts).encode()).hexdigest(),
-                                         "code": hashlib.sha256(json.dumps(plan.code).encode()).hexdigest(),
-                                         "generate": opts.data.generate, "limit": plan.limit}),
-              "source": plan.source}
+    plan, fit_records = _plan(tokenizer, opts, on_stage)
+    inputs: dict[str, Any] = {
+        "sha256": content_address({"prompts": hashlib.sha256(json.dumps(plan.prompts).encode()).hexdigest(),
+                                   "code": hashlib.sha256(json.dumps(plan.code).encode()).hexdigest(),
+                                   "generate": opts.data.generate, "limit": plan.limit}),
+        "source": plan.source}
+    if fit_records is not None:
+        inputs["calibration_fit_records"] = fit_records
     engine = _engine_block(opts)
     identity = store_identity(info, aux_ids, engine, inputs, opts)
     manifest, done = st.open_store(store, identity, force=opts.force)

@@ -59,6 +59,12 @@ def _engine_args(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               help="Also capture about this many tokens of Python standard-library source (plain text).")
 @click.option("--templates", default="chat", show_default=True,
               help="Prompt shapes in turn: chat, system, raw (e.g. chat,system,raw).")
+@click.option("--calibration", is_flag=True,
+              help="Capture upgrade's calibration text (its fit and held-out sequences) for `upgrade --store`.")
+@click.option("--calibration-file", type=click.Path(dir_okay=False),
+              help="--calibration: this text instead of the bundled prose and code sample.")
+@click.option("--calibration-tokens", type=int, default=2048, show_default=True,
+              help="--calibration: tokens of the text to capture.")
 @click.option("--draft", help="Capture the aux layer ids this draft reads.")
 @click.option("--aux-layer-ids", help="Aux layer ids to capture (vLLM convention), e.g. 2,15,27 [default: the "
                                       "draft's, else the target's (2, L//2, L-3)]. Id L is always captured.")
@@ -83,7 +89,8 @@ def _engine_args(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
 def capture_command(target, store, data_file, data_limit, prompts_file, generate, context_tokens, context_every,
-                    max_length, code_tokens, templates, draft, aux_layer_ids, engine, tensor_parallel_size,
+                    max_length, code_tokens, templates, calibration, calibration_file, calibration_tokens, draft,
+                    aux_layer_ids, engine, tensor_parallel_size,
                     engine_arg, engine_python, shard_tokens, store_dtype, device, dtype, target_quantization, force,
                     no_progress, output_format):
     """Capture TARGET's hidden states (the draft's aux ids plus id L) into STORE, shard by shard.
@@ -104,7 +111,8 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
                          code_tokens=code_tokens, templates=tuple(list_items(templates))),
         draft=draft, aux_ids=aux_ids(aux_layer_ids), engine=engine, tensor_parallel_size=tensor_parallel_size,
         engine_args=_engine_args(engine_arg), engine_python=engine_python, shard_tokens=shard_tokens,
-        store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force)
+        store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force,
+        calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens)
     with _Progress(not no_progress, sys.stderr.isatty(), 0) as progress:
         report = capture_store(store, opts, on_stage=progress.on_stage)
     doc = report.to_dict()
