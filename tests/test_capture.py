@@ -193,3 +193,32 @@ def test_cli_json_report_inspect_without_torch_and_the_model_folder_rule(env, wh
     inside = run_cli(["capture", env["target"], str(other / "states"), "--data", env["data"], "--no-progress"])
     assert inside.exit_code == 2 and "lies inside the model folder" in inside.stderr
     assert len(inside.stderr.strip().splitlines()) == 1 and not os.path.exists(other / "states")
+
+
+def test_vllm_extract_hidden_states_files_import_with_labels_from_id_L(env, tmp_path):
+    from safetensors.torch import save_file
+
+    from eaglekit.capture.reader import read_training_store
+    from eaglekit.target import read_target
+
+    target = load_target(env["target"])
+    files = tmp_path / "vllm"
+    files.mkdir()
+    sequences = [[5, 17, 42, 99, 7, 3], [8, 9, 10, 11], [100, 200, 300, 12, 13, 14, 15]]
+    for n, seq in enumerate(sequences):  # vLLM's layout: [tokens, layers, hidden], slots in ascending id order
+        states = torch.stack([s[0] for s in target.forward(torch.tensor([seq]), (1, 2, 4)).aux], dim=1)
+        save_file({"hidden_states": states.contiguous(), "token_ids": torch.tensor(seq)},
+                  str(files / f"hs_{n}.safetensors"))
+    store = str(tmp_path / "store")
+    report = capture_store(store, CaptureOptions(target=env["target"], import_dir=str(files), captured_ids=(1, 2, 4),
+                                                 store_dtype="float32"))
+    assert report.records == 3 and report.layer_ids == {"aux": [1, 2], "last": 4} and report.engine["name"] == "import"
+    data = read_training_store(store, read_target(env["target"]), (1, 2))
+    for k, seq in enumerate(sequences):
+        lo, hi = data.offsets[k], data.offsets[k + 1]
+        assert data.tokens[lo:hi].tolist() == seq
+        assert torch.equal(data.labels[lo:hi], target.forward(torch.tensor([seq]), ()).logits[0].argmax(-1))
+    with pytest.raises(UsageError, match=r"has no id L=4 \(the last layer's output before the final norm\)"):
+        capture_store(str(tmp_path / "no-L"), CaptureOptions(target=env["target"], import_dir=str(files),
+                                                             captured_ids=(1, 2, 3)))
+    assert not os.path.exists(tmp_path / "no-L")

@@ -48,6 +48,8 @@ class CaptureOptions:
     calibration: bool = False  # capture upgrade's calibration text (fit and held-out parts) instead of the data
     calibration_file: str | None = None  # default: the bundled calibration text
     calibration_tokens: int = 2048
+    import_dir: str | None = None  # vLLM extract_hidden_states files to import instead of running a backend
+    captured_ids: tuple[int, ...] | None = None  # the eagle_aux_hidden_state_layer_ids those files hold
 
     def check(self) -> None:
         self.data.check()
@@ -65,6 +67,12 @@ class CaptureOptions:
             raise UsageError("--calibration-file needs --calibration")
         if self.data.hidden_states:
             raise UsageError("capture reads no --hidden-states: import such files with --import")
+        if self.import_dir and (self.data != DataOptions() or self.calibration or self.engine != "reference"):
+            raise UsageError("--import brings its own sequences and states: it cannot be combined with --data, "
+                             "--generate, --templates, --calibration or --engine")
+        if self.import_dir and not self.captured_ids:
+            raise UsageError("--import needs --captured-ids: the eagle_aux_hidden_state_layer_ids vLLM ran with (its "
+                             "files do not record them)")
         if self.draft and self.aux_ids is not None:
             raise UsageError("give --draft or --aux-layer-ids, not both")
         if self.engine == "vllm" and self.data.generate:
@@ -109,9 +117,21 @@ def capture_layer_ids(info: TargetInfo, opts: CaptureOptions) -> tuple[tuple[int
         ids, where = tuple(spec.aux.ids), f"the draft {spec.path}"
     elif opts.aux_ids is not None:
         ids, where = tuple(opts.aux_ids), "--aux-layer-ids"
+    elif opts.captured_ids is not None:
+        ids, where = tuple(i for i in opts.captured_ids if i != info.num_layers), "--captured-ids"
     else:
         ids, where = info.default_aux_ids, "the target's default (2, L//2, L-3)"
     ids = tuple(sorted(set(int(i) for i in ids)))
+    if opts.captured_ids is not None:
+        L = info.num_layers
+        if L not in opts.captured_ids:
+            raise UsageError(f"--captured-ids {list(opts.captured_ids)} has no id L={L} (the last layer's output "
+                             "before the final norm): the target's greedy labels come from it; rerun vLLM with "
+                             f"{L} added to eagle_aux_hidden_state_layer_ids", opts.import_dir)
+        missing = [i for i in ids if i not in opts.captured_ids]
+        if missing:
+            raise UsageError(f"aux ids {missing} were not captured: the files hold {sorted(opts.captured_ids)}",
+                             opts.import_dir)
     bad = [i for i in ids if not 0 <= i <= info.num_layers]
     if not ids or bad:
         raise UsageError(f"aux layer ids {list(bad or ids)} are outside [0, {info.num_layers}] for this target "
@@ -156,22 +176,6 @@ def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, A
     }
 
 
-def _backend(opts: CaptureOptions, target, sequences: Sequence[Sequence[int]], layer_ids: Sequence[int]
-             ) -> Iterator[CapturedSequence]:
-    if opts.engine == "reference":
-        from eaglekit.capture.reference import capture_with_reference
-
-        return capture_with_reference(target, sequences, layer_ids)
-    try:
-        from eaglekit.capture.vllm_engine import capture_with_vllm  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        raise UsageError("--engine vllm is not available in this eaglekit build (eaglekit.capture.vllm_engine is "
-                         "missing); use --engine reference") from None
-    return capture_with_vllm(opts.target, sequences, layer_ids, python=opts.engine_python,
-                             tensor_parallel_size=opts.tensor_parallel_size, engine_args=dict(opts.engine_args),
-                             dtype=opts.dtype)
-
-
 def _plan(tokenizer, opts: CaptureOptions, on_stage: Stage | None) -> tuple[SequencePlan, int | None]:
     """(the sequences to capture, how many of them upgrade fits on when they are its calibration text)."""
     if not opts.calibration:
@@ -185,15 +189,20 @@ def _plan(tokenizer, opts: CaptureOptions, on_stage: Stage | None) -> tuple[Sequ
                         "sequences"), len(fit)
 
 
-def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = None) -> CaptureReport:
-    """Capture (or complete) the hidden-state store at `store` for `opts.target` on `opts.data`."""
-    started = time.perf_counter()
-    opts.check()
-    info = read_target(opts.target)
-    aux_ids, ids_from = capture_layer_ids(info, opts)
-    refuse_clobber([Role("store", store)], [*target_roles(opts.target), *read_roles("--draft", opts.draft),
-                                             *read_roles("--data", opts.data.data_file),
-                                             *read_roles("--calibration-file", opts.calibration_file)])
+@dataclass
+class _Source:
+    """Where a capture's records come from: what identifies them, and how to produce them."""
+
+    engine: dict[str, Any]
+    inputs: dict[str, Any]
+    notes: list[str]
+    sequences: Callable[[], list[list[int]]]  # the planned sequences (a new store only)
+    records: Callable[[Sequence[Sequence[int]]], Iterator[CapturedSequence]]  # their states, in order
+
+
+def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions,
+                   on_stage: Stage | None) -> _Source:
+    """The target run by the reference hooks or vLLM on the planned data (or calibration text)."""
     from eaglekit.target_model import load_tokenizer
 
     folder = os.path.dirname(os.path.abspath(info.path))
@@ -208,21 +217,94 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
         "source": plan.source}
     if fit_records is not None:
         inputs["calibration_fit_records"] = fit_records
-    engine = _engine_block(opts)
-    identity = store_identity(info, aux_ids, engine, inputs, opts)
-    manifest, done = st.open_store(store, identity, force=opts.force)
-    layer_ids = tuple(sorted(set(aux_ids) | {info.num_layers}))
-    target = None
-    if opts.engine == "reference" and (manifest is None or not manifest.get("complete") or
-                                       len(done) < len(manifest["shards"])):
-        from eaglekit.target_model import load_target
+    loaded: list[Any] = []
 
-        if on_stage:
-            on_stage("loading the target", 0, 1)
-        target = load_target(folder, device=opts.device, dtype=opts.dtype, quantization=opts.target_quantization)
+    def target():
+        """The reference target, loaded once and only when there is work for it."""
+        if opts.engine != "reference":
+            return None
+        if not loaded:
+            from eaglekit.target_model import load_target
+
+            if on_stage:
+                on_stage("loading the target", 0, 1)
+            loaded.append(load_target(folder, device=opts.device, dtype=opts.dtype,
+                                      quantization=opts.target_quantization))
+        return loaded[0]
+
+    layer_ids = tuple(sorted(set(aux_ids) | {info.num_layers}))
+
+    def records(sequences: Sequence[Sequence[int]]) -> Iterator[CapturedSequence]:
+        if opts.engine == "reference":
+            from eaglekit.capture.reference import capture_with_reference
+
+            return capture_with_reference(target(), sequences, layer_ids)
+        try:
+            from eaglekit.capture.vllm_engine import (  # type: ignore[import-not-found, unused-ignore]
+                capture_with_vllm,
+            )
+        except ImportError:
+            raise UsageError("--engine vllm is not available in this eaglekit build (eaglekit.capture.vllm_engine "
+                             "is missing); use --engine reference") from None
+        return capture_with_vllm(opts.target, sequences, layer_ids, python=opts.engine_python,
+                                 tensor_parallel_size=opts.tensor_parallel_size, engine_args=dict(opts.engine_args),
+                                 dtype=opts.dtype)
+
+    return _Source(_engine_block(opts), inputs, list(plan.notes),
+                   lambda: plan.complete(target(), opts.data, on_stage=on_stage), records)
+
+
+def _imported_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions) -> _Source:
+    """vLLM extract_hidden_states files (one per request, natural name order) read as records."""
+    import torch
+    from safetensors import safe_open
+
+    from eaglekit.finetune.hidden_states import TOKENS, capture_files, read_capture_file
+
+    assert opts.import_dir is not None and opts.captured_ids is not None
+    files = capture_files(opts.import_dir)
+    captured = tuple(sorted(opts.captured_ids))
+    layer_ids = tuple(sorted(set(aux_ids) | {info.num_layers}))
+
+    def sequences() -> list[list[int]]:
+        out = []
+        for path in files:
+            with safe_open(path, "pt") as fh:
+                out.append(fh.get_tensor(TOKENS).tolist() if TOKENS in fh.keys() else [])
+        return out
+
+    def records(planned: Sequence[Sequence[int]]) -> Iterator[CapturedSequence]:
+        for index, path in enumerate(files[len(files) - len(planned):]):
+            token_ids, states = read_capture_file(path, layer_ids, captured)
+            yield CapturedSequence(index=index, token_ids=tuple(token_ids.tolist()),
+                                   states={i: states[:, k].to(torch.float32) for k, i in enumerate(layer_ids)})
+
+    listing = [(os.path.basename(p), os.path.getsize(p)) for p in files]
+    inputs = {"sha256": content_address({"files": listing, "captured_ids": list(captured)}),
+              "source": f"{os.path.abspath(opts.import_dir)} ({len(files)} vLLM extract_hidden_states files)"}
+    engine: dict[str, Any] = {"name": "import", "version": None, "dtype": None, "quantization": "as served",
+              "tensor_parallel_size": 1, "engine_args": {}}
+    return _Source(engine, inputs, [], sequences, records)
+
+
+def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = None) -> CaptureReport:
+    """Capture (or complete) the hidden-state store at `store` for `opts.target` on `opts.data` (or import
+    `opts.import_dir`'s vLLM files into it)."""
+    started = time.perf_counter()
+    opts.check()
+    info = read_target(opts.target, decoder=not opts.import_dir)  # an import needs the target's facts only
+    aux_ids, ids_from = capture_layer_ids(info, opts)
+    refuse_clobber([Role("store", store)], [*target_roles(opts.target), *read_roles("--draft", opts.draft),
+                                             *read_roles("--data", opts.data.data_file),
+                                             *read_roles("--calibration-file", opts.calibration_file),
+                                             *read_roles("--import", opts.import_dir)])
+    source = _imported_source(info, aux_ids, opts) if opts.import_dir else _engine_source(info, aux_ids, opts,
+                                                                                         on_stage)
+    identity = store_identity(info, aux_ids, source.engine, source.inputs, opts)
+    manifest, done = st.open_store(store, identity, force=opts.force)
     resumed_from = None
     if manifest is None:
-        sequences = plan.complete(target, opts.data, on_stage=on_stage)
+        sequences = source.sequences()
         digest = st.write_plan(store, sequences)
         manifest = {"format": st.FORMAT, "version": st.VERSION, **identity,
                     "plan": {"sha256": digest, "records": len(sequences), "tokens": sum(map(len, sequences))}}
@@ -235,7 +317,7 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
     start = writer.next_record
     try:
         if start < len(sequences):
-            for record in _backend(opts, target, sequences[start:], layer_ids):
+            for record in source.records(sequences[start:]):
                 writer.add(dataclasses.replace(record, index=record.index + start))
                 if on_stage:
                     on_stage("capturing target states", writer.next_record, len(sequences))
@@ -248,11 +330,11 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
         kept = writer.done[-1].end_record if writer.done else 0
         raise CaptureInterrupted(f"interrupted after {kept} of {len(sequences)} records ({len(writer.done)} "
                                  "shard(s) kept); rerun the same command to resume", store) from None
-    notes = [f"aux ids from {ids_from}; id {info.num_layers} (L) is always captured"] + list(plan.notes)
+    notes = [f"aux ids from {ids_from}; id {info.num_layers} (L) is always captured", *source.notes]
     return CaptureReport(
-        store=os.path.abspath(store), target=opts.target, engine=engine,
+        store=os.path.abspath(store), target=opts.target, engine=source.engine,
         layer_ids={"aux": list(aux_ids), "last": info.num_layers}, store_dtype=opts.store_dtype,
         records=len(sequences), tokens=sum(s.tokens for s in writer.done), shards=len(writer.done),
         bytes=sum(s.bytes for s in writer.done), resumed_from=resumed_from,
-        captured_records=len(sequences) - start, complete=True, data=plan.source,
+        captured_records=len(sequences) - start, complete=True, data=source.inputs["source"],
         seconds=time.perf_counter() - started, notes=notes)

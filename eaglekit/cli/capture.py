@@ -65,6 +65,10 @@ def _engine_args(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               help="--calibration: this text instead of the bundled prose and code sample.")
 @click.option("--calibration-tokens", type=int, default=2048, show_default=True,
               help="--calibration: tokens of the text to capture.")
+@click.option("--import", "import_dir", type=click.Path(file_okay=False),
+              help="Import vLLM extract_hidden_states files (one per request) instead of running the target.")
+@click.option("--captured-ids", help="--import: the eagle_aux_hidden_state_layer_ids vLLM ran with (must include "
+                                     "id L, which the labels come from).")
 @click.option("--draft", help="Capture the aux layer ids this draft reads.")
 @click.option("--aux-layer-ids", help="Aux layer ids to capture (vLLM convention), e.g. 2,15,27 [default: the "
                                       "draft's, else the target's (2, L//2, L-3)]. Id L is always captured.")
@@ -89,7 +93,8 @@ def _engine_args(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
 def capture_command(target, store, data_file, data_limit, prompts_file, generate, context_tokens, context_every,
-                    max_length, code_tokens, templates, calibration, calibration_file, calibration_tokens, draft,
+                    max_length, code_tokens, templates, calibration, calibration_file, calibration_tokens, import_dir,
+                    captured_ids, draft,
                     aux_layer_ids, engine, tensor_parallel_size,
                     engine_arg, engine_python, shard_tokens, store_dtype, device, dtype, target_quantization, force,
                     no_progress, output_format):
@@ -112,7 +117,8 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
         draft=draft, aux_ids=aux_ids(aux_layer_ids), engine=engine, tensor_parallel_size=tensor_parallel_size,
         engine_args=_engine_args(engine_arg), engine_python=engine_python, shard_tokens=shard_tokens,
         store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force,
-        calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens)
+        calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens,
+        import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"))
     with _Progress(not no_progress, sys.stderr.isatty(), 0) as progress:
         report = capture_store(store, opts, on_stage=progress.on_stage)
     doc = report.to_dict()
