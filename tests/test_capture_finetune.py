@@ -74,7 +74,7 @@ def test_finetune_from_a_store_never_loads_the_decoder_and_equals_the_in_memory_
 
     monkeypatch.setattr(eaglekit.target_model, "load_target", refuse)
     stored = str(tmp_path / "stored")
-    opts = train_options(env, store=env["stores"]["bfloat16"], max_resident_shards=1)
+    opts = train_options(env, store=env["stores"]["bfloat16"], max_resident_shards=64)  # one window: every shard
     report = finetune(env["draft"], stored, FinetuneOptions(**{**opts.__dict__, "target": env["head_only"],
                                                                 "data": DataOptions()}))
     assert report.data["sequences"] == 16 and report.training["steps"] == 4
@@ -82,6 +82,24 @@ def test_finetune_from_a_store_never_loads_the_decoder_and_equals_the_in_memory_
     assert not torch.equal(want["fc.weight"], source["fc.weight"])  # it trained
     for name in want:
         assert torch.equal(want[name], got[name]), name
+
+
+def test_with_few_resident_shards_an_epoch_reads_each_shard_once(env):
+    import random
+
+    from eaglekit.finetune.train import batch_groups, make_batch
+
+    data = read_training_store(env["stores"]["bfloat16"], read_target(env["target"]), AUX, max_resident=1)
+    shards = len(data.aux.shards)
+    assert shards >= 4
+    stream = batch_groups(data.offsets, 256, random.Random(0), data.aux.window_of(data.offsets[:-1]).tolist())
+    seen: list[int] = []
+    while len(seen) < data.sequences:  # one epoch: the batches partition the sequences
+        group = next(stream)
+        _, _, aux, _ = make_batch(data, group, 2, torch.arange(VOCAB))
+        assert len(data.aux._cache) == 1 and aux.abs().sum() > 0
+        seen += group
+    assert sorted(seen) == list(range(data.sequences)) and data.aux.loads == shards
 
 
 def test_a_store_of_another_target_or_ids_is_refused(env, tmp_path):

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from eaglekit.capture import store as st
+from eaglekit.capture.run import REFERENCE
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.target import TargetInfo
 
@@ -54,6 +55,17 @@ class StoreRows:
             self._cache.popitem(last=False)
         return aux
 
+    def store_rows(self, local: torch.Tensor) -> torch.Tensor:
+        return local if self.rows is None else self.rows[local]
+
+    def window_of(self, local: torch.Tensor) -> torch.Tensor:
+        """The window (max_resident consecutive shards) holding each of these rows of the view: training draws a
+        batch from one window at a time, so each shard is read once per epoch."""
+        import torch
+
+        shard = torch.searchsorted(self.starts, self.store_rows(local), right=True) - 1
+        return torch.div(shard, self.max_resident, rounding_mode="floor")
+
     def fetch(self, rows: torch.Tensor) -> torch.Tensor:
         """The store rows `rows` (int64 [n]), shard by shard in the order they are first needed."""
         import torch
@@ -70,8 +82,7 @@ class StoreRows:
 
         if isinstance(key, slice):
             start, stop, step = key.indices(self.shape[0])
-            local = torch.arange(start, stop, step, dtype=torch.long)
-            return self.fetch(local if self.rows is None else self.rows[local])
+            return self.fetch(self.store_rows(torch.arange(start, stop, step, dtype=torch.long)))
         if isinstance(key, torch.Tensor) and key.dtype == torch.long and key.dim() == 1:
             view = StoreRows(self.store, self.shards, self.starts, self.columns, self.hidden, self.max_resident,
                              key if self.rows is None else self.rows[key])
@@ -96,7 +107,7 @@ def check_store_target(manifest: dict[str, Any], info: TargetInfo, where: str, *
         raise UsageError(f"the store was captured from another target: its {', '.join(names[k] for k in changed)} "
                          f"differ from {os.path.dirname(info.path)}'s", where)
     engine = manifest["engine"]
-    stored = engine.get("quantization") if engine.get("name") == "reference" else None
+    stored = engine.get("quantization") if engine.get("name") == REFERENCE else None
     if stored != quantization:
         raise UsageError(f"the store holds states of the target computed with {stored or 'full precision'} "
                          f"numerics, this run asks for {quantization or 'full precision'}", where)

@@ -25,7 +25,8 @@ from eaglekit.quantization import scheme
 from eaglekit.target import TargetInfo, read_target
 
 Stage = Callable[[str, int, int], None]
-ENGINES = ("reference", "vllm")
+REFERENCE = "reference"  # the in-process backend; every other engine serves the target out of process
+ENGINES = (REFERENCE, "vllm")
 DEFAULT_SHARD_TOKENS = 1 << 16
 
 
@@ -67,7 +68,7 @@ class CaptureOptions:
             raise UsageError("--calibration-file needs --calibration")
         if self.data.hidden_states:
             raise UsageError("capture reads no --hidden-states: import such files with --import")
-        if self.import_dir and (self.data != DataOptions() or self.calibration or self.engine != "reference"):
+        if self.import_dir and (self.data != DataOptions() or self.calibration or self.engine != REFERENCE):
             raise UsageError("--import brings its own sequences and states: it cannot be combined with --data, "
                              "--generate, --templates, --calibration or --engine")
         if self.import_dir and not self.captured_ids:
@@ -75,12 +76,12 @@ class CaptureOptions:
                              "files do not record them)")
         if self.draft and self.aux_ids is not None:
             raise UsageError("give --draft or --aux-layer-ids, not both")
-        if self.engine == "vllm" and self.data.generate:
+        if self.engine != REFERENCE and self.data.generate:
             raise UsageError("--generate runs the target's greedy decode with --engine reference only")
-        if self.engine == "vllm" and self.target_quantization:
+        if self.engine != REFERENCE and self.target_quantization:
             raise UsageError("--target-quantization emulates served numerics in the reference engine; vLLM serves "
                              "a quantized checkpoint as it is")
-        if self.engine == "reference" and (self.tensor_parallel_size != 1 or self.engine_args or self.engine_python):
+        if self.engine == REFERENCE and (self.tensor_parallel_size != 1 or self.engine_args or self.engine_python):
             raise UsageError("--tensor-parallel-size, --engine-arg and --engine-python apply to --engine vllm")
 
 
@@ -141,7 +142,7 @@ def capture_layer_ids(info: TargetInfo, opts: CaptureOptions) -> tuple[tuple[int
 
 def _engine_block(opts: CaptureOptions) -> dict[str, Any]:
     """What computed the states: engine, its version, dtype and numerics (part of the store's identity)."""
-    if opts.engine == "reference":
+    if opts.engine == REFERENCE:
         import torch
         import transformers
 
@@ -153,7 +154,7 @@ def _engine_block(opts: CaptureOptions) -> dict[str, Any]:
         return {"name": "reference", "version": f"transformers {transformers.__version__}, torch {torch.__version__}",
                 "dtype": resolved, "quantization": served.name if served else None, "tensor_parallel_size": 1,
                 "engine_args": {}}
-    return {"name": "vllm", "version": None, "dtype": opts.dtype, "quantization": "as served",
+    return {"name": opts.engine, "version": None, "dtype": opts.dtype, "quantization": "as served",
             "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": dict(opts.engine_args)}
 
 
@@ -221,7 +222,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
 
     def target():
         """The reference target, loaded once and only when there is work for it."""
-        if opts.engine != "reference":
+        if opts.engine != REFERENCE:
             return None
         if not loaded:
             from eaglekit.target_model import load_target
@@ -235,7 +236,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
     layer_ids = tuple(sorted(set(aux_ids) | {info.num_layers}))
 
     def records(sequences: Sequence[Sequence[int]]) -> Iterator[CapturedSequence]:
-        if opts.engine == "reference":
+        if opts.engine == REFERENCE:
             from eaglekit.capture.reference import capture_with_reference
 
             return capture_with_reference(target(), sequences, layer_ids)
