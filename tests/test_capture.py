@@ -181,6 +181,7 @@ def test_cli_json_report_inspect_without_torch_and_the_model_folder_rule(env, wh
                           env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr[-2000:]
     shown = json.loads(proc.stdout)
+    jsonschema.validate(shown, json.load(open(os.path.join(REPO, "eaglekit", "schemas", "store-inspect.schema.json"))))
     assert shown["kind"] == "hidden-state store" and shown["complete"] and shown["tokens"] == doc["tokens"]
     assert shown["tensors"]["aux"]["shape"][1:] == [2, 64] and not shown["problems"]
     os.truncate(os.path.join(store, st.shard_name(1)), 100)
