@@ -138,6 +138,8 @@ def test_a_store_of_another_capture_is_refused_and_force_replaces_it(env, whole,
     with pytest.raises(UsageError, match="differs in store.dtype"):
         capture_store(store, options(env, store_dtype="bfloat16"))
     assert folder_bytes(store) == folder_bytes(whole[0])
+    with st.store_lock(store), pytest.raises(UsageError, match="another capture is writing this store now"):
+        capture_store(store, options(env))  # a second capture while the first still runs
     report = capture_store(store, options(env, aux_ids=(1, 3), force=True))
     assert report.resumed_from is None and st.read_manifest(store)["layer_ids"]["aux"] == [1, 3]
     foreign = tmp_path / "foreign"

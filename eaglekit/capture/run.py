@@ -301,36 +301,37 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
                                              *read_roles("--import", opts.import_dir)])
     source = _imported_source(info, aux_ids, opts) if opts.import_dir else _engine_source(info, aux_ids, opts,
                                                                                          on_stage)
-    identity = store_identity(info, aux_ids, source.engine, source.inputs, opts)
-    manifest, done = st.open_store(store, identity, force=opts.force)
-    resumed_from = None
-    if manifest is None:
-        sequences = source.sequences()
-        digest = st.write_plan(store, sequences)
-        manifest = {"format": st.FORMAT, "version": st.VERSION, **identity,
-                    "plan": {"sha256": digest, "records": len(sequences), "tokens": sum(map(len, sequences))}}
-        st.write_manifest(store, {**manifest, "complete": False, "records": 0, "tokens": 0, "shards": []})
-    else:
-        sequences = st.read_plan(store, manifest)
-        resumed_from = done[-1].end_record if done else 0
-    writer = st.StoreWriter(store, manifest, done, aux_ids=aux_ids, last_id=info.num_layers,
-                            shard_tokens=opts.shard_tokens, store_dtype=opts.store_dtype)
-    start = writer.next_record
-    try:
-        if start < len(sequences):
-            for record in source.records(sequences[start:]):
-                writer.add(dataclasses.replace(record, index=record.index + start))
-                if on_stage:
-                    on_stage("capturing target states", writer.next_record, len(sequences))
-            writer.flush()
-        if writer.next_record != len(sequences):
-            raise CheckpointError(f"the capture backend returned {writer.next_record - start} of "
-                                  f"{len(sequences) - start} records", store)
-        writer.write_manifest(complete=True)
-    except KeyboardInterrupt:
-        kept = writer.done[-1].end_record if writer.done else 0
-        raise CaptureInterrupted(f"interrupted after {kept} of {len(sequences)} records ({len(writer.done)} "
-                                 "shard(s) kept); rerun the same command to resume", store) from None
+    with st.store_lock(store):
+        identity = store_identity(info, aux_ids, source.engine, source.inputs, opts)
+        manifest, done = st.open_store(store, identity, force=opts.force)
+        resumed_from = None
+        if manifest is None:
+            sequences = source.sequences()
+            digest = st.write_plan(store, sequences)
+            manifest = {"format": st.FORMAT, "version": st.VERSION, **identity,
+                        "plan": {"sha256": digest, "records": len(sequences), "tokens": sum(map(len, sequences))}}
+            st.write_manifest(store, {**manifest, "complete": False, "records": 0, "tokens": 0, "shards": []})
+        else:
+            sequences = st.read_plan(store, manifest)
+            resumed_from = done[-1].end_record if done else 0
+        writer = st.StoreWriter(store, manifest, done, aux_ids=aux_ids, last_id=info.num_layers,
+                                shard_tokens=opts.shard_tokens, store_dtype=opts.store_dtype)
+        start = writer.next_record
+        try:
+            if start < len(sequences):
+                for record in source.records(sequences[start:]):
+                    writer.add(dataclasses.replace(record, index=record.index + start))
+                    if on_stage:
+                        on_stage("capturing target states", writer.next_record, len(sequences))
+                writer.flush()
+            if writer.next_record != len(sequences):
+                raise CheckpointError(f"the capture backend returned {writer.next_record - start} of "
+                                      f"{len(sequences) - start} records", store)
+            writer.write_manifest(complete=True)
+        except KeyboardInterrupt:
+            kept = writer.done[-1].end_record if writer.done else 0
+            raise CaptureInterrupted(f"interrupted after {kept} of {len(sequences)} records ({len(writer.done)} "
+                                     "shard(s) kept); rerun the same command to resume", store) from None
     notes = [f"aux ids from {ids_from}; id {info.num_layers} (L) is always captured", *source.notes]
     return CaptureReport(
         store=os.path.abspath(store), target=opts.target, engine=source.engine,

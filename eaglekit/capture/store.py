@@ -29,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 FORMAT = "eaglekit-hidden-states"
 VERSION = 1
 MANIFEST = "manifest.json"
+LOCK = ".capture.lock"  # held (flock) by the one capture writing the store
 PLAN = "sequences.safetensors"
 SHARD_PREFIX, SHARD_SUFFIX = "shard-", ".safetensors"
 STORE_DTYPES = ("bfloat16", "float32", "fp8")
@@ -352,6 +354,36 @@ def own_files(store: str) -> list[str]:
     return names
 
 
+def _refuse_foreign(store: str) -> None:
+    foreign = sorted(set(os.listdir(store)) - set(own_files(store)) - {LOCK})
+    if foreign:
+        raise UsageError(f"the store folder holds {foreign[0][:80]!r}, which is not part of a hidden-state store: "
+                         "choose an empty or new folder", store)
+
+
+@contextmanager
+def store_lock(store: str) -> Iterator[None]:
+    """Hold the store's lock while writing it (the folder is made if missing): a second capture into the same store
+    is refused instead of removing the first one's files as a killed run's leftovers."""
+    import fcntl
+
+    from eaglekit.io.writer import check_parent
+
+    if os.path.lexists(store) and not os.path.isdir(store):
+        raise UsageError("the store path exists and is not a folder", store)
+    if not os.path.isdir(store):
+        check_parent(store)
+        os.mkdir(store)
+    _refuse_foreign(store)  # before the lock file is made: a folder of other files is left as it was
+    with open(os.path.join(store, LOCK), "a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError("another capture is writing this store now; wait for it or choose another folder",
+                             store) from None
+        yield
+
+
 def open_store(store: str, identity: dict[str, Any], *,
                force: bool = False) -> tuple[dict[str, Any] | None, list[Shard]]:
     """(the existing manifest, its intact shards) to resume from, or (None, []) for a fresh store.
@@ -367,10 +399,7 @@ def open_store(store: str, identity: dict[str, Any], *,
         check_parent(store)
         os.mkdir(store)
         return None, []
-    foreign = sorted(set(os.listdir(store)) - set(own_files(store)))
-    if foreign:
-        raise UsageError(f"the store folder holds {foreign[0][:80]!r}, which is not part of a hidden-state store: "
-                         "choose an empty or new folder", store)
+    _refuse_foreign(store)
     manifest = read_manifest(store) if os.path.isfile(os.path.join(store, MANIFEST)) else None
     if manifest is not None:
         changed = differences({k: manifest.get(k) for k in IDENTITY_KEYS}, identity)
