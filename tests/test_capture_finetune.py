@@ -115,3 +115,30 @@ def test_a_store_of_another_target_or_ids_is_refused(env, tmp_path):
     with pytest.raises(UsageError, match="--store brings its own sequences"):
         finetune(env["draft"], str(tmp_path / "c"), opts)
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+
+
+def test_cli_finetune_and_upgrade_from_a_store(env, tmp_path):
+    import json
+
+    import jsonschema
+
+    from tests.cli import run_cli
+
+    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas",
+                                         "finetune-report.schema.json")))
+    out = str(tmp_path / "tuned")
+    result = run_cli(["finetune", env["draft"], out, "--target", env["head_only"], "--store",
+                      env["stores"]["bfloat16"], "--steps", "2", "--batch-tokens", "256", "--no-progress",
+                      "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, schema)
+    assert doc["options"]["store"] == env["stores"]["bfloat16"] and os.path.isfile(os.path.join(out, "config.json"))
+    assert any("held-out evaluation skipped (--store" in n for n in doc["notes"])
+    mixed = run_cli(["finetune", env["draft"], str(tmp_path / "x"), "--target", env["head_only"], "--store",
+                     env["stores"]["bfloat16"], "--data", env["data"], "--no-progress"])
+    assert mixed.exit_code == 2 and "--store brings its own sequences" in mixed.stderr
+    stripped = run_cli(["finetune", env["draft"], str(tmp_path / "y"), "--target", env["head_only"], "--data",
+                        env["data"], "--no-progress", "--no-eval"])
+    assert stripped.exit_code == 1 and "layers" in stripped.stderr  # without a store the decoder is required
+    assert len(stripped.stderr.strip().splitlines()) == 1

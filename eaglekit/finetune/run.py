@@ -305,8 +305,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     if opts.store:
         from eaglekit.capture.reader import read_training_store
 
-        data = read_training_store(opts.store, info, aux_ids, max_resident=opts.max_resident_shards,
-                                   quantization=opts.target_quantization)
+        data = read_training_store(opts.store, info, aux_ids, device=str(device),  # labels: a [rows, V] product
+                                   max_resident=opts.max_resident_shards, quantization=opts.target_quantization)
     else:
         if ranks.main:
             data = build_data(target, opts.target, aux_ids, opts.data, on_stage=on_stage)
