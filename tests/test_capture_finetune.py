@@ -142,3 +142,28 @@ def test_cli_finetune_and_upgrade_from_a_store(env, tmp_path):
                         env["data"], "--no-progress", "--no-eval"])
     assert stripped.exit_code == 1 and "layers" in stripped.stderr  # without a store the decoder is required
     assert len(stripped.stderr.strip().splitlines()) == 1
+
+
+def test_two_gloo_processes_train_from_a_store_as_one_process(env, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    common = [env["draft"], "--target", env["head_only"], "--store", env["stores"]["bfloat16"], "--steps", "3",
+              "--batch-tokens", "256", "--depth", "2", "--precision", "fp32", "--max-resident-shards", "1",
+              "--validation-fraction", "0", "--no-progress", "--format", "json"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": repo}
+    one = subprocess.run([sys.executable, "-m", "eaglekit", "finetune", common[0], str(tmp_path / "one"), *common[1:]],
+                         capture_output=True, text=True, env=environment, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", "29531", "-m", "eaglekit", "finetune",
+                          common[0], str(tmp_path / "two"), *common[1:]],
+                         capture_output=True, text=True, env=environment, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert json.loads(two.stdout)["training"]["world_size"] == 2
+    w1, w2 = (load_file(os.path.join(tmp_path, d, "model.safetensors")) for d in ("one", "two"))
+    for name in w1:
+        torch.testing.assert_close(w2[name].float(), w1[name].float(), rtol=0,
+                                   atol=1e-2 * float(w1[name].float().abs().max() + 1e-6))
