@@ -74,7 +74,7 @@ class StoreRows:
         shard_of = torch.searchsorted(self.starts, rows, right=True) - 1
         for index in dict.fromkeys(shard_of.tolist()):
             picked = (shard_of == index).nonzero().flatten()
-            out[picked] = self._shard(index)[rows[picked] - self.starts[index]]
+            out[picked] = self._shard(index)[rows[picked] - self.starts[index]].to(torch.float32)
         return out
 
     def __getitem__(self, key: Any) -> Any:
@@ -188,7 +188,7 @@ def calibration_from_store(store: str, info: TargetInfo, aux_ids: Sequence[int],
         aux = tensors["aux"][:, columns].reshape(tensors["aux"].shape[0], -1)
         bounds = tensors["offsets"].tolist()
         for lo, hi in zip(bounds, bounds[1:]):
-            records.append(CapturedSequence(tensors["token_ids"][lo:hi].clone(), aux[lo:hi].clone()))
+            records.append(CapturedSequence(tensors["token_ids"][lo:hi].clone(), aux[lo:hi].float()))
             count += hi - lo
             if fit_records is None and count >= max_tokens:
                 break

@@ -27,7 +27,7 @@ from eaglekit.target import TargetInfo, read_target
 Stage = Callable[[str, int, int], None]
 REFERENCE = "reference"  # the in-process backend; every other engine serves the target out of process
 ENGINES = (REFERENCE, "vllm")
-DEFAULT_SHARD_TOKENS = 1 << 16
+DEFAULT_SHARD_TOKENS = 1 << 14  # a shard of a 70B target (H 8192, 3 aux ids, bfloat16): about 1.3 GB
 
 
 @dataclass(frozen=True)

@@ -132,19 +132,21 @@ def shards(store: str, manifest: dict[str, Any]) -> list[Shard]:
 
 
 def shard_intact(store: str, shard: Shard) -> bool:
-    """Whether the file is the shard the manifest lists: its size, then its SHA-256 (the whole file is read)."""
+    """Whether the file is the shard the manifest lists: its size, then its SHA-256 (read in bounded chunks)."""
+    from eaglekit.provenance import sha256_file
+
     path = os.path.join(store, shard.file)
     try:
         if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) != shard.bytes:
             return False
-        with open(path, "rb") as fh:
-            return sha256_bytes(fh.read()) == shard.sha256
-    except OSError:
+        return sha256_file(path) == shard.sha256
+    except (OSError, CheckpointError):
         return False
 
 
 def read_shard(store: str, shard: Shard) -> dict[str, torch.Tensor]:
-    """One shard's tensors, states as float32; refused unless its bytes are exactly the ones the manifest lists."""
+    """One shard's tensors (fp8 states dequantized to float32, others as stored); refused unless its bytes are
+    exactly the ones the manifest lists."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -168,13 +170,10 @@ def read_shard(store: str, shard: Shard) -> dict[str, torch.Tensor]:
 
 
 def dequantized(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`aux` as float32 (an fp8 shard's values times their per-token scales)."""
-    import torch
-
+    """An fp8 shard's `aux` as float32 (its values times their per-token scales)."""
     out = dict(tensors)
     if "aux_scale" in out:
         out["aux"] = out["aux"].float() * out.pop("aux_scale")[..., None]
-    out["aux"] = out["aux"].to(torch.float32)
     return out
 
 
@@ -402,7 +401,8 @@ def open_store(store: str, identity: dict[str, Any], *,
     _refuse_foreign(store)
     manifest = read_manifest(store) if os.path.isfile(os.path.join(store, MANIFEST)) else None
     if manifest is not None:
-        changed = differences({k: manifest.get(k) for k in IDENTITY_KEYS}, identity)
+        changed = [k for k in differences({k: manifest.get(k) for k in IDENTITY_KEYS}, identity)
+                   if k != "inputs.source"]  # the inputs' content decides, not where they were read from
         if changed and not force:
             raise UsageError(f"the store holds another capture (it differs in {', '.join(changed[:4])}): rerun with "
                              "the same inputs to resume, or pass --force to replace it", store)

@@ -81,7 +81,7 @@ def _engine_args(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               help="--engine vllm: an engine argument (repeatable), e.g. max_model_len=8192.")
 @click.option("--engine-python", help="--engine vllm: the Python interpreter that has vLLM [default: "
                                       "$EAGLEKIT_VLLM_PYTHON, else this one].")
-@click.option("--shard-tokens", type=int, default=65536, show_default=True,
+@click.option("--shard-tokens", type=int, default=16384, show_default=True,
               help="Tokens per shard (whole records; a shard ends at the record that reaches this many).")
 @click.option("--store-dtype", type=click.Choice(["bfloat16", "float32", "fp8"]), default="bfloat16",
               show_default=True, help="fp8: E4M3 with a float32 scale per token (half of bfloat16's bytes).")

@@ -246,12 +246,14 @@ def validate(drafter: Drafter, data, depth: int, depth_decay: float, batch_token
     objective = UnrolledObjective(drafter, depth, depth_decay)
     loss, hits, labelled = 0.0, torch.zeros(depth, dtype=torch.float64), torch.zeros(depth, dtype=torch.float64)
     lengths = (data.offsets[1:] - data.offsets[:-1]).tolist()
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    window_of = getattr(data.aux, "window_of", None)  # streamed rows: a batch never spans two windows of shards
+    windows = window_of(data.offsets[:-1]).tolist() if window_of is not None else [0] * len(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: (windows[i], lengths[i]))
     batches: list[list[int]] = []
     batch: list[int] = []
     rows = 0
     for i in order:
-        if batch and rows + lengths[i] > batch_tokens:
+        if batch and (rows + lengths[i] > batch_tokens or windows[i] != windows[batch[-1]]):
             batches.append(batch)
             batch, rows = [], 0
         batch, rows = batch + [i], rows + lengths[i]
