@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
+import jsonschema
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,9 +18,11 @@ from eaglekit.capture.run import CaptureOptions, capture_store  # noqa: E402
 from eaglekit.errors import UsageError  # noqa: E402
 from eaglekit.upgrade import UpgradeOptions, upgrade  # noqa: E402
 from tests.capture_fixtures import make_target_with_tokenizer  # noqa: E402
+from tests.cli import run_cli  # noqa: E402
 from tests.factory import make_draft  # noqa: E402
 
 AUX = (1, 2, 3)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_upgrade_from_a_store_equals_upgrade_from_the_target(tmp_path, monkeypatch):
@@ -44,6 +48,12 @@ def test_upgrade_from_a_store_equals_upgrade_from_the_target(tmp_path, monkeypat
     assert set(a) == set(b) and "fc_norm.0.weight" in a
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=0)
+    cli = run_cli(["upgrade", src, str(tmp_path / "cli"), "--target", str(head_only), "--store", store,
+                   "--format", "json"])
+    assert cli.exit_code == 0, cli.stderr
+    doc = json.loads(cli.stdout)
+    jsonschema.validate(doc, json.load(open(os.path.join(REPO, "eaglekit", "schemas", "upgrade-report.schema.json"))))
+    assert doc["function"] == "eagle3-function"
     with pytest.raises(UsageError, match="--store needs --target"):
         upgrade(src, str(tmp_path / "x"), UpgradeOptions(store=store))
     with pytest.raises(UsageError, match=r"holds aux ids \[1, 2, 3\], not \[0\]"):
