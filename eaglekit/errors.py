@@ -42,6 +42,10 @@ class TrainingInterrupted(EaglekitError):
     """Ctrl-C during training: the last finished step was saved as a resumable checkpoint."""
 
 
+class CaptureInterrupted(EaglekitError):
+    """Ctrl-C or SIGTERM during a capture: the published shards stay, and the same command resumes after them."""
+
+
 class ResolvedWorse(EaglekitError):
     """A trained draft measured worse than its source with the interval below zero: it is not written."""
 

@@ -185,11 +185,13 @@ def _draft_sign(cfg: dict[str, Any]) -> str | None:
     return None if arch is None else f"architecture {arch}"
 
 
-def read_target(path: str, *, weights: bool = False) -> TargetInfo:
+def read_target(path: str, *, weights: bool = False, decoder: bool = True) -> TargetInfo:
     """A target's facts from its folder, its config.json, or its GGUF file.
 
     Weights next to the config are read through the checked safetensors reader and must cover what the config
-    builds (check_target_weights); `weights=True` (a target about to be loaded) also refuses a folder without any."""
+    builds (check_target_weights); `weights=True` (a target about to be loaded) also refuses a folder without any.
+    `decoder=False` (a run that reads states from a store) asks only for the embeddings, final norm and lm_head:
+    the decoder layers may be absent."""
     if path.endswith(".gguf") and not os.path.isdir(path):
         return read_gguf_target(path)
     cfg_path = target_config_path(path)
@@ -228,7 +230,7 @@ def read_target(path: str, *, weights: bool = False) -> TargetInfo:
         name_or_path=name if isinstance(name, str) else None,
         derived_from=derived[:MAX_DERIVED_CHARS] if isinstance(derived := cfg.get(DERIVED_FROM), str) else None,
     )
-    check_target_weights(info, text.get("num_nextn_predict_layers"), required=weights,
+    check_target_weights(info, text.get("num_nextn_predict_layers"), required=weights, decoder=decoder,
                          quantized="quantization_config" in cfg or "quantization_config" in text)
     return info
 
@@ -236,7 +238,7 @@ def read_target(path: str, *, weights: bool = False) -> TargetInfo:
 EMBEDDINGS, FINAL_NORM, LM_HEAD = "embed_tokens.weight", "norm.weight", "lm_head.weight"
 
 
-def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool = False,
+def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool = False, decoder: bool = True,
                          quantized: bool = False) -> None:
     """The safetensors next to the target's config, read through the checked reader (headers, index against
     shards, truncation), cover exactly what the config builds: every layer 0..L-1 (and no other, but the
@@ -269,7 +271,8 @@ def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool 
     layer = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
     found = {int(m.group(1)) for m in map(layer.match, entries) if m}
     extra = extra_layers if isinstance(extra_layers, int) and not isinstance(extra_layers, bool) else 0
-    _check_layers(found, info.num_layers, extra, "target weights", folder)
+    if decoder or found:
+        _check_layers(found, info.num_layers, extra, "target weights", folder)
     if not fits(prefix + FINAL_NORM, (T,)):
         raise CheckpointError(f"target weights hold no final norm {prefix + FINAL_NORM}[{T}]"[:300], folder)
     heads = [n for n in entries if n == LM_HEAD or n.endswith("." + LM_HEAD)]

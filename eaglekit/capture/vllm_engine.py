@@ -59,12 +59,12 @@ class VllmCapture(Iterator[CapturedSequence]):
 def capture_with_vllm(target: str, sequences: Sequence[Sequence[int]], layer_ids: Sequence[int], *,
                       python: str | None = None, tensor_parallel_size: int = 1,
                       engine_args: Mapping[str, Any] | None = None, dtype: str = "float32",
-                      progress: Progress | None = None) -> VllmCapture:
+                      progress: Progress | None = None, version: str | None = None) -> VllmCapture:
     """Sequence i's token ids through vLLM, record i its states at `layer_ids` (vLLM's convention: id i enters
     decoder layer i, 0 the embeddings, L the last layer's output before the final norm), [T, H] on the CPU in the
     engine's dtype. Arguments are checked and vLLM's presence probed before this returns; vLLM starts at the
     first record. `engine_args` are LLM(...) keyword arguments; `progress(stage, done, total)` hears of the engine
-    start and of each record."""
+    start and of each record; `version`: vLLM's, when the caller has probed it already."""
     from eaglekit.target import read_target
 
     opts = EngineOptions(python=python, tensor_parallel_size=tensor_parallel_size, engine_args=dict(engine_args or {}))
@@ -86,7 +86,7 @@ def capture_with_vllm(target: str, sequences: Sequence[Sequence[int]], layer_ids
     if longest + 1 > int(model_len):
         raise UsageError(f"a sequence of {longest:,} tokens exceeds vLLM's max_model_len {int(model_len):,} "
                          "(the target's context, or --engine-arg max_model_len)", info.path)
-    version = check_engine_available(opts)
+    version = version or check_engine_available(opts)
     request = {"target": os.path.abspath(target), "dtype": dtype, "tensor_parallel_size": tensor_parallel_size,
                "engine_args": {**opts.engine_args, "max_model_len": int(model_len)}, "layer_ids": ids,
                "batch_size": BATCH, "module": MODULE, "vllm_worker": SIZER}

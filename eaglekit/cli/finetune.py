@@ -37,6 +37,7 @@ Examples:
       --steps 2000 --checkpoint-every 200
   torchrun --nproc-per-node 4 -m eaglekit finetune ./draft-31 ./tuned --target ./target --device cuda
   eaglekit finetune ./draft-31 ./tuned --target ./Kimi-K2.6 --hidden-states ./captured --captured-ids 2,30,58,61
+  eaglekit finetune ./draft-31 ./tuned --target ./Llama-3.1-70B-Instruct --store ./states
 """
 
 
@@ -130,6 +131,11 @@ class _Progress:
               help="Aux states captured by vLLM's extract_hidden_states method (a target too big for this process).")
 @click.option("--captured-ids", help="The eagle_aux_hidden_state_layer_ids vLLM captured into --hidden-states "
                                      "(default: the draft's ids).")
+@click.option("--store", type=click.Path(file_okay=False),
+              help="A hidden-state store written by `eaglekit capture`: train from it without loading the target's "
+                   "decoder (the target folder needs only its config, tokenizer, embeddings, final norm and lm_head).")
+@click.option("--max-resident-shards", type=int, default=2, show_default=True,
+              help="--store: shards decoded in memory at once.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Where captured data is cached (default: ~/.cache/eaglekit/finetune).")
 @click.option("--steps", type=int, default=100, show_default=True, help="Optimizer steps (0: only the warm start).")
@@ -177,7 +183,8 @@ class _Progress:
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
 def finetune_command(draft, out_dir, target, data_file, data_limit, generate, context_tokens, context_every,
-                     max_length, code_tokens, templates, hidden_states, captured_ids, cache_dir, steps, batch_tokens,
+                     max_length, code_tokens, templates, hidden_states, captured_ids, store, max_resident_shards,
+                     cache_dir, steps, batch_tokens,
                      depth, lr, warmup_steps,
                      depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
                      keep_worse, device, target_dtype, target_quantization, checkpoint_every,
@@ -218,7 +225,8 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         device=device, target_dtype=target_dtype, target_quantization=target_quantization,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
         resume=resume, force=force, plot=plot, warm_start=warm_start, from_scratch=from_scratch,
-        validation_fraction=validation_fraction, keep_worse=keep_worse,
+        validation_fraction=validation_fraction, keep_worse=keep_worse, store=store,
+        max_resident_shards=max_resident_shards,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
     with _Progress(not no_progress and main_rank, sys.stderr.isatty(), steps) as progress:

@@ -40,8 +40,16 @@ Examples:
 @click.option("--allow-pickle", is_flag=True, help="Load .bin/.pt weights with torch.load(weights_only=True).")
 @format_option
 def inspect_command(path, target, subfolder, revision, family, with_tensors, allow_pickle, output_format):
-    """Show exactly what a draft checkpoint is: layout, geometry, aux ids, vocab map, flags, findings."""
+    """Show exactly what a draft checkpoint is: layout, geometry, aux ids, vocab map, flags, findings.
+
+    A hidden-state store (`eaglekit capture`) is shown from its manifest and shard headers."""
+    from eaglekit.capture.store import describe_store, is_store
     from eaglekit.inspection import inspect_draft
+
+    if is_store(path):
+        doc = describe_store(path)
+        emit_json(doc) if output_format == "json" else render_store(doc)
+        return
 
     report = inspect_draft(path, subfolder=subfolder, revision=revision, target=target, allow_pickle=allow_pickle,
                            family=family, include_tensors=with_tensors)
@@ -120,3 +128,26 @@ def render(doc: dict) -> None:
         tensor_rows = [[t["name"], "" if t["source_name"] == t["name"] else t["source_name"], t["dtype"],
                         str(t["shape"]), t["file"]] for t in doc["tensors"]]
         identifier_table("Tensors", ["name", "source name", "dtype", "shape", "file"], tensor_rows)
+
+
+def render_store(doc: dict) -> None:
+    target, ids, engine, store = doc["target"], doc["layer_ids"], doc["engine"], doc["store"]
+    progress = "complete" if doc["complete"] else "incomplete: rerun the capture to finish it"
+    rows = [
+        ("kind", f"hidden-state store, format {doc['format']} v{doc['version']} ({progress})"),
+        ("records", f"{doc['records']} of {doc['planned_records']} planned, {doc['tokens']:,} of "
+                    f"{doc['planned_tokens'] or 0:,} tokens"),
+        ("target", f"{target['model_type']}, L={target['num_hidden_layers']}, H={target['hidden_size']}, "
+                   f"V={target['vocab_size']}; config {target['config_sha256'][:19]}…"),
+        ("layer ids", f"aux {ids['aux']} + id L={ids['last']} ({ids['convention']} convention)"),
+        ("engine", f"{engine['name']} ({engine['version'] or 'version unknown'}), dtype {engine['dtype']}, "
+                   f"numerics {engine['quantization'] or 'full precision'}, TP {engine['tensor_parallel_size']}"),
+        ("data", doc["inputs"].get("source", "")),
+        ("storage", f"{store['dtype']}, {len(doc['shards'])} shard(s) of ~{store['shard_tokens']:,} tokens, "
+                    f"{human_bytes(doc['bytes'])}" + (f" ({doc['bytes_per_token']:,} B/token)"
+                                                      if doc["bytes_per_token"] else "")),
+        ("tensors", ", ".join(f"{n} {t['dtype']}{t['shape']}" for n, t in doc["tensors"].items()) or "—"),
+    ]
+    out.print(Panel(key_value_table(rows), title=styled((doc["path"], "bold")), expand=False))
+    for problem in doc["problems"]:
+        out.print(styled(("problem: ", "red"), problem))

@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "verify": ("eaglekit.cli.verify", "verify_command", "Run a real speculative decode against the target."),
     "compare": ("eaglekit.cli.compare", "compare_command",
                 "Two drafts on the same prompts and target pass: τ difference per category, with intervals."),
+    "capture": ("eaglekit.cli.capture", "capture_command",
+                "Capture the target's hidden states into a resumable, sharded store (for finetune and upgrade)."),
     "finetune": ("eaglekit.cli.finetune", "finetune_command",
                  "Train a draft against its target (training-time test), e.g. after upgrade."),
     "bench": ("eaglekit.cli.bench", "bench_command",
@@ -31,9 +33,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 def exit_status(exc: Exception) -> int:
     """The exit status of a library failure: usage errors 2, an interrupted training 130, everything else 1."""
-    from eaglekit.errors import TrainingInterrupted, UsageError
+    from eaglekit.errors import CaptureInterrupted, TrainingInterrupted, UsageError
 
-    return 2 if isinstance(exc, UsageError) else _interrupted_status() if isinstance(exc, TrainingInterrupted) else 1
+    if isinstance(exc, UsageError):
+        return 2
+    return _interrupted_status() if isinstance(exc, (TrainingInterrupted, CaptureInterrupted)) else 1
 
 
 OPTIONAL_MODULES = {"torch": "torch", "transformers": "torch", "gguf": "gguf",

@@ -102,10 +102,13 @@ def _progress(enabled: bool):
 @click.option("--subfolder", help="Draft folder inside a repository that holds several drafts.")
 @click.option("--revision", help="Hub revision when SRC is a repo id.")
 @click.option("--device", default="cpu", show_default=True, help="Where the target runs for calibration (cpu, cuda).")
+@click.option("--store", type=click.Path(file_okay=False),
+              help="Calibrate from a hidden-state store (`eaglekit capture TARGET STORE --calibration`) instead of "
+                   "running the target: --target then needs only its config, tokenizer, embeddings and head.")
 @format_option
 def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_convention, fc_norm_init, calibration_file,
                     target_quantization, fc_norm, norm_output, to, dtype, max_shard_size, dry_run, force, allow_pickle,
-                    subfolder, revision, device, output_format):
+                    subfolder, revision, device, store, output_format):
     """Write SRC as a correct EAGLE-3.1 draft for vLLM (or SGLang / speculators) in DST.
 
     Adds fc_norm and switches on norm_output by default. With the target's weights both are set up to keep the
@@ -124,7 +127,7 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
         calibration_file=calibration_file, target_quantization=target_quantization, to=to,
         dtype=dtype_from_name(dtype) if dtype else None,
         max_shard_size=parse_size(max_shard_size), dry_run=dry_run, force=force, allow_pickle=allow_pickle,
-        subfolder=subfolder, revision=revision, device=device,
+        subfolder=subfolder, revision=revision, device=device, store=store,
     )
     show_bar = output_format == "human" and not dry_run and sys.stderr.isatty()
     with _progress(show_bar) as (on_start, advance):

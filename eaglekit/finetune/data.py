@@ -304,6 +304,51 @@ def _save_cached(path: str, digest: str, data: dict[str, Any]) -> None:
                  what="the captured data")
 
 
+@dataclass
+class SequencePlan:
+    """The sequences a capture runs the target on, before the target's own answers are appended."""
+
+    name: str  # where the prompts came from
+    prompts: list[list[int]]  # token ids per prompt, cut to `limit`
+    code: list[list[int]]  # --code-tokens chunks (raw text)
+    limit: int  # tokens a sequence keeps
+    notes: list[str]
+    source: str  # the data in words (for reports)
+
+    def complete(self, target, opts: DataOptions, *, on_stage: Stage | None = None) -> list[list[int]]:
+        """Every sequence to capture: the prompts (each with the target's greedy answer under --generate), then
+        the code chunks."""
+        prompts = self.prompts
+        if opts.generate:
+            answers = generate_answers(target, prompts, opts.generate, on_stage=on_stage)
+            prompts = [(p + a)[: self.limit] for p, a in zip(prompts, answers)]
+        return prompts + self.code
+
+
+def plan_sequences(tokenizer, opts: DataOptions, *, on_stage: Stage | None = None) -> SequencePlan:
+    """The training prompts encoded with the target's tokenizer (templates, context, cuts), plus code chunks."""
+    name, prompts = training_prompts(opts)
+    if on_stage:
+        on_stage("encoding prompts", 0, len(prompts))
+    sequences = encode_all(prompts, tokenizer, opts, name)
+    limit = sequence_limit(tokenizer, opts)
+    code = code_sequences(tokenizer, opts.code_tokens, min(512, limit)) if opts.code_tokens else []
+    notes = []
+    cut = [p.label for p, ids in zip(prompts, sequences) if len(ids) >= limit]
+    if limit < opts.max_length and cut:
+        notes.append(f"{len(cut)} record(s) of {name} cut at the target's {limit:,}-token context "
+                     f"(max_position_embeddings, below --max-length {opts.max_length:,}): "
+                     f"{', '.join(cut[:5])}{', …' if len(cut) > 5 else ''}")
+    source = name + (f", target answers up to {opts.generate} tokens" if opts.generate else "")
+    if opts.context_tokens:
+        source += f", {opts.context_tokens} tokens of context on every {opts.context_every}th"
+    if opts.templates != ("chat",):
+        source += f", templates {'/'.join(opts.templates)} in turn"
+    if code:
+        source += f", {sum(map(len, code))} tokens of standard-library source"
+    return SequencePlan(name, sequences, code, limit, notes, source)
+
+
 def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOptions, *,
                on_stage: Stage | None = None) -> TrainingData:
     """Captured training data for `aux_ids` (vLLM convention), from the cache when the same data was built."""
@@ -316,45 +361,26 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
         return TrainingData(**captured, digest=_digest(captured), source=os.path.abspath(opts.hidden_states),
                             seconds=time.perf_counter() - started)
 
-    name, prompts = training_prompts(opts)
-    if on_stage:
-        on_stage("encoding prompts", 0, len(prompts))
-    sequences = encode_all(prompts, target.tokenizer, opts, name)
-    limit = sequence_limit(target.tokenizer, opts)
-    code = code_sequences(target.tokenizer, opts.code_tokens, min(512, limit)) if opts.code_tokens else []
+    plan = plan_sequences(target.tokenizer, opts, on_stage=on_stage)
     digest = content_address({
         "format": DATA_FORMAT, "target": target_identity(target_dir), "dtype": str(target.dtype),
         "quantization": target.quantization.name if target.quantization else None,
         "aux_ids": sorted(int(i) for i in aux_ids), "generate": opts.generate, "max_length": opts.max_length,
-        "sequences": hashlib.sha256(json.dumps(sequences).encode()).hexdigest(),
-        "code": hashlib.sha256(json.dumps(code).encode()).hexdigest(),
+        "sequences": hashlib.sha256(json.dumps(plan.prompts).encode()).hexdigest(),
+        "code": hashlib.sha256(json.dumps(plan.code).encode()).hexdigest(),
     })
     cache_dir = opts.cache_dir or default_cache_dir()
     path = os.path.join(cache_dir, f"{digest}.safetensors")
     data = _load_cached(path, digest)
     cache_path: str | None = path
-    reused, notes = data is not None, []
-    cut = [p.label for p, ids in zip(prompts, sequences) if len(ids) >= limit]
-    if limit < opts.max_length and cut:
-        notes.append(f"{len(cut)} record(s) of {name} cut at the target's {limit:,}-token context "
-                     f"(max_position_embeddings, below --max-length {opts.max_length:,}): "
-                     f"{', '.join(cut[:5])}{', …' if len(cut) > 5 else ''}")
+    reused, notes = data is not None, list(plan.notes)
     if data is None:
-        if opts.generate:
-            answers = generate_answers(target, sequences, opts.generate, on_stage=on_stage)
-            sequences = [(p + a)[:limit] for p, a in zip(sequences, answers)]
-        data = capture(target, sequences + code, aux_ids, on_stage=on_stage)
+        data = capture(target, plan.complete(target, opts, on_stage=on_stage), aux_ids, on_stage=on_stage)
         try:
             _save_cached(path, digest, data)
         except (OSError, OutputError) as exc:  # training goes on without a cache
             notes.append(f"captured data not cached ({exc})")
             cache_path = None
-    source = name + (f", target answers up to {opts.generate} tokens" if opts.generate else "")
-    if opts.context_tokens:
-        source += f", {opts.context_tokens} tokens of context on every {opts.context_every}th"
-    if opts.templates != ("chat",):
-        source += f", templates {'/'.join(opts.templates)} in turn"
-    if code:
-        source += f", {sum(map(len, code))} tokens of standard-library source"
+    source = plan.source
     return TrainingData(**data, digest=digest, source=source, cache_path=cache_path, reused=reused,
                         seconds=time.perf_counter() - started, notes=notes)

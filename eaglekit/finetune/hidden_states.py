@@ -83,7 +83,8 @@ def read_captured_states(directory: str, aux_ids: Sequence[int], *, captured_ids
     tokens, labels, aux, offsets = [], [], [], [0]
     first: tuple[str, tuple[int, int]] | None = None  # (file, (layers, hidden)) every later file must match
     for path in _capture_files(directory, max_files):
-        ids, states, shape = _read_file(path, wanted, held)
+        ids, picked, shape = _read_file(path, wanted, held)
+        states = picked.reshape(picked.shape[0], -1).to(torch.bfloat16)
         if first is None:
             first = (path, shape)
         elif shape != first[1]:
@@ -147,8 +148,20 @@ def _slots(path: str, layers: int, wanted: tuple[int, ...], held: tuple[int, ...
     return [held.index(i) for i in wanted]
 
 
+def capture_files(directory: str) -> list[str]:
+    """The directory's capture files in natural name order (the order their records are read in)."""
+    return _capture_files(directory, None)
+
+
+def read_capture_file(path: str, wanted: Sequence[int], captured_ids: Sequence[int]):
+    """(token ids int64 [n], the states of `wanted` [n, K, T] in the file's dtype) of one request's file."""
+    token_ids, picked, _ = _read_file(path, _ids(wanted, "aux ids"), _ids(captured_ids, "captured ids"))
+    return token_ids, picked
+
+
 def _read_file(path: str, wanted: tuple[int, ...], held: tuple[int, ...] | None):
-    """(token ids int64 [n], requested states bf16 [n, K*T], (layers, hidden)) of one request's file."""
+    """(token ids int64 [n], requested states [n, K, T] in the file's dtype, (layers, hidden)) of one request's
+    file."""
     import torch
     from safetensors import SafetensorError, safe_open
 
@@ -177,4 +190,4 @@ def _read_file(path: str, wanted: tuple[int, ...], held: tuple[int, ...] | None)
         raise CheckpointError(f"is not a readable safetensors file{lock}: {exc}", path) from None
     if not torch.isfinite(picked).all():
         raise CheckpointError(f"{STATES} holds NaN or infinite values in the requested layers", path)
-    return token_ids, picked.reshape(shape[0], -1).to(torch.bfloat16), (shape[1], shape[2])
+    return token_ids, picked, (shape[1], shape[2])

@@ -50,6 +50,8 @@ class FinetuneOptions:
     validation_fraction: float = 0.1  # captured sequences held out to select the checkpoint
     from_scratch: bool = False  # re-initialise every trained weight: retrain as EAGLE-3.1
     keep_worse: bool = False  # write the output even when it is resolved worse than its source
+    store: str | None = None  # a hidden-state store (eaglekit capture): the target's decoder is never loaded
+    max_resident_shards: int = 2  # store shards decoded in memory at once
 
 
 @dataclass
@@ -109,11 +111,12 @@ def _refuse_clobber(spec: DraftSpec, destination: str, checkpoint_dir: str, opts
     writes = [Role(OUTPUT, destination), Role("--plot", opts.plot or ""),
               Role("--checkpoint-dir" if opts.checkpoint_dir else "--checkpoint-dir (default OUT.checkpoint)",
                    checkpoint_dir)]
-    if not opts.data.hidden_states:  # captured data is cached; states read from elsewhere are not
+    if not opts.data.hidden_states and not opts.store:  # captured data is cached; states read elsewhere are not
         writes.append(Role("--cache-dir" if opts.data.cache_dir else "--cache-dir (default)",
                            opts.data.cache_dir or default_cache_dir()))
     reads = [*read_roles("source", spec.path), *target_roles(opts.target),
              *read_roles("--hidden-states", opts.data.hidden_states), *read_roles("--data", opts.data.data_file),
+             *read_roles("--store", opts.store),
              *read_roles("--eval-prompts", opts.eval.prompts_file if opts.eval else None)]
     refuse_clobber(writes, reads)
 
@@ -272,7 +275,10 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     opts.data.check()
     if not 0 <= opts.validation_fraction < 1:
         raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
-    info = read_target(opts.target)
+    if opts.store and opts.data != DataOptions(cache_dir=opts.data.cache_dir):
+        raise UsageError("--store brings its own sequences: it cannot be combined with --data, --generate, "
+                         "--context-tokens, --code-tokens, --templates or --hidden-states")
+    info = read_target(opts.target, decoder=not opts.store)  # a store needs only the target's head tensors
     spec = _source_spec(source, info)
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     _refuse_clobber(spec, destination, checkpoint_dir, opts)
@@ -290,23 +296,29 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     notes: list[str] = []
 
     t = time.perf_counter()
-    hidden_states_mode = bool(opts.data.hidden_states)
+    hidden_states_mode = bool(opts.data.hidden_states or opts.store)
     target = None if hidden_states_mode else load_target(opts.target, device=str(device), dtype=opts.target_dtype,
                                                          quantization=opts.target_quantization)
     if target is not None and target.num_layers != info.num_layers:
         raise CheckpointError(f"target has {target.num_layers} layers, its config says {info.num_layers}", opts.target)
     assert spec.aux.ids is not None, "_source_spec refuses a draft without aux ids"
     aux_ids = tuple(sorted(spec.aux.ids))
-    if ranks.main:
-        data = build_data(target, opts.target, aux_ids, opts.data, on_stage=on_stage)
-    barrier(ranks)
-    if not ranks.main:  # the main rank has just cached it
-        data = build_data(target, opts.target, aux_ids, opts.data)
+    if opts.store:
+        from eaglekit.capture.reader import read_training_store
+
+        data = read_training_store(opts.store, info, aux_ids, device=str(device),  # labels: a [rows, V] product
+                                   max_resident=opts.max_resident_shards, quantization=opts.target_quantization)
+    else:
+        if ranks.main:
+            data = build_data(target, opts.target, aux_ids, opts.data, on_stage=on_stage)
+        barrier(ranks)
+        if not ranks.main:  # the main rank has just cached it
+            data = build_data(target, opts.target, aux_ids, opts.data)
     timings["data_s"] = time.perf_counter() - t
     k_t = data.aux.shape[1]
     if k_t != len(aux_ids) * info.hidden_size:
         raise CheckpointError(f"captured states are {k_t} wide, the draft reads {len(aux_ids)} × {info.hidden_size}",
-                              opts.data.hidden_states or opts.target)
+                              opts.store or opts.data.hidden_states or opts.target)
 
     if target is not None:
         embed, head = target.embed_tokens, target.lm_head
@@ -316,7 +328,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     drafter = Drafter.from_spec(spec, device=device, dtype=torch.float32, embed_tokens=embed, lm_head=head)
 
     if opts.eval is not None and target is None:
-        notes.append(f"held-out evaluation skipped (--hidden-states: the target is not loaded); measure with "
+        why = "--store" if opts.store else "--hidden-states"
+        notes.append(f"held-out evaluation skipped ({why}: the target is not loaded); measure with "
                      f"`eaglekit compare {source} {destination} --target {opts.target}`")
     del target  # compare loads its own; training needs only the captured data
 
@@ -432,5 +445,5 @@ def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
         "warm_start": opts.warm_start,
         "checkpoint_every": opts.checkpoint_every,
         "resume": opts.resume, "validation_fraction": opts.validation_fraction, "from_scratch": opts.from_scratch,
-        "keep_worse": opts.keep_worse,
+        "keep_worse": opts.keep_worse, "store": opts.store, "max_resident_shards": opts.max_resident_shards,
     }

@@ -154,19 +154,32 @@ class TrainResult:
 # ------------------------------------------------------------------ batches
 
 
-def batch_groups(offsets: torch.Tensor, batch_tokens: int, rng: random.Random) -> Iterator[list[int]]:
-    """Endless global batches of similar-length sequences, about `batch_tokens` rows each, reshuffled per epoch."""
+def batch_groups(offsets: torch.Tensor, batch_tokens: int, rng: random.Random,
+                 windows: Sequence[int] | None = None) -> Iterator[list[int]]:
+    """Endless global batches of similar-length sequences, about `batch_tokens` rows each, reshuffled per epoch.
+
+    `windows` (one number per sequence) keeps every batch inside one window, and an epoch visits the windows one
+    after another in a shuffled order: data streamed from disk keeps only one window's shards in memory. With a
+    single window the batches are the in-memory ones."""
     lengths = (offsets[1:] - offsets[:-1]).tolist()
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups, start = [], 0
-    while start < len(order):
-        width = lengths[order[min(len(order) - 1, start)]]
-        size = max(1, batch_tokens // max(width, 1))
-        groups.append(order[start : start + size])
-        start += size
+    parts = sorted(set(windows)) if windows is not None else [0]
+    members = {w: [i for i in range(len(lengths)) if windows is None or windows[i] == w] for w in parts}
+    grouped: dict[int, list[list[int]]] = {}
+    for w, indices in members.items():
+        order = sorted(indices, key=lambda i: lengths[i])
+        groups, start = [], 0
+        while start < len(order):
+            width = lengths[order[min(len(order) - 1, start)]]
+            size = max(1, batch_tokens // max(width, 1))
+            groups.append(order[start : start + size])
+            start += size
+        grouped[w] = groups
     while True:
-        rng.shuffle(groups)
-        yield from groups
+        if len(parts) > 1:
+            rng.shuffle(parts)
+        for w in parts:
+            rng.shuffle(grouped[w])
+            yield from grouped[w]
 
 
 def make_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor, *, mask_labels: bool = False):
@@ -181,7 +194,8 @@ def make_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor, *,
         lo = int(offsets[i])
         ids[row, :n] = tokens[lo : lo + n]
         if not mask_labels:
-            lab[row, :n] = to_draft[labels[lo : lo + n]]
+            target = labels[lo : lo + n]
+            lab[row, :n] = torch.where(target >= 0, to_draft[target.clamp_min(0)], IGNORE)
         hid[row, :n] = aux[lo : lo + n].float()
     return ids, lab, hid, width
 
@@ -232,12 +246,14 @@ def validate(drafter: Drafter, data, depth: int, depth_decay: float, batch_token
     objective = UnrolledObjective(drafter, depth, depth_decay)
     loss, hits, labelled = 0.0, torch.zeros(depth, dtype=torch.float64), torch.zeros(depth, dtype=torch.float64)
     lengths = (data.offsets[1:] - data.offsets[:-1]).tolist()
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    window_of = getattr(data.aux, "window_of", None)  # streamed rows: a batch never spans two windows of shards
+    windows = window_of(data.offsets[:-1]).tolist() if window_of is not None else [0] * len(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: (windows[i], lengths[i]))
     batches: list[list[int]] = []
     batch: list[int] = []
     rows = 0
     for i in order:
-        if batch and rows + lengths[i] > batch_tokens:
+        if batch and (rows + lengths[i] > batch_tokens or windows[i] != windows[batch[-1]]):
             batches.append(batch)
             batch, rows = [], 0
         batch, rows = batch + [i], rows + lengths[i]
@@ -498,11 +514,14 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
         objective = DistributedDataParallel(objective, broadcast_buffers=False,
                                             device_ids=[device.index] if device.type == "cuda" else None)
     to_draft = draft_label_map(drafter)
-    coverage = float((to_draft[data.labels] != IGNORE).double().mean())
+    labelled = data.labels[data.labels >= 0]
+    coverage = float((to_draft[labelled] != IGNORE).double().mean()) if labelled.numel() else 0.0
     if coverage == 0:
         raise CheckpointError("none of the target's greedy tokens in the data is in the draft vocabulary: this "
                               "draft was not made for this target (or its d2t is wrong)", drafter.config.source)
-    stream = batch_groups(data.offsets, opts.batch_tokens, rng)
+    window_of = getattr(data.aux, "window_of", None)  # rows streamed from disk: batches stay among resident shards
+    stream = batch_groups(data.offsets, opts.batch_tokens, rng,
+                          window_of(data.offsets[:-1]).tolist() if window_of is not None else None)
     history: list[StepRecord] = []
     start, resumed_from = 0, None
     if resume:

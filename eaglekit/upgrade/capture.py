@@ -75,6 +75,21 @@ def _sequences(ids: list[int]) -> list[list[int]]:
     return [c for c in chunks if len(c) > 1]
 
 
+def calibration_sequences(tokenizer, *, text_file: str | None = None, max_tokens: int = 2048
+                          ) -> tuple[list[list[int]], list[list[int]], str]:
+    """(fit sequences, held-out sequences, where the text came from): the calibration text's first `max_tokens`
+    tokens, the last quarter held out, each part cut into SEQUENCE_LENGTH-token sequences."""
+    from eaglekit.verify.prompts import leading_text
+
+    text, where = calibration_text(text_file)
+    ids = list(tokenizer(leading_text(text, tokenizer, max_tokens), add_special_tokens=True,
+                         verbose=False)["input_ids"])[:max_tokens]
+    held = max(SEQUENCE_LENGTH // 4, int(len(ids) * HELD_OUT_FRACTION))
+    if len(ids) - held < 64:
+        raise UsageError(f"calibration text is too short: {len(ids)} tokens (need at least {64 + held})", where)
+    return _sequences(ids[:-held]), _sequences(ids[-held:]), where
+
+
 def capture_calibration(target_dir: str, aux_ids: tuple[int, ...], *, text_file: str | None = None,
                         max_tokens: int = 2048, device: str = "cpu",
                         quantization: str | None = None) -> CalibrationCapture:
@@ -83,27 +98,21 @@ def capture_calibration(target_dir: str, aux_ids: tuple[int, ...], *, text_file:
     import torch
 
     from eaglekit.target_model import load_target
-    from eaglekit.verify.prompts import leading_text
 
-    text, where = calibration_text(text_file)
     target = load_target(target_dir, device=device, dtype="auto", quantization=quantization)
     if target.tokenizer is None:
         raise CheckpointError("the target has no tokenizer; calibration needs one to read the text", target_dir)
-    ids = list(target.tokenizer(leading_text(text, target.tokenizer, max_tokens), add_special_tokens=True,
-                                verbose=False)["input_ids"])[:max_tokens]
-    held = max(SEQUENCE_LENGTH // 4, int(len(ids) * HELD_OUT_FRACTION))
-    if len(ids) - held < 64:
-        raise UsageError(f"calibration text is too short: {len(ids)} tokens (need at least {64 + held})", where)
+    fit, held_out, where = calibration_sequences(target.tokenizer, text_file=text_file, max_tokens=max_tokens)
 
-    def run(part: list[int]) -> list[CapturedSequence]:
+    def run(part: list[list[int]]) -> list[CapturedSequence]:
         out = []
-        for seq in _sequences(part):
+        for seq in part:
             tokens = torch.tensor([seq], dtype=torch.long)
             aux = target.forward(tokens, aux_ids, logits_to_keep=1).aux
             out.append(CapturedSequence(tokens[0], torch.cat([a[0].float().cpu() for a in aux], dim=-1)))
         return out
 
-    return CalibrationCapture(run(ids[:-held]), run(ids[-held:]), where, target.embed_tokens.detach().float().cpu())
+    return CalibrationCapture(run(fit), run(held_out), where, target.embed_tokens.detach().float().cpu())
 
 
 def fit_fc_norm(capture: CalibrationCapture, num_aux: int, fc_weight: np.ndarray, *, eps: float,

@@ -36,6 +36,7 @@ class UpgradeOptions:
     subfolder: str | None = None
     revision: str | None = None
     device: str = "cpu"  # where the target runs for calibration
+    store: str | None = None  # calibrate from a capture store: the target's decoder is never loaded
 
     def __post_init__(self) -> None:
         for key in ("fc_norm", "norm_output"):
@@ -57,6 +58,11 @@ class UpgradeOptions:
             raise UsageError("--fc-norm-init has no effect with --no-fc-norm")
         if self.calibration_file and not self.target:
             raise UsageError("--calibration-file needs --target")
+        if self.store and not self.target:
+            raise UsageError("--store needs --target (its config, tokenizer and embeddings; no decoder layer)")
+        if self.store and self.calibration_file:
+            raise UsageError("--store holds its own calibration text: capture it with `eaglekit capture TARGET "
+                             "STORE --calibration --calibration-file FILE`")
         scheme(self.target_quantization)
         if self.target_quantization and (not self.target or self.lossless or self.fc_norm_init == "ones"):
             raise UsageError(f"--target-quantization {self.target_quantization} sets the numerics calibration runs "

@@ -80,9 +80,15 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
     if target is None:
         raise UsageError("calibrating fc_norm or the norm_output rescale needs --target (the model whose hidden "
                          "states it measures)")
-    capture = capture_calibration(os.path.dirname(target.path), d.aux.ids, text_file=opts.calibration_file,
-                                  max_tokens=opts.calibration_tokens, device=opts.device,
-                                  quantization=opts.target_quantization)
+    if opts.store:  # the states were captured elsewhere: only the target's config and head tensors are read
+        from eaglekit.capture.reader import calibration_from_store
+
+        capture = calibration_from_store(opts.store, target, d.aux.ids, max_tokens=opts.calibration_tokens,
+                                         quantization=opts.target_quantization)
+    else:
+        capture = capture_calibration(os.path.dirname(target.path), d.aux.ids, text_file=opts.calibration_file,
+                                      max_tokens=opts.calibration_tokens, device=opts.device,
+                                      quantization=opts.target_quantization)
     weights = fidelity = start = None
     if d.fc_norm_added:
         cal = fit_fc_norm(capture, d.num_aux, read_array(spec, "fc.weight", as_float32=True),
@@ -163,12 +169,13 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
     opts = options or UpgradeOptions()
     opts.check()
     started = time.perf_counter()
-    target = read_target(opts.target) if opts.target else None
+    target = read_target(opts.target, decoder=not opts.store) if opts.target else None
     family = None if opts.source_family == "eagle3" else opts.source_family
     spec = load_draft(source, subfolder=opts.subfolder, revision=opts.revision, allow_pickle=opts.allow_pickle,
                       family=family, target=target)
     refuse_clobber([Role("output", destination)], [*read_roles("source", spec.path), *target_roles(opts.target),
-                                                   *read_roles("--calibration-file", opts.calibration_file)])
+                                                   *read_roles("--calibration-file", opts.calibration_file),
+                                                   *read_roles("--store", opts.store)])
     dialect = get_dialect(opts.to)
     refusal = None
     try:

@@ -1,0 +1,157 @@
+"""The target's parts a store's reader needs, read tensor by tensor from its safetensors (never the decoder).
+
+A store holds id L, the last decoder layer's output before the final norm; the target's greedy token at each
+position is argmax(lm_head · final_norm(id L)). So a run that trains or calibrates from a store needs the target's
+config, tokenizer, embeddings, final norm and lm_head only: a folder holding just those serves as the target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eaglekit.errors import CheckpointError
+from eaglekit.io.checkpoint import INDEX_NAME, read_model_weights
+from eaglekit.io.jsonfile import load_json_object, symlink_root
+from eaglekit.target import EMBEDDINGS, FINAL_NORM, LM_HEAD, TargetInfo
+
+if TYPE_CHECKING:
+    import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "special_tokens_map.json")
+LABEL_ROWS = 1024  # rows per lm_head product: bounds the [rows, V] logits in memory
+
+
+def folder_of(info: TargetInfo) -> str:
+    return os.path.dirname(os.path.abspath(info.path))
+
+
+def sha256_of_files(folder: str, names: tuple[str, ...]) -> str | None:
+    """SHA-256 over the named files that exist (name and bytes); None when there is none."""
+    digest, found = hashlib.sha256(), False
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            found = True
+            with open(path, "rb") as fh:
+                digest.update(name.encode() + b"\0" + fh.read() + b"\0")
+    return "sha256:" + digest.hexdigest() if found else None
+
+
+def weights_fingerprint(folder: str) -> str:
+    """SHA-256 of the sorted safetensors headers (and the index): which tensors, of which dtypes, shapes and byte
+    offsets, without reading a tensor byte."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name == INDEX_NAME:
+            with open(path, "rb") as fh:
+                digest.update(name.encode() + b"\0" + fh.read())
+        elif name.endswith(".safetensors"):
+            with open(path, "rb") as fh:
+                head = fh.read(8)
+                (length,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
+                digest.update(name.encode() + b"\0" + head + fh.read(min(length, 100 * 1024 * 1024)))
+    return "sha256:" + digest.hexdigest()
+
+
+def head_names(info: TargetInfo) -> dict[str, tuple[str, Any]]:
+    """role (embed, norm, lm_head) -> (file, header entry) of the target tensor that plays it."""
+    folder = folder_of(info)
+    entries = read_model_weights(folder, symlink_root(folder))
+    embed = next((n for n in entries if n == EMBEDDINGS or n.endswith("." + EMBEDDINGS)), None)
+    if embed is None:
+        raise CheckpointError(f"target weights hold no {EMBEDDINGS}", folder)
+    prefix = embed[: -len(EMBEDDINGS)]
+    head = next((n for n in entries if n == LM_HEAD or n.endswith("." + LM_HEAD)), None)
+    if head is None and not info.tie_word_embeddings:
+        raise CheckpointError(f"target weights hold no {LM_HEAD} and the config does not tie it", folder)
+    if prefix + FINAL_NORM not in entries:
+        raise CheckpointError(f"target weights hold no final norm {prefix + FINAL_NORM}", folder)
+    return {"embed": entries[embed], "norm": entries[prefix + FINAL_NORM], "lm_head": entries[head or embed]}
+
+
+def head_digest(info: TargetInfo) -> str:
+    """SHA-256 of the final norm and lm_head bytes: what turns id L into the target's tokens."""
+    from eaglekit.io.writer import iter_file_chunks
+
+    folder = folder_of(info)
+    digest = hashlib.sha256()
+    for role in ("norm", "lm_head"):
+        rel, entry = head_names(info)[role]
+        digest.update(f"{role}\0{entry.dtype}\0{list(entry.shape)}\0".encode())
+        for chunk in iter_file_chunks(os.path.join(folder, rel), entry.start, entry.end):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def config_digest(info: TargetInfo) -> str:
+    with open(info.path, "rb") as fh:
+        return "sha256:" + hashlib.sha256(fh.read()).hexdigest()
+
+
+@dataclass
+class TargetHead:
+    """Embeddings, final norm and lm_head of a target, float32, with the norm as the target computes it."""
+
+    embed_tokens: Any  # [V, H]
+    norm_weight: Any  # [H]
+    lm_head: Any  # [V, H]
+    eps: float
+    unit_offset: bool  # Gemma's norm multiplies by (1 + weight)
+
+    def final_norm(self, states: torch.Tensor) -> torch.Tensor:
+        """The target's final RMSNorm of float32 states (float32 math, as transformers' Llama norm computes it)."""
+        import torch
+
+        x = states.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * ((1.0 + self.norm_weight) if self.unit_offset else self.norm_weight)
+
+    def greedy(self, last: torch.Tensor) -> torch.Tensor:
+        """The target's greedy token [n] after each of the states id L [n, H]."""
+        import torch
+
+        out = []
+        for start in range(0, last.shape[0], LABEL_ROWS):
+            rows = self.final_norm(last[start : start + LABEL_ROWS].to(self.lm_head.device))
+            out.append((rows @ self.lm_head.T).argmax(-1).to("cpu", torch.long))
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def load_head(info: TargetInfo, device: str = "cpu") -> TargetHead:
+    """Read embeddings, final norm and lm_head straight from the target's files (only those tensors' bytes)."""
+    import torch
+    from safetensors import safe_open
+
+    folder = folder_of(info)
+    tensors = {}
+    for role, (rel, entry) in head_names(info).items():
+        with safe_open(os.path.join(folder, rel), "pt") as fh:
+            tensors[role] = fh.get_tensor(entry.name).to(device, torch.float32)
+    config = load_json_object(info.path, "target config")
+    text: dict[str, Any] = config["text_config"] if isinstance(config.get("text_config"), dict) else config
+    eps = text.get("rms_norm_eps", text.get("layer_norm_eps", 1e-6))
+    return TargetHead(tensors["embed"], tensors["norm"], tensors["lm_head"], float(eps),
+                      unit_offset=str(info.model_type or "").startswith("gemma"))
+
+
+def tokenizer_identity(info: TargetInfo) -> dict[str, str | None]:
+    """SHA-256 of the tokenizer files and of the chat template (inline in tokenizer_config.json or a jinja file)."""
+    folder = folder_of(info)
+    template = None
+    config_path = os.path.join(folder, "tokenizer_config.json")
+    if os.path.isfile(config_path):
+        template = load_json_object(config_path, "tokenizer config").get("chat_template")
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if template is None and os.path.isfile(os.path.join(folder, name)):
+            with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                template = fh.read()
+    return {"sha256": sha256_of_files(folder, TOKENIZER_FILES),
+            "chat_template_sha256": None if template is None else
+            "sha256:" + hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()}

@@ -1,0 +1,208 @@
+"""A store read as training data: token ids, offsets and labels in memory, aux states streamed shard by shard.
+
+Labels are the target's greedy tokens, argmax(lm_head · final_norm(id L)), computed once per shard from the
+target's head tensors alone. The aux states stay on disk: `StoreRows` fetches the rows a batch asks for from the
+shards that hold them, keeping at most `max_resident` decoded shards in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from eaglekit.capture import store as st
+from eaglekit.capture.run import REFERENCE
+from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.target import TargetInfo
+
+if TYPE_CHECKING:
+    import torch
+
+IGNORE = -100
+
+
+class StoreRows:
+    """The rows [N, K*H] of a store's aux states (`columns` picks the aux ids wanted), read lazily: a slice or an
+    index tensor gives a float32 tensor; an index tensor applied to the view gives another view (no rows read)."""
+
+    def __init__(self, store: str, shards: list[st.Shard], starts: torch.Tensor, columns: list[int], hidden: int,
+                 max_resident: int, rows: torch.Tensor | None = None):
+        self.store, self.shards, self.starts = store, shards, starts  # starts[i]: first row of shard i
+        self.columns, self.hidden, self.max_resident = columns, hidden, max_resident
+        self.rows = rows  # None: every row, in store order
+        self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.loads = 0  # shards read so far (a measure of re-reading)
+
+    @property
+    def total(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.total if self.rows is None else int(self.rows.numel()), len(self.columns) * self.hidden)
+
+    def _shard(self, index: int) -> torch.Tensor:
+        if index in self._cache:
+            self._cache.move_to_end(index)
+            return self._cache[index]
+        aux = st.read_shard(self.store, self.shards[index])["aux"][:, self.columns].reshape(-1, self.shape[1])
+        self.loads += 1
+        self._cache[index] = aux
+        while len(self._cache) > self.max_resident:
+            self._cache.popitem(last=False)
+        return aux
+
+    def store_rows(self, local: torch.Tensor) -> torch.Tensor:
+        return local if self.rows is None else self.rows[local]
+
+    def window_of(self, local: torch.Tensor) -> torch.Tensor:
+        """The window (max_resident consecutive shards) holding each of these rows of the view: training draws a
+        batch from one window at a time, so each shard is read once per epoch."""
+        import torch
+
+        shard = torch.searchsorted(self.starts, self.store_rows(local), right=True) - 1
+        return torch.div(shard, self.max_resident, rounding_mode="floor")
+
+    def fetch(self, rows: torch.Tensor) -> torch.Tensor:
+        """The store rows `rows` (int64 [n]), shard by shard in the order they are first needed."""
+        import torch
+
+        out = torch.empty((rows.numel(), self.shape[1]), dtype=torch.float32)
+        shard_of = torch.searchsorted(self.starts, rows, right=True) - 1
+        for index in dict.fromkeys(shard_of.tolist()):
+            picked = (shard_of == index).nonzero().flatten()
+            out[picked] = self._shard(index)[rows[picked] - self.starts[index]].to(torch.float32)
+        return out
+
+    def __getitem__(self, key: Any) -> Any:
+        import torch
+
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.shape[0])
+            return self.fetch(self.store_rows(torch.arange(start, stop, step, dtype=torch.long)))
+        if isinstance(key, torch.Tensor) and key.dtype == torch.long and key.dim() == 1:
+            view = StoreRows(self.store, self.shards, self.starts, self.columns, self.hidden, self.max_resident,
+                             key if self.rows is None else self.rows[key])
+            view._cache = self._cache
+            return view
+        raise TypeError(f"store rows cannot be indexed by {type(key).__name__}")
+
+
+def check_store_target(manifest: dict[str, Any], info: TargetInfo, where: str, *,
+                       quantization: str | None = None) -> None:
+    """Refuse, in one line, a store captured from another target, tokenizer or numerics than this run's."""
+    from eaglekit.capture.head import config_digest, head_digest, tokenizer_identity
+
+    held = manifest["target"]
+    tokenizer = tokenizer_identity(info)
+    run = {"config_sha256": config_digest(info), "head_sha256": head_digest(info),
+           "tokenizer_sha256": tokenizer["sha256"], "chat_template_sha256": tokenizer["chat_template_sha256"]}
+    changed = [k for k, v in run.items() if held.get(k) != v]
+    if changed:
+        names = {"config_sha256": "config.json", "head_sha256": "final norm / lm_head weights",
+                 "tokenizer_sha256": "tokenizer", "chat_template_sha256": "chat template"}
+        raise UsageError(f"the store was captured from another target: its {', '.join(names[k] for k in changed)} "
+                         f"differ from {os.path.dirname(info.path)}'s", where)
+    engine = manifest["engine"]
+    stored = engine.get("quantization") if engine.get("name") == REFERENCE else None
+    if stored != quantization:
+        raise UsageError(f"the store holds states of the target computed with {stored or 'full precision'} "
+                         f"numerics, this run asks for {quantization or 'full precision'}", where)
+
+
+def store_columns(manifest: dict[str, Any], aux_ids: Sequence[int], where: str) -> list[int]:
+    """The store's aux slot of each wanted id (ascending)."""
+    held = [int(i) for i in manifest["layer_ids"]["aux"]]
+    missing = [i for i in sorted(aux_ids) if i not in held]
+    if missing:
+        raise UsageError(f"the store holds aux ids {held}, not {missing} that the draft reads: capture them "
+                         f"(eaglekit capture --aux-layer-ids {','.join(map(str, sorted(aux_ids)))})", where)
+    return [held.index(i) for i in sorted(aux_ids)]
+
+
+def open_complete_store(store: str) -> tuple[dict[str, Any], list[st.Shard]]:
+    """The manifest and shards of a store whose capture finished."""
+    manifest = st.read_manifest(store)
+    if not manifest.get("complete"):
+        raise UsageError("the store is incomplete (its capture was interrupted): rerun the same `eaglekit capture` "
+                         "command to finish it", store)
+    return manifest, st.shards(store, manifest)
+
+
+def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *, device: str = "cpu",
+                        max_resident: int = 2, quantization: str | None = None, ranks: Any = None):
+    """The store as eaglekit.finetune.data.TrainingData (aux rows streamed); the target's decoder is never read."""
+    import torch
+
+    from eaglekit.capture.head import load_head
+    from eaglekit.finetune.data import TrainingData
+
+    if max_resident < 1:
+        raise UsageError("--max-resident-shards must be at least 1")
+    manifest, shards = open_complete_store(store)
+    check_store_target(manifest, info, store, quantization=quantization)
+    columns = store_columns(manifest, aux_ids, store)
+    head = load_head(info, device)
+    tokens, labels, lengths = [], [], []
+    digest = hashlib.sha256()
+    for shard in shards:  # one shard in memory at a time
+        tensors = st.read_shard(store, shard)
+        digest.update(shard.sha256.encode())
+        tokens.append(tensors["token_ids"])
+        greedy = head.greedy(tensors["last"])
+        labels.append(torch.where(tensors["loss_mask"].bool(), greedy, torch.full_like(greedy, IGNORE)))
+        lengths += tensors["offsets"].diff().tolist()
+    starts = torch.tensor([0, *[s.tokens for s in shards]], dtype=torch.long).cumsum(0)
+    rows = StoreRows(store, shards, starts, columns, int(manifest["target"]["hidden_size"]), max_resident)
+    del head
+    if not shards:
+        raise CheckpointError("the store holds no records", store)
+    return TrainingData(tokens=torch.cat(tokens), labels=torch.cat(labels), aux=rows,
+                        offsets=torch.tensor([0, *lengths], dtype=torch.long).cumsum(0), digest=digest.hexdigest(),
+                        source=f"{os.path.abspath(store)} ({manifest['inputs'].get('source', '')})",
+                        notes=[f"states streamed from the store, at most {max_resident} shard(s) resident"])
+
+
+def calibration_from_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *, max_tokens: int = 2048,
+                           quantization: str | None = None):
+    """upgrade's calibration capture (eaglekit.upgrade.capture.CalibrationCapture) read from a store.
+
+    A store of `capture --calibration` holds upgrade's own fit and held-out sequences; from any other store the
+    first records up to `max_tokens` tokens are read, the last quarter of their tokens (whole records) held out."""
+    import torch
+
+    from eaglekit.capture.head import load_head
+    from eaglekit.upgrade.capture import HELD_OUT_FRACTION, CalibrationCapture, CapturedSequence
+
+    manifest, shards = open_complete_store(store)
+    check_store_target(manifest, info, store, quantization=quantization)
+    columns = store_columns(manifest, aux_ids, store)
+    fit_records = manifest["inputs"].get("calibration_fit_records")
+    records: list[CapturedSequence] = []
+    count = 0
+    for shard in shards:
+        tensors = st.read_shard(store, shard)
+        aux = tensors["aux"][:, columns].reshape(tensors["aux"].shape[0], -1)
+        bounds = tensors["offsets"].tolist()
+        for lo, hi in zip(bounds, bounds[1:]):
+            records.append(CapturedSequence(tensors["token_ids"][lo:hi].clone(), aux[lo:hi].float()))
+            count += hi - lo
+            if fit_records is None and count >= max_tokens:
+                break
+        if fit_records is None and count >= max_tokens:
+            break
+    if fit_records is None:
+        held, tail = 0, 0
+        while held < len(records) - 1 and tail < count * HELD_OUT_FRACTION:
+            held += 1
+            tail += int(records[-held].tokens.numel())
+        fit_records = len(records) - held
+    if not 0 < fit_records < len(records):
+        raise UsageError(f"the store holds {len(records)} record(s): calibration needs some to fit and some held "
+                         "out", store)
+    embed = load_head(info).embed_tokens.to(torch.float32)
+    where = f"the store {os.path.abspath(store)}: {manifest['inputs'].get('source', '')}"
+    return CalibrationCapture(records[:fit_records], records[fit_records:], where, embed)

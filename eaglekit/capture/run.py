@@ -1,0 +1,341 @@
+"""`capture`: plan the sequences, run them through a backend, stream the states into a resumable store.
+
+A rerun of the same command on the same store captures only what is missing: the planned sequences are read
+back from the store, intact shards are kept, and capture resumes at the first record no intact shard holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from eaglekit import __version__
+from eaglekit.capture import store as st
+from eaglekit.capture.sequence import CapturedSequence
+from eaglekit.errors import CaptureInterrupted, CheckpointError, UsageError
+from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
+from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
+from eaglekit.quantization import scheme
+from eaglekit.target import TargetInfo, read_target
+
+Stage = Callable[[str, int, int], None]
+REFERENCE = "reference"  # the in-process backend; every other engine serves the target out of process
+ENGINES = (REFERENCE, "vllm")
+DEFAULT_SHARD_TOKENS = 1 << 14  # a shard of a 70B target (H 8192, 3 aux ids, bfloat16): about 1.3 GB
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    target: str
+    data: DataOptions = DataOptions()
+    draft: str | None = None  # its aux ids are captured
+    aux_ids: tuple[int, ...] | None = None  # vLLM convention; default: the draft's, else the target's default
+    engine: str = "reference"
+    tensor_parallel_size: int = 1
+    engine_args: tuple[tuple[str, str], ...] = ()
+    engine_python: str | None = None
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    store_dtype: str = "bfloat16"
+    device: str = "cpu"
+    dtype: str = "auto"
+    target_quantization: str | None = None  # reference engine: the served numerics it emulates
+    force: bool = False  # replace a store of another capture
+    calibration: bool = False  # capture upgrade's calibration text (fit and held-out parts) instead of the data
+    calibration_file: str | None = None  # default: the bundled calibration text
+    calibration_tokens: int = 2048
+    import_dir: str | None = None  # vLLM extract_hidden_states files to import instead of running a backend
+    captured_ids: tuple[int, ...] | None = None  # the eagle_aux_hidden_state_layer_ids those files hold
+
+    def check(self) -> None:
+        self.data.check()
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if self.shard_tokens < 1:
+            raise UsageError("--shard-tokens must be at least 1")
+        if self.tensor_parallel_size < 1:
+            raise UsageError("--tensor-parallel-size must be at least 1")
+        st.check_store_dtype(self.store_dtype)
+        if self.calibration and self.data != DataOptions():
+            raise UsageError("--calibration captures upgrade's calibration text: it cannot be combined with --data, "
+                             "--generate, --context-tokens, --code-tokens or --templates")
+        if self.calibration_file and not self.calibration:
+            raise UsageError("--calibration-file needs --calibration")
+        if self.data.hidden_states:
+            raise UsageError("capture reads no --hidden-states: import such files with --import")
+        if self.import_dir and (self.data != DataOptions() or self.calibration or self.engine != REFERENCE):
+            raise UsageError("--import brings its own sequences and states: it cannot be combined with --data, "
+                             "--generate, --templates, --calibration or --engine")
+        if self.import_dir and not self.captured_ids:
+            raise UsageError("--import needs --captured-ids: the eagle_aux_hidden_state_layer_ids vLLM ran with (its "
+                             "files do not record them)")
+        if self.draft and self.aux_ids is not None:
+            raise UsageError("give --draft or --aux-layer-ids, not both")
+        if self.engine != REFERENCE and self.data.generate:
+            raise UsageError("--generate runs the target's greedy decode with --engine reference only")
+        if self.engine != REFERENCE and self.target_quantization:
+            raise UsageError("--target-quantization emulates served numerics in the reference engine; vLLM serves "
+                             "a quantized checkpoint as it is")
+        if self.engine == REFERENCE and (self.tensor_parallel_size != 1 or self.engine_args or self.engine_python):
+            raise UsageError("--tensor-parallel-size, --engine-arg and --engine-python apply to --engine vllm")
+
+
+@dataclass
+class CaptureReport:
+    store: str
+    target: str
+    engine: dict[str, Any]
+    layer_ids: dict[str, Any]
+    store_dtype: str
+    records: int
+    tokens: int
+    shards: int
+    bytes: int
+    resumed_from: int | None  # the records already in the store when this run started (None: a new store)
+    captured_records: int  # captured by this run
+    complete: bool
+    data: str
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"eaglekit_version": __version__, **dataclasses.asdict(self), "seconds": round(self.seconds, 3)}
+
+
+def capture_layer_ids(info: TargetInfo, opts: CaptureOptions) -> tuple[tuple[int, ...], str]:
+    """(aux ids, where they came from): the draft's, --aux-layer-ids, or the target's default."""
+    if opts.draft:
+        from eaglekit.families import load_draft
+
+        spec = load_draft(opts.draft, target=info)
+        if spec.aux.ids is None:
+            raise CheckpointError("the draft records no aux layer ids: pass --aux-layer-ids", spec.path)
+        ids, where = tuple(spec.aux.ids), f"the draft {spec.path}"
+    elif opts.aux_ids is not None:
+        ids, where = tuple(opts.aux_ids), "--aux-layer-ids"
+    elif opts.captured_ids is not None:
+        ids, where = tuple(i for i in opts.captured_ids if i != info.num_layers), "--captured-ids"
+    else:
+        ids, where = info.default_aux_ids, "the target's default (2, L//2, L-3)"
+    ids = tuple(sorted(set(int(i) for i in ids)))
+    if opts.captured_ids is not None:
+        L = info.num_layers
+        if L not in opts.captured_ids:
+            raise UsageError(f"--captured-ids {list(opts.captured_ids)} has no id L={L} (the last layer's output "
+                             "before the final norm): the target's greedy labels come from it; rerun vLLM with "
+                             f"{L} added to eagle_aux_hidden_state_layer_ids", opts.import_dir)
+        missing = [i for i in ids if i not in opts.captured_ids]
+        if missing:
+            raise UsageError(f"aux ids {missing} were not captured: the files hold {sorted(opts.captured_ids)}",
+                             opts.import_dir)
+    bad = [i for i in ids if not 0 <= i <= info.num_layers]
+    if not ids or bad:
+        raise UsageError(f"aux layer ids {list(bad or ids)} are outside [0, {info.num_layers}] for this target "
+                         f"(L={info.num_layers})", info.path)
+    return ids, where
+
+
+def _engine_block(opts: CaptureOptions) -> dict[str, Any]:
+    """What computed the states: engine, its version, dtype and numerics (part of the store's identity)."""
+    if opts.engine == REFERENCE:
+        import torch
+        import transformers
+
+        from eaglekit.target_model import QUANTIZED_DTYPE, resolve_device, resolve_dtype
+
+        served = scheme(opts.target_quantization)
+        dtype = QUANTIZED_DTYPE if served is not None and opts.dtype == "auto" else opts.dtype
+        resolved = str(resolve_dtype(dtype, resolve_device(opts.device))).removeprefix("torch.")
+        return {"name": "reference", "version": f"transformers {transformers.__version__}, torch {torch.__version__}",
+                "dtype": resolved, "quantization": served.name if served else None, "tensor_parallel_size": 1,
+                "engine_args": {}}
+    from eaglekit.verify.engine import EngineOptions, check_engine_available
+
+    version = check_engine_available(EngineOptions(python=opts.engine_python))
+    return {"name": opts.engine, "version": f"vllm {version}", "dtype": opts.dtype, "quantization": "as served",
+            "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": dict(opts.engine_args)}
+
+
+def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, Any], inputs: dict[str, Any],
+                   opts: CaptureOptions) -> dict[str, Any]:
+    """The manifest's identity blocks: a rerun resumes only when every one is equal."""
+    from eaglekit.capture.head import config_digest, head_digest, tokenizer_identity, weights_fingerprint
+
+    tokenizer = tokenizer_identity(info)
+    return {
+        "target": {"config_sha256": config_digest(info), "weights_fingerprint": weights_fingerprint(
+                       os.path.dirname(os.path.abspath(info.path))), "head_sha256": head_digest(info),
+                   "num_hidden_layers": info.num_layers, "hidden_size": info.hidden_size,
+                   "vocab_size": info.vocab_size, "model_type": info.model_type,
+                   "tokenizer_sha256": tokenizer["sha256"], "chat_template_sha256": tokenizer["chat_template_sha256"]},
+        "layer_ids": {"convention": "vllm", "aux": list(aux_ids), "last": info.num_layers},
+        "engine": engine,
+        "inputs": inputs,
+        "store": {"dtype": opts.store_dtype, "shard_tokens": opts.shard_tokens},
+    }
+
+
+def _plan(tokenizer, opts: CaptureOptions, on_stage: Stage | None) -> tuple[SequencePlan, int | None]:
+    """(the sequences to capture, how many of them upgrade fits on when they are its calibration text)."""
+    if not opts.calibration:
+        return plan_sequences(tokenizer, opts.data, on_stage=on_stage), None
+    from eaglekit.upgrade.capture import calibration_sequences
+
+    fit, held_out, where = calibration_sequences(tokenizer, text_file=opts.calibration_file,
+                                                 max_tokens=opts.calibration_tokens)
+    return SequencePlan(where, fit + held_out, [], opts.calibration_tokens, [],
+                        f"upgrade's calibration text ({where}): {len(fit)} fit and {len(held_out)} held-out "
+                        "sequences"), len(fit)
+
+
+@dataclass
+class _Source:
+    """Where a capture's records come from: what identifies them, and how to produce them."""
+
+    engine: dict[str, Any]
+    inputs: dict[str, Any]
+    notes: list[str]
+    sequences: Callable[[], list[list[int]]]  # the planned sequences (a new store only)
+    records: Callable[[Sequence[Sequence[int]]], Iterator[CapturedSequence]]  # their states, in order
+
+
+def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions,
+                   on_stage: Stage | None) -> _Source:
+    """The target run by the reference hooks or vLLM on the planned data (or calibration text)."""
+    from eaglekit.target_model import load_tokenizer
+
+    folder = os.path.dirname(os.path.abspath(info.path))
+    tokenizer = load_tokenizer(folder, info)
+    if tokenizer is None:
+        raise CheckpointError("the target has no tokenizer; capture needs one to encode the data", folder)
+    plan, fit_records = _plan(tokenizer, opts, on_stage)
+    inputs: dict[str, Any] = {
+        "sha256": content_address({"prompts": hashlib.sha256(json.dumps(plan.prompts).encode()).hexdigest(),
+                                   "code": hashlib.sha256(json.dumps(plan.code).encode()).hexdigest(),
+                                   "generate": opts.data.generate, "limit": plan.limit}),
+        "source": plan.source}
+    if fit_records is not None:
+        inputs["calibration_fit_records"] = fit_records
+    loaded: list[Any] = []
+
+    def target():
+        """The reference target, loaded once and only when there is work for it."""
+        if opts.engine != REFERENCE:
+            return None
+        if not loaded:
+            from eaglekit.target_model import load_target
+
+            if on_stage:
+                on_stage("loading the target", 0, 1)
+            loaded.append(load_target(folder, device=opts.device, dtype=opts.dtype,
+                                      quantization=opts.target_quantization))
+        return loaded[0]
+
+    layer_ids = tuple(sorted(set(aux_ids) | {info.num_layers}))
+
+    def records(sequences: Sequence[Sequence[int]]) -> Iterator[CapturedSequence]:
+        if opts.engine == REFERENCE:
+            from eaglekit.capture.reference import capture_with_reference
+
+            return capture_with_reference(target(), sequences, layer_ids)
+        from eaglekit.capture.vllm_engine import capture_with_vllm
+
+        return capture_with_vllm(opts.target, sequences, layer_ids, python=opts.engine_python,
+                                 tensor_parallel_size=opts.tensor_parallel_size, engine_args=dict(opts.engine_args),
+                                 dtype=opts.dtype, version=engine["version"].removeprefix("vllm "))
+
+    engine = _engine_block(opts)
+    return _Source(engine, inputs, list(plan.notes),
+                   lambda: plan.complete(target(), opts.data, on_stage=on_stage), records)
+
+
+def _imported_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions) -> _Source:
+    """vLLM extract_hidden_states files (one per request, natural name order) read as records."""
+    import torch
+    from safetensors import safe_open
+
+    from eaglekit.finetune.hidden_states import TOKENS, capture_files, read_capture_file
+
+    assert opts.import_dir is not None and opts.captured_ids is not None
+    files = capture_files(opts.import_dir)
+    captured = tuple(sorted(opts.captured_ids))
+    layer_ids = tuple(sorted(set(aux_ids) | {info.num_layers}))
+
+    def sequences() -> list[list[int]]:
+        out = []
+        for path in files:
+            with safe_open(path, "pt") as fh:
+                out.append(fh.get_tensor(TOKENS).tolist() if TOKENS in fh.keys() else [])
+        return out
+
+    def records(planned: Sequence[Sequence[int]]) -> Iterator[CapturedSequence]:
+        for index, path in enumerate(files[len(files) - len(planned):]):
+            token_ids, states = read_capture_file(path, layer_ids, captured)
+            yield CapturedSequence(index=index, token_ids=tuple(token_ids.tolist()),
+                                   states={i: states[:, k].to(torch.float32) for k, i in enumerate(layer_ids)})
+
+    listing = [(os.path.basename(p), os.path.getsize(p)) for p in files]
+    inputs = {"sha256": content_address({"files": listing, "captured_ids": list(captured)}),
+              "source": f"{os.path.abspath(opts.import_dir)} ({len(files)} vLLM extract_hidden_states files)"}
+    engine: dict[str, Any] = {"name": "import", "version": None, "dtype": None, "quantization": "as served",
+              "tensor_parallel_size": 1, "engine_args": {}}
+    return _Source(engine, inputs, [], sequences, records)
+
+
+def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = None) -> CaptureReport:
+    """Capture (or complete) the hidden-state store at `store` for `opts.target` on `opts.data` (or import
+    `opts.import_dir`'s vLLM files into it)."""
+    started = time.perf_counter()
+    opts.check()
+    info = read_target(opts.target, decoder=not opts.import_dir)  # an import needs the target's facts only
+    aux_ids, ids_from = capture_layer_ids(info, opts)
+    refuse_clobber([Role("store", store)], [*target_roles(opts.target), *read_roles("--draft", opts.draft),
+                                             *read_roles("--data", opts.data.data_file),
+                                             *read_roles("--calibration-file", opts.calibration_file),
+                                             *read_roles("--import", opts.import_dir)])
+    source = _imported_source(info, aux_ids, opts) if opts.import_dir else _engine_source(info, aux_ids, opts,
+                                                                                         on_stage)
+    with st.store_lock(store):
+        identity = store_identity(info, aux_ids, source.engine, source.inputs, opts)
+        manifest, done = st.open_store(store, identity, force=opts.force)
+        resumed_from = None
+        if manifest is None:
+            sequences = source.sequences()
+            digest = st.write_plan(store, sequences)
+            manifest = {"format": st.FORMAT, "version": st.VERSION, **identity,
+                        "plan": {"sha256": digest, "records": len(sequences), "tokens": sum(map(len, sequences))}}
+            st.write_manifest(store, {**manifest, "complete": False, "records": 0, "tokens": 0, "shards": []})
+        else:
+            sequences = st.read_plan(store, manifest)
+            resumed_from = done[-1].end_record if done else 0
+        writer = st.StoreWriter(store, manifest, done, aux_ids=aux_ids, last_id=info.num_layers,
+                                shard_tokens=opts.shard_tokens, store_dtype=opts.store_dtype)
+        start = writer.next_record
+        try:
+            if start < len(sequences):
+                for record in source.records(sequences[start:]):
+                    writer.add(dataclasses.replace(record, index=record.index + start))
+                    if on_stage:
+                        on_stage("capturing target states", writer.next_record, len(sequences))
+                writer.flush()
+            if writer.next_record != len(sequences):
+                raise CheckpointError(f"the capture backend returned {writer.next_record - start} of "
+                                      f"{len(sequences) - start} records", store)
+            writer.write_manifest(complete=True)
+        except KeyboardInterrupt:
+            kept = writer.done[-1].end_record if writer.done else 0
+            raise CaptureInterrupted(f"interrupted after {kept} of {len(sequences)} records ({len(writer.done)} "
+                                     "shard(s) kept); rerun the same command to resume", store) from None
+    notes = [f"aux ids from {ids_from}; id {info.num_layers} (L) is always captured", *source.notes]
+    return CaptureReport(
+        store=os.path.abspath(store), target=opts.target, engine=source.engine,
+        layer_ids={"aux": list(aux_ids), "last": info.num_layers}, store_dtype=opts.store_dtype,
+        records=len(sequences), tokens=sum(s.tokens for s in writer.done), shards=len(writer.done),
+        bytes=sum(s.bytes for s in writer.done), resumed_from=resumed_from,
+        captured_records=len(sequences) - start, complete=True, data=source.inputs["source"],
+        seconds=time.perf_counter() - started, notes=notes)

@@ -1,0 +1,148 @@
+"""`eaglekit capture`: the target's hidden states into a resumable, sharded store that finetune and upgrade read."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from eaglekit.cli.finetune import _Progress
+from eaglekit.cli.output import (
+    aux_ids,
+    emit_json,
+    format_option,
+    human_bytes,
+    key_value_table,
+    list_items,
+    out,
+    target_path,
+    target_quantization_option,
+)
+from eaglekit.errors import UsageError
+
+EXAMPLES = """
+\b
+Examples:
+  eaglekit capture ./SmolLM2-135M-Instruct ./states --draft ./draft-31 --generate 96
+  eaglekit capture ./Llama-3.1-70B-Instruct ./states --draft ./draft --data chats.jsonl --engine vllm \\
+      --tensor-parallel-size 4 --store-dtype fp8
+  eaglekit finetune ./draft ./tuned --target ./Llama-3.1-70B-Instruct --store ./states
+  eaglekit inspect ./states
+"""
+
+
+def _engine_args(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--engine-arg {value!r}: expected KEY=VALUE")
+        pairs.append((key.strip(), val))
+    return tuple(sorted(pairs))
+
+
+@click.command("capture", epilog=EXAMPLES)
+@click.argument("target", callback=target_path)
+@click.argument("store")
+@click.option("--data", "data_file", type=click.Path(dir_okay=False),
+              help="JSONL text: {\"prompt\"}, {\"messages\"} or {\"text\"} per line (default: the bundled training "
+                   "prompts).")
+@click.option("--data-limit", type=int, help="Use only the first N records.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), help="Same as --data.")
+@click.option("--generate", type=int, default=0, show_default=True,
+              help="Append the target's own greedy answer (up to N tokens) to each prompt (--engine reference).")
+@click.option("--context-tokens", type=int, default=0, show_default=True,
+              help="Prepend this many tokens of standard-library source to every --context-every-th prompt.")
+@click.option("--context-every", type=int, default=4, show_default=True)
+@click.option("--max-length", type=int, default=2048, show_default=True, help="Cut longer sequences.")
+@click.option("--code-tokens", type=int, default=0, show_default=True,
+              help="Also capture about this many tokens of Python standard-library source (plain text).")
+@click.option("--templates", default="chat", show_default=True,
+              help="Prompt shapes in turn: chat, system, raw (e.g. chat,system,raw).")
+@click.option("--calibration", is_flag=True,
+              help="Capture upgrade's calibration text (its fit and held-out sequences) for `upgrade --store`.")
+@click.option("--calibration-file", type=click.Path(dir_okay=False),
+              help="--calibration: this text instead of the bundled prose and code sample.")
+@click.option("--calibration-tokens", type=int, default=2048, show_default=True,
+              help="--calibration: tokens of the text to capture.")
+@click.option("--import", "import_dir", type=click.Path(file_okay=False),
+              help="Import vLLM extract_hidden_states files (one per request) instead of running the target.")
+@click.option("--captured-ids", help="--import: the eagle_aux_hidden_state_layer_ids vLLM ran with (must include "
+                                     "id L, which the labels come from).")
+@click.option("--draft", help="Capture the aux layer ids this draft reads.")
+@click.option("--aux-layer-ids", help="Aux layer ids to capture (vLLM convention), e.g. 2,15,27 [default: the "
+                                      "draft's, else the target's (2, L//2, L-3)]. Id L is always captured.")
+@click.option("--engine", type=click.Choice(["reference", "vllm"]), default="reference", show_default=True,
+              help="reference: the target loaded with transformers in this process; vllm: the serving engine "
+                   "(tensor parallel, the served checkpoint's numerics).")
+@click.option("--tensor-parallel-size", type=int, default=1, show_default=True, help="--engine vllm: GPUs per "
+                                                                                     "engine.")
+@click.option("--engine-arg", "engine_arg", multiple=True, metavar="KEY=VALUE",
+              help="--engine vllm: an engine argument (repeatable), e.g. max_model_len=8192.")
+@click.option("--engine-python", help="--engine vllm: the Python interpreter that has vLLM [default: "
+                                      "$EAGLEKIT_VLLM_PYTHON, else this one].")
+@click.option("--shard-tokens", type=int, default=16384, show_default=True,
+              help="Tokens per shard (whole records; a shard ends at the record that reaches this many).")
+@click.option("--store-dtype", type=click.Choice(["bfloat16", "float32", "fp8"]), default="bfloat16",
+              show_default=True, help="fp8: E4M3 with a float32 scale per token (half of bfloat16's bytes).")
+@click.option("--device", default="cpu", show_default=True, help="--engine reference: cpu or cuda[:N].")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True, help="Target dtype (auto: bfloat16 on CUDA, float32 on the CPU).")
+@target_quantization_option
+@click.option("--force", is_flag=True, help="Replace a store of another capture (its own files only).")
+@click.option("--no-progress", is_flag=True, help="No progress on stderr.")
+@format_option
+def capture_command(target, store, data_file, data_limit, prompts_file, generate, context_tokens, context_every,
+                    max_length, code_tokens, templates, calibration, calibration_file, calibration_tokens, import_dir,
+                    captured_ids, draft,
+                    aux_layer_ids, engine, tensor_parallel_size,
+                    engine_arg, engine_python, shard_tokens, store_dtype, device, dtype, target_quantization, force,
+                    no_progress, output_format):
+    """Capture TARGET's hidden states (the draft's aux ids plus id L) into STORE, shard by shard.
+
+    Every shard and the manifest are published atomically; a killed capture rerun with the same command captures
+    only what is missing and ends byte-identical to an uninterrupted run. `finetune --store` and
+    `upgrade --store` read the store without loading the target's decoder.
+    """
+    from eaglekit.capture.run import CaptureOptions, capture_store
+    from eaglekit.finetune.data import DataOptions
+
+    if data_file and prompts_file:
+        raise UsageError("give --data or --prompts, not both")
+    opts = CaptureOptions(
+        target=target,
+        data=DataOptions(data_file=data_file or prompts_file, limit=data_limit, generate=generate,
+                         context_tokens=context_tokens, context_every=context_every, max_length=max_length,
+                         code_tokens=code_tokens, templates=tuple(list_items(templates))),
+        draft=draft, aux_ids=aux_ids(aux_layer_ids), engine=engine, tensor_parallel_size=tensor_parallel_size,
+        engine_args=_engine_args(engine_arg), engine_python=engine_python, shard_tokens=shard_tokens,
+        store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force,
+        calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens,
+        import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"))
+    with _Progress(not no_progress, sys.stderr.isatty(), 0) as progress:
+        report = capture_store(store, opts, on_stage=progress.on_stage)
+    doc = report.to_dict()
+    if output_format == "json":
+        emit_json(doc)
+    else:
+        render(doc)
+
+
+def render(doc: dict) -> None:
+    resumed = (f"resumed after record {doc['resumed_from']}" if doc["resumed_from"] is not None
+               else "new store")
+    engine = doc["engine"]
+    rows = [
+        ("store", doc["store"]),
+        ("target", doc["target"]),
+        ("engine", f"{engine['name']} ({engine['version'] or 'version unknown'}), dtype {engine['dtype']}, "
+                   f"numerics {engine['quantization'] or 'full precision'}"),
+        ("layer ids", f"aux {doc['layer_ids']['aux']} + id L={doc['layer_ids']['last']} (vLLM convention)"),
+        ("data", doc["data"]),
+        ("captured", f"{doc['records']} records, {doc['tokens']:,} tokens in {doc['shards']} shard(s), "
+                     f"{human_bytes(doc['bytes'])} as {doc['store_dtype']}"),
+        ("this run", f"{doc['captured_records']} record(s) captured in {doc['seconds']:.1f} s; {resumed}"),
+    ]
+    out.print(key_value_table(rows, title="eaglekit capture"))
+    for note in doc["notes"]:
+        out.print(f"note: {note}")

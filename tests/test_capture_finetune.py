@@ -1,0 +1,169 @@
+"""`finetune --store`: training from a capture store without the target's decoder, equal to the in-memory path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+import eaglekit.target_model  # noqa: E402
+from eaglekit.capture.reader import read_training_store  # noqa: E402
+from eaglekit.capture.run import CaptureOptions, capture_store  # noqa: E402
+from eaglekit.errors import UsageError  # noqa: E402
+from eaglekit.finetune.data import DataOptions  # noqa: E402
+from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
+from eaglekit.finetune.train import TrainOptions  # noqa: E402
+from eaglekit.target import read_target  # noqa: E402
+from tests.capture_fixtures import make_target_with_tokenizer, write_prompts  # noqa: E402
+from tests.factory import make_draft  # noqa: E402
+
+VOCAB = 384
+AUX = (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    base = tmp_path_factory.mktemp("capture-finetune")
+    target = make_target_with_tokenizer(str(base / "target"))
+    data = write_prompts(str(base / "prompts.jsonl"), count=16)
+    draft = make_draft(str(base / "draft"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=AUX,
+                       target_layers=4, fc_norm=True, norm_output=True)
+    stores = {}
+    for dtype in ("float32", "bfloat16"):
+        stores[dtype] = str(base / f"store-{dtype}")
+        capture_store(stores[dtype], CaptureOptions(target=target, data=DataOptions(data_file=data), draft=draft,
+                                                    shard_tokens=200, store_dtype=dtype))
+    # the target as a store's reader needs it: config, tokenizer, and no decoder layer
+    head_only = base / "head-only"
+    shutil.copytree(target, head_only, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors = load_file(os.path.join(target, "model.safetensors"))
+    save_file({n: t for n, t in tensors.items() if ".layers." not in n}, str(head_only / "model.safetensors"))
+    return {"base": base, "target": target, "data": data, "draft": draft, "stores": stores,
+            "head_only": str(head_only)}
+
+
+def train_options(env, **changes) -> FinetuneOptions:
+    train = TrainOptions(steps=4, batch_tokens=256, depth=2, lr=3e-3, log_every=2, seed=0, precision="fp32")
+    return FinetuneOptions(target=env["target"], data=DataOptions(data_file=env["data"],
+                                                                  cache_dir=str(env["base"] / "cache")),
+                           train=train, eval=None, validation_fraction=0.0, **changes)
+
+
+def test_greedy_labels_from_id_L_equal_the_targets_argmax(env):
+    target = eaglekit.target_model.load_target(env["target"])
+    data = read_training_store(env["stores"]["float32"], read_target(env["target"]), AUX)
+    offsets = data.offsets.tolist()
+    for lo, hi in zip(offsets, offsets[1:]):
+        logits = target.forward(data.tokens[lo:hi][None], ()).logits[0]
+        assert torch.equal(data.labels[lo:hi], logits.argmax(-1))
+        ref = target.forward(data.tokens[lo:hi][None], AUX)
+        torch.testing.assert_close(data.aux[lo:hi], torch.cat([a[0] for a in ref.aux], -1), rtol=0, atol=0)
+
+
+def test_finetune_from_a_store_never_loads_the_decoder_and_equals_the_in_memory_run(env, tmp_path, monkeypatch):
+    memory = str(tmp_path / "memory")
+    finetune(env["draft"], memory, train_options(env))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the target's decoder was loaded")
+
+    monkeypatch.setattr(eaglekit.target_model, "load_target", refuse)
+    stored = str(tmp_path / "stored")
+    opts = train_options(env, store=env["stores"]["bfloat16"], max_resident_shards=64)  # one window: every shard
+    report = finetune(env["draft"], stored, FinetuneOptions(**{**opts.__dict__, "target": env["head_only"],
+                                                                "data": DataOptions()}))
+    assert report.data["sequences"] == 16 and report.training["steps"] == 4
+    want, got, source = (load_file(os.path.join(p, "model.safetensors")) for p in (memory, stored, env["draft"]))
+    assert not torch.equal(want["fc.weight"], source["fc.weight"])  # it trained
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+
+
+def test_with_few_resident_shards_an_epoch_reads_each_shard_once(env):
+    import random
+
+    from eaglekit.finetune.train import batch_groups, make_batch
+
+    data = read_training_store(env["stores"]["bfloat16"], read_target(env["target"]), AUX, max_resident=1)
+    shards = len(data.aux.shards)
+    assert shards >= 4
+    stream = batch_groups(data.offsets, 256, random.Random(0), data.aux.window_of(data.offsets[:-1]).tolist())
+    seen: list[int] = []
+    while len(seen) < data.sequences:  # one epoch: the batches partition the sequences
+        group = next(stream)
+        _, _, aux, _ = make_batch(data, group, 2, torch.arange(VOCAB))
+        assert len(data.aux._cache) == 1 and aux.abs().sum() > 0
+        seen += group
+    assert sorted(seen) == list(range(data.sequences)) and data.aux.loads == shards
+
+
+def test_a_store_of_another_target_or_ids_is_refused(env, tmp_path):
+    other = make_target_with_tokenizer(str(tmp_path / "other"), seed=1)
+    opts = train_options(env, store=env["stores"]["float32"])
+    with pytest.raises(UsageError, match="captured from another target: its final norm / lm_head weights differ"):
+        finetune(env["draft"], str(tmp_path / "a"), FinetuneOptions(**{**opts.__dict__, "target": other,
+                                                                        "data": DataOptions()}))
+    draft = make_draft(str(tmp_path / "draft"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(0, 2, 3),
+                       target_layers=4)
+    with pytest.raises(UsageError, match=r"not \[0\] that the draft reads"):
+        finetune(draft, str(tmp_path / "b"), FinetuneOptions(**{**opts.__dict__, "data": DataOptions()}))
+    with pytest.raises(UsageError, match="--store brings its own sequences"):
+        finetune(env["draft"], str(tmp_path / "c"), opts)
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+
+
+def test_cli_finetune_and_upgrade_from_a_store(env, tmp_path):
+    import json
+
+    import jsonschema
+
+    from tests.cli import run_cli
+
+    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas",
+                                         "finetune-report.schema.json")))
+    out = str(tmp_path / "tuned")
+    result = run_cli(["finetune", env["draft"], out, "--target", env["head_only"], "--store",
+                      env["stores"]["bfloat16"], "--steps", "2", "--batch-tokens", "256", "--no-progress",
+                      "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, schema)
+    assert doc["options"]["store"] == env["stores"]["bfloat16"] and os.path.isfile(os.path.join(out, "config.json"))
+    assert any("held-out evaluation skipped (--store" in n for n in doc["notes"])
+    mixed = run_cli(["finetune", env["draft"], str(tmp_path / "x"), "--target", env["head_only"], "--store",
+                     env["stores"]["bfloat16"], "--data", env["data"], "--no-progress"])
+    assert mixed.exit_code == 2 and "--store brings its own sequences" in mixed.stderr
+    stripped = run_cli(["finetune", env["draft"], str(tmp_path / "y"), "--target", env["head_only"], "--data",
+                        env["data"], "--no-progress", "--no-eval"])
+    assert stripped.exit_code == 1 and "layers" in stripped.stderr  # without a store the decoder is required
+    assert len(stripped.stderr.strip().splitlines()) == 1
+
+
+def test_two_gloo_processes_train_from_a_store_as_one_process(env, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    common = [env["draft"], "--target", env["head_only"], "--store", env["stores"]["bfloat16"], "--steps", "3",
+              "--batch-tokens", "256", "--depth", "2", "--precision", "fp32", "--max-resident-shards", "1",
+              "--validation-fraction", "0", "--no-progress", "--format", "json"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": repo}
+    one = subprocess.run([sys.executable, "-m", "eaglekit", "finetune", common[0], str(tmp_path / "one"), *common[1:]],
+                         capture_output=True, text=True, env=environment, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", "29531", "-m", "eaglekit", "finetune",
+                          common[0], str(tmp_path / "two"), *common[1:]],
+                         capture_output=True, text=True, env=environment, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert json.loads(two.stdout)["training"]["world_size"] == 2
+    w1, w2 = (load_file(os.path.join(tmp_path, d, "model.safetensors")) for d in ("one", "two"))
+    for name in w1:
+        torch.testing.assert_close(w2[name].float(), w1[name].float(), rtol=0,
+                                   atol=1e-2 * float(w1[name].float().abs().max() + 1e-6))
