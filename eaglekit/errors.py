@@ -42,8 +42,9 @@ class TrainingInterrupted(EaglekitError):
     """Ctrl-C during training: the last finished step was saved as a resumable checkpoint."""
 
 
-class ResolvedWorse(EaglekitError):
-    """A trained draft measured worse than its source with the interval below zero: it is not written."""
+class NoGain(EaglekitError):
+    """A trained draft whose held-out gain over its source is not resolved (the paired interval does not clear
+    zero): it is not written."""
 
 
 MAX_QUOTED_CHARS = 80
