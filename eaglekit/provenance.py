@@ -135,7 +135,8 @@ def finetune_without_gain(config: dict) -> str | None:
         return None
     gain = block.get("held_out_gain")
     if isinstance(gain, dict) and str(block.get("written", "")).startswith("without"):
-        span = gain.get("interval") if isinstance(gain.get("interval"), dict) else {}
+        found = gain.get("interval")
+        span: dict = found if isinstance(found, dict) else {}
         return (f"held-out τ {gain.get('acceptance_length_difference')} [{span.get('low')}, {span.get('high')}], "
                 f"{gain.get('verdict')}")
     paired = block.get("paired_evaluation")
