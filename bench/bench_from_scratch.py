@@ -95,7 +95,7 @@ def main(argv=None) -> None:
             out = os.path.join(work, f"{function.lower().replace('.', '')}-seed{seed}")
             t = time.perf_counter()
             report = finetune(start, out, FinetuneOptions(
-                target=target, data=data, eval=None, force=True, from_scratch=True, keep_worse=True,
+                target=target, data=data, eval=None, force=True, from_scratch=True, keep_unresolved=True,
                 train=TrainOptions(steps=args.steps, depth=args.depth, lr=args.lr, seed=seed)))
             last = report.training["history"][-1]
             print(f"{function} from scratch, seed {seed}: {time.perf_counter() - t:.0f} s, kept step "

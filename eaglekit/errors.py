@@ -46,8 +46,9 @@ class CaptureInterrupted(EaglekitError):
     """Ctrl-C or SIGTERM during a capture: the published shards stay, and the same command resumes after them."""
 
 
-class ResolvedWorse(EaglekitError):
-    """A trained draft measured worse than its source with the interval below zero: it is not written."""
+class NoGain(EaglekitError):
+    """A trained draft whose held-out gain over its source is not resolved (the paired interval does not clear
+    zero): it is not written."""
 
 
 MAX_QUOTED_CHARS = 80

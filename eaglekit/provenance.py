@@ -127,11 +127,18 @@ def untrained_warm_start(config: dict) -> str | None:
     return found[1] if found and found[0] == "warm-start" else None
 
 
-def resolved_worse_finetune(config: dict) -> str | None:
-    """What the newest finetune measured when it wrote a draft resolved worse than its source (--keep-worse)."""
+def finetune_without_gain(config: dict) -> str | None:
+    """What the newest finetune measured when it wrote a draft without a resolved held-out gain over its source
+    (--keep-unresolved), or one resolved worse (written by an older eaglekit with --keep-worse)."""
     block = config.get("eaglekit")
     if not isinstance(block, dict) or block.get("command") != "finetune":
         return None
+    gain = block.get("held_out_gain")
+    if isinstance(gain, dict) and str(block.get("written", "")).startswith("without"):
+        found = gain.get("interval")
+        span: dict = found if isinstance(found, dict) else {}
+        return (f"held-out τ {gain.get('acceptance_length_difference')} [{span.get('low')}, {span.get('high')}], "
+                f"{gain.get('verdict')}")
     paired = block.get("paired_evaluation")
     worse = [p for p in paired if isinstance(p, dict) and p.get("verdict") == "worse"] if isinstance(paired, list) \
         else []

@@ -67,7 +67,7 @@ def test_finetunes_evaluation_decodes_the_prompts_it_names(env, tmp_path):
     prompts = tmp_path / "held-out.jsonl"
     prompts.write_text("".join(json.dumps({"name": f"p{i}", "prompt": f"Write function number {i}."}) + "\n"
                                for i in range(5)))
-    ev = EvalOptions(prompts_file=str(prompts), limit=3, max_new_tokens=8, context_tokens=(0,))
+    ev = EvalOptions(prompts_file=str(prompts), limit=3, max_new_tokens=8, context_tokens=(0,), templates=("chat",))
     name, named = held_out_prompts(ev)
     sweep = compare_conditions(env["draft"], env["draft"], env["target"], ev.decode_options("cpu", "float32"))
     (report,) = sweep.reports

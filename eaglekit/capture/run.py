@@ -38,7 +38,7 @@ class CaptureOptions:
     aux_ids: tuple[int, ...] | None = None  # vLLM convention; default: the draft's, else the target's default
     engine: str = "reference"
     tensor_parallel_size: int = 1
-    engine_args: tuple[tuple[str, str], ...] = ()
+    engine_args: tuple[tuple[str, Any], ...] = ()  # LLM(...) keyword arguments, sorted by name
     engine_python: str | None = None
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     store_dtype: str = "bfloat16"

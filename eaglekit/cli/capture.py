@@ -31,16 +31,6 @@ Examples:
 """
 
 
-def _engine_args(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    pairs = []
-    for value in values:
-        key, sep, val = value.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--engine-arg {value!r}: expected KEY=VALUE")
-        pairs.append((key.strip(), val))
-    return tuple(sorted(pairs))
-
-
 @click.command("capture", epilog=EXAMPLES)
 @click.argument("target", callback=target_path)
 @click.argument("store")
@@ -106,6 +96,7 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
     """
     from eaglekit.capture.run import CaptureOptions, capture_store
     from eaglekit.finetune.data import DataOptions
+    from eaglekit.verify.engine import parse_engine_args
 
     if data_file and prompts_file:
         raise UsageError("give --data or --prompts, not both")
@@ -115,7 +106,8 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
                          context_tokens=context_tokens, context_every=context_every, max_length=max_length,
                          code_tokens=code_tokens, templates=tuple(list_items(templates))),
         draft=draft, aux_ids=aux_ids(aux_layer_ids), engine=engine, tensor_parallel_size=tensor_parallel_size,
-        engine_args=_engine_args(engine_arg), engine_python=engine_python, shard_tokens=shard_tokens,
+        engine_args=tuple(sorted(parse_engine_args(engine_arg).items())), engine_python=engine_python,
+        shard_tokens=shard_tokens,
         store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force,
         calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens,
         import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"))

@@ -24,6 +24,7 @@ from eaglekit.cli.output import (
     target_quantization_option,
 )
 from eaglekit.errors import UsageError
+from eaglekit.finetune.evaluate import DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -39,6 +40,10 @@ Examples:
   eaglekit finetune ./draft-31 ./tuned --target ./Kimi-K2.6 --hidden-states ./captured --captured-ids 2,30,58,61
   eaglekit finetune ./draft-31 ./tuned --target ./Llama-3.1-70B-Instruct --store ./states
 """
+
+
+def _templates(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.replace(" ", ",").split(",") if t.strip())
 
 
 def _freeze(text: str) -> tuple[str, ...]:
@@ -158,8 +163,9 @@ class _Progress:
 @click.option("--validation-fraction", type=float, default=0.1, show_default=True,
               help="Share of the captured sequences held out to select the checkpoint (0: keep the last step).")
 @click.option("--select-every", type=int, help="Score the held-out sequences every N steps [default: steps / 10].")
-@click.option("--keep-worse", is_flag=True,
-              help="Write the output even when it is resolved worse than its source on the held-out prompts.")
+@click.option("--keep-unresolved", is_flag=True,
+              help="Write the output even when its held-out gain over its source is not resolved (the report and "
+                   "the provenance say so).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N] (under torchrun: one GPU per rank).")
 @click.option("--target-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Target dtype for capture and evaluation.")
@@ -170,12 +176,16 @@ class _Progress:
               help="Checkpoint folder [default: OUT.checkpoint, removed after a successful run].")
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint of the same run.")
 @click.option("--eval-prompts", type=click.Path(dir_okay=False),
-              help="Held-out prompts for τ before/after (default: verify's bundled coding prompts).")
-@click.option("--eval-limit", type=int, default=8, show_default=True)
-@click.option("--eval-max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--eval-context-tokens", default="0,1024", show_default=True,
+              help="Held-out prompts for τ before/after (default: verify's 16 bundled coding prompts).")
+@click.option("--eval-limit", type=int, default=16, show_default=True, help="Evaluate on the first N prompts.")
+@click.option("--eval-max-new-tokens", type=int, default=64, show_default=True, help="New tokens per prompt.")
+@click.option("--eval-templates", default=",".join(DEFAULT_TEMPLATES), show_default=True,
+              help="Templates of the held-out evaluation, the prompt shapes the draft will serve (comma list of "
+                   "chat, system, raw).")
+@click.option("--eval-context-tokens", default=",".join(map(str, DEFAULT_CONTEXTS)), show_default=True,
               help="Context settings of the held-out evaluation (comma list; 0 = prompts as they are).")
-@click.option("-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True)
+@click.option("-k", "--eval-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
+              help="Draft length of the held-out evaluation and of the kept step's selection: the k you serve.")
 @click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation.")
 @click.option("--plot", is_flag=False, flag_value="auto", default=None,
               help="Write a PNG of loss and per-depth accuracy (--plot alone: OUT-finetune.png beside OUT).")
@@ -187,17 +197,19 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
                      cache_dir, steps, batch_tokens,
                      depth, lr, warmup_steps,
                      depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
-                     keep_worse, device, target_dtype, target_quantization, checkpoint_every,
-                     checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_context_tokens, k,
+                     keep_unresolved, device, target_dtype, target_quantization, checkpoint_every,
+                     checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_templates,
+                     eval_context_tokens, k,
                      no_eval, plot,
                      force, no_progress, output_format):
     """Fine-tune DRAFT against its target with EAGLE-3's training-time test; write a vLLM-ready draft to OUT.
 
     Self-distillation: the labels are the target's own greedy tokens, the inputs its aux hidden states (captured
-    once and cached). A share of the captured sequences is held out and the best-scoring step's weights are kept;
-    the result is then paired with its source on held-out prompts (short and long context) and is not written if
-    it is resolved worse (--keep-worse writes it). OUT appears only when complete and validated; the source is
-    never modified.
+    once and cached). A share of the captured sequences is held out and the step whose replayed decode τ scores
+    best there is kept; the result is then paired with its source on held-out prompts (every --eval-templates and
+    --eval-context-tokens condition, at -k) and written only if the pooled paired gain is resolved (interval above
+    zero) and no condition is resolved worse; otherwise one line says what was measured and it exits 1
+    (--keep-unresolved writes it). OUT appears only when complete and validated; the source is never modified.
     """
     from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.evaluate import EvalOptions
@@ -212,7 +224,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         target=target,
         data=DataOptions(data_file=data_file, limit=data_limit, generate=generate, context_tokens=context_tokens,
                          context_every=context_every, max_length=max_length, code_tokens=code_tokens,
-                         templates=tuple(t.strip() for t in templates.replace(" ", ",").split(",") if t.strip()),
+                         templates=_templates(templates),
                          hidden_states=hidden_states,
                          captured_ids=aux_ids(captured_ids, "--captured-ids"), cache_dir=cache_dir),
         train=TrainOptions(steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps,
@@ -220,12 +232,13 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
                            select_every=select_every),
         eval=None if no_eval else EvalOptions(prompts_file=eval_prompts, limit=eval_limit,
                                               max_new_tokens=eval_max_new_tokens, k=k,
+                                              templates=_templates(eval_templates),
                                               context_tokens=int_list(eval_context_tokens, "--eval-context-tokens",
                                                                       "0,1024")),
         device=device, target_dtype=target_dtype, target_quantization=target_quantization,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
         resume=resume, force=force, plot=plot, warm_start=warm_start, from_scratch=from_scratch,
-        validation_fraction=validation_fraction, keep_worse=keep_worse, store=store,
+        validation_fraction=validation_fraction, keep_unresolved=keep_unresolved, store=store,
         max_resident_shards=max_resident_shards,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
@@ -245,6 +258,12 @@ def _tau(entry: dict) -> str:
     return f"{entry['acceptance_length']:.3f}  ({rates})"
 
 
+def _difference(p: dict):
+    span = f" [{p['interval']['low']:+.3f}, {p['interval']['high']:+.3f}]" if p["interval"] else ""
+    style = {"better": "green", "worse": "red"}.get(p["verdict"], "")
+    return styled((f"{p['acceptance_length_difference']:+.3f}{span}", style))
+
+
 def render(doc: dict) -> None:
     training, data = doc["training"], doc["data"]
     last = training["history"][-1] if training["history"] else None
@@ -261,12 +280,15 @@ def render(doc: dict) -> None:
     ]
     if training.get("selected_step") is not None:
         best = next(v for v in training["validation"] if v["step"] == training["selected_step"])
-        rows.append(("kept", f"step {training['selected_step']}: held-out chain score {best['score']:.3f}, top-1 by "
-                             "depth " + " ".join(f"{a:.2f}" for a in best["accuracy"])))
+        replayed = (f"decode τ {best['decode_tau']:.3f} over {best['decode_rounds']} rounds, "
+                    if best.get("decode_tau") is not None else "")
+        rows.append(("kept", f"step {training['selected_step']}: held-out {replayed}chain score {best['score']:.3f}, "
+                             "top-1 by depth " + " ".join(f"{a:.2f}" for a in best["accuracy"])))
     if last:
         rows.append(("final", f"loss {last['loss']:.3f}, top-1 by depth "
                               + " ".join(f"{a:.2f}" for a in last["accuracy"])
                               + f", {last['tokens_per_s']:.0f} tok/s"))
+    rows.append(("written", doc["written"]))
     out.print(key_value_table(rows, title="eaglekit finetune"))
     evaluation = doc["evaluation"]
     if evaluation.get("after"):
@@ -274,21 +296,22 @@ def render(doc: dict) -> None:
 
         out.print()
         table = Table(title=f"Held-out τ: {evaluation['prompts']}", title_justify="left")
+        table.add_column("template", no_wrap=True)
         table.add_column("context", justify="right", no_wrap=True)
         table.add_column("before", no_wrap=True)
         table.add_column("after", no_wrap=True)
         table.add_column("after − before (paired, 95 %)", justify="right", no_wrap=True)
         table.add_column("verdict", no_wrap=True)
-        before = {e["context_tokens"]: e for e in evaluation["before"]}
-        paired = {p["context_tokens"]: p for p in evaluation.get("paired", [])}
-        for entry in evaluation["after"]:
-            c = entry["context_tokens"]
-            p = paired[c]
-            span = f" [{p['interval']['low']:+.3f}, {p['interval']['high']:+.3f}]" if p["interval"] else ""
-            style = {"better": "green", "worse": "red"}.get(p["verdict"], "")
-            table.add_row(str(c), _tau(before[c]), _tau(entry),
-                          styled((f"{p['acceptance_length_difference']:+.3f}{span}", style)), p["verdict"])
+        for before, after, p in zip(evaluation["before"], evaluation["after"], evaluation["paired"]):
+            table.add_row(p["template"], str(p["context_tokens"]), _tau(before), _tau(after), _difference(p),
+                          p["verdict"])
+        overall = evaluation["overall"]
+        table.add_row("all", "", f"{overall['before']:.3f}", f"{overall['after']:.3f}", _difference(overall),
+                      overall["verdict"])
         out.print(table)
+        if overall["resolvable"] is not None:
+            out.print(f"this evaluation resolves a pooled difference of ±{overall['resolvable']:.3f} "
+                      "(the paired 95 % interval's half-width)")
     warnings = [f for f in doc["findings"] if f["severity"] != "info"]
     if warnings:
         out.print(findings_table(warnings))

@@ -1,80 +1,175 @@
-"""Held-out acceptance of a trained draft against its source: prompts never trained on, both drafts replayed on
-one target pass per prompt (compare), the difference with a paired bootstrap interval.
+"""Held-out acceptance of a trained draft against its source: prompts never trained on, under every template and
+context setting it will be served with, both drafts replayed on one target pass per prompt (compare), the
+difference per condition and pooled over all of them, with paired bootstrap intervals over prompts.
 
 Greedy speculative decoding is lossless by construction (and verify proves it on the same loop), so only the
 speculative pass runs here: τ and the per-position rates come from vLLM's counter definitions
-(eaglekit.verify.metrics), for a short-prompt setting and a long-context one.
+(eaglekit.verify.metrics).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eaglekit.verify.prompts import Prompt
 
 if TYPE_CHECKING:
+    from eaglekit.verify.compare import CompareSweep
     from eaglekit.verify.options import VerifyOptions
+    from eaglekit.verify.report import Condition
+
+
+DEFAULT_TEMPLATES = ("chat", "system", "raw")
+DEFAULT_CONTEXTS = (0, 1024)
 
 
 @dataclass(frozen=True)
 class EvalOptions:
+    """The held-out evaluation that decides whether finetune writes its result: the prompts, every template and
+    context setting the draft will be served under, the k it will be served with."""
+
     prompts_file: str | None = None  # default: verify's bundled coding prompts (not in the training prompts)
-    limit: int = 8
+    limit: int | None = 16  # first N prompts (the bundled set has 16)
     max_new_tokens: int = 64
     k: int = 3
-    context_tokens: tuple[int, ...] = (0, 1024)  # one setting per entry; 0 = the prompts as they are
+    context_tokens: tuple[int, ...] = DEFAULT_CONTEXTS  # one setting per entry; 0 = the prompts as they are
+    templates: tuple[str, ...] = DEFAULT_TEMPLATES  # verify's --template conditions
 
     def decode_options(self, device: str = "auto", dtype: str = "auto") -> VerifyOptions:
-        """The compare run this evaluation is: its prompts, k, new tokens and context settings, on `device` in `dtype`
-        (the target's)."""
+        """The compare run this evaluation is: its prompts, k, new tokens, templates and context settings, on
+        `device` in `dtype` (the target's)."""
         from eaglekit.verify.options import VerifyOptions
 
         return VerifyOptions(num_speculative_tokens=self.k, max_new_tokens=self.max_new_tokens,
                              prompts_file=self.prompts_file, limit=self.limit,
-                             context_tokens=tuple(self.context_tokens), device=device, dtype=dtype)
+                             context_tokens=tuple(self.context_tokens), template=tuple(self.templates),
+                             device=device, dtype=dtype)
+
+    def describe(self, name: str, prompts: int) -> str:
+        contexts = "/".join(f"+{c}" for c in self.context_tokens)
+        return (f"{name} ({prompts} prompts × {'/'.join(self.templates)} × {contexts} tokens of context, "
+                f"k={self.k}, {self.max_new_tokens} new tokens)")
 
 
 @dataclass(frozen=True)
 class Paired:
-    """One context setting: the source (before) and the output (after) on the same prompts, and after − before."""
+    """One condition (template and context): the source (before) and the output (after) on the same prompts, and
+    after − before."""
 
+    template: str
     context_tokens: int
-    before: dict[str, Any]  # context_tokens, prompts, acceptance_length, per_position_acceptance, drafts
+    before: dict[str, Any]  # template, context_tokens, prompts, acceptance_length, per_position_acceptance, drafts
     after: dict[str, Any]
     difference: float
     interval: dict[str, Any] | None  # 95 % paired bootstrap over prompts
     verdict: str  # "better" | "worse" | "not resolved" | "too few prompts"
 
     @classmethod
-    def of(cls, context_tokens: int, row: dict[str, Any], prompts: int) -> Paired:
+    def of(cls, condition: Condition, row: dict[str, Any], prompts: int) -> Paired:
         """From a compare row (a = the source, b = the output)."""
         def side(s: dict[str, Any]) -> dict[str, Any]:
-            return {"context_tokens": context_tokens, "prompts": prompts,
+            return {"template": condition.template, "context_tokens": condition.context_tokens, "prompts": prompts,
                     "acceptance_length": round(s["acceptance_length"], 4),
                     "per_position_acceptance": [round(r, 4) for r in s["per_position_acceptance"]],
                     "drafts": s["num_drafts"]}
 
         diff = row["b_minus_a"]
-        verdict = {"B better": "better", "A better": "worse"}.get(diff["verdict"], diff["verdict"])
-        return cls(context_tokens, side(row["a"]), side(row["b"]), diff["acceptance_length_difference"],
-                   diff["interval"], verdict)
+        return cls(condition.template, condition.context_tokens, side(row["a"]), side(row["b"]),
+                   diff["acceptance_length_difference"], diff["interval"], _verdict(diff["verdict"]))
 
     def describe(self) -> str:
-        where = f"+{self.context_tokens} tokens of context" if self.context_tokens else "prompts as they are"
+        where = f"{self.template}, +{self.context_tokens} tokens of context" if self.context_tokens \
+            else self.template
         span = (f" [{self.interval['low']:+.3f}, {self.interval['high']:+.3f}]" if self.interval else "")
-        return f"τ {self.difference:+.3f}{span} with {where}"
+        return f"{where}: τ {self.difference:+.3f}{span}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"context_tokens": self.context_tokens, "acceptance_length_difference": round(self.difference, 4),
-                "interval": self.interval, "verdict": self.verdict}
+        return {"template": self.template, "context_tokens": self.context_tokens,
+                "acceptance_length_difference": round(self.difference, 4), "interval": self.interval,
+                "verdict": self.verdict}
 
 
-def resolved_worse(paired: Sequence[Paired]) -> str | None:
-    """The settings where the output is resolved worse than its source (the whole interval below 0), or None."""
-    worse = [p.describe() for p in paired if p.verdict == "worse"]
-    return "; ".join(worse) or None
+def _verdict(compare_verdict: str) -> str:
+    return {"B better": "better", "A better": "worse"}.get(compare_verdict, compare_verdict)
+
+
+@dataclass(frozen=True)
+class Gain:
+    """After − before over every condition at once, paired by prompt: a prompt's rounds under every template and
+    context are pooled and resampled together, so the interval is over prompts, the unit that varies."""
+
+    before: float  # pooled τ of the source
+    after: float
+    difference: float
+    interval: dict[str, Any] | None
+    verdict: str
+    prompts: int
+    conditions: int
+
+    @property
+    def resolvable(self) -> float | None:
+        """The smallest difference this evaluation resolves: the 95 % interval's half-width (≈ 1.96 bootstrap
+        standard errors), since a difference resolves when its interval clears 0."""
+        return None if self.interval is None else (self.interval["high"] - self.interval["low"]) / 2
+
+    def describe(self) -> str:
+        span = f" [{self.interval['low']:+.3f}, {self.interval['high']:+.3f}]" if self.interval else ""
+        power = f", resolves ±{self.resolvable:.3f}" if self.resolvable is not None else ""
+        return (f"held-out τ {self.before:.3f} → {self.after:.3f}, paired {self.difference:+.3f}{span} over "
+                f"{self.prompts} prompts × {self.conditions} conditions{power}")
+
+    def to_dict(self) -> dict[str, Any]:
+        resolvable = self.resolvable
+        return {"before": round(self.before, 4), "after": round(self.after, 4),
+                "acceptance_length_difference": round(self.difference, 4), "interval": self.interval,
+                "resolvable": None if resolvable is None else round(resolvable, 4), "verdict": self.verdict,
+                "prompts": self.prompts, "conditions": self.conditions}
+
+
+def pooled_gain(sweep: CompareSweep) -> Gain:
+    """The sweep's conditions pooled per prompt: τ before and after and the paired difference with its interval."""
+    from eaglekit.verify.stats import paired_difference, pooled
+
+    k = sweep.reports[0].settings.num_speculative_tokens
+    a = [c for r in sweep.reports for c in r.a.counters]
+    b = [c for r in sweep.reports for c in r.b.counters]
+    groups = [g for r in sweep.reports for g in r.conversations]
+    point, interval = paired_difference(a, b, groups)
+    if interval is None:
+        verdict = "too few prompts"
+    else:
+        verdict = "better" if interval.low > 0 else "worse" if interval.high < 0 else "not resolved"
+    return Gain(pooled(a, k).acceptance_length, pooled(b, k).acceptance_length, point,
+                interval.to_dict() if interval else None, verdict, len(set(groups)), len(sweep.reports))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The whole held-out evaluation: each condition paired, and all of them pooled."""
+
+    paired: list[Paired]
+    gain: Gain
+
+    @classmethod
+    def of(cls, sweep: CompareSweep) -> Evaluation:
+        return cls([Paired.of(r.settings.condition, r.rows()["all"], len(r.names)) for r in sweep.reports],
+                   pooled_gain(sweep))
+
+    @property
+    def worse(self) -> str | None:
+        """The conditions where the output is resolved worse than its source, or None."""
+        return "; ".join(p.describe() for p in self.paired if p.verdict == "worse") or None
+
+    @property
+    def gained(self) -> bool:
+        """The keep rule: a resolved gain over all conditions pooled (interval low > 0), and no condition resolved
+        worse."""
+        return self.gain.verdict == "better" and self.worse is None
+
+    def describe(self) -> str:
+        worse = f"; resolved worse with {self.worse}" if self.worse else ""
+        return self.gain.describe() + worse
 
 
 def held_out_prompts(opts: EvalOptions) -> tuple[str, tuple[Prompt, ...]]:

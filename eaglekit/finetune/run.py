@@ -1,8 +1,11 @@
-"""`finetune`: capture (or reuse) self-distillation data, evaluate, train, evaluate, write a vLLM-ready draft.
+"""`finetune`: capture (or reuse) self-distillation data, train, evaluate, write a vLLM-ready draft only if it gains.
 
-The output keeps the source's layout, config and every tensor that was not trained byte for byte; trained
-tensors are written in their source dtype. It is built in a staging directory, validated as vLLM will read
-it, and only then moved into place, so a failed or killed run leaves no output.
+The result is written only when its held-out gain over its source is resolved (eaglekit.finetune.evaluate:
+the paired interval over every condition clears zero); otherwise nothing is written and the measurement is said,
+unless `keep_unresolved`, which writes it and records so. The output keeps the source's layout, config and
+every tensor that was not trained byte for byte; trained tensors are written in their source dtype. It is built
+in a staging directory, validated as vLLM will read it, and only then moved into place, so a failed or killed
+run leaves no output.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
-from eaglekit.errors import CheckpointError, OutputError, ResolvedWorse, UsageError
+from eaglekit.errors import CheckpointError, NoGain, OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.finetune.data import DataOptions, TrainingData, build_data, split_validation, target_identity
-from eaglekit.finetune.evaluate import EvalOptions, Paired, held_out_prompts, resolved_worse
+from eaglekit.finetune.evaluate import EvalOptions, Evaluation, held_out_prompts
 from eaglekit.io.dtypes import torch_dtype
 from eaglekit.io.jsonfile import load_json_object
 from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
@@ -49,7 +52,7 @@ class FinetuneOptions:
     warm_start: str = "auto"  # auto: set up what upgrade switched on untrained (eaglekit.finetune.warm_start)
     validation_fraction: float = 0.1  # captured sequences held out to select the checkpoint
     from_scratch: bool = False  # re-initialise every trained weight: retrain as EAGLE-3.1
-    keep_worse: bool = False  # write the output even when it is resolved worse than its source
+    keep_unresolved: bool = False  # write the output even without a resolved held-out gain over its source
     store: str | None = None  # a hidden-state store (eaglekit capture): the target's decoder is never loaded
     max_resident_shards: int = 2  # store shards decoded in memory at once
 
@@ -62,21 +65,24 @@ class FinetuneReport:
     data: dict[str, Any]
     training: dict[str, Any]
     options: dict[str, Any]
-    evaluation: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    evaluation: dict[str, Any] = field(default_factory=dict)
     evaluation_prompts: str | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
     plot: str | None = None
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    written: str = ""  # why the output was written (written_because)
     rank: int = 0  # under torchrun only rank 0 evaluates, writes and reports
 
     def gains(self) -> list[dict[str, Any]]:
-        """τ after minus τ before, per context setting."""
-        before = {e["context_tokens"]: e for e in self.evaluation.get("before", [])}
-        return [{"context_tokens": a["context_tokens"],
-                 "acceptance_length_gain": round(a["acceptance_length"]
-                                                 - before[a["context_tokens"]]["acceptance_length"], 4)}
-                for a in self.evaluation.get("after", []) if a["context_tokens"] in before]
+        """τ after minus τ before, per condition (template and context)."""
+        def key(e: dict[str, Any]) -> tuple[str, int]:
+            return e["template"], e["context_tokens"]
+
+        before = {key(e): e for e in self.evaluation.get("before", [])}
+        return [{"template": a["template"], "context_tokens": a["context_tokens"],
+                 "acceptance_length_gain": round(a["acceptance_length"] - before[key(a)]["acceptance_length"], 4)}
+                for a in self.evaluation.get("after", []) if key(a) in before]
 
     def to_dict(self) -> dict[str, Any]:
         served = scheme(self.options.get("target_quantization"))
@@ -85,7 +91,7 @@ class FinetuneReport:
             **({"target_quantization": served.to_dict()} if served else {}),
             "data": self.data, "training": self.training, "options": self.options,
             "evaluation": {**self.evaluation, "prompts": self.evaluation_prompts, "gain": self.gains()},
-            "findings": self.findings, "plot": self.plot, "notes": self.notes,
+            "written": self.written, "findings": self.findings, "plot": self.plot, "notes": self.notes,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
 
@@ -149,8 +155,9 @@ def _fingerprint(hashes: dict[str, str], data: TrainingData, opts: FinetuneOptio
 
 
 def _paired_evaluation(source: str, output: str, opts: FinetuneOptions, ev: EvalOptions,
-                       on_stage: Stage | None) -> list[Paired]:
-    """The output against its source on held-out prompts, one target pass per prompt for both (compare)."""
+                       on_stage: Stage | None) -> Evaluation:
+    """The output against its source on held-out prompts under every condition, one target pass per prompt and
+    condition for both (compare)."""
     from eaglekit.verify.compare import compare_conditions
 
     progress = (lambda done, total, name: on_stage("held-out τ, output vs source (paired)", done, total)) \
@@ -158,13 +165,12 @@ def _paired_evaluation(source: str, output: str, opts: FinetuneOptions, ev: Eval
     # a quantized target is evaluated in float64 (quantization.py: its own rounding must not flip the format's)
     dtype = "auto" if opts.target_quantization else opts.target_dtype
     decode = dataclasses.replace(ev.decode_options(opts.device, dtype), target_quantization=opts.target_quantization)
-    sweep = compare_conditions(source, output, opts.target, decode, on_prompt=progress)
-    return [Paired.of(r.settings.context_tokens, r.rows()["all"], len(r.names)) for r in sweep.reports]
+    return Evaluation.of(compare_conditions(source, output, opts.target, decode, on_prompt=progress))
 
 
 def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: TrainingData, result,
                 hashes: dict[str, str], target_files: dict[str, str] | None, warm: list[str],
-                paired: list[Paired] | None = None) -> dict[str, Any]:
+                evaluation: Evaluation | None = None, written: str = "") -> dict[str, Any]:
     previous = spec.config.get("eaglekit")
     last = result.history[-1] if result.history else None
     return public_report({  # written into config.json and the weights' metadata, which a push publishes
@@ -179,9 +185,18 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "world_size": result.world_size,
         "final_loss": round(last.loss, 6) if last else None,
         "final_accuracy": [round(a, 4) for a in last.accuracy] if last else None,
-        "selected_step": result.selected_step,
-        "paired_evaluation": [p.to_dict() for p in paired] if paired is not None else None,
+        "selected_step": result.selected_step, "selected_by": result.selected_by,
+        "paired_evaluation": [p.to_dict() for p in evaluation.paired] if evaluation is not None else None,
+        "held_out_gain": evaluation.gain.to_dict() if evaluation is not None else None,
+        "written": written,
     })
+
+
+def written_because(evaluation: Evaluation | None) -> str:
+    """Why an output was written, for its report and provenance."""
+    if evaluation is None:
+        return "not evaluated (--no-eval or --hidden-states): written unmeasured"
+    return "resolved gain" if evaluation.gained else "without a resolved gain (--keep-unresolved)"
 
 
 def _out_tensors(spec: DraftSpec, drafter, trained: set[str]):
@@ -233,14 +248,14 @@ def _check_output(path: str, spec: DraftSpec, info: TargetInfo) -> list[dict[str
 
 
 def _write(destination: str, spec: DraftSpec, drafter, trained: set[str],
-           provenance: Callable[[list[Paired] | None], dict[str, Any]], info: TargetInfo, force: bool,
-           judge: Callable[[str], list[Paired] | None]) -> tuple[list[str], list[dict[str, Any]], list[Paired] | None]:
+           provenance: Callable[[Evaluation | None], dict[str, Any]], info: TargetInfo, force: bool,
+           judge: Callable[[str], Evaluation | None]) -> tuple[list[str], list[dict[str, Any]], Evaluation | None]:
     """Write into a staging directory, validate it, let `judge` measure it against the source (it raises to
     refuse), then publish with the measurement in the provenance."""
     from eaglekit.io.writer import StagedDirectory, write_checkpoint_weights, write_json
 
-    def write(paired: list[Paired] | None) -> None:
-        block = provenance(paired)
+    def write(evaluation: Evaluation | None) -> None:
+        block = provenance(evaluation)
         write_checkpoint_weights(stage.path, tensors, {"format": "pt", "eaglekit": json.dumps(block, sort_keys=True)})
         write_json(os.path.join(stage.path, "config.json"), {**spec.config, "eaglekit": block})
 
@@ -249,11 +264,11 @@ def _write(destination: str, spec: DraftSpec, drafter, trained: set[str],
     with stage:
         write(None)
         findings = _check_output(stage.path, spec, info)
-        paired = judge(stage.path)
-        if paired is not None:  # the same weights, with the measurement in their provenance
-            write(paired)
+        evaluation = judge(stage.path)
+        if evaluation is not None:  # the same weights, with the measurement in their provenance
+            write(evaluation)
         stage.publish()
-    return sorted(os.listdir(stage.dst)), findings, paired
+    return sorted(os.listdir(stage.dst)), findings, evaluation
 
 
 def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: Stage | None = None,
@@ -351,12 +366,13 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     t = time.perf_counter()
     drafter.train()
     result = train(drafter, train_data, train_opts, ranks=ranks, checkpoints=checkpoints, resume=opts.resume,
-                   on_step=on_step, lr_scales=warm.lr_scales, validation=held_out)
+                   on_step=on_step, lr_scales=warm.lr_scales, validation=held_out,
+                   select_k=opts.eval.k if opts.eval is not None else EvalOptions().k)
     drafter.eval()
     timings["train_s"] = time.perf_counter() - t
     if held_out is not None and result.selected_step is not None and result.selected_step != result.steps:
         notes.append(f"kept the weights of step {result.selected_step} of {result.steps}: the best on the "
-                     f"{held_out.sequences} held-out sequences (teacher-forced chain score)")
+                     f"{held_out.sequences} held-out sequences ({result.selected_by})")
     report = FinetuneReport(
         source={"path": spec.path, "given": source, "family": spec.family, "eagle_version": spec.eagle_version},
         output={"path": os.path.abspath(destination), "files": []}, target=opts.target, data=data.to_dict(),
@@ -367,40 +383,39 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     eval_opts = None if hidden_states_mode else opts.eval
     if eval_opts is not None:
         name, prompts = held_out_prompts(eval_opts)
-        report.evaluation_prompts = (f"{name} ({len(prompts)} prompts, k={eval_opts.k}, "
-                                     f"{eval_opts.max_new_tokens} new tokens)")
+        report.evaluation_prompts = eval_opts.describe(name, len(prompts))
 
-    def judge(staged: str) -> list[Paired] | None:
-        """The staged output against its source, paired; refuses (nothing is published) when resolved worse."""
+    def judge(staged: str) -> Evaluation | None:
+        """The staged output against its source, paired; refuses (nothing is published) without a resolved gain."""
         if eval_opts is None:
             return None
         t = time.perf_counter()
-        paired = _paired_evaluation(spec.path, staged, opts, eval_opts, on_stage)
+        evaluation = _paired_evaluation(spec.path, staged, opts, eval_opts, on_stage)
         timings["eval_s"] = time.perf_counter() - t
-        worse = resolved_worse(paired)
-        if worse and not opts.keep_worse:
-            raise ResolvedWorse(f"not written: the fine-tuned draft is resolved worse than its source on held-out "
-                                f"prompts ({worse}); nothing was written (--keep-worse writes it anyway)",
-                                os.path.abspath(destination))
-        return paired
+        if not evaluation.gained and not opts.keep_unresolved:
+            raise NoGain(f"no gain found, nothing was written: {evaluation.describe()} (--keep-unresolved writes it "
+                         "anyway)", os.path.abspath(destination))
+        return evaluation
 
     t = time.perf_counter()
     if on_stage:
         on_stage("writing and validating the output", 0, 1)
     target_files = None if hidden_states_mode else target_identity(opts.target)
 
-    def provenance(paired: list[Paired] | None) -> dict[str, Any]:
-        return _provenance(source, spec, opts, data, result, hashes, target_files, notes, paired)
+    def provenance(evaluation: Evaluation | None) -> dict[str, Any]:
+        return _provenance(source, spec, opts, data, result, hashes, target_files, notes, evaluation,
+                           written_because(evaluation))
 
     changed = set(result.trained) | warm.changed
-    report.output["files"], report.findings, paired = _write(destination, spec, drafter, changed, provenance, info,
-                                                             opts.force, judge)
-    if paired is not None:
-        report.evaluation = {"before": [p.before for p in paired], "after": [p.after for p in paired],
-                             "paired": [p.to_dict() for p in paired]}
-        worse = resolved_worse(paired)
-        if worse:
-            notes.append(f"written although resolved worse than its source (--keep-worse): {worse}")
+    report.output["files"], report.findings, evaluation = _write(destination, spec, drafter, changed, provenance,
+                                                                 info, opts.force, judge)
+    report.written = written_because(evaluation)
+    if evaluation is not None:
+        report.evaluation = {"before": [p.before for p in evaluation.paired],
+                             "after": [p.after for p in evaluation.paired],
+                             "paired": [p.to_dict() for p in evaluation.paired], "overall": evaluation.gain.to_dict()}
+        if not evaluation.gained:
+            notes.append(f"written without a resolved gain (--keep-unresolved): {evaluation.describe()}")
     timings["write_s"] = time.perf_counter() - t - timings.get("eval_s", 0.0)
     if opts.plot and result.history:
         from eaglekit.finetune.plot import plot_history
@@ -445,5 +460,5 @@ def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
         "warm_start": opts.warm_start,
         "checkpoint_every": opts.checkpoint_every,
         "resume": opts.resume, "validation_fraction": opts.validation_fraction, "from_scratch": opts.from_scratch,
-        "keep_worse": opts.keep_worse, "store": opts.store, "max_resident_shards": opts.max_resident_shards,
+        "keep_unresolved": opts.keep_unresolved, "store": opts.store, "max_resident_shards": opts.max_resident_shards,
     }

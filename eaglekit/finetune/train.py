@@ -120,14 +120,24 @@ class Validation:
     loss: float
     accuracy: list[float]  # teacher-forced top-1 per depth
     score: float  # expected accepted length of a chain drafted with these accuracies: 1 + Σ_j Π_{i≤j} acc_i
+    decode_tau: float | None = None  # chain decode τ replayed on the held-out greedy text (finetune.replay)
+    decode_rounds: int = 0
 
     @classmethod
-    def of(cls, step: int, loss: float, accuracy: list[float]) -> Validation:
+    def of(cls, step: int, loss: float, accuracy: list[float], replay=None) -> Validation:
         chain, score = 1.0, 1.0
         for a in accuracy:
             chain *= a
             score += chain
-        return cls(step, loss, accuracy, score)
+        if replay is None:
+            return cls(step, loss, accuracy, score)
+        return cls(step, loss, accuracy, score, replay.acceptance_length, replay.rounds)
+
+    @property
+    def selection_score(self) -> float:
+        """What the kept step is chosen by: the replayed decode τ where the held-out data has greedy text to
+        replay, else the teacher-forced chain score."""
+        return self.score if self.decode_tau is None else self.decode_tau
 
 
 @dataclass
@@ -142,13 +152,15 @@ class TrainResult:
     label_coverage: float = 1.0  # share of the target's greedy tokens inside the draft vocabulary
     validation: list[Validation] = field(default_factory=list)
     selected_step: int | None = None  # the step whose weights were kept (the best held-out score)
+    selected_by: str | None = None  # "decode τ (k=K)" or "teacher-forced chain score"
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "resumed_from": self.resumed_from, "trained_tensors": list(self.trained),
                 "world_size": self.world_size, "seconds": round(self.seconds, 3),
                 "positions_seen": self.positions_seen, "label_coverage": round(self.label_coverage, 4),
                 "history": [asdict(r) for r in self.history],
-                "validation": [asdict(v) for v in self.validation], "selected_step": self.selected_step}
+                "validation": [asdict(v) for v in self.validation], "selected_step": self.selected_step,
+                "selected_by": self.selected_by}
 
 
 # ------------------------------------------------------------------ batches
@@ -486,12 +498,13 @@ def trainable_parameters(drafter: Drafter, freeze: Sequence[str]) -> dict[str, n
 def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
           checkpoints: Checkpoints = Checkpoints(None), resume: bool = False,
           on_step: Callable[[int, StepRecord | None, dict[str, float]], None] | None = None,
-          lr_scales: dict[str, float] | None = None, validation=None) -> TrainResult:
+          lr_scales: dict[str, float] | None = None, validation=None, select_k: int = 3) -> TrainResult:
     """Train `drafter` in place on `data` (eaglekit.finetune.data.TrainingData); returns the loss history.
 
     With `validation` (held-out TrainingData) the drafter is scored on it before training and every
-    `opts.selection_interval` steps, and ends with the weights of the best score: training that does not help
-    the held-out drafts returns the weights it started from.
+    `opts.selection_interval` steps, and ends with the weights of the best score (a chain-`select_k` decode
+    replayed on its greedy text, eaglekit.finetune.replay; the teacher-forced chain score where it has none):
+    training that does not help the held-out drafts returns the weights it started from.
 
     `on_step(done, record_or_None, live)` is called after every step; `live` holds the step's loss, first-depth
     accuracy and tokens/s (for a progress bar), `record` is set every `log_every` steps and at the end.
@@ -541,10 +554,13 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
         nonlocal best
         if validation is None:
             return
+        from eaglekit.finetune.replay import replay_tau
+
         loss, accuracy = validate(drafter, validation, opts.depth, opts.depth_decay, opts.batch_tokens, to_draft,
                                   autocast)
-        scores.append(Validation.of(at, loss, accuracy))
-        if best is None or scores[-1].score > max(v.score for v in scores[:-1]):
+        replayed = replay_tau(drafter, validation, select_k, opts.batch_tokens, to_draft)
+        scores.append(Validation.of(at, loss, accuracy, replayed))
+        if best is None or scores[-1].selection_score > max(v.selection_score for v in scores[:-1]):
             best = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
 
     score(start)
@@ -589,12 +605,13 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
             raise TrainingInterrupted(f"interrupted after step {done}/{opts.steps}; checkpoint saved; rerun the "
                                       "same command with --resume to continue", path) from None
         raise TrainingInterrupted(f"interrupted after step {done}/{opts.steps}; nothing was saved") from None
-    selected = None
+    selected, selected_by = None, None
     if best is not None:
-        selected = max(scores, key=lambda v: (v.score, -v.step)).step
+        selected = max(scores, key=lambda v: (v.selection_score, -v.step)).step
+        selected_by = "teacher-forced chain score" if scores[0].decode_tau is None else f"decode τ (k={select_k})"
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(best[name].to(p.device))
     return TrainResult(history=history, steps=done, resumed_from=resumed_from, trained=list(params),
                        world_size=ranks.world, seconds=time.perf_counter() - began, positions_seen=positions,
-                       label_coverage=coverage, validation=scores, selected_step=selected)
+                       label_coverage=coverage, validation=scores, selected_step=selected, selected_by=selected_by)

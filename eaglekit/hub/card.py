@@ -120,6 +120,7 @@ def build_card(
         _intro(spec, repo_id, target, source),
         _forced_notice(findings) if forced and any(f.severity == "error" for f in findings) else "",
         _warm_start_notice(spec),
+        _no_gain_notice(spec),
         _draft_table(spec, target),
         _serving(spec, repo_id, target, rules),
         _speed_section(bench, bench_mismatches) if bench else "",
@@ -186,6 +187,16 @@ def _warm_start_notice(spec: DraftSpec) -> str:
     return ("> **Warning: untrained warm start.** eaglekit upgrade changed this draft's function without training "
             f"({summary}); it accepts fewer tokens than the draft it came from until it is fine-tuned "
             "(`eaglekit finetune`).\n")
+
+
+def _no_gain_notice(spec: DraftSpec) -> str:
+    from eaglekit.provenance import finetune_without_gain
+
+    measured = finetune_without_gain(spec.config)
+    if not measured:
+        return ""
+    return ("> **Warning: fine-tuned without a measured gain.** eaglekit finetune wrote this draft although its "
+            f"held-out acceptance was not resolved better than its source's ({measured}).\n")
 
 
 def _draft_table(spec: DraftSpec, target: str | None) -> str:

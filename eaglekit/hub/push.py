@@ -37,7 +37,7 @@ from eaglekit.io.hub_client import (
     without_credentials,
 )
 from eaglekit.io.jsonfile import finite, load_json_object
-from eaglekit.provenance import resolved_worse_finetune, untrained_warm_start
+from eaglekit.provenance import finetune_without_gain, untrained_warm_start
 from eaglekit.redact import public_report, remember_secret
 from eaglekit.serving import minimum_versions
 from eaglekit.spec import DraftSpec
@@ -369,10 +369,10 @@ def push(
         raise EaglekitError(f"refusing to push an untrained warm start ({warm_start}): it accepts fewer tokens than "
                             "its source; run `eaglekit finetune DRAFT OUT --target TARGET` first, or pass --force "
                             "(the card then says so)", draft_dir)
-    worse = resolved_worse_finetune(spec.config)
+    worse = finetune_without_gain(spec.config)
     if worse and not force:
-        raise EaglekitError(f"refusing to push a draft its finetune measured worse than its source ({worse}); pass "
-                            "--force to publish it anyway", draft_dir)
+        raise EaglekitError(f"refusing to push a draft its finetune did not measure better than its source ({worse}); "
+                            "pass --force to publish it anyway", draft_dir)
     declared = declared_target(target, spec, target_id)
     target = declared.repo_id
     unbound = report_mismatches(report.doc, spec, declared, endpoint=endpoint, token=token) if report else []

@@ -1,0 +1,98 @@
+"""A small sweep of finetune recipes over seeds on the bundled example: which recipe gains over its source?
+
+    nice python bench/bench_finetune_sweep.py                       # every recipe x seeds 0,1,2
+    nice python bench/bench_finetune_sweep.py --recipes answers,mixed --seeds 0 --limit 8
+
+Each recipe fine-tunes the default upgrade of the bundled EAGLE-3 drafter (written with --keep-unresolved, so
+every result can be measured), then every result is replayed beside the EAGLE-3 source on one target pass per
+prompt and condition (`compare_against`): verify's bundled coding prompts, every template and context setting.
+The table gives, per recipe and condition, the paired τ difference against the source: the mean over seeds and
+min..max. Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+EAGLE3 = os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3")
+RECIPES = {  # name: (data options, train options)
+    "default": ({}, {}),
+    "answers": ({"generate": 96}, {}),
+    "mixed": ({"generate": 96, "templates": ("chat", "system", "raw")}, {}),
+    "mixed-lr1e-3-depth5": ({"generate": 96, "templates": ("chat", "system", "raw")},
+                            {"lr": 1e-3, "steps": 200, "depth": 5}),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", help="SmolLM2 directory (default: .cache/smollm2, materialised if missing)")
+    p.add_argument("--recipes", default=",".join(RECIPES))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--data-limit", type=int, help="training prompts (default: all 535)")
+    p.add_argument("--limit", type=int, default=16, help="held-out prompts (of the 16 bundled coding prompts)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--templates", default="chat,system,raw")
+    p.add_argument("--context-tokens", default="0,1024")
+    p.add_argument("-k", type=int, default=3)
+    p.add_argument("--work", help="folder for the drafts (default: a temporary one)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from eaglekit.finetune.data import DataOptions
+    from eaglekit.finetune.run import FinetuneOptions, finetune
+    from eaglekit.finetune.train import TrainOptions
+    from eaglekit.upgrade import UpgradeOptions, upgrade
+    from eaglekit.verify.compare import compare_against
+    from eaglekit.verify.options import VerifyOptions
+    from examples.smollm2 import materialize_smollm2
+
+    target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
+    work = args.work or tempfile.mkdtemp(prefix="bench-finetune-sweep-")
+    source = os.path.join(work, "eagle3")
+    upgrade(EAGLE3, source, UpgradeOptions(target=target, fc_norm=False, norm_output=False, force=True))
+    start = os.path.join(work, "upgraded")
+    upgrade(EAGLE3, start, UpgradeOptions(target=target, force=True))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    drafts: dict[str, list[str]] = {}
+    for name in args.recipes.split(","):
+        data, train = RECIPES[name]
+        for seed in seeds:
+            out = os.path.join(work, f"{name}-{seed}")
+            finetune(start, out, FinetuneOptions(
+                target=target, eval=None, force=True, data=DataOptions(limit=args.data_limit, **data),
+                train=TrainOptions(seed=seed, **train)))
+            drafts.setdefault(name, []).append(out)
+            print(f"# trained {name} seed {seed}", flush=True)
+    options = VerifyOptions(num_speculative_tokens=args.k, max_new_tokens=args.max_new_tokens, limit=args.limit,
+                            context_tokens=tuple(int(c) for c in args.context_tokens.split(",")),
+                            template=tuple(args.templates.split(",")), device="cpu", dtype="float32")
+    labels = ["upgraded"] + [name for name in drafts for _ in seeds]
+    sweeps = compare_against(source, [start] + [d for ds in drafts.values() for d in ds], target, options)
+    conditions = [r.settings.condition.label for r in sweeps[0].reports]
+    print(f"\nheld out: {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, k={args.k}; paired "
+          f"τ difference against the EAGLE-3 source, mean over seeds {seeds} [min..max]")
+    print("| recipe | " + " | ".join(conditions) + " |")
+    print("|---|" + "---|" * len(conditions))
+    by_recipe: dict[str, list] = {}
+    for label, sweep in zip(labels, sweeps):
+        by_recipe.setdefault(label, []).append(sweep)
+    for label, runs in by_recipe.items():
+        cells = []
+        for i in range(len(conditions)):
+            diffs = [r.reports[i].rows()["all"]["b_minus_a"]["acceptance_length_difference"] for r in runs]
+            cells.append(f"{statistics.mean(diffs):+.3f} [{min(diffs):+.3f}..{max(diffs):+.3f}]")
+        print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
