@@ -77,6 +77,9 @@ class DataOptions:
             raise UsageError("--max-length must be at least 2")
         if self.limit is not None and self.limit < 1:
             raise UsageError("--data-limit must be at least 1")
+        if self.captured_ids is not None and not self.hidden_states:
+            raise UsageError("--captured-ids names the layers vLLM captured into --hidden-states: give --hidden-states "
+                             "too, or drop --captured-ids")
         if self.hidden_states and (self.data_file or self.generate or self.context_tokens or self.code_tokens
                                    or self.templates != ("chat",)):
             raise UsageError("--hidden-states brings its own sequences: it cannot be combined with --data, "

@@ -117,6 +117,18 @@ def _refuse_clobber(spec: DraftSpec, destination: str, checkpoint_dir: str, opts
     refuse_clobber(writes, reads)
 
 
+def _check_evaluation(opts: FinetuneOptions, info: TargetInfo) -> None:
+    """What the held-out evaluation after training would refuse, refused before it: its settings, its prompts,
+    and its decode against the target's context."""
+    from eaglekit.verify.setup import refuse_context_past_target
+
+    if opts.eval is None or opts.data.hidden_states:  # --hidden-states: not evaluated
+        return
+    opts.eval.check()
+    held_out_prompts(opts.eval)
+    refuse_context_past_target(opts.eval.decode_options(), info.max_position_embeddings)
+
+
 def _target_tensor(target_dir: str, names: tuple[str, ...]):
     """One tensor straight from the target's safetensors (the embedding a draft borrows), without the model."""
     from safetensors import safe_open
@@ -271,7 +283,13 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     opts.data.check()
     if not 0 <= opts.validation_fraction < 1:
         raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
+    if opts.checkpoint_every < 0:
+        raise UsageError("--checkpoint-every must not be negative (0: only on Ctrl-C or SIGTERM)")
+    if train_opts.depth > opts.data.max_length:
+        raise UsageError(f"--depth {train_opts.depth} exceeds --max-length {opts.data.max_length}: deeper steps "
+                         "would have no labels")
     info = read_target(opts.target)
+    _check_evaluation(opts, info)
     spec = _source_spec(source, info)
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     _refuse_clobber(spec, destination, checkpoint_dir, opts)

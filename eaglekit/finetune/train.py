@@ -76,6 +76,12 @@ class TrainOptions:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise UsageError("--lr must be a positive number")
+        if not 0 < self.depth_decay <= 1:  # NaN fails too
+            raise UsageError(f"--depth-decay {self.depth_decay}: expected a number in (0, 1] (depth j's loss weight "
+                             "is decay^j)")
+        if self.depth_decay ** (self.depth - 1) < torch.finfo(torch.float32).tiny:
+            raise UsageError(f"--depth-decay {self.depth_decay} with --depth {self.depth}: the deepest step's loss "
+                             f"weight decay^{self.depth - 1} vanishes in float32; raise --depth-decay")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         unknown = sorted(set(self.freeze) - set(FREEZE_GROUPS))
