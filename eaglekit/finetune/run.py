@@ -126,7 +126,7 @@ def _check_evaluation(opts: FinetuneOptions, info: TargetInfo) -> None:
         return
     opts.eval.check()
     held_out_prompts(opts.eval)
-    refuse_context_past_target(opts.eval.decode_options(), info.max_position_embeddings)
+    refuse_context_past_target(opts.eval.decode_options(), info.max_position_embeddings, "--eval-context-tokens")
 
 
 def _target_tensor(target_dir: str, names: tuple[str, ...]):
@@ -289,8 +289,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         raise UsageError(f"--depth {train_opts.depth} exceeds --max-length {opts.data.max_length}: deeper steps "
                          "would have no labels")
     info = read_target(opts.target)
-    _check_evaluation(opts, info)
     spec = _source_spec(source, info)
+    _check_evaluation(opts, info)
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     _refuse_clobber(spec, destination, checkpoint_dir, opts)
     StagedDirectory(destination, force=opts.force).check()

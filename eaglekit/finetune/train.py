@@ -32,8 +32,8 @@ from torch import nn
 
 from eaglekit.drafter.model import Drafter
 from eaglekit.drafter.unroll import unrolled_steps
-from eaglekit.errors import CheckpointError, TrainingInterrupted, UsageError
-from eaglekit.io.jsonfile import load_json_object
+from eaglekit.errors import CheckpointError, TrainingInterrupted, UsageError, quoted
+from eaglekit.io.jsonfile import finite, load_json_object
 
 IGNORE = -100
 CHECKPOINT_FORMAT = "1"
@@ -406,35 +406,112 @@ def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter],
     return final
 
 
-def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer
-                    ) -> tuple[int, list[StepRecord]]:
-    """Restore this run's newest checkpoint in place; (step, history). Another run's is never taken."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
+"""What AdamW keeps per parameter once it has stepped it (none before): a checkpoint's moments hold exactly these."""
 
+
+def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
+                    opts: TrainOptions) -> tuple[int, list[StepRecord]]:
+    """Restore this run's newest checkpoint in place; (step, history). Another run's is never taken, and everything
+    read is checked against this run before anything is restored (one CheckpointError naming the file otherwise):
+    the step and history in state.json, every weight's name, dtype, shape and values, every AdamW moment's."""
     found = ck.own()
     if not found:
         raise UsageError("--resume: every checkpoint in the folder belongs to another run (different source "
                          "draft, data or training options); rerun with the same ones or choose another --checkpoint-dir"
                          if ck.checkpoints() else "--resume: no checkpoint to resume from", ck.directory)
     path = found[-1]
-    state = _state(path)
-    try:
-        weights = load_file(os.path.join(path, "weights.safetensors"))
-        moments = load_file(os.path.join(path, "optimizer.safetensors"))
-    except (OSError, ValueError, SafetensorError) as exc:
-        raise CheckpointError(f"unreadable checkpoint ({exc})".splitlines()[0], path) from None
-    if set(weights) != set(params):
-        raise CheckpointError("checkpoint holds other tensors than this run trains", path)
+    state_path = os.path.join(path, "state.json")
+    state = load_json_object(state_path, "checkpoint state")
+    step = state.get("step")
+    if type(step) is not int or not 0 <= step <= opts.steps:
+        raise CheckpointError(f"step {quoted(step)} is not a step of this run (0 to --steps {opts.steps})",
+                              state_path)
+    history = _checked_history(state.get("history"), step, opts.depth, state_path)
+    weights = _checked_tensors(os.path.join(path, "weights.safetensors"),
+                               {name: (p.dtype, tuple(p.shape)) for name, p in params.items()})
+    moments_path = os.path.join(path, "optimizer.safetensors")
+    expected: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+    trained = {name.split("::", 1)[0] for name in _tensor_names(moments_path)}
+    for name, p in params.items():
+        if name in trained:  # a parameter AdamW never stepped has no state
+            expected |= {f"{name}::step": (torch.float32, ()), f"{name}::exp_avg": (p.dtype, tuple(p.shape)),
+                         f"{name}::exp_avg_sq": (p.dtype, tuple(p.shape))}
+    moments = _checked_tensors(moments_path, expected)
+    for key, value in moments.items():
+        if key.endswith("::exp_avg_sq") and bool((value < 0).any()):
+            raise CheckpointError(f"{key} has negative values (a second moment cannot)", moments_path)
+        if key.endswith("::step") and not (0 <= float(value) <= step and float(value).is_integer()):
+            raise CheckpointError(f"{key} is {float(value)}, not a step count up to {step}", moments_path)
     with torch.no_grad():
         for name, p in params.items():
             p.copy_(weights[name])
-            state_p = {key.split("::", 1)[1]: value.to(p.device) for key, value in moments.items()
-                       if key.split("::", 1)[0] == name}
-            if state_p:
-                optimizer.state[p] = state_p
-    history = [StepRecord(**r) for r in state.get("history", [])]
-    return int(state["step"]), history
+            if name in trained:
+                optimizer.state[p] = {key: moments[f"{name}::{key}"].to(p.device) for key in ADAM_STATE}
+    return step, history
+
+
+def _tensor_names(path: str) -> list[str]:
+    from eaglekit.io.header import read_header
+
+    return list(read_header(path).entries)
+
+
+def _checked_tensors(path: str, expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint file, each with exactly the name, dtype and shape `expected` gives and finite
+    values: the header is checked before any tensor is read, so a tampered file costs no memory."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from eaglekit.io.dtypes import torch_to_safetensors_dtype
+    from eaglekit.io.header import read_header
+
+    entries = read_header(path).entries
+    unknown, missing = sorted(set(entries) - set(expected)), sorted(set(expected) - set(entries))
+    if unknown or missing:
+        what = f"holds {quoted(unknown[0])}, which this run does not train" if unknown else \
+            f"lacks {quoted(missing[0])}"
+        raise CheckpointError(what, path)
+    for name, entry in entries.items():
+        dtype, shape = expected[name]
+        if entry.dtype != torch_to_safetensors_dtype(dtype) or tuple(entry.shape) != shape:
+            raise CheckpointError(f"{name} is {entry.dtype}{list(entry.shape)}, this run trains it as "
+                                  f"{torch_to_safetensors_dtype(dtype)}{list(shape)}", path)
+    try:
+        tensors = load_file(path)
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise CheckpointError(f"unreadable checkpoint ({exc})".splitlines()[0], path) from None
+    for name, value in tensors.items():
+        if not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{name} has values that are not finite", path)
+    return tensors
+
+
+HISTORY_FIELDS = {"step": int, "loss": float, "accuracy": list, "lr": float, "tokens_per_s": float, "seconds": float}
+
+
+def _checked_history(history: Any, step: int, depth: int, path: str) -> list[StepRecord]:
+    """state.json's history: records of StepRecord's fields, at ascending steps up to `step`, finite numbers, one
+    accuracy in [0, 1] per depth."""
+    if not isinstance(history, list) or len(history) > step:
+        raise CheckpointError(f"history must be a list of at most {step} records", path)
+    records, last = [], 0
+    for i, r in enumerate(history):
+        problem = None
+        if not isinstance(r, dict) or set(r) != set(HISTORY_FIELDS):
+            problem = f"has other fields than {', '.join(HISTORY_FIELDS)}"
+        elif type(r["step"]) is not int or not last < r["step"] <= step:
+            problem = f"step {quoted(r['step'])} does not follow {last} up to {step}"
+        elif not all(finite(r[k]) for k in ("loss", "lr", "tokens_per_s", "seconds")):
+            problem = "loss, lr, tokens_per_s and seconds must be finite numbers"
+        elif not isinstance(r["accuracy"], list) or len(r["accuracy"]) != depth or \
+                not all(finite(a) and 0 <= a <= 1 for a in r["accuracy"]):
+            problem = f"accuracy must list {depth} rates in [0, 1], one per depth"
+        if problem:
+            raise CheckpointError(f"history record {i} {problem}", path)
+        last = r["step"]
+        records.append(StepRecord(**{k: float(v) if HISTORY_FIELDS[k] is float else v for k, v in r.items()}))
+    return records
 
 
 # ------------------------------------------------------------------ the loop
@@ -512,7 +589,7 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     history: list[StepRecord] = []
     start, resumed_from = 0, None
     if resume:
-        start, history = load_checkpoint(checkpoints, params, optimizer)
+        start, history = load_checkpoint(checkpoints, params, optimizer, opts)
         resumed_from = start
         for _ in range(start):  # the batch order of the steps already done
             next(stream)

@@ -151,7 +151,7 @@ def select_prompts(options: VerifyOptions) -> PromptSet:
     return prompts
 
 
-def refuse_context_past_target(options: VerifyOptions, context: int | None) -> None:
+def refuse_context_past_target(options: VerifyOptions, context: int | None, option: str = "--context-tokens") -> None:
     """Options that cannot fit the target's context are the options' fault, and are said so before anything loads
     (not blamed on the first prompt, nor found by a decode that runs on): the context prepended, the new tokens,
     and the k drafts plus the bonus token its last round verifies past them. Every decode shares it (verify,
@@ -159,7 +159,7 @@ def refuse_context_past_target(options: VerifyOptions, context: int | None) -> N
     k, new_tokens = options.num_speculative_tokens, options.max_new_tokens
     for condition in options.conditions:
         if context is not None and condition.context_tokens + new_tokens + k + 1 >= context:
-            raise UsageError(f"--context-tokens {condition.context_tokens:,}, {new_tokens:,} new tokens and -k "
+            raise UsageError(f"{option} {condition.context_tokens:,}, {new_tokens:,} new tokens and -k "
                              f"{k:,} (the drafts of the last round and its bonus token) leave no room for a prompt in "
                              f"the target's {context:,}-token context (max_position_embeddings)")
 
