@@ -102,3 +102,40 @@ def test_a_tampered_checkpoint_is_one_line_naming_the_file(checkpoint, file, edi
         resume(ck)
     assert str(refusal.value).startswith(f"{full}: ") and message in str(refusal.value), str(refusal.value)
     assert "\n" not in str(refusal.value)
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
+    import errno
+
+    import safetensors.torch
+
+    from eaglekit.errors import OutputError
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    params, optimizer = run_state()
+    folder = tmp_path / "new" / "ckpt"  # created by the save, with its parent
+    with pytest.raises(OutputError, match=r"step-0000003: cannot write the checkpoint \(No space left on device\); "
+                                          "nothing was written"):
+        save_checkpoint(Checkpoints(str(folder), 1, "run"), 3, params, optimizer, [])
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_full_disk_while_caching_captured_data_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
+    """safetensors reports the disk's failure as its own SafetensorError: it is still the one line."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from eaglekit.errors import OutputError
+    from eaglekit.finetune.data import _save_cached
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28) at path x")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    path = tmp_path / "cache" / "finetune" / "data.safetensors"
+    with pytest.raises(OutputError, match="cannot write the captured data \\(No space left on device\\)"):
+        _save_cached(str(path), "0" * 64, {"tokens": torch.zeros(3)})
+    assert os.listdir(tmp_path) == []

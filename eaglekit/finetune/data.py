@@ -297,14 +297,12 @@ def _load_cached(path: str, digest: str) -> dict[str, Any] | None:
 
 def _save_cached(path: str, digest: str, data: dict[str, Any]) -> None:
     """Published atomically (io.writer.publish_file): a killed run leaves no file that looks complete."""
-    from safetensors.torch import save_file
+    from eaglekit.io.writer import publish_file, save_tensors, writing
 
-    from eaglekit.io.writer import publish_file
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    publish_file(path, lambda tmp: save_file({k: v.contiguous() for k, v in data.items()}, tmp,
-                                             metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest}),
-                 what="the captured data")
+    with writing("the captured data", path, folder=os.path.dirname(path)):
+        publish_file(path, lambda tmp: save_tensors({k: v.contiguous() for k, v in data.items()}, tmp,
+                                                    metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest}),
+                     what="the captured data")
 
 
 def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOptions, *,

@@ -374,32 +374,32 @@ def _state(path: str) -> dict[str, Any]:
 def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
                     history: list[StepRecord]) -> str:
     """step-N/ with trainable weights, AdamW moments and state.json; written aside, renamed, older ones removed."""
-    from safetensors.torch import save_file
+    from eaglekit.io.writer import save_tensors, writing
 
     assert ck.directory is not None
-    os.makedirs(ck.directory, exist_ok=True)
     final = os.path.join(ck.directory, f"step-{step:07d}")
     if os.path.lexists(final) and final not in ck.own():
         raise CheckpointError("not a checkpoint of this run (another run's, or not eaglekit's), so it is not "
                               "replaced: choose another --checkpoint-dir", final)
-    tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(final)}.partial-", dir=ck.directory)
-    try:
-        moments: dict[str, torch.Tensor] = {}
-        for name, p in params.items():
-            for key, value in optimizer.state.get(p, {}).items():
-                moments[f"{name}::{key}"] = value.detach().reshape(value.shape).to("cpu").contiguous()
-        save_file({n: p.detach().to("cpu").contiguous() for n, p in params.items()},
-                  os.path.join(tmp, "weights.safetensors"))
-        save_file(moments, os.path.join(tmp, "optimizer.safetensors"))
-        with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as fh:
-            json.dump({"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": ck.fingerprint,
-                       "history": [asdict(r) for r in history]}, fh, indent=1)
-        if os.path.lexists(final):
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with writing("the checkpoint", final, folder=ck.directory):
+        tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(final)}.partial-", dir=ck.directory)
+        try:
+            moments: dict[str, torch.Tensor] = {}
+            for name, p in params.items():
+                for key, value in optimizer.state.get(p, {}).items():
+                    moments[f"{name}::{key}"] = value.detach().reshape(value.shape).to("cpu").contiguous()
+            save_tensors({n: p.detach().to("cpu").contiguous() for n, p in params.items()},
+                         os.path.join(tmp, "weights.safetensors"))
+            save_tensors(moments, os.path.join(tmp, "optimizer.safetensors"))
+            with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as fh:
+                json.dump({"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": ck.fingerprint,
+                           "history": [asdict(r) for r in history]}, fh, indent=1)
+            if os.path.lexists(final):
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     for path in ck.own():
         if path != final:
             shutil.rmtree(path, ignore_errors=True)

@@ -7,6 +7,7 @@ bits. `StagedDirectory` makes a whole output directory appear at its final path 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -275,6 +276,59 @@ def remove_stale(destination: str) -> None:
                 os.unlink(full)
 
 
+def _missing_folders(folder: str) -> list[str]:
+    """`folder` and those of its parents that do not exist yet, innermost first."""
+    missing = []
+    folder = os.path.abspath(folder)
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
+@contextlib.contextmanager
+def writing(what: str, path: str, *, folder: str | None = None) -> Iterator[None]:
+    """Every write of eaglekit's: a full, read-only or failing disk (any OSError) is one OutputError line naming
+    `path`, and `folder` (created here with its missing parents when absent) is removed again when the write fails
+    and leaves it empty, so a failure never leaves an empty folder behind. Removing what the write itself left
+    half done is the caller's part."""
+    created = _missing_folders(folder) if folder else []
+    try:
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+            yield
+        except OSError as exc:
+            raise OutputError(f"cannot write {what} ({exc.strerror or exc}); nothing was written", path) from None
+    except BaseException:
+        for made in created:
+            try:
+                os.rmdir(made)
+            except OSError:
+                break  # not empty (another run wrote into it) or already gone: left as it is
+        raise
+
+
+def save_tensors(tensors: dict, path: str, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file, with the I/O failures it reports as SafetensorError ("No space left on device (os
+    error 28)") raised as the OSError they are, so `writing` makes them one line."""
+    import re
+
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    try:
+        safetensors.torch.save_file(tensors, path, metadata=metadata)
+    except SafetensorError as exc:
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1)))) from None
+
+
 def publish_file(destination: str, write: Callable[[str], None], *, what: str = "the output") -> str:
     """`write(tmp)` into a new file beside `destination`, fsync it, then rename it into place: no half-written file
     ever has the name, a failed or interrupted write leaves nothing behind, and a full or read-only disk is one
@@ -285,15 +339,14 @@ def publish_file(destination: str, write: Callable[[str], None], *, what: str = 
     tmp = os.path.join(parent, f".{base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}{os.path.splitext(base)[1]}")
     created = False
     try:
-        remove_stale(destination)
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        created = True
-        write(tmp)
-        _fsync_path(tmp)
-        os.replace(tmp, destination)
-        created = False
-    except OSError as exc:
-        raise OutputError(f"cannot write {what} ({exc.strerror or exc}); nothing was written", destination) from None
+        with writing(what, destination):
+            remove_stale(destination)
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            created = True
+            write(tmp)
+            _fsync_path(tmp)
+            os.replace(tmp, destination)
+            created = False
     finally:
         if created and os.path.lexists(tmp):
             os.unlink(tmp)
