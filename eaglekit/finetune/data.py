@@ -302,7 +302,7 @@ def _save_cached(path: str, digest: str, data: dict[str, Any]) -> None:
     with writing("the captured data", path, folder=os.path.dirname(path)):
         publish_file(path, lambda tmp: save_tensors({k: v.contiguous() for k, v in data.items()}, tmp,
                                                     metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest}),
-                     what="the captured data")
+                     replace=True, what="the captured data")  # content-addressed: any run's file is this one
 
 
 def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOptions, *,

@@ -329,11 +329,40 @@ def save_tensors(tensors: dict, path: str, metadata: dict[str, str] | None = Non
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1)))) from None
 
 
-def publish_file(destination: str, write: Callable[[str], None], *, what: str = "the output") -> str:
-    """`write(tmp)` into a new file beside `destination`, fsync it, then rename it into place: no half-written file
+NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK)
+"""os.link's failures on file systems without hard links (some network and FUSE ones)."""
+
+
+def _place(tmp: str, destination: str, replace: bool) -> None:
+    """Give the finished `tmp` the name `destination`: replacing a file there atomically when `replace`, else only
+    if no file has the name (a hard link, which fails when one does), so of two runs publishing one path exactly
+    one wins and the other is one line."""
+    if replace:
+        os.replace(tmp, destination)
+        return
+    try:
+        os.link(tmp, destination)
+    except FileExistsError:
+        raise OutputError("exists: another run wrote it first; nothing was written (--force replaces it)",
+                          destination) from None
+    except OSError as exc:
+        if exc.errno not in NO_HARD_LINKS:
+            raise
+        if os.path.lexists(destination):  # no hard links here: the check and the rename are two steps
+            raise OutputError("exists: another run wrote it first; nothing was written (--force replaces it)",
+                              destination) from None
+        os.rename(tmp, destination)
+        return
+    os.unlink(tmp)
+
+
+def publish_file(destination: str, write: Callable[[str], None], *, replace: bool, what: str = "the output") -> str:
+    """`write(tmp)` into a new file beside `destination`, fsync it, then give it the name: no half-written file
     ever has the name, a failed or interrupted write leaves nothing behind, and a full or read-only disk is one
-    OutputError. The temporary name is created exclusively: no file is ever overwritten or removed but
-    `destination` itself and the leftovers of killed runs for it. Returns the absolute path."""
+    OutputError. An existing `destination` is replaced atomically only when `replace` (--force, or an output a
+    command always rewrites); otherwise a file that appeared there meanwhile (another run's) is never replaced.
+    The temporary name is created exclusively: no file is ever overwritten or removed but `destination` itself
+    (when replaced) and the leftovers of killed runs for it. Returns the absolute path."""
     destination = os.path.abspath(destination)
     parent, base = os.path.split(destination)
     tmp = os.path.join(parent, f".{base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}{os.path.splitext(base)[1]}")
@@ -345,7 +374,7 @@ def publish_file(destination: str, write: Callable[[str], None], *, what: str = 
             created = True
             write(tmp)
             _fsync_path(tmp)
-            os.replace(tmp, destination)
+            _place(tmp, destination, replace)
             created = False
     finally:
         if created and os.path.lexists(tmp):

@@ -248,7 +248,7 @@ def write(job: OutputJob) -> list[str]:
         write_gguf(tmp, ARCH, final.fields, final.tensors, job.progress)
         check_gguf(tmp, job.spec, job.d, _target(job))
 
-    publish_file(job.destination, write_file, what="the GGUF")
+    publish_file(job.destination, write_file, replace=job.opts.force, what="the GGUF")
     job.report.validated = True
     job.report.timings["write_s"] = time.perf_counter() - t
     return [os.path.basename(job.destination)]

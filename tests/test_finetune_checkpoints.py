@@ -1,5 +1,5 @@
-"""`finetune --resume` reads a checkpoint someone may have edited: everything in it is checked against the run
-before anything is restored, and a mismatch is one line naming the file (exit 1)."""
+"""finetune's checkpoints: `--resume` checks everything it reads from one against the run before anything is
+restored (a mismatch is one line naming the file, exit 1), and a full disk while saving one is one line."""
 
 from __future__ import annotations
 
