@@ -107,10 +107,10 @@ def _refuse_clobber(spec: DraftSpec, destination: str, checkpoint_dir: str, opts
 
     writes = [Role(OUTPUT, destination), Role("--plot", opts.plot or ""),
               Role("--checkpoint-dir" if opts.checkpoint_dir else "--checkpoint-dir (default OUT.checkpoint)",
-                   checkpoint_dir)]
+                   checkpoint_dir, makes_parents=True)]
     if not opts.data.hidden_states:  # captured data is cached; states read from elsewhere are not
         writes.append(Role("--cache-dir" if opts.data.cache_dir else "--cache-dir (default)",
-                           opts.data.cache_dir or default_cache_dir()))
+                           opts.data.cache_dir or default_cache_dir(), makes_parents=True))
     reads = [*read_roles("source", spec.path), *target_roles(opts.target),
              *read_roles("--hidden-states", opts.data.hidden_states), *read_roles("--data", opts.data.data_file),
              *read_roles("--eval-prompts", opts.eval.prompts_file if opts.eval else None)]

@@ -22,6 +22,7 @@ from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.dtypes import tensor_nbytes
 from eaglekit.io.header import MAX_HEADER_BYTES
+from eaglekit.io.outputs import OUTPUT, Role, check_parent
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per copy call: bounds progress granularity, not memory
 READ_CHUNK = 8 * 1024 * 1024  # buffer of the read/write fallback
@@ -245,15 +246,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def check_parent(destination: str) -> None:
-    """Refuse early (before any work) an output whose folder is missing or cannot be written."""
-    parent = os.path.dirname(os.path.abspath(destination))
-    if not os.path.isdir(parent):
-        raise UsageError("parent directory of the output does not exist", parent)
-    if not os.access(parent, os.W_OK):
-        raise OutputError("parent directory of the output is not writable", parent)
-
-
 def remove_stale(destination: str) -> None:
     """Leftovers of killed runs for `destination`, named by eaglekit's marks with the dead run's process id: staging
     folders and partial files go; a replaced output whose run died before the new one took its place is put back
@@ -406,7 +398,7 @@ class StagedDirectory:
             raise UsageError("output path exists and is a file or a symbolic link, not a directory", self.dst)
         if os.path.isdir(self.dst) and os.listdir(self.dst) and not self.force:
             raise UsageError("output directory exists and is not empty (pass --force to replace it)", self.dst)
-        check_parent(self.dst)
+        check_parent(Role(OUTPUT, self.dst))
 
     def __enter__(self) -> StagedDirectory:
         self.check()
