@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -487,7 +487,7 @@ def _checked_tensors(path: str, expected: dict[str, tuple[torch.dtype, tuple[int
     return tensors
 
 
-HISTORY_FIELDS = {"step": int, "loss": float, "accuracy": list, "lr": float, "tokens_per_s": float, "seconds": float}
+HISTORY_FIELDS = tuple(f.name for f in fields(StepRecord))
 
 
 def _checked_history(history: Any, step: int, depth: int, path: str) -> list[StepRecord]:
@@ -510,7 +510,9 @@ def _checked_history(history: Any, step: int, depth: int, path: str) -> list[Ste
         if problem:
             raise CheckpointError(f"history record {i} {problem}", path)
         last = r["step"]
-        records.append(StepRecord(**{k: float(v) if HISTORY_FIELDS[k] is float else v for k, v in r.items()}))
+        records.append(StepRecord(step=r["step"], loss=float(r["loss"]), accuracy=[float(a) for a in r["accuracy"]],
+                                  lr=float(r["lr"]), tokens_per_s=float(r["tokens_per_s"]),
+                                  seconds=float(r["seconds"])))
     return records
 
 
