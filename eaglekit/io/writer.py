@@ -283,10 +283,10 @@ def _missing_folders(folder: str) -> list[str]:
 
 @contextlib.contextmanager
 def writing(what: str, path: str, *, folder: str | None = None) -> Iterator[None]:
-    """Every write of eaglekit's: a full, read-only or failing disk (any OSError) is one OutputError line naming
-    `path`, and `folder` (created here with its missing parents when absent) is removed again when the write fails
-    and leaves it empty, so a failure never leaves an empty folder behind. Removing what the write itself left
-    half done is the caller's part."""
+    """A write outside a StagedDirectory (files published aside, checkpoints, caches): a full, read-only or failing
+    disk (any OSError) is one OutputError line naming `path`, and `folder` (created here with its missing parents
+    when absent) is removed again when the write fails and leaves it empty, so a failure never leaves an empty
+    folder behind. Removing what the write itself left half done is the caller's part."""
     created = _missing_folders(folder) if folder else []
     try:
         try:
