@@ -86,16 +86,16 @@ def no_work(monkeypatch):
     """Every command's work fails the test if it starts: a refusal must come first."""
     import eaglekit.bench.run
     import eaglekit.finetune.run
-    import eaglekit.verify.compare
-    import eaglekit.verify.run
+    import eaglekit.verify.setup
 
     def work(*args, **kwargs):
         pytest.fail("the work started before the written paths were checked")
 
-    for module, name in ((eaglekit.verify.run, "verify_conditions"), (eaglekit.verify.run, "verify_in_engine"),
-                         (eaglekit.verify.compare, "compare_against"), (eaglekit.bench.run, "check_engine_available"),
+    for module, name in ((eaglekit.verify.setup, "load_target"), (eaglekit.verify.setup, "load_tokenizer"),
                          (eaglekit.bench.run, "start_server"), (eaglekit.finetune.run, "build_data")):
         monkeypatch.setattr(module, name, work)
+    for name in ("check_engine_available", "check_client_available"):  # an engine is there (its probe is no work)
+        monkeypatch.setattr(eaglekit.bench.run, name, lambda *args: "0.0.0")
 
 
 WRITES = {

@@ -20,7 +20,7 @@ from eaglekit.bench.report import BenchReport, BenchRow, ServedRun
 from eaglekit.bench.server import check_client_available, engine_flags, run_client, start_server
 from eaglekit.engines.vllm import speculative_config
 from eaglekit.errors import UsageError
-from eaglekit.io.outputs import Role, check_writes
+from eaglekit.io.outputs import Role
 from eaglekit.verify.engine import EngineOptions, check_engine_available, fitted_model_len
 from eaglekit.verify.prompts import Prompt, encode, render_text
 from eaglekit.verify.run import measured_files
@@ -48,7 +48,6 @@ class BenchOptions:
     outputs: tuple[Role, ...] = field(default=())  # what the caller writes (--save-report, --plot)
 
     def check(self) -> None:
-        check_writes(self.outputs)
         self.engine_options.check()
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise UsageError("--concurrency takes positive integers, e.g. 1,4,16")

@@ -131,18 +131,10 @@ def check_parent(write: Role) -> None:
         raise OutputError(f"the parent directory of {what} is not writable", parent)
 
 
-def check_writes(writes: Iterable[Role]) -> None:
-    """`check_parent` for every path given (empty ones are options not given)."""
-    for write in writes:
-        if write.path:
-            check_parent(write)
-
-
 def refuse_clobber(writes: Iterable[Role], reads: Iterable[Role]) -> None:
     """Refuse (usage error, before any work) a written path that overlaps anything read or any other write, a side
     output that would land in a model folder or replace a model file, and one whose folder cannot hold it."""
     written = [w for w in writes if w.path]
-    check_writes(written)
     read = [r for r in reads if r.path]
     for i, w in enumerate(written):
         for r in read:
@@ -156,3 +148,5 @@ def refuse_clobber(writes: Iterable[Role], reads: Iterable[Role]) -> None:
     for w in written:
         if w.name != OUTPUT:
             _refuse_model_clobber(w)
+    for w in written:
+        check_parent(w)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
-from eaglekit.io.outputs import Role, check_writes
+from eaglekit.io.outputs import Role
 from eaglekit.quantization import scheme
 from eaglekit.rules import checked_engines
 from eaglekit.verify.engine import EngineOptions
@@ -69,7 +69,6 @@ class VerifyOptions:
         return dataclasses.replace(self, context_tokens=condition.context_tokens, template=condition.template)
 
     def check(self) -> None:
-        check_writes(self.outputs)
         if self.engine not in ENGINES:
             raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
         scheme(self.target_quantization)
