@@ -231,6 +231,7 @@ def test_usage_errors(env, tmp_path):
                            (["--checkpoint-every", "-1", "--no-eval"], "--checkpoint-every must not be negative"),
                            (["--no-eval", "--eval-context-tokens", "-5"], "--eval-context-tokens '-5'"),
                            (["--captured-ids", "1,2,4"], "give --hidden-states too"),
+                           (["--seed", str(2**64)], "torch takes seeds from -2^63 to 2^64 - 1"),
                            (["--resume", "--data", env["data"], "--cache-dir", env["cache"], "--no-eval"],
                             "no checkpoint to resume from")):
         result = run(base + extra)
