@@ -36,6 +36,7 @@ def save_figure(fig, path: str, *, dpi: int) -> str:
     """Write `fig` to `path` atomically (a failed or killed save leaves no half PNG); its absolute path."""
     plt = pyplot()
     try:
-        return publish_file(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), what="the plot")
+        return publish_file(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), replace=True,
+                            what="the plot")
     finally:
         plt.close(fig)

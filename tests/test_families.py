@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -134,14 +135,50 @@ def test_index_and_shards_disagree(tmp_path):
         load_draft(path)
 
 
-def test_symlink_escaping_the_checkpoint_is_refused(tmp_path):
+def _linked_copy(folder, outside: str) -> str:
+    """`folder` with outside's config.json copied and its weights a symbolic link to outside's."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(open(os.path.join(outside, "config.json")).read())
+    os.symlink(os.path.join(outside, "model.safetensors"), folder / "model.safetensors")
+    return str(folder)
+
+
+def test_weights_linked_from_shared_storage_into_a_folder_the_user_names_are_read(tmp_path):
+    outside = make_draft(str(tmp_path / "shared" / "models"), "vllm")
+    linked = load_draft(_linked_copy(tmp_path / "mine", outside))
+    assert linked.tensors.keys() == load_draft(outside).tensors.keys()
+    target = tmp_path / "target"  # a target's files too
+    target.mkdir()
+    os.symlink(make_target_config(str(tmp_path / "shared" / "target")) + "/config.json", target / "config.json")
+    assert read_target(str(target)).num_layers == 12
+
+
+def test_a_symlink_in_a_user_folder_must_reach_a_regular_file(tmp_path):
     outside = make_draft(str(tmp_path / "outside"), "vllm")
-    inside = tmp_path / "inside"
-    inside.mkdir()
-    (inside / "config.json").write_text(open(os.path.join(outside, "config.json")).read())
-    os.symlink(os.path.join(outside, "model.safetensors"), inside / "model.safetensors")
-    with pytest.raises(CheckpointError, match="outside the checkpoint"):
-        load_draft(str(inside))
+    folder = tmp_path / "mine"
+    _linked_copy(folder, outside)
+    os.unlink(folder / "model.safetensors")
+    os.mkfifo(tmp_path / "fifo")
+    for points_to, says in ((tmp_path / "gone.safetensors", "symlink points to nothing"),
+                            (tmp_path / "fifo", "symlink points to a FIFO, socket or device")):
+        if os.path.lexists(folder / "model.safetensors"):
+            os.unlink(folder / "model.safetensors")
+        os.symlink(points_to, folder / "model.safetensors")
+        with pytest.raises(CheckpointError, match=f"^{folder}/model.safetensors: {says}"):
+            load_draft(str(folder))
+
+
+def test_a_repository_fetched_from_the_hub_may_not_link_out_of_its_cache_folder(tmp_path):
+    outside = make_draft(str(tmp_path / "outside"), "vllm")
+    snapshot = _linked_copy(tmp_path / "hub" / "models--org--draft" / "snapshots" / "0123abc", outside)
+    with pytest.raises(CheckpointError, match="symlink points outside the checkpoint directory"):
+        load_draft(snapshot)
+    blobs = tmp_path / "hub" / "models--org--draft" / "blobs"  # the cache's own layout: snapshots -> blobs
+    blobs.mkdir()
+    shutil.copy(os.path.join(outside, "model.safetensors"), blobs / "f00d")
+    os.unlink(os.path.join(snapshot, "model.safetensors"))
+    os.symlink("../../blobs/f00d", os.path.join(snapshot, "model.safetensors"))
+    assert load_draft(snapshot).tensors.keys() == load_draft(outside).tensors.keys()
 
 
 def test_pickle_weights_need_the_flag(tmp_path):

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from eaglekit.errors import EaglekitError, UsageError  # noqa: E402
+from eaglekit.errors import CheckpointError, EaglekitError, UsageError  # noqa: E402
 from eaglekit.families import load_draft  # noqa: E402
 from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
@@ -113,6 +113,13 @@ def test_interrupt_saves_a_checkpoint_and_resume_equals_an_uninterrupted_run(env
         finetune(env["draft"], out, options(env, checkpoint_dir=ckpt), on_step=interrupt)
     assert not os.path.exists(out) and os.listdir(ckpt) == ["step-0000003"]
     assert not [n for n in os.listdir(tmp_path) if "partial" in n]
+    tampered = str(tmp_path / "tampered")  # a one-element tensor would broadcast over the matrix and train on
+    shutil.copytree(ckpt, tampered)
+    weights_file = os.path.join(tampered, "step-0000003", "weights.safetensors")
+    save_file({**load_file(weights_file), "fc.weight": torch.zeros(1)}, weights_file)
+    with pytest.raises(CheckpointError, match=f"^{weights_file}: fc.weight is F32\\[1\\], this run trains it as F32"):
+        finetune(env["draft"], out, options(env, checkpoint_dir=tampered, resume=True))
+    assert not os.path.exists(out) and os.listdir(tampered) == ["step-0000003"]
     report = finetune(env["draft"], out, options(env, checkpoint_dir=ckpt, resume=True))
     assert report.training["resumed_from"] == 3 and report.training["steps"] == 8
     assert [r["step"] for r in report.training["history"]] == [2, 4, 6, 8]
@@ -223,7 +230,14 @@ def test_usage_errors(env, tmp_path):
     for extra, message in ((["--steps", "-1"], "--steps must not be negative"),
                            (["--freeze", "fc,wings"], "unknown group"),
                            (["--validation-fraction", "1"], "--validation-fraction must lie in [0, 1)"),
-                           (["--freeze", "fc,fc_norm,layers,head,embed"], "leaves nothing to train"),
+                           (["--freeze", "fc,fc_norm,layers,head,embed", "--no-eval"], "leaves nothing to train"),
+                           (["--eval-context-tokens", "0,200"], "--eval-context-tokens 200, 64 new tokens and -k 3"),
+                           (["--depth-decay", "nan"], "--depth-decay nan: expected a number in (0, 1]"),
+                           (["--depth-decay", "0.001", "--depth", "16"], "vanishes in float32"),
+                           (["--checkpoint-every", "-1", "--no-eval"], "--checkpoint-every must not be negative"),
+                           (["--no-eval", "--eval-context-tokens", "-5"], "--eval-context-tokens '-5'"),
+                           (["--captured-ids", "1,2,4"], "give --hidden-states too"),
+                           (["--seed", str(2**64)], "torch takes seeds from -2^63 to 2^64 - 1"),
                            (["--resume", "--data", env["data"], "--cache-dir", env["cache"], "--no-eval"],
                             "no checkpoint to resume from")):
         result = run(base + extra)

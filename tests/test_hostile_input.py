@@ -328,10 +328,10 @@ def test_devices_and_oversized_files_are_not_read(tmp_path):
         load_json_object(str(tmp_path), "config.json")
 
 
-def test_target_config_symlinked_out_of_its_folder_is_refused(tmp_path):
+def test_target_config_symlinked_out_of_its_hub_cache_folder_is_refused(tmp_path):
     outside = make_target_config(str(tmp_path / "elsewhere"))
-    target = tmp_path / "t"
-    target.mkdir()
+    target = tmp_path / "models--org--t" / "snapshots" / "0123abc"  # fetched from the Hub: links stay inside
+    target.mkdir(parents=True)
     os.symlink(os.path.join(outside, "config.json"), target / "config.json")
     refused("validate", make_draft(str(tmp_path / "d"), "vllm"), "--target", str(target), contains="symlink")
 

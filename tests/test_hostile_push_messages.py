@@ -290,8 +290,8 @@ def test_a_subfolder_that_leaves_the_repository_says_so(tmp_path_factory, subfol
 
 def test_only_a_symlink_is_called_a_symlink(tmp_path):
     outside = make_draft(str(tmp_path / "outside"), "vllm")
-    repo = tmp_path / "repo"
-    repo.mkdir()
+    repo = tmp_path / "models--org--repo" / "snapshots" / "0123abc"  # fetched from the Hub: links stay inside
+    repo.mkdir(parents=True)
     os.symlink(outside, repo / "linked")
     refused("inspect", str(repo), "--subfolder", "linked", contains="symlink points outside")
     with pytest.raises(CheckpointError, match="lies outside") as refusal:

@@ -31,7 +31,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
-from eaglekit.finetune.train import Checkpoints, load_checkpoint, save_checkpoint  # noqa: E402
+from eaglekit.finetune.train import Checkpoints, TrainOptions, load_checkpoint, save_checkpoint  # noqa: E402
 from tests.factory import make_draft  # noqa: E402
 from tests.test_hostile_input import clean, refused  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
@@ -344,10 +344,10 @@ def test_runs_sharing_a_checkpoint_folder_never_take_or_remove_each_others(saves
             params, optimizer = _tiny_training_state()
             if name in newest:
                 assert run.own() == [newest[name]]
-                assert load_checkpoint(run, params, optimizer)[0] == int(newest[name][-7:])
+                assert load_checkpoint(run, params, optimizer, TrainOptions(steps=20))[0] == int(newest[name][-7:])
             else:
                 with pytest.raises(UsageError, match="every checkpoint in the folder belongs to another run"):
-                    load_checkpoint(run, params, optimizer)
+                    load_checkpoint(run, params, optimizer, TrainOptions(steps=20))
         first = saves[0][0]
         runs[first].remove(folder=True)
         assert runs[first].checkpoints() == [p for n, p in sorted(newest.items()) if n != first]

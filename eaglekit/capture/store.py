@@ -281,7 +281,7 @@ class StoreWriter:
             with open(tmp, "wb") as fh:
                 fh.write(data)
 
-        publish_file(os.path.join(self.store, shard.file), write, what="a store shard")
+        publish_file(os.path.join(self.store, shard.file), write, what="a store shard", replace=True)
         self.done.append(shard)
         self.pending, self.pending_tokens = [], 0
         self.write_manifest()
@@ -306,7 +306,7 @@ def write_manifest(store: str, manifest: dict[str, Any]) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
 
-    publish_file(os.path.join(store, MANIFEST), write, what="the store manifest")
+    publish_file(os.path.join(store, MANIFEST), write, what="the store manifest", replace=True)
 
 
 def write_plan(store: str, sequences: Sequence[Sequence[int]]) -> str:
@@ -325,7 +325,7 @@ def write_plan(store: str, sequences: Sequence[Sequence[int]]) -> str:
         with open(tmp, "wb") as fh:
             fh.write(data)
 
-    publish_file(os.path.join(store, PLAN), write, what="the planned sequences")
+    publish_file(os.path.join(store, PLAN), write, what="the planned sequences", replace=True)
     return sha256_bytes(data)
 
 
@@ -366,12 +366,12 @@ def store_lock(store: str) -> Iterator[None]:
     is refused instead of removing the first one's files as a killed run's leftovers."""
     import fcntl
 
-    from eaglekit.io.writer import check_parent
+    from eaglekit.io.outputs import Role, check_parent
 
     if os.path.lexists(store) and not os.path.isdir(store):
         raise UsageError("the store path exists and is not a folder", store)
     if not os.path.isdir(store):
-        check_parent(store)
+        check_parent(Role("STORE", store))
         os.mkdir(store)
     _refuse_foreign(store)  # before the lock file is made: a folder of other files is left as it was
     with open(os.path.join(store, LOCK), "a") as fh:
@@ -390,12 +390,12 @@ def open_store(store: str, identity: dict[str, Any], *,
     A folder holding anything but a store's own files is refused; a store of another capture (its identity blocks
     differ) is refused unless `force`, which removes the store's own files (never anything else). Shards past the
     first torn one, and files the manifest does not list, are removed: they are captured again."""
-    from eaglekit.io.writer import check_parent
+    from eaglekit.io.outputs import Role, check_parent
 
     if os.path.lexists(store) and not os.path.isdir(store):
         raise UsageError("the store path exists and is not a folder", store)
     if not os.path.isdir(store):
-        check_parent(store)
+        check_parent(Role("STORE", store))
         os.mkdir(store)
         return None, []
     _refuse_foreign(store)

@@ -23,7 +23,6 @@ from eaglekit.cli.output import (
     target_path,
     target_quantization_option,
 )
-from eaglekit.errors import UsageError
 from eaglekit.finetune.evaluate import DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
 
 if TYPE_CHECKING:
@@ -218,8 +217,10 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
 
     if plot == "auto":
         plot = out_dir.rstrip("/\\") + "-finetune.png"
-    if eval_limit < 1 or eval_max_new_tokens < 1 or k < 1:
-        raise UsageError("--eval-limit, --eval-max-new-tokens and -k must be at least 1")
+    evaluation = EvalOptions(prompts_file=eval_prompts, limit=eval_limit, max_new_tokens=eval_max_new_tokens, k=k,
+                             templates=_templates(eval_templates),
+                             context_tokens=int_list(eval_context_tokens, "--eval-context-tokens", "0,1024"))
+    evaluation.check()  # with --no-eval too: a bad setting is refused, not silently ignored
     opts = FinetuneOptions(
         target=target,
         data=DataOptions(data_file=data_file, limit=data_limit, generate=generate, context_tokens=context_tokens,
@@ -230,11 +231,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         train=TrainOptions(steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps,
                            depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed,
                            select_every=select_every),
-        eval=None if no_eval else EvalOptions(prompts_file=eval_prompts, limit=eval_limit,
-                                              max_new_tokens=eval_max_new_tokens, k=k,
-                                              templates=_templates(eval_templates),
-                                              context_tokens=int_list(eval_context_tokens, "--eval-context-tokens",
-                                                                      "0,1024")),
+        eval=None if no_eval else evaluation,
         device=device, target_dtype=target_dtype, target_quantization=target_quantization,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
         resume=resume, force=force, plot=plot, warm_start=warm_start, from_scratch=from_scratch,

@@ -150,7 +150,7 @@ def write_text_atomically(path: str, text: str) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
 
-    publish_file(path, write)
+    publish_file(path, write, replace=True)
 
 
 def public_json(doc: Any) -> Any:

@@ -77,6 +77,9 @@ class DataOptions:
             raise UsageError("--max-length must be at least 2")
         if self.limit is not None and self.limit < 1:
             raise UsageError("--data-limit must be at least 1")
+        if self.captured_ids is not None and not self.hidden_states:
+            raise UsageError("--captured-ids names the layers vLLM captured into --hidden-states: give --hidden-states "
+                             "too, or drop --captured-ids")
         if self.hidden_states and (self.data_file or self.generate or self.context_tokens or self.code_tokens
                                    or self.templates != ("chat",)):
             raise UsageError("--hidden-states brings its own sequences: it cannot be combined with --data, "
@@ -294,14 +297,12 @@ def _load_cached(path: str, digest: str) -> dict[str, Any] | None:
 
 def _save_cached(path: str, digest: str, data: dict[str, Any]) -> None:
     """Published atomically (io.writer.publish_file): a killed run leaves no file that looks complete."""
-    from safetensors.torch import save_file
+    from eaglekit.io.writer import publish_file, save_tensors, writing
 
-    from eaglekit.io.writer import publish_file
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    publish_file(path, lambda tmp: save_file({k: v.contiguous() for k, v in data.items()}, tmp,
-                                             metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest}),
-                 what="the captured data")
+    with writing("the captured data", path, folder=os.path.dirname(path)):
+        publish_file(path, lambda tmp: save_tensors({k: v.contiguous() for k, v in data.items()}, tmp,
+                                                    metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest}),
+                     replace=True, what="the captured data")  # content-addressed: any run's file is this one
 
 
 @dataclass

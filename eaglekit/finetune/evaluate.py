@@ -36,6 +36,17 @@ class EvalOptions:
     context_tokens: tuple[int, ...] = DEFAULT_CONTEXTS  # one setting per entry; 0 = the prompts as they are
     templates: tuple[str, ...] = DEFAULT_TEMPLATES  # verify's --template conditions
 
+    def check(self) -> None:
+        """Refuse, before any work, settings the evaluation after training would refuse."""
+        from eaglekit.errors import UsageError
+
+        if (self.limit is not None and self.limit < 1) or self.max_new_tokens < 1 or self.k < 1:
+            raise UsageError("--eval-limit, --eval-max-new-tokens and -k must be at least 1")
+        contexts = tuple(self.context_tokens)
+        if not contexts or any(c < 0 for c in contexts) or len(set(contexts)) != len(contexts):
+            raise UsageError(f"--eval-context-tokens {','.join(map(str, contexts))!r}: expected distinct "
+                             "non-negative integers such as 0,1024")
+
     def decode_options(self, device: str = "auto", dtype: str = "auto") -> VerifyOptions:
         """The compare run this evaluation is: its prompts, k, new tokens, templates and context settings, on
         `device` in `dtype` (the target's)."""

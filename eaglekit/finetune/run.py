@@ -116,15 +116,27 @@ def _refuse_clobber(spec: DraftSpec, destination: str, checkpoint_dir: str, opts
 
     writes = [Role(OUTPUT, destination), Role("--plot", opts.plot or ""),
               Role("--checkpoint-dir" if opts.checkpoint_dir else "--checkpoint-dir (default OUT.checkpoint)",
-                   checkpoint_dir)]
+                   checkpoint_dir, makes_parents=True)]
     if not opts.data.hidden_states and not opts.store:  # captured data is cached; states read elsewhere are not
         writes.append(Role("--cache-dir" if opts.data.cache_dir else "--cache-dir (default)",
-                           opts.data.cache_dir or default_cache_dir()))
+                           opts.data.cache_dir or default_cache_dir(), makes_parents=True))
     reads = [*read_roles("source", spec.path), *target_roles(opts.target),
              *read_roles("--hidden-states", opts.data.hidden_states), *read_roles("--data", opts.data.data_file),
              *read_roles("--store", opts.store),
              *read_roles("--eval-prompts", opts.eval.prompts_file if opts.eval else None)]
     refuse_clobber(writes, reads)
+
+
+def _check_evaluation(opts: FinetuneOptions, info: TargetInfo) -> None:
+    """What the held-out evaluation after training would refuse, refused before it: its settings, its prompts,
+    and its decode against the target's context."""
+    from eaglekit.verify.setup import refuse_context_past_target
+
+    if opts.eval is None or opts.data.hidden_states:  # --hidden-states: not evaluated
+        return
+    opts.eval.check()
+    held_out_prompts(opts.eval)
+    refuse_context_past_target(opts.eval.decode_options(), info.max_position_embeddings, "--eval-context-tokens")
 
 
 def _target_tensor(target_dir: str, names: tuple[str, ...]):
@@ -293,8 +305,14 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     if opts.store and opts.data != DataOptions(cache_dir=opts.data.cache_dir):
         raise UsageError("--store brings its own sequences: it cannot be combined with --data, --generate, "
                          "--context-tokens, --code-tokens, --templates or --hidden-states")
+    if opts.checkpoint_every < 0:
+        raise UsageError("--checkpoint-every must not be negative (0: only on Ctrl-C or SIGTERM)")
+    if train_opts.depth > opts.data.max_length:
+        raise UsageError(f"--depth {train_opts.depth} exceeds --max-length {opts.data.max_length}: deeper steps "
+                         "would have no labels")
     info = read_target(opts.target, decoder=not opts.store)  # a store needs only the target's head tensors
     spec = _source_spec(source, info)
+    _check_evaluation(opts, info)
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     _refuse_clobber(spec, destination, checkpoint_dir, opts)
     StagedDirectory(destination, force=opts.force).check()

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -32,8 +32,8 @@ from torch import nn
 
 from eaglekit.drafter.model import Drafter
 from eaglekit.drafter.unroll import unrolled_steps
-from eaglekit.errors import CheckpointError, TrainingInterrupted, UsageError
-from eaglekit.io.jsonfile import load_json_object
+from eaglekit.errors import CheckpointError, TrainingInterrupted, UsageError, quoted
+from eaglekit.io.jsonfile import finite, load_json_object
 
 IGNORE = -100
 CHECKPOINT_FORMAT = "1"
@@ -76,6 +76,14 @@ class TrainOptions:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise UsageError("--lr must be a positive number")
+        if not 0 < self.depth_decay <= 1:  # NaN fails too
+            raise UsageError(f"--depth-decay {self.depth_decay}: expected a number in (0, 1] (depth j's loss weight "
+                             "is decay^j)")
+        if self.depth_decay ** (self.depth - 1) < torch.finfo(torch.float32).tiny:
+            raise UsageError(f"--depth-decay {self.depth_decay} with --depth {self.depth}: the deepest step's loss "
+                             f"weight decay^{self.depth - 1} vanishes in float32; raise --depth-decay")
+        if not -(2**63) <= self.seed < 2**64:
+            raise UsageError(f"--seed {self.seed}: torch takes seeds from -2^63 to 2^64 - 1")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         unknown = sorted(set(self.freeze) - set(FREEZE_GROUPS))
@@ -396,67 +404,146 @@ def _state(path: str) -> dict[str, Any]:
 def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
                     history: list[StepRecord]) -> str:
     """step-N/ with trainable weights, AdamW moments and state.json; written aside, renamed, older ones removed."""
-    from safetensors.torch import save_file
+    from eaglekit.io.writer import save_tensors, writing
 
     assert ck.directory is not None
-    os.makedirs(ck.directory, exist_ok=True)
     final = os.path.join(ck.directory, f"step-{step:07d}")
     if os.path.lexists(final) and final not in ck.own():
         raise CheckpointError("not a checkpoint of this run (another run's, or not eaglekit's), so it is not "
                               "replaced: choose another --checkpoint-dir", final)
-    tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(final)}.partial-", dir=ck.directory)
-    try:
-        moments: dict[str, torch.Tensor] = {}
-        for name, p in params.items():
-            for key, value in optimizer.state.get(p, {}).items():
-                moments[f"{name}::{key}"] = value.detach().reshape(value.shape).to("cpu").contiguous()
-        save_file({n: p.detach().to("cpu").contiguous() for n, p in params.items()},
-                  os.path.join(tmp, "weights.safetensors"))
-        save_file(moments, os.path.join(tmp, "optimizer.safetensors"))
-        with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as fh:
-            json.dump({"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": ck.fingerprint,
-                       "history": [asdict(r) for r in history]}, fh, indent=1)
-        if os.path.lexists(final):
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with writing("the checkpoint", final, folder=ck.directory):
+        tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(final)}.partial-", dir=ck.directory)
+        try:
+            moments: dict[str, torch.Tensor] = {}
+            for name, p in params.items():
+                for key, value in optimizer.state.get(p, {}).items():
+                    moments[f"{name}::{key}"] = value.detach().reshape(value.shape).to("cpu").contiguous()
+            save_tensors({n: p.detach().to("cpu").contiguous() for n, p in params.items()},
+                         os.path.join(tmp, "weights.safetensors"))
+            save_tensors(moments, os.path.join(tmp, "optimizer.safetensors"))
+            with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as fh:
+                json.dump({"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": ck.fingerprint,
+                           "history": [asdict(r) for r in history]}, fh, indent=1)
+            if os.path.lexists(final):
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     for path in ck.own():
         if path != final:
             shutil.rmtree(path, ignore_errors=True)
     return final
 
 
-def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer
-                    ) -> tuple[int, list[StepRecord]]:
-    """Restore this run's newest checkpoint in place; (step, history). Another run's is never taken."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
+"""What AdamW keeps per parameter once it has stepped it (none before): a checkpoint's moments hold exactly these."""
 
+
+def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
+                    opts: TrainOptions) -> tuple[int, list[StepRecord]]:
+    """Restore this run's newest checkpoint in place; (step, history). Another run's is never taken, and everything
+    read is checked against this run before anything is restored (one CheckpointError naming the file otherwise):
+    the step and history in state.json, every weight's name, dtype, shape and values, every AdamW moment's."""
     found = ck.own()
     if not found:
         raise UsageError("--resume: every checkpoint in the folder belongs to another run (different source "
                          "draft, data or training options); rerun with the same ones or choose another --checkpoint-dir"
                          if ck.checkpoints() else "--resume: no checkpoint to resume from", ck.directory)
     path = found[-1]
-    state = _state(path)
-    try:
-        weights = load_file(os.path.join(path, "weights.safetensors"))
-        moments = load_file(os.path.join(path, "optimizer.safetensors"))
-    except (OSError, ValueError, SafetensorError) as exc:
-        raise CheckpointError(f"unreadable checkpoint ({exc})".splitlines()[0], path) from None
-    if set(weights) != set(params):
-        raise CheckpointError("checkpoint holds other tensors than this run trains", path)
+    state_path = os.path.join(path, "state.json")
+    state = load_json_object(state_path, "checkpoint state")
+    step = state.get("step")
+    if type(step) is not int or not 0 <= step <= opts.steps:
+        raise CheckpointError(f"step {quoted(step)} is not a step of this run (0 to --steps {opts.steps})",
+                              state_path)
+    history = _checked_history(state.get("history"), step, opts.depth, state_path)
+    weights = _checked_tensors(os.path.join(path, "weights.safetensors"),
+                               {name: (p.dtype, tuple(p.shape)) for name, p in params.items()})
+    moments_path = os.path.join(path, "optimizer.safetensors")
+    expected: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+    trained = {name.split("::", 1)[0] for name in _tensor_names(moments_path)}
+    for name, p in params.items():
+        if name in trained:  # a parameter AdamW never stepped has no state
+            expected |= {f"{name}::step": (torch.float32, ()), f"{name}::exp_avg": (p.dtype, tuple(p.shape)),
+                         f"{name}::exp_avg_sq": (p.dtype, tuple(p.shape))}
+    moments = _checked_tensors(moments_path, expected)
+    for key, value in moments.items():
+        if key.endswith("::exp_avg_sq") and bool((value < 0).any()):
+            raise CheckpointError(f"{key} has negative values (a second moment cannot)", moments_path)
+        if key.endswith("::step") and not (0 <= float(value) <= step and float(value).is_integer()):
+            raise CheckpointError(f"{key} is {float(value)}, not a step count up to {step}", moments_path)
     with torch.no_grad():
         for name, p in params.items():
             p.copy_(weights[name])
-            state_p = {key.split("::", 1)[1]: value.to(p.device) for key, value in moments.items()
-                       if key.split("::", 1)[0] == name}
-            if state_p:
-                optimizer.state[p] = state_p
-    history = [StepRecord(**r) for r in state.get("history", [])]
-    return int(state["step"]), history
+            if name in trained:
+                optimizer.state[p] = {key: moments[f"{name}::{key}"].to(p.device) for key in ADAM_STATE}
+    return step, history
+
+
+def _tensor_names(path: str) -> list[str]:
+    from eaglekit.io.header import read_header
+
+    return list(read_header(path).entries)
+
+
+def _checked_tensors(path: str, expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint file, each with exactly the name, dtype and shape `expected` gives and finite
+    values: the header is checked before any tensor is read, so a tampered file costs no memory."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from eaglekit.io.dtypes import torch_to_safetensors_dtype
+    from eaglekit.io.header import read_header
+
+    entries = read_header(path).entries
+    unknown, missing = sorted(set(entries) - set(expected)), sorted(set(expected) - set(entries))
+    if unknown or missing:
+        what = f"holds {quoted(unknown[0])}, which this run does not train" if unknown else \
+            f"lacks {quoted(missing[0])}"
+        raise CheckpointError(what, path)
+    for name, entry in entries.items():
+        dtype, shape = expected[name]
+        if entry.dtype != torch_to_safetensors_dtype(dtype) or tuple(entry.shape) != shape:
+            raise CheckpointError(f"{name} is {entry.dtype}{list(entry.shape)}, this run trains it as "
+                                  f"{torch_to_safetensors_dtype(dtype)}{list(shape)}", path)
+    try:
+        tensors = load_file(path)
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise CheckpointError(f"unreadable checkpoint ({exc})".splitlines()[0], path) from None
+    for name, value in tensors.items():
+        if not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{name} has values that are not finite", path)
+    return tensors
+
+
+HISTORY_FIELDS = tuple(f.name for f in fields(StepRecord))
+
+
+def _checked_history(history: Any, step: int, depth: int, path: str) -> list[StepRecord]:
+    """state.json's history: records of StepRecord's fields, at ascending steps up to `step`, finite numbers, one
+    accuracy in [0, 1] per depth."""
+    if not isinstance(history, list) or len(history) > step:
+        raise CheckpointError(f"history must be a list of at most {step} records", path)
+    records, last = [], 0
+    for i, r in enumerate(history):
+        problem = None
+        if not isinstance(r, dict) or set(r) != set(HISTORY_FIELDS):
+            problem = f"has other fields than {', '.join(HISTORY_FIELDS)}"
+        elif type(r["step"]) is not int or not last < r["step"] <= step:
+            problem = f"step {quoted(r['step'])} does not follow {last} up to {step}"
+        elif not all(finite(r[k]) for k in ("loss", "lr", "tokens_per_s", "seconds")):
+            problem = "loss, lr, tokens_per_s and seconds must be finite numbers"
+        elif not isinstance(r["accuracy"], list) or len(r["accuracy"]) != depth or \
+                not all(finite(a) and 0 <= a <= 1 for a in r["accuracy"]):
+            problem = f"accuracy must list {depth} rates in [0, 1], one per depth"
+        if problem:
+            raise CheckpointError(f"history record {i} {problem}", path)
+        last = r["step"]
+        records.append(StepRecord(step=r["step"], loss=float(r["loss"]), accuracy=[float(a) for a in r["accuracy"]],
+                                  lr=float(r["lr"]), tokens_per_s=float(r["tokens_per_s"]),
+                                  seconds=float(r["seconds"])))
+    return records
 
 
 # ------------------------------------------------------------------ the loop
@@ -538,7 +625,7 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     history: list[StepRecord] = []
     start, resumed_from = 0, None
     if resume:
-        start, history = load_checkpoint(checkpoints, params, optimizer)
+        start, history = load_checkpoint(checkpoints, params, optimizer, opts)
         resumed_from = start
         for _ in range(start):  # the batch order of the steps already done
             next(stream)

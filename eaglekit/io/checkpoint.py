@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from eaglekit.config_view import REPO_ID
 from eaglekit.errors import CheckpointError, UsageError, quoted
 from eaglekit.io.header import HeaderEntry, read_header
-from eaglekit.io.jsonfile import check_inside, load_json_object, within
+from eaglekit.io.jsonfile import check_inside, load_json_object, symlink_root, within
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
@@ -30,8 +30,10 @@ class CheckpointFiles:
     extra_files: list[str] = field(default_factory=list)
 
 
-def resolve_path(source: str, subfolder: str | None = None, revision: str | None = None) -> tuple[str, str]:
-    """Return (checkpoint dir, the dir symlinks may resolve into). Hub ids go through the local cache."""
+def resolve_path(source: str, subfolder: str | None = None,
+                 revision: str | None = None) -> tuple[str, str | None]:
+    """Return (checkpoint dir, the dir symlinks may resolve into: None for a folder the user named, which may link
+    anywhere). Hub ids go through the local cache, whose repositories' links must stay inside them."""
     if os.path.exists(source) or not REPO_ID.match(source):
         root = os.path.abspath(source)
         if not os.path.exists(root):
@@ -41,7 +43,7 @@ def resolve_path(source: str, subfolder: str | None = None, revision: str | None
                 root = os.path.dirname(root)
             else:
                 raise CheckpointError("expected a checkpoint directory, got a file", source)
-        allowed = root
+        allowed = symlink_root(root)
     else:
         root, allowed = _from_hub(source, revision)
     if subfolder:
@@ -206,10 +208,11 @@ def _read_pickles(root: str, config: dict, config_path: str, pickles: list[str],
     return CheckpointFiles(root, config, config_path, pickles, entries, {}, None, tensors, extra)
 
 
-def read_model_weights(root: str, allowed: str) -> dict[str, tuple[str, HeaderEntry]]:
+def read_model_weights(root: str, allowed: str | None) -> dict[str, tuple[str, HeaderEntry]]:
     """Every tensor's header entry of a model folder of any size (a target's, which may hold tens of thousands):
     the shards its index names (the index cross-checked against them both ways), or every *.safetensors file
-    without one. Each header is checked as a draft's is, truncation included; symlinks must stay in `allowed`."""
+    without one. Each header is checked as a draft's is, truncation included; symlinks must stay in `allowed`
+    (when not None)."""
     names = sorted(os.listdir(root))
     for name in names:
         if os.path.islink(os.path.join(root, name)):

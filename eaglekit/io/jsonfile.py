@@ -28,19 +28,28 @@ def within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def check_inside(path: str, allowed_root: str, display: str) -> None:
-    """Refuse a path that leaves `allowed_root`, as written or through a symlink; the message says which."""
+def check_inside(path: str, allowed_root: str | None, display: str) -> None:
+    """Refuse a path that leaves `allowed_root`, as written or through a symlink; the message says which. With no
+    root (a folder the user named: its links are the user's own, such as weights linked from shared storage) a
+    link may point anywhere, but must reach a regular file or a folder (not a device, a FIFO or nothing)."""
+    if allowed_root is None:
+        resolved = os.path.realpath(path)
+        if os.path.islink(path) and not (os.path.isfile(resolved) or os.path.isdir(resolved)):
+            kind = "nothing" if not os.path.lexists(resolved) else "a FIFO, socket or device"
+            raise CheckpointError(f"symlink points to {kind}, not a regular file or folder ({resolved})", display)
+        return
     if not within(os.path.normpath(os.path.abspath(path)), os.path.normpath(os.path.abspath(allowed_root))):
         raise CheckpointError("lies outside the checkpoint directory; refusing to read it", display)
     if not within(os.path.realpath(path), os.path.realpath(allowed_root)):
         raise CheckpointError("symlink points outside the checkpoint directory; refusing to follow it", display)
 
 
-def symlink_root(directory: str) -> str:
-    """Where a model folder's symlinks may point: a Hugging Face cache snapshot's whole repo folder (its files
-    link into blobs/), otherwise the folder itself."""
+def symlink_root(directory: str) -> str | None:
+    """Where a model folder's symlinks may point: inside a Hugging Face cache snapshot (a repository fetched from
+    the Hub, its files linking into blobs/), the whole repo folder and nowhere else; a folder the user named
+    anywhere (None)."""
     parent = os.path.dirname(os.path.abspath(directory))
-    return os.path.dirname(parent) if os.path.basename(parent) == "snapshots" else directory
+    return os.path.dirname(parent) if os.path.basename(parent) == "snapshots" else None
 
 
 def open_regular(path: str, what: str = "file"):

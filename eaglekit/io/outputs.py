@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
 
-from eaglekit.errors import UsageError
+from eaglekit.errors import OutputError, UsageError
 
 MAX_SCANNED_ENTRIES = 100_000  # a folder read is scanned for symbolic links (or weights) up to this many entries
 OUTPUT = "output"  # the role of a command's own output, which --force may replace
@@ -27,10 +27,12 @@ MODEL_CONFIG, MODEL_INDEX = "config.json", "model.safetensors.index.json"
 
 @dataclass(frozen=True)
 class Role:
-    """A path and what it is to the command ("source", "target", "--plot", "output", ...)."""
+    """A path and what it is to the command ("source", "target", "--plot", "output", ...). A written folder that
+    the command creates with its missing parents (a checkpoint or cache folder) `makes_parents`."""
 
     name: str
     path: str
+    makes_parents: bool = False
 
 
 def _resolved(path: str) -> str:
@@ -113,9 +115,25 @@ def _refuse_model_clobber(write: Role) -> None:
         folder = parent
 
 
+def check_parent(write: Role) -> None:
+    """Refuse, before any work, a written path whose folder is missing or is a file (usage error), or cannot be
+    written (exit 1): found after the work, it would cost the whole run. A folder the command creates with its
+    parents needs only its nearest existing ancestor to be a writable folder."""
+    parent = os.path.dirname(os.path.abspath(os.path.expanduser(write.path)))
+    while write.makes_parents and not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    what = "the output" if write.name == OUTPUT else write.name
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise UsageError(f"the parent of {what} is a file, not a folder", parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"the parent directory of {what} does not exist", parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"the parent directory of {what} is not writable", parent)
+
+
 def refuse_clobber(writes: Iterable[Role], reads: Iterable[Role]) -> None:
-    """Refuse (usage error, before any work) a written path that overlaps anything read or any other write, and a
-    side output that would land in a model folder or replace a model file."""
+    """Refuse (usage error, before any work) a written path that overlaps anything read or any other write, a side
+    output that would land in a model folder or replace a model file, and one whose folder cannot hold it."""
     written = [w for w in writes if w.path]
     read = [r for r in reads if r.path]
     for i, w in enumerate(written):
@@ -130,3 +148,5 @@ def refuse_clobber(writes: Iterable[Role], reads: Iterable[Role]) -> None:
     for w in written:
         if w.name != OUTPUT:
             _refuse_model_clobber(w)
+    for w in written:
+        check_parent(w)

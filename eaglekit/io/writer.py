@@ -7,6 +7,7 @@ bits. `StagedDirectory` makes a whole output directory appear at its final path 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -21,6 +22,7 @@ from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.dtypes import tensor_nbytes
 from eaglekit.io.header import MAX_HEADER_BYTES
+from eaglekit.io.outputs import OUTPUT, Role, check_parent
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per copy call: bounds progress granularity, not memory
 READ_CHUNK = 8 * 1024 * 1024  # buffer of the read/write fallback
@@ -244,15 +246,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def check_parent(destination: str) -> None:
-    """Refuse early (before any work) an output whose folder is missing or cannot be written."""
-    parent = os.path.dirname(os.path.abspath(destination))
-    if not os.path.isdir(parent):
-        raise UsageError("parent directory of the output does not exist", parent)
-    if not os.access(parent, os.W_OK):
-        raise OutputError("parent directory of the output is not writable", parent)
-
-
 def remove_stale(destination: str) -> None:
     """Leftovers of killed runs for `destination`, named by eaglekit's marks with the dead run's process id: staging
     folders and partial files go; a replaced output whose run died before the new one took its place is put back
@@ -275,25 +268,106 @@ def remove_stale(destination: str) -> None:
                 os.unlink(full)
 
 
-def publish_file(destination: str, write: Callable[[str], None], *, what: str = "the output") -> str:
-    """`write(tmp)` into a new file beside `destination`, fsync it, then rename it into place: no half-written file
+def _missing_folders(folder: str) -> list[str]:
+    """`folder` and those of its parents that do not exist yet, innermost first."""
+    missing = []
+    folder = os.path.abspath(folder)
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
+@contextlib.contextmanager
+def writing(what: str, path: str, *, folder: str | None = None) -> Iterator[None]:
+    """A write outside a StagedDirectory (files published aside, checkpoints, caches): a full, read-only or failing
+    disk (any OSError) is one OutputError line naming `path`, and `folder` (created here with its missing parents
+    when absent) is removed again when the write fails and leaves it empty, so a failure never leaves an empty
+    folder behind. Removing what the write itself left half done is the caller's part."""
+    created = _missing_folders(folder) if folder else []
+    try:
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+            yield
+        except OSError as exc:
+            raise OutputError(f"cannot write {what} ({exc.strerror or exc}); nothing was written", path) from None
+    except BaseException:
+        for made in created:
+            try:
+                os.rmdir(made)
+            except OSError:
+                break  # not empty (another run wrote into it) or already gone: left as it is
+        raise
+
+
+def save_tensors(tensors: dict, path: str, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file, with the I/O failures it reports as SafetensorError ("No space left on device (os
+    error 28)") raised as the OSError they are, so `writing` makes them one line."""
+    import re
+
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    try:
+        safetensors.torch.save_file(tensors, path, metadata=metadata)
+    except SafetensorError as exc:
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1)))) from None
+
+
+NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK)
+"""os.link's failures on file systems without hard links (some network and FUSE ones)."""
+
+
+def _place(tmp: str, destination: str, replace: bool) -> None:
+    """Give the finished `tmp` the name `destination`: replacing a file there atomically when `replace`, else only
+    if no file has the name (a hard link, which fails when one does), so of two runs publishing one path exactly
+    one wins and the other is one line."""
+    if replace:
+        os.replace(tmp, destination)
+        return
+    try:
+        os.link(tmp, destination)
+    except FileExistsError:
+        raise OutputError("exists: another run wrote it first; nothing was written (--force replaces it)",
+                          destination) from None
+    except OSError as exc:
+        if exc.errno not in NO_HARD_LINKS:
+            raise
+        if os.path.lexists(destination):  # no hard links here: the check and the rename are two steps
+            raise OutputError("exists: another run wrote it first; nothing was written (--force replaces it)",
+                              destination) from None
+        os.rename(tmp, destination)
+        return
+    os.unlink(tmp)
+
+
+def publish_file(destination: str, write: Callable[[str], None], *, replace: bool, what: str = "the output") -> str:
+    """`write(tmp)` into a new file beside `destination`, fsync it, then give it the name: no half-written file
     ever has the name, a failed or interrupted write leaves nothing behind, and a full or read-only disk is one
-    OutputError. The temporary name is created exclusively: no file is ever overwritten or removed but
-    `destination` itself and the leftovers of killed runs for it. Returns the absolute path."""
+    OutputError. An existing `destination` is replaced atomically only when `replace` (--force, or an output a
+    command always rewrites); otherwise a file that appeared there meanwhile (another run's) is never replaced.
+    The temporary name is created exclusively: no file is ever overwritten or removed but `destination` itself
+    (when replaced) and the leftovers of killed runs for it. Returns the absolute path."""
     destination = os.path.abspath(destination)
     parent, base = os.path.split(destination)
     tmp = os.path.join(parent, f".{base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}{os.path.splitext(base)[1]}")
     created = False
     try:
-        remove_stale(destination)
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        created = True
-        write(tmp)
-        _fsync_path(tmp)
-        os.replace(tmp, destination)
-        created = False
-    except OSError as exc:
-        raise OutputError(f"cannot write {what} ({exc.strerror or exc}); nothing was written", destination) from None
+        with writing(what, destination):
+            remove_stale(destination)
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            created = True
+            write(tmp)
+            _fsync_path(tmp)
+            _place(tmp, destination, replace)
+            created = False
     finally:
         if created and os.path.lexists(tmp):
             os.unlink(tmp)
@@ -324,7 +398,7 @@ class StagedDirectory:
             raise UsageError("output path exists and is a file or a symbolic link, not a directory", self.dst)
         if os.path.isdir(self.dst) and os.listdir(self.dst) and not self.force:
             raise UsageError("output directory exists and is not empty (pass --force to replace it)", self.dst)
-        check_parent(self.dst)
+        check_parent(Role(OUTPUT, self.dst))
 
     def __enter__(self) -> StagedDirectory:
         self.check()

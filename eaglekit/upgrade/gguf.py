@@ -26,7 +26,8 @@ import numpy as np
 from eaglekit.engines.llamacpp import ARCH
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf, write_gguf
-from eaglekit.io.writer import ByteRange, OutTensor, check_parent, iter_file_chunks, publish_file
+from eaglekit.io.outputs import OUTPUT, Role, check_parent
+from eaglekit.io.writer import ByteRange, OutTensor, iter_file_chunks, publish_file
 from eaglekit.provenance import hash_files, placeholders, source_files
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
@@ -215,7 +216,7 @@ def check_destination(destination: str, force: bool) -> None:
     problem = destination_problem(destination, force)
     if problem:
         raise UsageError(problem)
-    check_parent(destination)
+    check_parent(Role(OUTPUT, destination))
 
 
 def _target(job: OutputJob) -> TargetInfo:
@@ -248,7 +249,7 @@ def write(job: OutputJob) -> list[str]:
         write_gguf(tmp, ARCH, final.fields, final.tensors, job.progress)
         check_gguf(tmp, job.spec, job.d, _target(job))
 
-    publish_file(job.destination, write_file, what="the GGUF")
+    publish_file(job.destination, write_file, replace=job.opts.force, what="the GGUF")
     job.report.validated = True
     job.report.timings["write_s"] = time.perf_counter() - t
     return [os.path.basename(job.destination)]

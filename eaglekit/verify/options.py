@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from eaglekit.engines import VLLM_RUNNERS
@@ -82,6 +83,9 @@ class VerifyOptions:
             raise UsageError("--max-new-tokens must be at least 1")
         if self.limit is not None and self.limit < 1:
             raise UsageError("--limit must be at least 1")
+        if self.min_acceptance is not None and not math.isfinite(self.min_acceptance):
+            raise UsageError(f"--min-acceptance {self.min_acceptance}: expected a finite number (an acceptance "
+                             "length, at least 1)")
         conditions = self.conditions
         if not conditions:
             raise UsageError("--context-tokens and --template need at least one value each")

@@ -93,11 +93,11 @@ def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: Verify
     tokenizer only without `load_model`); refuse, before any decode, a draft that does not fit, an output that
     would overwrite an input, or a prompt with no room for `options.max_new_tokens` + `lookahead` tokens."""
     info = read_target(target)
+    refuse_context_past_target(options, info.max_position_embeddings)
     specs = [(name, load_draft(path, target=info)) for name, path in drafts]
     refuse_clobbered_inputs(options, [(name, spec.path) for name, spec in specs], target)
     checked = tuple(_checked(name, spec, info, options) for name, spec in specs)
     prompts = select_prompts(options)
-    new_tokens = options.max_new_tokens + lookahead
     if load_model:
         model = load_target(target, device=options.device, dtype=options.dtype,
                             quantization=options.target_quantization)
@@ -105,7 +105,6 @@ def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: Verify
         device, dtype, tokenizer = str(model.device), model.dtype, model.tokenizer
     else:
         model = None
-        refuse_context_past_target(options, info.max_position_embeddings, new_tokens)
         device = resolve_device(options.device)
         dtype = resolve_dtype(options.dtype, device)
         tokenizer = load_tokenizer(os.path.dirname(os.path.abspath(target_config_path(target))), info)
@@ -152,20 +151,24 @@ def select_prompts(options: VerifyOptions) -> PromptSet:
     return prompts
 
 
-def refuse_context_past_target(options: VerifyOptions, context: int | None, new_tokens: int) -> None:
-    """A --context-tokens setting that cannot fit the target's context with the decode is the option's fault, and is
-    said so (not blamed on the first prompt it is prepended to)."""
+def refuse_context_past_target(options: VerifyOptions, context: int | None, option: str = "--context-tokens") -> None:
+    """Options that cannot fit the target's context are the options' fault, and are said so before anything loads
+    (not blamed on the first prompt, nor found by a decode that runs on): the context prepended, the new tokens,
+    and the k drafts plus the bonus token its last round verifies past them. Every decode shares it (verify,
+    compare, bench, finetune's evaluation)."""
+    k, new_tokens = options.num_speculative_tokens, options.max_new_tokens
     for condition in options.conditions:
-        if context is not None and condition.context_tokens + new_tokens >= context:
-            raise UsageError(f"--context-tokens {condition.context_tokens:,} and {new_tokens:,} new tokens leave no "
-                             f"room for a prompt in the target's {context:,}-token context (max_position_embeddings)")
+        if context is not None and condition.context_tokens + new_tokens + k + 1 >= context:
+            raise UsageError(f"{option} {condition.context_tokens:,}, {new_tokens:,} new tokens and -k "
+                             f"{k:,} (the drafts of the last round and its bonus token) leave no room for a prompt in "
+                             f"the target's {context:,}-token context (max_position_embeddings)")
 
 
 def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options: VerifyOptions,
                                 lookahead: int = 0) -> None:
     """Every first turn, under every condition, must leave room for its decode in the target's context: checked
     before the first decode, so a long last prompt costs seconds, not the whole run."""
-    refuse_context_past_target(options, model.context, options.max_new_tokens + lookahead)
+    refuse_context_past_target(options, model.context)
     for condition in options.conditions:
         for index, first in enumerate(prompts.prompts):
             prompt = with_context(first, model.tokenizer, condition.context_tokens, index)

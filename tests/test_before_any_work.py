@@ -1,0 +1,95 @@
+"""Refusals that come before any work: every written path's folder, and every decode's options against the
+target's context. Each command's work is replaced by a failure, so a refusal found after it fails the test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.cli import run_cli
+from tests.factory import edit_config, make_draft, make_target_config
+
+# ------------------------------------------------------------------ every written path, checked before any work
+
+
+@pytest.fixture
+def pair(tmp_path):
+    return make_draft(str(tmp_path / "draft"), "vllm"), make_target_config(str(tmp_path / "target"))
+
+
+def no_work(monkeypatch):
+    """Every command's work fails the test if it starts: a refusal must come first."""
+    import eaglekit.bench.run
+    import eaglekit.finetune.run
+    import eaglekit.verify.run
+    import eaglekit.verify.setup
+
+    def work(*args, **kwargs):
+        pytest.fail("the work started before the written paths were checked")
+
+    for module, name in ((eaglekit.verify.setup, "load_target"), (eaglekit.verify.setup, "load_tokenizer"),
+                         (eaglekit.bench.run, "start_server"), (eaglekit.finetune.run, "build_data")):
+        monkeypatch.setattr(module, name, work)
+    for module, name in ((eaglekit.bench.run, "check_engine_available"), (eaglekit.bench.run, "check_client_available"),
+                         (eaglekit.verify.run, "check_engine_available")):  # an engine is there (probing is no work)
+        monkeypatch.setattr(module, name, lambda *args: "0.0.0")
+
+
+WRITES = {
+    "verify --save-report": lambda d, t, p: ["verify", d, "--target", t, "--save-report", p],
+    "verify --profile-out": lambda d, t, p: ["verify", d, "--target", t, "--profile-out", p],
+    "verify --plot": lambda d, t, p: ["verify", d, "--target", t, "--plot", p],
+    "compare --save-report": lambda d, t, p: ["compare", d, d, "--target", t, "--save-report", p],
+    "bench --save-report": lambda d, t, p: ["bench", d, "--target", t, "--save-report", p],
+    "bench --plot": lambda d, t, p: ["bench", d, "--target", t, "--plot", p],
+    "finetune --plot": lambda d, t, p: ["finetune", d, os.path.dirname(os.path.dirname(d)) + "/out", "--target", t,
+                                        "--plot", p],
+    "finetune OUT": lambda d, t, p: ["finetune", d, p, "--target", t],
+    "upgrade DST": lambda d, t, p: ["upgrade", d, p, "--target", t],
+    "push --card-out": lambda d, t, p: ["push", d, "--repo-id", "org/name", "--dry-run", "--card-out", p],
+}
+
+
+@pytest.mark.parametrize("problem", ["missing", "a file", "read-only"])
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_a_written_path_whose_folder_cannot_hold_it_is_refused_before_any_work(tmp_path, pair, monkeypatch, write,
+                                                                                problem):
+    folder = tmp_path / "reports"
+    if problem == "a file":
+        folder.write_text("not a folder")
+    elif problem == "read-only":  # as root, permission bits do not stop a write: the check asks os.access
+        folder.mkdir()
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: os.path.abspath(p) != str(folder)
+                            and real_access(p, mode, **kw))
+    no_work(monkeypatch)
+    path = str(folder / "x.json")
+    before = sorted(os.listdir(tmp_path))
+    result = run_cli(WRITES[write](*pair, path) + ["--format", "json"])
+    want = {"missing": "does not exist", "a file": "is a file, not a folder", "read-only": "is not writable"}[problem]
+    assert result.exit_code == (1 if problem == "read-only" else 2), result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {folder}: the parent") and want in lines[0], lines
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+# ------------------------------------------------------------------ decode options against the target's context
+
+
+@pytest.mark.parametrize("command", [
+    lambda d, t: ["verify", d, "--target", t],
+    lambda d, t: ["verify", d, "--target", t, "--engine", "vllm"],
+    lambda d, t: ["compare", d, d, "--target", t],
+    lambda d, t: ["bench", d, "--target", t, "--max-new-tokens", "64"],
+])
+def test_a_k_past_the_targets_context_is_one_line_before_any_decode(pair, monkeypatch, command):
+    """verify's -k is bounded as compare's is, by one shared check: a huge k is refused, not drafted."""
+    draft, target = pair
+    edit_config(target, lambda cfg: cfg.update(max_position_embeddings=4096))
+    no_work(monkeypatch)
+    result = run_cli(command(draft, target) + ["-k", "100000000"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("Error: --context-tokens 0, 64 new tokens and -k 100,000,000 (the drafts of the "
+                                     "last round and its bonus token) leave no room for a prompt in the target's "
+                                     "4,096-token context (max_position_embeddings)")
