@@ -472,6 +472,37 @@ def test_a_finetune_without_a_resolved_gain_is_not_written_and_keep_unresolved_w
         push(out, "org/worse", dry_run=True)
 
 
+@pytest.fixture(scope="module")
+def misdrafting(oracle, tmp_path_factory):
+    """The oracle draft with its fc negated: it drafts the wrong token every time (τ = 1), which training with a
+    working learning rate repairs and a learning rate too small to move it does not."""
+    from safetensors.torch import load_file, save_file
+
+    draft = str(tmp_path_factory.mktemp("misdrafting") / "draft")
+    shutil.copytree(oracle["draft"], draft)
+    tensors = load_file(os.path.join(draft, "model.safetensors"))
+    tensors["fc.weight"] = -tensors["fc.weight"]
+    save_file(tensors, os.path.join(draft, "model.safetensors"), metadata={"format": "pt"})
+    return draft
+
+
+@pytest.mark.parametrize("lr, gains", [(1e-2, True), (1e-6, False)])
+def test_only_a_resolved_gain_is_written(oracle, misdrafting, tmp_path, lr, gains):
+    out = str(tmp_path / "out")
+    result = run(["finetune", misdrafting, out, "--target", oracle["target"], "--data", oracle["data"],
+                  "--cache-dir", oracle["cache"], "--steps", "60", "--batch-tokens", "256", "--depth", "3",
+                  "--lr", str(lr), "--eval-limit", "6", "--eval-max-new-tokens", "16", "--eval-context-tokens", "0",
+                  "--eval-templates", "chat", "--no-progress", "--format", "json"])
+    if gains:
+        assert result.exit_code == 0, result.output
+        overall = json.loads(result.stdout)["evaluation"]["overall"]
+        assert overall["before"] == 1.0 and overall["after"] > 3.0 and overall["interval"]["low"] > 0
+        assert load_draft(out).config["eaglekit"]["written"] == "resolved gain"
+    else:
+        assert result.exit_code == 1 and "no gain found, nothing was written" in result.stderr
+        assert "held-out τ 1.000 → 1.000" in result.stderr and not os.path.exists(out)
+
+
 def test_from_scratch_reinitialises_what_it_trains_and_keeps_the_vocabulary_map(env, tmp_path):
     out = str(tmp_path / "out")
     draft = make_draft(str(tmp_path / "src"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=512, aux_ids=(1, 2, 4),
