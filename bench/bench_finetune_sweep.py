@@ -58,6 +58,7 @@ def main(argv=None) -> None:
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     work = args.work or tempfile.mkdtemp(prefix="bench-finetune-sweep-")
+    os.makedirs(work, exist_ok=True)
     source = os.path.join(work, "eagle3")
     upgrade(EAGLE3, source, UpgradeOptions(target=target, fc_norm=False, norm_output=False, force=True))
     start = os.path.join(work, "upgraded")
