@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import jsonschema
 import pytest
@@ -18,7 +19,7 @@ from tests.cli import run_cli  # noqa: E402
 from tests.test_engine_vllm import DRAFTERS, REPO, VLLM_PYTHON  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.engine, pytest.mark.slow,
               pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")]
 SCHEMA = json.loads((REPO / "eaglekit" / "schemas" / "bench-report.schema.json").read_text())
 
@@ -86,8 +87,9 @@ def test_an_engine_that_rejects_its_settings_is_reported_by_the_root_cause(upgra
     result = run_cli(["bench", upgraded, "--target", smollm2_path(), "--concurrency", "1", "--limit", "1",
                       "--max-new-tokens", "8", "--engine-arg", "max_model_len=1000000"])
     assert result.exit_code == 1
-    line = result.stderr.strip()
-    assert "\n" not in line and line.startswith("Error: vLLM server (target alone) failed: ")
+    *progress, line = result.stderr.strip().splitlines()  # a log gets timestamped progress lines, then the error
+    assert all(re.match(r"\[\d\d:\d\d:\d\d\] bench: ", p) for p in progress)
+    assert line.startswith("Error: vLLM server (target alone) failed: ")
     assert "max_model_len" in line and "See root cause above" not in line
 
 

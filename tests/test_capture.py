@@ -88,6 +88,8 @@ sys.path.insert(0, {REPO!r})
 from tests.test_capture import options
 from eaglekit.capture.run import capture_store
 
+pytestmark = pytest.mark.model
+
 def on_stage(what, done, total):
     manifest = os.path.join({store!r}, "manifest.json")
     if os.path.isfile(manifest) and len(json.load(open(manifest))["shards"]) >= 2:

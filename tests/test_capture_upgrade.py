@@ -21,6 +21,8 @@ from tests.capture_fixtures import make_target_with_tokenizer  # noqa: E402
 from tests.cli import run_cli  # noqa: E402
 from tests.factory import make_draft  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 AUX = (1, 2, 3)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -25,6 +25,8 @@ from eaglekit.errors import EngineError, UsageError  # noqa: E402
 from tests.factory import make_target_config  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
+pytestmark = pytest.mark.engine
+
 REPO = Path(__file__).resolve().parents[1]
 DRAFTER = REPO / "examples" / "drafters" / "smollm2-135m-eagle3"
 CALIBRATION = REPO / "eaglekit" / "data" / "calibration.txt"

@@ -15,7 +15,7 @@ from eaglekit.rules import all_rules, run_rules
 from eaglekit.rules.expected import tensor_expectations
 from eaglekit.upgrade import UpgradeOptions, upgrade
 from eaglekit.upgrade.dialects import NAMES, get_dialect
-from tests.factory import make_draft
+from tests.factory import make_draft, make_target_config
 
 gguf = pytest.importorskip("gguf")
 from eaglekit.io.gguf import read_gguf  # noqa: E402
@@ -165,6 +165,7 @@ def _assert_round_trip(source, out: str, dialect: str) -> None:
 def test_each_dialects_names_read_back_as_the_canonical_names(tmp_path, dialect):
     source = load_draft(_draft(str(tmp_path / "d"), {}))
     out = str(tmp_path / dialect)
-    upgrade(source.path, out, UpgradeOptions(to=dialect, fc_norm=False, norm_output=False))
+    target = make_target_config(str(tmp_path / "target"))  # speculators names the verifier it loads from
+    upgrade(source.path, out, UpgradeOptions(to=dialect, fc_norm=False, norm_output=False, target=target))
     assert set(load_draft(out).tensors) == set(source.tensors)
     assert os.listdir(out)

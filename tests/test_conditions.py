@@ -25,6 +25,8 @@ from tests.factory import make_draft  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "eaglekit", "schemas")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRAFTERS = os.path.join(REPO, "examples", "drafters")

@@ -18,6 +18,8 @@ from tests.factory import make_draft  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 VOCAB = 49152  # SmolLM2's tokenizer
 FAST = {"limit": 2, "max_new_tokens": 8, "device": "cpu", "dtype": "float32"}
 

@@ -580,6 +580,7 @@ def test_bf16_drafter_tracks_fp32(tmp_path):
         assert_close(g["draft_logits"], w["draft_logits"], "bf16 draft logits", rel=5e-2)
 
 
+@pytest.mark.triton
 @pytest.mark.parametrize("attention", ["llama", "qwen3", "mla"])
 def test_triton_kernel_path_matches_torch_path(tmp_path, monkeypatch, attention):
     """The fused Triton kernels (interpreted on CPU here) slot into the step with the torch path's numerics."""

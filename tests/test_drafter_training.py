@@ -15,6 +15,8 @@ from eaglekit.families import load_draft
 from tests.factory import Recipe, canonical_tensors, make_draft
 from tests.test_drafter import TINY, assert_close, plain_for, run_drafter, scenario
 
+pytestmark = pytest.mark.model
+
 DIRECT = ("fc.weight", "fc_norm.0.weight", "fc_norm.1.weight", "layers.0.hidden_norm.weight",
           "layers.0.input_layernorm.weight", "layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight",
           "layers.1.input_layernorm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight")

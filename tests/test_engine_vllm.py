@@ -33,7 +33,7 @@ def _vllm_python() -> str | None:
 
 
 VLLM_PYTHON = _vllm_python()
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.engine, pytest.mark.slow,
               pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")]
 
 

@@ -27,6 +27,8 @@ from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 from tests.test_verify_cli import run  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "finetune-report.schema.json")))
 VOCAB = 49152  # SmolLM2's tokenizer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -420,7 +422,7 @@ def test_the_replayed_decode_counts_rounds_as_a_chain_decode_does(oracle):
     from eaglekit.drafter.model import Drafter
     from eaglekit.finetune.data import build_data
     from eaglekit.finetune.replay import greedy_runs, replay_tau, rounds_accepted
-    from eaglekit.finetune.train import draft_label_map
+    from eaglekit.finetune.batches import draft_label_map
     from eaglekit.target_model import load_target
 
     assert greedy_runs([5, 1, 2, 3, 9, 4], [1, 2, 3, 7, 4, 0]) == [(0, 2), (4, 4)]

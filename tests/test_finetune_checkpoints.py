@@ -14,6 +14,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from eaglekit.errors import CheckpointError  # noqa: E402
 from eaglekit.finetune.train import Checkpoints, TrainOptions, load_checkpoint, save_checkpoint  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 OPTS = TrainOptions(steps=10, depth=2)
 
 

@@ -10,6 +10,8 @@ from safetensors.torch import save_file  # noqa: E402
 from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
 from eaglekit.finetune.hidden_states import IGNORE_INDEX, read_captured_states  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 CAPTURED = [18, 2, 33, 36]  # as given to vLLM, unsorted: the file's slots follow ascending id order
 SLOTS = sorted(CAPTURED)
 HIDDEN = 16

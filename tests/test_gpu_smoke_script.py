@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.triton
+
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 

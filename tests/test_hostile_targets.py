@@ -31,6 +31,8 @@ from tests.factory import (edit_config, make_draft, make_target_config, rewrite_
 from tests.test_hostile_input import bounded, clean, refused  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 HIDDEN, VOCAB, HEADS, KV_HEADS, INTERMEDIATE = 64, 256, 4, 2, 128
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

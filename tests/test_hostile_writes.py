@@ -38,6 +38,8 @@ from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 from tests.test_upgrade_gguf import tiny_target_gguf  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 LOADS = 120  # a command that loads a target or decodes (the first one in a process also imports torch)
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 VOCAB = 49152  # SmolLM2's tokenizer

@@ -22,6 +22,8 @@ from eaglekit.drafter.kernels import torch_ops, triton_ops  # noqa: E402
 from eaglekit.drafter.kernels.ulps import ulp_distance  # noqa: E402
 from eaglekit.errors import UsageError  # noqa: E402
 
+pytestmark = pytest.mark.triton
+
 if not triton_ops.INTERPRETED and not torch.cuda.is_available():
     pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 

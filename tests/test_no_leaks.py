@@ -33,6 +33,8 @@ from tests.factory import make_draft  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 PLANTED = "hf_" + "Q9w8E7r6T5y4U3i2O1p0A9s8D7f6G5h4J3"  # the environment's token
 SAVED = "hf_" + "Zx9Cv8Bn7Mm6Ll5Kk4Jj3Hh2Gg1Ff0Dd9Ss"  # the saved login's
 VOCAB = 49152  # SmolLM2's tokenizer

@@ -23,6 +23,8 @@ from eaglekit.quantization import (  # noqa: E402
 )
 from tests.cli import run_cli  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRAFTERS = os.path.join(REPO, "examples", "drafters")
 

@@ -12,6 +12,8 @@ import eaglekit.rules.registry as registry
 from tests.cli import run_cli
 from tests.factory import make_draft, make_target_config
 
+pytestmark = pytest.mark.model
+
 ALWAYS = "EK101"  # an engine-neutral structure rule: every rules run evaluates it
 
 

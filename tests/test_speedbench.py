@@ -257,6 +257,8 @@ from tests.factory import make_draft  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 VOCAB = 49152
 FAST = ["--max-new-tokens", "6", "--no-progress"]
 

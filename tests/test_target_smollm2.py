@@ -18,6 +18,8 @@ pytest.importorskip("gguf")
 from examples.smollm2 import is_materialized, materialize_smollm2  # noqa: E402
 from eaglekit.target_model import load_target  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 CACHE_DIR = Path(__file__).resolve().parents[1] / ".cache" / "smollm2"
 
 

@@ -14,6 +14,8 @@ from eaglekit.upgrade.calibrate import FcNormFit, apply_fc_norm, fc_fidelity, rm
 from eaglekit.upgrade.encode import round_to
 from tests.factory import make_draft
 
+pytestmark = pytest.mark.model
+
 torch = pytest.importorskip("torch")
 
 

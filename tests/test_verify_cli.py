@@ -19,6 +19,8 @@ from tests.factory import make_draft, make_target_config  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "verify-report.schema.json")))
 VOCAB = 49152  # SmolLM2's tokenizer
 

@@ -15,6 +15,8 @@ from tests.factory import make_draft  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 VOCAB = 49152
 LAYERS = 8  # vLLM's default ids (2, L//2, L-3) = (2, 4, 5) are distinct and differ from the drafts' (1, 2, 3)
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "eaglekit", "schemas",

@@ -26,6 +26,8 @@ from eaglekit.verify.prompts import bundled_prompts, encode  # noqa: E402
 from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
 from tests.test_target_smollm2 import smollm2, smollm2_dir  # noqa: E402,F401
 
+pytestmark = pytest.mark.model
+
 DRAFTERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "drafters")
 EAGLE3 = os.path.join(DRAFTERS, "smollm2-135m-eagle3")
 EAGLE31 = os.path.join(DRAFTERS, "smollm2-135m-eagle3.1")

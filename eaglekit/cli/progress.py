@@ -13,8 +13,9 @@ import click
 from eaglekit.cli.output import err
 
 LOG_EVERY_S = 10.0
-"""A log line at most this often within one stage (a new stage and its last item always print), and none in a
-command's first LOG_EVERY_S: a refusal before the work stays the one line on stderr."""
+"""A log line at most this often within one stage (a new stage and its last item always print)."""
+QUIET_START_S = 10.0
+"""No log line in a command's first seconds: a refusal before the work stays the one line on stderr."""
 
 
 def _clock(seconds: float) -> str:
@@ -65,14 +66,14 @@ class StageProgress:
             self.bar.__exit__(*exc)
 
     def _beat(self) -> None:
-        while not self.done.wait(LOG_EVERY_S):
+        while not self.done.wait(max(LOG_EVERY_S, 1.0)):
             if self.stage is not None and time.monotonic() - self.last_line >= LOG_EVERY_S:
                 self.log(f"{self.stage}{self.counted} ({_clock(time.monotonic() - self.stage_started)} in this step)")
 
     def log(self, text: str, force: bool = False) -> None:
         """A timestamped line in a log (throttled unless `force`); nothing on a terminal, where the bar shows it."""
         now = time.monotonic()
-        if now - self.started < LOG_EVERY_S:
+        if now - self.started < QUIET_START_S:
             return
         if self.enabled and not self.tty and (force or now - self.last_line >= LOG_EVERY_S):
             click.echo(f"[{time.strftime('%H:%M:%S')}] {self.command}: {text}", err=True)

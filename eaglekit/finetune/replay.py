@@ -57,7 +57,7 @@ def rounds_accepted(hits: torch.Tensor, runs: list[tuple[int, int]], k: int) -> 
 def replay_tau(drafter, data, k: int, batch_tokens: int, to_draft: torch.Tensor) -> ReplayScore | None:
     """Chain-k decode τ of `drafter` replayed on `data`'s greedy stretches (fp32, no gradients); None when the
     data holds no stretch of the target's own greedy text k + 1 tokens long (text without `--generate`)."""
-    from eaglekit.finetune.train import make_batch
+    from eaglekit.finetune.batches import make_batch
 
     device = drafter.norm.weight.device
     offsets = data.offsets.tolist()

@@ -132,7 +132,7 @@ def _check_evaluation(opts: FinetuneOptions, info: TargetInfo) -> None:
     and its decode against the target's context."""
     from eaglekit.verify.setup import refuse_context_past_target
 
-    if opts.eval is None or opts.data.hidden_states:  # --hidden-states: not evaluated
+    if opts.eval is None or opts.data.hidden_states or opts.store:  # states read from elsewhere: not evaluated
         return
     opts.eval.check()
     held_out_prompts(opts.eval)
