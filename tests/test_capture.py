@@ -24,6 +24,8 @@ from eaglekit.target_model import load_target  # noqa: E402
 from tests.capture_fixtures import make_target_with_tokenizer, write_prompts  # noqa: E402
 from tests.cli import run_cli  # noqa: E402
 
+pytestmark = pytest.mark.model
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = json.load(open(os.path.join(REPO, "eaglekit", "schemas", "capture-report.schema.json")))
 AUX = (1, 2)
@@ -87,8 +89,6 @@ import json, os, signal, sys
 sys.path.insert(0, {REPO!r})
 from tests.test_capture import options
 from eaglekit.capture.run import capture_store
-
-pytestmark = pytest.mark.model
 
 def on_stage(what, done, total):
     manifest = os.path.join({store!r}, "manifest.json")

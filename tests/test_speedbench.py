@@ -16,6 +16,8 @@ from eaglekit.verify.speedbench import SENTINEL
 from eaglekit.verify.stats import paired_difference, tau_interval
 from tests.cli import run_cli
 
+pytestmark = pytest.mark.model
+
 SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "eaglekit", "schemas")
 
 
@@ -257,7 +259,6 @@ from tests.factory import make_draft  # noqa: E402
 from tests.test_target import make_tiny_target  # noqa: E402
 from tests.test_target_smollm2 import smollm2_path  # noqa: E402
 
-pytestmark = pytest.mark.model
 
 VOCAB = 49152
 FAST = ["--max-new-tokens", "6", "--no-progress"]
