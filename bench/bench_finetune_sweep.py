@@ -42,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--templates", default="chat,system,raw")
     p.add_argument("--context-tokens", default="0,1024")
     p.add_argument("-k", type=int, default=3)
-    p.add_argument("--work", help="folder for the drafts (default: a temporary one)")
+    p.add_argument("--work", help="folder for the drafts (default: a temporary one; drafts already there are reused)")
     return p.parse_args(argv)
 
 
@@ -60,15 +60,19 @@ def main(argv=None) -> None:
     work = args.work or tempfile.mkdtemp(prefix="bench-finetune-sweep-")
     os.makedirs(work, exist_ok=True)
     source = os.path.join(work, "eagle3")
-    upgrade(EAGLE3, source, UpgradeOptions(target=target, fc_norm=False, norm_output=False, force=True))
     start = os.path.join(work, "upgraded")
-    upgrade(EAGLE3, start, UpgradeOptions(target=target, force=True))
+    if not os.path.isfile(os.path.join(start, "config.json")):
+        upgrade(EAGLE3, source, UpgradeOptions(target=target, fc_norm=False, norm_output=False, force=True))
+        upgrade(EAGLE3, start, UpgradeOptions(target=target, force=True))
     seeds = [int(s) for s in args.seeds.split(",")]
     drafts: dict[str, list[str]] = {}
     for name in args.recipes.split(","):
         data, train = RECIPES[name]
         for seed in seeds:
             out = os.path.join(work, f"{name}-{seed}")
+            if os.path.isfile(os.path.join(out, "config.json")):  # a --work folder of an earlier run: kept
+                drafts.setdefault(name, []).append(out)
+                continue
             finetune(start, out, FinetuneOptions(
                 target=target, eval=None, force=True, data=DataOptions(limit=args.data_limit, **data),
                 train=TrainOptions(seed=seed, **train)))
