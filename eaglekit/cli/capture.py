@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from eaglekit.cli.finetune import _Progress
 from eaglekit.cli.output import (
     aux_ids,
     emit_json,
@@ -18,6 +15,7 @@ from eaglekit.cli.output import (
     target_path,
     target_quantization_option,
 )
+from eaglekit.cli.progress import StageProgress
 from eaglekit.errors import UsageError
 
 EXAMPLES = """
@@ -111,7 +109,7 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
         store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force,
         calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens,
         import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"))
-    with _Progress(not no_progress, sys.stderr.isatty(), 0) as progress:
+    with StageProgress("capture", not no_progress) as progress:
         report = capture_store(store, opts, on_stage=progress.on_stage)
     doc = report.to_dict()
     if output_format == "json":

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-import time
 from typing import TYPE_CHECKING
 
 import click
@@ -12,7 +10,6 @@ import click
 from eaglekit.cli.output import (
     aux_ids,
     emit_json,
-    err,
     findings_table,
     format_option,
     int_list,
@@ -23,10 +20,11 @@ from eaglekit.cli.output import (
     target_path,
     target_quantization_option,
 )
+from eaglekit.cli.progress import TrainingProgress
 from eaglekit.finetune.evaluate import DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
 
 if TYPE_CHECKING:
-    from rich.progress import Progress, TaskID
+    pass
 
 EXAMPLES = """
 \b
@@ -47,67 +45,6 @@ def _templates(text: str) -> tuple[str, ...]:
 
 def _freeze(text: str) -> tuple[str, ...]:
     return () if text.strip() == "none" else tuple(v for v in text.replace(" ", "").split(",") if v)
-
-
-class _Progress:
-    """A rich bar on a terminal (stage, loss, accuracy, tokens/s, ETA); timestamped log lines otherwise."""
-
-    def __init__(self, enabled: bool, tty: bool, steps: int):
-        self.enabled, self.tty, self.steps = enabled, tty, steps
-        self.bar: Progress | None = None
-        self.task: TaskID | None = None
-        self.stage: str | None = None
-        self.last_line = 0.0
-
-    def __enter__(self):
-        if self.enabled and self.tty:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=err,
-                                transient=True)
-            self.bar.__enter__()
-            self.task = self.bar.add_task("loading the target", total=None)
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-    def _log(self, text: str, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self.last_line >= 10:
-            click.echo(f"[{time.strftime('%H:%M:%S')}] {text}", err=True)
-            self.last_line = now
-
-    def on_stage(self, what: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None and self.task is not None:
-            self.bar.update(self.task, description=what, completed=done, total=total or None)
-        else:
-            self._log(f"{what}: {done}/{total}", force=what != self.stage or done == total)
-        self.stage = what
-
-    def on_step(self, done: int, record, live: dict) -> None:
-        if not self.enabled:
-            return
-        text = (f"training: loss {live['loss']:.3f}, depth-0 top-1 {live['accuracy']:.1%}, "
-                f"{live['tokens_per_s']:.0f} tok/s")
-        if self.bar is not None and self.task is not None:
-            self.bar.update(self.task, description=text, completed=done, total=self.steps)
-        elif record is not None:
-            acc = " ".join(f"{a:.2f}" for a in record.accuracy)
-            self._log(f"step {done}/{self.steps}: loss {record.loss:.3f}, top-1 by depth {acc}, "
-                      f"{record.tokens_per_s:.0f} tok/s", force=True)
-        self.stage = "training"
 
 
 @click.command("finetune", epilog=EXAMPLES)
@@ -239,7 +176,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         max_resident_shards=max_resident_shards,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
-    with _Progress(not no_progress and main_rank, sys.stderr.isatty(), steps) as progress:
+    with TrainingProgress("finetune", not no_progress and main_rank, steps) as progress:
         report = finetune(draft, out_dir, opts, on_stage=progress.on_stage, on_step=progress.on_step)
     if report.rank:
         return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -24,6 +24,9 @@ def _clock(seconds: float) -> str:
         f"{seconds // 60}:{seconds % 60:02d}"
 
 
+P = TypeVar("P", bound="StageProgress")
+
+
 class StageProgress:
     """Reports `what: done/total` as it moves; the ETA comes from the stage's own pace so far."""
 
@@ -39,7 +42,7 @@ class StageProgress:
         self.done = threading.Event()
         self.heartbeat: threading.Thread | None = None
 
-    def __enter__(self) -> StageProgress:
+    def __enter__(self: P) -> P:
         if self.enabled and self.tty:
             from rich.progress import (
                 BarColumn,
@@ -96,6 +99,10 @@ class StageProgress:
         self.counted = f" {done}/{total}" if total else ""
         self.log(f"{what}{self.counted}{eta}", force=new or (bool(total) and done >= total))
 
+    def on_stage(self, what: str, done: int, total: int) -> None:
+        """The library's `on_stage(what, done, total)` callback."""
+        self.stage_update(what, done, total)
+
     def item(self, done: int, total: int, name: str) -> None:
         """`on_prompt(done, total, name)`: one item of a counted stage done."""
         if self.bar is not None and self.enabled:
@@ -106,3 +113,25 @@ class StageProgress:
     def text(self, what: str) -> None:
         """`on_stage(text)`: a stage without a count."""
         self.stage_update(what)
+
+
+class TrainingProgress(StageProgress):
+    """StageProgress that also shows each training step: loss, depth-0 top-1 and tokens/s on the bar, a line per
+    logged step in a log."""
+
+    def __init__(self, command: str, enabled: bool, steps: int):
+        super().__init__(command, enabled)
+        self.steps = steps
+
+    def on_step(self, done: int, record: Any, live: dict) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, total=self.steps,
+                            description=f"training: loss {live['loss']:.3f}, depth-0 top-1 {live['accuracy']:.1%}, "
+                                        f"{live['tokens_per_s']:.0f} tok/s")
+        elif record is not None:
+            accuracy = " ".join(f"{a:.2f}" for a in record.accuracy)
+            self.log(f"step {done}/{self.steps}: loss {record.loss:.3f}, top-1 by depth {accuracy}, "
+                     f"{record.tokens_per_s:.0f} tok/s", force=True)
+        self.stage = "training"

@@ -10,8 +10,9 @@ which removes the prompt-difficulty noise both share.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from eaglekit.verify.metrics import AcceptanceCounter
 
@@ -77,47 +78,45 @@ def tau_interval(counters: Sequence[AcceptanceCounter], groups: Sequence[str], *
     return _interval([_tau([cells[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)], level)
 
 
-def paired_ratio_interval(numerators: Sequence[float], denominators: Sequence[float], *, resamples: int = RESAMPLES,
-                          level: float = LEVEL, seed: int = SEED) -> Interval | None:
-    """Percentile bootstrap interval of mean(numerators) / mean(denominators), resampling pairs (one request
-    served both ways) together; None with fewer than two pairs."""
-    pairs = [(a, b) for a, b in zip(numerators, denominators)]
+def _pair_interval(pairs: list[tuple[Any, Any]], statistic: Callable[[list[tuple[Any, Any]]], float], method: str,
+                   resamples: int, level: float, seed: int) -> Interval | None:
+    """Percentile bootstrap interval of `statistic` over `pairs` resampled whole (both sides of a pair together);
+    None with fewer than two pairs or no finite resample."""
     if len(pairs) < 2:
         return None
     rng = random.Random(seed)
     n = len(pairs)
-    samples = []
-    for _ in range(resamples):
-        drawn = [pairs[rng.randrange(n)] for _ in range(n)]
-        below = sum(b for _, b in drawn)
-        samples.append(sum(a for a, _ in drawn) / below if below else float("nan"))
-    samples = [s for s in samples if s == s]
+    samples = [statistic([pairs[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)]
+    samples = [x for x in samples if x == x]
     if not samples:
         return None
     found = _interval(samples, level)
-    return Interval(found.low, found.high, level, "paired bootstrap over requests")
+    return Interval(found.low, found.high, level, method)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+def paired_ratio_interval(numerators: Sequence[float], denominators: Sequence[float], *, resamples: int = RESAMPLES,
+                          level: float = LEVEL, seed: int = SEED) -> Interval | None:
+    """Percentile bootstrap interval of mean(numerators) / mean(denominators), resampling pairs (one request
+    served both ways) together; None with fewer than two pairs."""
+    return _pair_interval(list(zip(numerators, denominators)),
+                          lambda drawn: _ratio(sum(a for a, _ in drawn), sum(b for _, b in drawn)),
+                          "paired bootstrap over requests", resamples, level, seed)
 
 
 def pooled_speed_ratio_interval(spec: Sequence[tuple[int, float]], plain: Sequence[tuple[int, float]], *,
                                 resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> Interval | None:
     """Bootstrap interval of the pooled speed ratio (Σ tokens / Σ seconds with the draft over the same without),
     resampling prompts, each timed both ways back to back; None with fewer than two prompts."""
-    pairs = [(a, b) for a, b in zip(spec, plain) if a[1] > 0 and b[1] > 0]
-    if len(pairs) < 2:
-        return None
-    rng = random.Random(seed)
-    n = len(pairs)
-    samples = []
-    for _ in range(resamples):
-        drawn = [pairs[rng.randrange(n)] for _ in range(n)]
-        spec_rate = sum(a[0] for a, _ in drawn) / sum(a[1] for a, _ in drawn)
-        plain_rate = sum(b[0] for _, b in drawn) / sum(b[1] for _, b in drawn)
-        samples.append(spec_rate / plain_rate if plain_rate else float("nan"))
-    samples = [x for x in samples if x == x]
-    if not samples:
-        return None
-    found = _interval(samples, level)
-    return Interval(found.low, found.high, level, "bootstrap over prompts, each timed with and without the draft")
+    def rate(side: list[tuple[int, float]]) -> float:
+        return _ratio(sum(t for t, _ in side), sum(s for _, s in side))
+
+    return _pair_interval([(a, b) for a, b in zip(spec, plain) if a[1] > 0 and b[1] > 0],
+                          lambda drawn: _ratio(rate([a for a, _ in drawn]), rate([b for _, b in drawn])),
+                          "bootstrap over prompts, each timed with and without the draft", resamples, level, seed)
 
 
 def paired_difference(a: Sequence[AcceptanceCounter], b: Sequence[AcceptanceCounter], groups: Sequence[str], *,
