@@ -182,12 +182,15 @@ def test_cli_report_is_schema_valid_with_held_out_evaluation_and_a_plot(env, tmp
     assert "without a resolved gain" in human.output
 
 
-def test_progress_lines_without_a_terminal(env, tmp_path):
+def test_progress_lines_without_a_terminal(env, tmp_path, monkeypatch):
+    import eaglekit.cli.progress
+
+    monkeypatch.setattr(eaglekit.cli.progress, "QUIET_START_S", 0.0)  # this run is shorter than the quiet start
     result = run(["finetune", env["draft"], str(tmp_path / "out"), "--target", env["target"], "--data", env["data"],
                   "--cache-dir", str(tmp_path / "cache"), "--steps", "4", "--batch-tokens", "256", "--no-eval",
                   "--format", "json"])
     assert result.exit_code == 0
-    assert "capturing target states: 16/16" in result.stderr and "step 4/4: loss" in result.stderr
+    assert "finetune: capturing target states 16/16" in result.stderr and "step 4/4: loss" in result.stderr
 
 
 def test_vllm_captured_hidden_states_train_without_loading_the_target(env, tmp_path):
