@@ -26,7 +26,6 @@ SECRET_WORDS = frozenset({"token", "key", "apikey", "secret", "password", "passw
 MIN_SECRET_CHARS = 4  # shorter values would redact ordinary words
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~/:@-])/[^\s'\"`,;()\[\]{}<>|*?]+")
 """An absolute POSIX path inside a text: starts at a `/` not preceded by a name, a URL's host or `//`."""
-_HUB_CACHE = re.compile(r"(?:^|/)models--([^/]+)--([^/]+)/snapshots/[^/]+(/.*)?$")
 
 _remembered: set[str] = set()
 
@@ -67,13 +66,14 @@ def public_path(value: Any) -> Any:
     """A path as a report or the Hub may name it: a Hub id as is, a Hugging Face cache snapshot by its Hub id, else
     the folder's name (a file: its folder's name and its own). Anything not a string is returned as it is."""
     from eaglekit.config_view import REPO_ID
+    from eaglekit.target import HUB_CACHE_SNAPSHOT
 
     if not isinstance(value, str) or not value:
         return value
     if REPO_ID.match(value) and not os.path.exists(value):
         return value
     path = os.path.normpath(value)
-    cached = _HUB_CACHE.search(path)
+    cached = HUB_CACHE_SNAPSHOT.search(path)
     if cached:
         org, name, rest = cached.groups()
         return f"{org}/{name}" + (rest or "")

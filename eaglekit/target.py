@@ -75,7 +75,8 @@ TARGET_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.
 """What a target needs from the Hub: configs, weights and tokenizer files (no pickles, no other formats)."""
 
 
-HUB_CACHE_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+/")
+HUB_CACHE_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+(/.*)?$")
+"""A path inside the Hugging Face cache: ORG, NAME and what follows the snapshot folder."""
 
 
 def hub_id(target: TargetInfo) -> str | None:

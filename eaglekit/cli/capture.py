@@ -68,7 +68,8 @@ Examples:
 @click.option("--engine-arg", "engine_arg", multiple=True, metavar="KEY=VALUE",
               help="--engine vllm: an engine argument (repeatable), e.g. max_model_len=8192.")
 @click.option("--engine-python", help="--engine vllm: the Python interpreter that has vLLM [default: "
-                                      "$EAGLEKIT_VLLM_PYTHON, else this one].")
+                                      "$EAGLEKIT_VLLM_PYTHON, else .vllm-env/bin/python of the working directory or "
+                                      "the eaglekit checkout, else this one].")
 @click.option("--shard-tokens", type=int, default=16384, show_default=True,
               help="Tokens per shard (whole records; a shard ends at the record that reaches this many).")
 @click.option("--store-dtype", type=click.Choice(["bfloat16", "float32", "fp8"]), default="bfloat16",
