@@ -207,7 +207,7 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
 def written_because(evaluation: Evaluation | None) -> str:
     """Why an output was written, for its report and provenance."""
     if evaluation is None:
-        return "not evaluated (--no-eval or --hidden-states): written unmeasured"
+        return "not evaluated (--no-eval, --hidden-states or --store): written unmeasured"
     return "resolved gain" if evaluation.gained else "without a resolved gain (--keep-unresolved)"
 
 
