@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 import eaglekit.target_model  # noqa: E402
 from eaglekit.capture.reader import read_training_store  # noqa: E402
 from eaglekit.capture.run import CaptureOptions, capture_store  # noqa: E402
+from eaglekit.capture.store import read_manifest  # noqa: E402
 from eaglekit.errors import UsageError  # noqa: E402
 from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
@@ -148,24 +149,37 @@ def test_cli_finetune_and_upgrade_from_a_store(env, tmp_path):
 
 
 def test_two_gloo_processes_train_from_a_store_as_one_process(env, tmp_path):
+    """Two ranks each reading only their own shards (index modulo 2) reach the weights and held-out scores of one
+    process holding the same window of shards (twice the resident shards), neither above its RSS + 10 %."""
     import json
     import subprocess
     import sys
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     common = [env["draft"], "--target", env["head_only"], "--store", env["stores"]["bfloat16"], "--steps", "3",
-              "--batch-tokens", "256", "--depth", "2", "--precision", "fp32", "--max-resident-shards", "1",
-              "--validation-fraction", "0", "--no-progress", "--format", "json"]
+              "--batch-tokens", "256", "--depth", "2", "--precision", "fp32", "--validation-fraction", "0.25",
+              "--select-every", "3", "--no-eval", "--no-progress", "--format", "json"]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": repo}
-    one = subprocess.run([sys.executable, "-m", "eaglekit", "finetune", common[0], str(tmp_path / "one"), *common[1:]],
-                         capture_output=True, text=True, env=environment, timeout=300)
+    one = subprocess.run([sys.executable, "-m", "eaglekit", "finetune", common[0], str(tmp_path / "one"), *common[1:],
+                          "--max-resident-shards", "2"], capture_output=True, text=True, env=environment, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                           "--master-addr", "127.0.0.1", "--master-port", "29531", "-m", "eaglekit", "finetune",
-                          common[0], str(tmp_path / "two"), *common[1:]],
+                          common[0], str(tmp_path / "two"), *common[1:], "--max-resident-shards", "1"],
                          capture_output=True, text=True, env=environment, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert json.loads(two.stdout)["training"]["world_size"] == 2
+    single, ranked = json.loads(one.stdout)["training"], json.loads(two.stdout)["training"]
+    assert ranked["world_size"] == 2
+    shards = len(read_manifest(env["stores"]["bfloat16"])["shards"])
+    assert shards >= 4
+    assert single["reading"]["shards_read"] == [list(range(shards))]
+    first, second = ranked["reading"]["shards_read"]
+    assert first == list(range(0, shards, 2)) and second == list(range(1, shards, 2))  # disjoint, all covered
+    assert max(ranked["reading"]["peak_rss_mb"]) <= 1.1 * single["reading"]["peak_rss_mb"][0]
+    for a, b in zip(single["validation"], ranked["validation"]):
+        assert a["step"] == b["step"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+        assert b["accuracy"] == pytest.approx(a["accuracy"], abs=1e-6)
     w1, w2 = (load_file(os.path.join(tmp_path, d, "model.safetensors")) for d in ("one", "two"))
     for name in w1:
         torch.testing.assert_close(w2[name].float(), w1[name].float(), rtol=0,

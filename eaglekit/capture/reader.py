@@ -34,6 +34,7 @@ class StoreRows:
         self.columns, self.hidden, self.max_resident = columns, hidden, max_resident
         self.rows = rows  # None: every row, in store order
         self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.read: set[int] = set()  # the shards this process has read (shared by every view)
         self.loads = 0  # shards read so far (a measure of re-reading)
 
     @property
@@ -50,6 +51,7 @@ class StoreRows:
             return self._cache[index]
         aux = st.read_shard(self.store, self.shards[index])["aux"][:, self.columns].reshape(-1, self.shape[1])
         self.loads += 1
+        self.read.add(index)
         self._cache[index] = aux
         while len(self._cache) > self.max_resident:
             self._cache.popitem(last=False)
@@ -58,13 +60,20 @@ class StoreRows:
     def store_rows(self, local: torch.Tensor) -> torch.Tensor:
         return local if self.rows is None else self.rows[local]
 
-    def window_of(self, local: torch.Tensor) -> torch.Tensor:
-        """The window (max_resident consecutive shards) holding each of these rows of the view: training draws a
-        batch from one window at a time, so each shard is read once per epoch."""
+    def shard_of(self, local: torch.Tensor) -> torch.Tensor:
+        """The shard holding each of these rows of the view."""
         import torch
 
-        shard = torch.searchsorted(self.starts, self.store_rows(local), right=True) - 1
-        return torch.div(shard, self.max_resident, rounding_mode="floor")
+        return torch.searchsorted(self.starts, self.store_rows(local), right=True) - 1
+
+    def window_of(self, local: torch.Tensor, readers: int = 1) -> torch.Tensor:
+        """The window holding each of these rows of the view: training draws a batch from one window at a time, so
+        each shard is read once per epoch. A window is `max_resident` consecutive shards per reader: with
+        `readers` torchrun ranks each owning the shards whose index is its rank modulo `readers`, every rank keeps
+        at most `max_resident` of its own shards resident."""
+        import torch
+
+        return torch.div(self.shard_of(local), self.max_resident * readers, rounding_mode="floor")
 
     def fetch(self, rows: torch.Tensor) -> torch.Tensor:
         """The store rows `rows` (int64 [n]), shard by shard in the order they are first needed."""
@@ -86,7 +95,7 @@ class StoreRows:
         if isinstance(key, torch.Tensor) and key.dtype == torch.long and key.dim() == 1:
             view = StoreRows(self.store, self.shards, self.starts, self.columns, self.hidden, self.max_resident,
                              key if self.rows is None else self.rows[key])
-            view._cache = self._cache
+            view._cache, view.read = self._cache, self.read
             return view
         raise TypeError(f"store rows cannot be indexed by {type(key).__name__}")
 

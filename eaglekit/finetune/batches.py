@@ -41,7 +41,7 @@ def batch_groups(offsets: torch.Tensor, batch_tokens: int, rng: random.Random,
             yield from grouped[w]
 
 
-def make_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor, *, mask_labels: bool = False):
+def make_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor):
     """(input ids [B, W+depth], draft-vocab labels [B, W+depth], aux [B, W, K*T] fp32, W), right-padded."""
     offsets, tokens, labels, aux = data.offsets, data.tokens, data.labels, data.aux
     lens = [int(offsets[i + 1] - offsets[i]) for i in seqs]
@@ -52,11 +52,17 @@ def make_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor, *,
     for row, (i, n) in enumerate(zip(seqs, lens)):
         lo = int(offsets[i])
         ids[row, :n] = tokens[lo : lo + n]
-        if not mask_labels:
-            target = labels[lo : lo + n]
-            lab[row, :n] = torch.where(target >= 0, to_draft[target.clamp_min(0)], IGNORE)
+        target = labels[lo : lo + n]
+        lab[row, :n] = torch.where(target >= 0, to_draft[target.clamp_min(0)], IGNORE)
         hid[row, :n] = aux[lo : lo + n].float()
     return ids, lab, hid, width
+
+
+def idle_batch(depth: int, aux_width: int):
+    """A one-row batch with no label, read from nowhere: a data-parallel rank none of whose data is in the global
+    batch still runs the step (DDP's gradient all-reduce needs every rank) and adds nothing to it."""
+    return (torch.zeros((1, 1 + depth), dtype=torch.long), torch.full((1, 1 + depth), IGNORE, dtype=torch.long),
+            torch.zeros((1, 1, aux_width), dtype=torch.float32), 1)
 
 
 def draft_label_map(drafter: Drafter) -> torch.Tensor:

@@ -54,9 +54,13 @@ def rounds_accepted(hits: torch.Tensor, runs: list[tuple[int, int]], k: int) -> 
     return accepted
 
 
-def replay_tau(drafter, data, k: int, batch_tokens: int, to_draft: torch.Tensor) -> ReplayScore | None:
+def replay_tau(drafter, data, k: int, batch_tokens: int, to_draft: torch.Tensor, *,
+               sequences: list[int] | None = None, pool=None) -> ReplayScore | None:
     """Chain-k decode τ of `drafter` replayed on `data`'s greedy stretches (fp32, no gradients); None when the
-    data holds no stretch of the target's own greedy text k + 1 tokens long (text without `--generate`)."""
+    data holds no stretch of the target's own greedy text k + 1 tokens long (text without `--generate`).
+
+    `sequences` replays only those sequences and `pool` sums the (accepted, rounds) counts over the processes
+    that replayed the rest (torchrun ranks each reading their own shards), so every rank gets the same τ."""
     from eaglekit.finetune.batches import make_batch
 
     device = drafter.norm.weight.device
@@ -65,9 +69,8 @@ def replay_tau(drafter, data, k: int, batch_tokens: int, to_draft: torch.Tensor)
     runs = {i: greedy_runs(tokens[offsets[i]:offsets[i + 1]], labels[offsets[i]:offsets[i + 1]])
             for i in range(len(offsets) - 1)}
     runs = {i: [(u, v) for u, v in r if v - u + 1 >= k] for i, r in runs.items()}
-    picked = sorted((i for i, r in runs.items() if r), key=lambda i: offsets[i + 1] - offsets[i])
-    if not picked:
-        return None
+    wanted = set(range(len(offsets) - 1)) if sequences is None else set(sequences)
+    picked = sorted((i for i, r in runs.items() if r and i in wanted), key=lambda i: offsets[i + 1] - offsets[i])
     accepted: list[int] = []
     was_training = drafter.training
     drafter.eval()
@@ -87,6 +90,9 @@ def replay_tau(drafter, data, k: int, batch_tokens: int, to_draft: torch.Tensor)
                 accepted += rounds_accepted(hits[row], runs[seq], k)
             batch, rows = [], 0
     drafter.train(was_training)
-    if not accepted:
+    totals = torch.tensor([float(sum(accepted)), float(len(accepted))], dtype=torch.float64)
+    if pool is not None:
+        totals = pool(totals)
+    if not totals[1]:
         return None
-    return ReplayScore(1.0 + sum(accepted) / len(accepted), len(accepted))
+    return ReplayScore(1.0 + float(totals[0] / totals[1]), int(totals[1]))

@@ -33,7 +33,7 @@ from torch import nn
 from eaglekit.drafter.model import Drafter
 from eaglekit.drafter.unroll import unrolled_steps
 from eaglekit.errors import CheckpointError, TrainingInterrupted, UsageError, quoted
-from eaglekit.finetune.batches import IGNORE, batch_groups, draft_label_map, label_counts, make_batch
+from eaglekit.finetune.batches import IGNORE, batch_groups, draft_label_map, idle_batch, label_counts, make_batch
 from eaglekit.io.jsonfile import finite, load_json_object
 
 CHECKPOINT_FORMAT = "1"
@@ -161,6 +161,7 @@ class TrainResult:
     validation: list[Validation] = field(default_factory=list)
     selected_step: int | None = None  # the step whose weights were kept (the best held-out score)
     selected_by: str | None = None  # "decode τ (k=K)" or "teacher-forced chain score"
+    reading: dict[str, list] | None = None  # from a store: the shards each rank read, and its peak RSS
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "resumed_from": self.resumed_from, "trained_tensors": list(self.trained),
@@ -168,7 +169,7 @@ class TrainResult:
                 "positions_seen": self.positions_seen, "label_coverage": round(self.label_coverage, 4),
                 "history": [asdict(r) for r in self.history],
                 "validation": [asdict(v) for v in self.validation], "selected_step": self.selected_step,
-                "selected_by": self.selected_by}
+                "selected_by": self.selected_by, "reading": self.reading}
 
 
 class UnrolledObjective(nn.Module):
@@ -197,16 +198,18 @@ class UnrolledObjective(nn.Module):
 
 
 def validate(drafter: Drafter, data, depth: int, depth_decay: float, batch_tokens: int, to_draft: torch.Tensor,
-             autocast) -> tuple[float, list[float]]:
+             autocast, *, sequences: list[int] | None = None, pool=None) -> tuple[float, list[float]]:
     """(loss, top-1 per depth) on every held-out sequence, teacher forced, without gradients; the same on every
-    rank (each scores the whole held-out part), so the ranks keep the same weights."""
+    rank, so the ranks keep the same weights: each scores the whole held-out part, or only `sequences` (those in
+    the shards it owns) with `pool` summing the counts over the ranks."""
     device = drafter.norm.weight.device
     objective = UnrolledObjective(drafter, depth, depth_decay)
     loss, hits, labelled = 0.0, torch.zeros(depth, dtype=torch.float64), torch.zeros(depth, dtype=torch.float64)
     lengths = (data.offsets[1:] - data.offsets[:-1]).tolist()
     window_of = getattr(data.aux, "window_of", None)  # streamed rows: a batch never spans two windows of shards
     windows = window_of(data.offsets[:-1]).tolist() if window_of is not None else [0] * len(lengths)
-    order = sorted(range(len(lengths)), key=lambda i: (windows[i], lengths[i]))
+    scored = range(len(lengths)) if sequences is None else sequences
+    order = sorted(scored, key=lambda i: (windows[i], lengths[i]))
     batches: list[list[int]] = []
     batch: list[int] = []
     rows = 0
@@ -219,7 +222,7 @@ def validate(drafter: Drafter, data, depth: int, depth_decay: float, batch_token
     was_training = drafter.training
     drafter.eval()
     with torch.no_grad(), autocast:
-        for seqs in batches:
+        for seqs in filter(None, batches):
             ids, labels, aux, width = make_batch(data, seqs, depth, to_draft)
             counts = label_counts(labels, depth, width).to(device)
             batch_loss, correct = objective(ids.to(device), labels.to(device), aux.to(device), counts)
@@ -228,6 +231,9 @@ def validate(drafter: Drafter, data, depth: int, depth_decay: float, batch_token
             hits += correct.double().cpu()
             labelled += counts.double().cpu()
     drafter.train(was_training)
+    if pool is not None:
+        summed = pool(torch.cat([torch.tensor([loss], dtype=torch.float64), hits, labelled]))
+        loss, hits, labelled = float(summed[0]), summed[1 : 1 + depth], summed[1 + depth :]
     return loss, [float(v) for v in hits / labelled.clamp_min(1)]
 
 
@@ -253,6 +259,34 @@ def init_distributed(device: torch.device) -> Ranks:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Ranks(dist.get_rank(), dist.get_world_size())
+
+
+def owned_sequences(data, ranks: Ranks) -> set[int] | None:
+    """The sequences this rank reads when the data streams from a store under torchrun: those in the shards it
+    owns (shard index modulo the world size), so no shard is read by two ranks; None where every rank holds every
+    row in memory."""
+    shard_of = getattr(data.aux, "shard_of", None)
+    if ranks.world == 1 or shard_of is None:
+        return None
+    owners = (shard_of(data.offsets[:-1]) % ranks.world).tolist()
+    return {i for i, owner in enumerate(owners) if owner == ranks.rank}
+
+
+def reading_per_rank(data, ranks: Ranks) -> dict[str, list] | None:
+    """Which shards each rank read and its peak RSS (MB): the measure that the ranks split a store's reading."""
+    import resource
+
+    read = getattr(data.aux, "read", None)
+    if read is None:
+        return None
+    mine = {"shards": sorted(read), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    every = [mine]
+    if ranks.world > 1:
+        import torch.distributed as dist
+
+        every = [{} for _ in range(ranks.world)]
+        dist.all_gather_object(every, mine)
+    return {"shards_read": [r["shards"] for r in every], "peak_rss_mb": [r["peak_rss_mb"] for r in every]}
 
 
 def _all_reduce(tensor: torch.Tensor, ranks: Ranks) -> torch.Tensor:
@@ -557,9 +591,10 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     if coverage == 0:
         raise CheckpointError("none of the target's greedy tokens in the data is in the draft vocabulary: this "
                               "draft was not made for this target (or its d2t is wrong)", drafter.config.source)
+    owned = owned_sequences(data, ranks)
     window_of = getattr(data.aux, "window_of", None)  # rows streamed from disk: batches stay among resident shards
     stream = batch_groups(data.offsets, opts.batch_tokens, rng,
-                          window_of(data.offsets[:-1]).tolist() if window_of is not None else None)
+                          window_of(data.offsets[:-1], ranks.world).tolist() if window_of is not None else None)
     history: list[StepRecord] = []
     start, resumed_from = 0, None
     if resume:
@@ -581,9 +616,11 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
             return
         from eaglekit.finetune.replay import replay_tau
 
+        mine = owned_sequences(validation, ranks)
+        pool = (lambda sums: _all_reduce(sums.to(device), ranks).cpu()) if mine is not None else None
         loss, accuracy = validate(drafter, validation, opts.depth, opts.depth_decay, opts.batch_tokens, to_draft,
-                                  autocast)
-        replayed = replay_tau(drafter, validation, select_k, opts.batch_tokens, to_draft)
+                                  autocast, sequences=mine, pool=pool)
+        replayed = replay_tau(drafter, validation, select_k, opts.batch_tokens, to_draft, sequences=mine, pool=pool)
         scores.append(Validation.of(at, loss, accuracy, replayed))
         if best is None or scores[-1].selection_score > max(v.selection_score for v in scores[:-1]):
             best = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
@@ -593,9 +630,9 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
         for step in range(start, opts.steps):
             t0 = time.perf_counter()
             group = next(stream)
-            share = group[ranks.rank :: ranks.world]
-            ids, labels, aux, width = make_batch(data, share or group[:1], opts.depth, to_draft,
-                                                 mask_labels=not share)
+            share = group[ranks.rank :: ranks.world] if owned is None else [i for i in group if i in owned]
+            ids, labels, aux, width = (make_batch(data, share, opts.depth, to_draft) if share
+                                       else idle_batch(opts.depth, data.aux.shape[1]))
             rows = sum(int(data.offsets[i + 1] - data.offsets[i]) for i in group)
             counts = _all_reduce(label_counts(labels, opts.depth, width).to(device), ranks)
             for g in optimizer.param_groups:
@@ -639,4 +676,5 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
                 p.copy_(best[name].to(p.device))
     return TrainResult(history=history, steps=done, resumed_from=resumed_from, trained=list(params),
                        world_size=ranks.world, seconds=time.perf_counter() - began, positions_seen=positions,
-                       label_coverage=coverage, validation=scores, selected_step=selected, selected_by=selected_by)
+                       label_coverage=coverage, validation=scores, selected_step=selected, selected_by=selected_by,
+                       reading=reading_per_rank(data, ranks))
