@@ -12,6 +12,7 @@ the captured ones only as far as every earlier draft was accepted, which is as f
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +56,7 @@ def rounds_accepted(hits: torch.Tensor, runs: list[tuple[int, int]], k: int) -> 
 
 
 def replay_tau(drafter, data, k: int, batch_tokens: int, to_draft: torch.Tensor, *,
-               sequences: list[int] | None = None, pool=None) -> ReplayScore | None:
+               sequences: Collection[int] | None = None, pool=None) -> ReplayScore | None:
     """Chain-k decode τ of `drafter` replayed on `data`'s greedy stretches (fp32, no gradients); None when the
     data holds no stretch of the target's own greedy text k + 1 tokens long (text without `--generate`).
 

@@ -22,7 +22,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -198,7 +198,7 @@ class UnrolledObjective(nn.Module):
 
 
 def validate(drafter: Drafter, data, depth: int, depth_decay: float, batch_tokens: int, to_draft: torch.Tensor,
-             autocast, *, sequences: list[int] | None = None, pool=None) -> tuple[float, list[float]]:
+             autocast, *, sequences: Collection[int] | None = None, pool=None) -> tuple[float, list[float]]:
     """(loss, top-1 per depth) on every held-out sequence, teacher forced, without gradients; the same on every
     rank, so the ranks keep the same weights: each scores the whole held-out part, or only `sequences` (those in
     the shards it owns) with `pool` summing the counts over the ranks."""
