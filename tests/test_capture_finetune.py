@@ -87,6 +87,45 @@ def test_finetune_from_a_store_never_loads_the_decoder_and_equals_the_in_memory_
         assert torch.equal(want[name], got[name]), name
 
 
+def test_soft_targets_are_the_targets_top_k_renormalised_over_the_draft_vocabulary(env):
+    from eaglekit.finetune.batches import IGNORE, make_batch, soft_batch
+
+    data = read_training_store(env["stores"]["float32"], read_target(env["target"]), AUX, soft_targets=8)
+    target = eaglekit.target_model.load_target(env["target"])
+    lo, hi = data.offsets[:2].tolist()
+    top = torch.softmax(target.forward(data.tokens[lo:hi][None], ()).logits[0].float(), -1).topk(8)
+    assert torch.equal(data.soft_ids[lo:hi], top.indices)
+    torch.testing.assert_close(data.soft_probs[lo:hi], top.values, rtol=1e-5, atol=1e-6)
+    labelled = data.labels >= 0
+    assert torch.equal(data.soft_ids[:, 0][labelled], data.labels[labelled])  # top-1 is the greedy label
+
+    to_draft = torch.arange(VOCAB)
+    to_draft[data.soft_ids[lo + 1, 1]] = IGNORE  # the second most likely token after position 1 is not drafted
+    _, labels, _, _ = make_batch(data, [0], 2, to_draft)
+    ids, probs = soft_batch(data, [0], 2, to_draft, labels)
+    valid = labels[0] != IGNORE
+    torch.testing.assert_close(probs[0][valid].sum(-1), torch.ones(int(valid.sum())))
+    assert float(probs[0][~valid].abs().sum()) == 0
+    assert ids[0, 1, 1] == IGNORE and probs[0, 1, 1] == 0
+    kept = data.soft_probs[lo + 1, [0, 2]]
+    torch.testing.assert_close(probs[0, 1, [0, 2]] / probs[0, 1, 2], kept / kept[1])  # ratios unchanged
+
+
+def test_one_soft_target_trains_as_the_greedy_label_and_more_train_differently(env, tmp_path):
+    opts = train_options(env, store=env["stores"]["float32"], max_resident_shards=64)
+    weights = {}
+    for k in (0, 1, 8):
+        out = str(tmp_path / f"soft-{k}")
+        finetune(env["draft"], out, FinetuneOptions(**{**opts.__dict__, "target": env["head_only"],
+                                                       "data": DataOptions(), "soft_targets": k}))
+        weights[k] = load_file(os.path.join(out, "model.safetensors"))
+    for name in weights[0]:
+        torch.testing.assert_close(weights[1][name], weights[0][name], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(weights[8]["fc.weight"], weights[0]["fc.weight"])
+    with pytest.raises(UsageError, match="--soft-targets needs --store"):
+        finetune(env["draft"], str(tmp_path / "x"), train_options(env, soft_targets=4))
+
+
 def test_with_few_resident_shards_an_epoch_reads_each_shard_once(env):
     import random
 

@@ -123,6 +123,21 @@ class TargetHead:
             out.append((rows @ self.lm_head.T).argmax(-1).to("cpu", torch.long))
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
+    def top_k(self, last: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's k most likely next tokens [n, k] after each state id L [n, H] and their probabilities
+        [n, k] (float32, softmax over the whole vocabulary): the teacher's distribution, cut to its top k."""
+        import torch
+
+        ids, probs = [], []
+        for start in range(0, last.shape[0], LABEL_ROWS):
+            rows = self.final_norm(last[start : start + LABEL_ROWS].to(self.lm_head.device))
+            top = torch.softmax((rows @ self.lm_head.T).float(), dim=-1).topk(k, dim=-1)
+            ids.append(top.indices.to("cpu", torch.long))
+            probs.append(top.values.to("cpu", torch.float32))
+        if not ids:
+            return torch.zeros((0, k), dtype=torch.long), torch.zeros((0, k), dtype=torch.float32)
+        return torch.cat(ids), torch.cat(probs)
+
 
 def load_head(info: TargetInfo, device: str = "cpu") -> TargetHead:
     """Read embeddings, final norm and lm_head straight from the target's files (only those tensors' bytes)."""

@@ -142,8 +142,9 @@ def open_complete_store(store: str) -> tuple[dict[str, Any], list[st.Shard]]:
 
 
 def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *, device: str = "cpu",
-                        max_resident: int = 2, quantization: str | None = None, ranks: Any = None):
-    """The store as eaglekit.finetune.data.TrainingData (aux rows streamed); the target's decoder is never read."""
+                        max_resident: int = 2, quantization: str | None = None, soft_targets: int = 0):
+    """The store as eaglekit.finetune.data.TrainingData (aux rows streamed); the target's decoder is never read.
+    `soft_targets` k > 0 adds the target's top-k next-token probabilities, computed from id L like the labels."""
     import torch
 
     from eaglekit.capture.head import load_head
@@ -155,7 +156,9 @@ def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *,
     check_store_target(manifest, info, store, quantization=quantization)
     columns = store_columns(manifest, aux_ids, store)
     head = load_head(info, device)
-    tokens, labels, lengths = [], [], []
+    if not 0 <= soft_targets <= info.vocab_size:
+        raise UsageError(f"--soft-targets {soft_targets}: expected 0 (greedy labels) to the vocabulary size")
+    tokens, labels, lengths, soft_ids, soft_probs = [], [], [], [], []
     digest = hashlib.sha256()
     for shard in shards:  # one shard in memory at a time
         tensors = st.read_shard(store, shard)
@@ -164,15 +167,25 @@ def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *,
         greedy = head.greedy(tensors["last"])
         labels.append(torch.where(tensors["loss_mask"].bool(), greedy, torch.full_like(greedy, IGNORE)))
         lengths += tensors["offsets"].diff().tolist()
+        if soft_targets:
+            ids, probs = head.top_k(tensors["last"], soft_targets)
+            soft_ids.append(ids)
+            soft_probs.append(probs)
     starts = torch.tensor([0, *[s.tokens for s in shards]], dtype=torch.long).cumsum(0)
     rows = StoreRows(store, shards, starts, columns, int(manifest["target"]["hidden_size"]), max_resident)
     del head
     if not shards:
         raise CheckpointError("the store holds no records", store)
+    notes = [f"states streamed from the store, at most {max_resident} shard(s) resident"]
+    if soft_targets:
+        notes.append(f"soft targets: the target's top {soft_targets} next-token probabilities from id L, "
+                     "renormalised over those in the draft vocabulary")
+        digest.update(f"soft-targets={soft_targets}".encode())
     return TrainingData(tokens=torch.cat(tokens), labels=torch.cat(labels), aux=rows,
                         offsets=torch.tensor([0, *lengths], dtype=torch.long).cumsum(0), digest=digest.hexdigest(),
-                        source=f"{os.path.abspath(store)} ({manifest['inputs'].get('source', '')})",
-                        notes=[f"states streamed from the store, at most {max_resident} shard(s) resident"])
+                        source=f"{os.path.abspath(store)} ({manifest['inputs'].get('source', '')})", notes=notes,
+                        soft_ids=torch.cat(soft_ids) if soft_targets else None,
+                        soft_probs=torch.cat(soft_probs) if soft_targets else None)
 
 
 def calibration_from_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *, max_tokens: int = 2048,

@@ -77,6 +77,9 @@ def _freeze(text: str) -> tuple[str, ...]:
                    "decoder (the target folder needs only its config, tokenizer, embeddings, final norm and lm_head).")
 @click.option("--max-resident-shards", type=int, default=2, show_default=True,
               help="--store: shards decoded in memory at once.")
+@click.option("--soft-targets", type=int, default=0, show_default=True, metavar="K",
+              help="--store: train on the target's top-K next-token probabilities (from id L) instead of its greedy "
+                   "token alone (0: greedy labels).")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Where captured data is cached (default: ~/.cache/eaglekit/finetune).")
 @click.option("--steps", type=int, default=100, show_default=True, help="Optimizer steps (0: only the warm start).")
@@ -130,8 +133,7 @@ def _freeze(text: str) -> tuple[str, ...]:
 @format_option
 def finetune_command(draft, out_dir, target, data_file, data_limit, generate, context_tokens, context_every,
                      max_length, code_tokens, templates, hidden_states, captured_ids, store, max_resident_shards,
-                     cache_dir, steps, batch_tokens,
-                     depth, lr, warmup_steps,
+                     soft_targets, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
                      depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
                      keep_unresolved, device, target_dtype, target_quantization, checkpoint_every,
                      checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_templates,
@@ -173,7 +175,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
         resume=resume, force=force, plot=plot, warm_start=warm_start, from_scratch=from_scratch,
         validation_fraction=validation_fraction, keep_unresolved=keep_unresolved, store=store,
-        max_resident_shards=max_resident_shards,
+        max_resident_shards=max_resident_shards, soft_targets=soft_targets,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
     with TrainingProgress("finetune", not no_progress and main_rank, steps) as progress:

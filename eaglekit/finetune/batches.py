@@ -58,6 +58,22 @@ def make_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor):
     return ids, lab, hid, width
 
 
+def soft_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor, labels: torch.Tensor):
+    """The teacher's top-k next tokens in the draft vocabulary [B, W+depth, k] (IGNORE outside it) and their
+    probabilities renormalised over those, laid out as make_batch's `labels`; a row without a label (padding, masked,
+    or a greedy token outside the draft vocabulary) has no probability mass, so it counts exactly as in greedy
+    training, and with k = 1 the loss is greedy training's cross-entropy."""
+    k = data.soft_ids.shape[1]
+    ids = torch.full((*labels.shape, k), IGNORE, dtype=torch.long)
+    probs = torch.zeros((*labels.shape, k), dtype=torch.float32)
+    for row, i in enumerate(seqs):
+        lo, hi = int(data.offsets[i]), int(data.offsets[i + 1])
+        ids[row, : hi - lo] = torch.where(data.soft_ids[lo:hi] >= 0, to_draft[data.soft_ids[lo:hi]], IGNORE)
+        probs[row, : hi - lo] = data.soft_probs[lo:hi]
+    probs = torch.where((ids != IGNORE) & (labels != IGNORE)[..., None], probs, torch.zeros_like(probs))
+    return ids, probs / probs.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+
+
 def idle_batch(depth: int, aux_width: int):
     """A one-row batch with no label, read from nowhere: a data-parallel rank none of whose data is in the global
     batch still runs the step (DDP's gradient all-reduce needs every rank) and adds nothing to it."""

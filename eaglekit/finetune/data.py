@@ -88,7 +88,8 @@ class DataOptions:
 
 @dataclass
 class TrainingData:
-    """Rows of every sequence, concatenated: tokens [N], labels [N], aux [N, K*T] (bf16), offsets [S+1]."""
+    """Rows of every sequence, concatenated: tokens [N], labels [N], aux [N, K*T] (bf16), offsets [S+1]; from a
+    store with soft targets also the teacher's top-k next tokens [N, k] and their probabilities [N, k]."""
 
     tokens: Any
     labels: Any
@@ -100,6 +101,8 @@ class TrainingData:
     reused: bool = False
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    soft_ids: Any = None
+    soft_probs: Any = None
 
     @property
     def sequences(self) -> int:
@@ -131,9 +134,10 @@ def split_validation(data: TrainingData, fraction: float) -> tuple[TrainingData,
         offsets = data.offsets.tolist()
         rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in indices])
         lengths = torch.tensor([offsets[i + 1] - offsets[i] for i in indices])
+        soft = {} if data.soft_ids is None else {"soft_ids": data.soft_ids[rows], "soft_probs": data.soft_probs[rows]}
         return dataclasses.replace(data, tokens=data.tokens[rows], labels=data.labels[rows], aux=data.aux[rows],
                                    offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
-                                   source=f"{data.source} ({part})")
+                                   source=f"{data.source} ({part})", **soft)
 
     return subset(rest, "training part"), subset(picked, "held-out part")
 

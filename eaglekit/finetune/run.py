@@ -55,6 +55,7 @@ class FinetuneOptions:
     keep_unresolved: bool = False  # write the output even without a resolved held-out gain over its source
     store: str | None = None  # a hidden-state store (eaglekit capture): the target's decoder is never loaded
     max_resident_shards: int = 2  # store shards decoded in memory at once
+    soft_targets: int = 0  # from a store: train on the target's top-k next-token probabilities (0: greedy labels)
 
 
 @dataclass
@@ -305,6 +306,11 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     if opts.store and opts.data != DataOptions(cache_dir=opts.data.cache_dir):
         raise UsageError("--store brings its own sequences: it cannot be combined with --data, --generate, "
                          "--context-tokens, --code-tokens, --templates or --hidden-states")
+    if opts.soft_targets and not opts.store:
+        raise UsageError("--soft-targets needs --store: the teacher's probabilities are computed from a store's id-L "
+                         "states (eaglekit capture)")
+    if opts.soft_targets < 0:
+        raise UsageError("--soft-targets must not be negative (0: the target's greedy tokens as labels)")
     if opts.checkpoint_every < 0:
         raise UsageError("--checkpoint-every must not be negative (0: only on Ctrl-C or SIGTERM)")
     if train_opts.depth > opts.data.max_length:
@@ -340,7 +346,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         from eaglekit.capture.reader import read_training_store
 
         data = read_training_store(opts.store, info, aux_ids, device=str(device),  # labels: a [rows, V] product
-                                   max_resident=opts.max_resident_shards, quantization=opts.target_quantization)
+                                   max_resident=opts.max_resident_shards, quantization=opts.target_quantization,
+                                   soft_targets=opts.soft_targets)
     else:
         if ranks.main:
             data = build_data(target, opts.target, aux_ids, opts.data, on_stage=on_stage)
@@ -479,4 +486,5 @@ def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
         "checkpoint_every": opts.checkpoint_every,
         "resume": opts.resume, "validation_fraction": opts.validation_fraction, "from_scratch": opts.from_scratch,
         "keep_unresolved": opts.keep_unresolved, "store": opts.store, "max_resident_shards": opts.max_resident_shards,
+        "soft_targets": opts.soft_targets,
     }

@@ -33,7 +33,15 @@ from torch import nn
 from eaglekit.drafter.model import Drafter
 from eaglekit.drafter.unroll import unrolled_steps
 from eaglekit.errors import CheckpointError, TrainingInterrupted, UsageError, quoted
-from eaglekit.finetune.batches import IGNORE, batch_groups, draft_label_map, idle_batch, label_counts, make_batch
+from eaglekit.finetune.batches import (
+    IGNORE,
+    batch_groups,
+    draft_label_map,
+    idle_batch,
+    label_counts,
+    make_batch,
+    soft_batch,
+)
 from eaglekit.io.jsonfile import finite, load_json_object
 
 CHECKPOINT_FORMAT = "1"
@@ -181,8 +189,10 @@ class UnrolledObjective(nn.Module):
         self.depth = depth
         self.depth_decay = depth_decay
 
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor):
-        """loss (each depth's CE summed over rows / `counts[j]`, weighted) and correct top-1 counts per depth."""
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor,
+                soft: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """loss (each depth's CE summed over rows / `counts[j]`, weighted) and correct top-1 counts per depth.
+        With `soft` (batches.soft_batch) the CE is against the teacher's top-k distribution, not its greedy token."""
         width = aux.shape[1]
         vd = self.drafter.config.draft_vocab_size
         loss = aux.new_zeros((), dtype=torch.float32)
@@ -191,7 +201,11 @@ class UnrolledObjective(nn.Module):
         for j, out in enumerate(steps):
             target = labels[:, 1 + j : 1 + j + width].reshape(-1)
             logits = out.draft_logits.float().reshape(-1, vd)
-            ce = F.cross_entropy(logits, target, ignore_index=IGNORE, reduction="sum")
+            if soft is None:
+                ce = F.cross_entropy(logits, target, ignore_index=IGNORE, reduction="sum")
+            else:
+                top, probs = (t[:, 1 + j : 1 + j + width].reshape(-1, t.shape[-1]) for t in soft)
+                ce = -(probs * F.log_softmax(logits, dim=-1).gather(1, top.clamp_min(0))).sum()
             loss = loss + ce / counts[j].clamp_min(1) * self.depth_decay**j
             correct.append(((logits.argmax(-1) == target) & (target != IGNORE)).sum())
         return loss, torch.stack(correct)
@@ -633,12 +647,15 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
             share = group[ranks.rank :: ranks.world] if owned is None else [i for i in group if i in owned]
             ids, labels, aux, width = (make_batch(data, share, opts.depth, to_draft) if share
                                        else idle_batch(opts.depth, data.aux.shape[1]))
+            soft = None
+            if data.soft_ids is not None and share:
+                soft = tuple(t.to(device) for t in soft_batch(data, share, opts.depth, to_draft, labels))
             rows = sum(int(data.offsets[i + 1] - data.offsets[i]) for i in group)
             counts = _all_reduce(label_counts(labels, opts.depth, width).to(device), ranks)
             for g in optimizer.param_groups:
                 g["lr"] = opts.lr * opts.lr_factor(step) * g["lr_scale"]
             with autocast:
-                loss, correct = objective(ids.to(device), labels.to(device), aux.to(device), counts)
+                loss, correct = objective(ids.to(device), labels.to(device), aux.to(device), counts, soft)
             optimizer.zero_grad(set_to_none=True)
             (loss * ranks.world).backward()  # DDP averages gradients over ranks; the loss is already global
             torch.nn.utils.clip_grad_norm_(list(params.values()), opts.max_grad_norm)
