@@ -112,8 +112,9 @@ def render(doc: dict) -> None:
         serving.add_column(col)
     for s in doc["serving"]:
         verdict = styled(("no", "red")) if s["verdict"] == "not as is" else s["verdict"]
+        converts = "the command below converts" if s["fix"] else "convert with `upgrade --to gguf --target TARGET.gguf`"
         why = "; ".join(s["settings"]) if s["verdict"] == "with settings" else (
-            "loads GGUF: the command below converts" if s["verdict"] == "after conversion" else s.get("reason") or "")
+            f"loads GGUF: {converts}" if s["verdict"] == "after conversion" else s.get("reason") or "")
         serving.add_row(s["engine"], s.get("min_version") or "—", verdict, why)
     out.print(serving)
     for s in doc["serving"]:

@@ -92,11 +92,15 @@ def render_report(doc: dict, family: str, producer: str) -> None:
     counts = f"{doc['errors']} error(s), {doc['warnings']} warning(s), {doc['infos']} info"
     if len(doc["engines"]) > 1 or any(e["settings"] for e in doc["engines"]):
         for e in doc["engines"]:
-            verdict = ("serves it", "green") if e["ok"] else (f"{e['errors']} error(s) stop it", "bold red")
+            record = engine_record(e["engine"])
+            served = "serves it after conversion" if record.needs_conversion else "serves it"
+            verdict = (served, "green") if e["ok"] else (f"{e['errors']} error(s) stop it", "bold red")
             needs = f" with {'; '.join(e['settings'])}" if e["ok"] and e["settings"] else ""
             out.print(styled(f"{e['engine']} {e['version']}: ", verdict, needs), soft_wrap=True)
             if len(doc["engines"]) > 1 and e["fix"]:
                 out.print(styled("  fix: ", (e["fix"], "bold")), soft_wrap=True)
+            elif len(doc["engines"]) > 1 and e["ok"] and record.needs_conversion:
+                out.print(f"  {record.conversion_hint()}", soft_wrap=True)
     for note in doc["conflicts"]:
         out.print(styled(("conflict: ", "bold yellow"), note))
     if doc["fix"] and len(doc["engines"]) == 1:
@@ -104,6 +108,8 @@ def render_report(doc: dict, family: str, producer: str) -> None:
         out.print(f"convert ({record.label} loads GGUF only; the source is never changed):" if record.needs_conversion
                   else "fix (rewrites what the engine rules check, validates its output, never changes the source):")
         out.print(styled("  ", (doc["fix"], "bold")), soft_wrap=True)  # a command to copy: never wrapped
+    elif len(doc["engines"]) == 1 and engine_record(doc["engines"][0]["engine"]).needs_conversion and doc["ok"]:
+        out.print(engine_record(doc["engines"][0]["engine"]).conversion_hint(), soft_wrap=True)
     if doc["ok"]:
         out.print(styled(("PASSED", "green"), f": {counts}"))
     else:

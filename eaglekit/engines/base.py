@@ -6,6 +6,7 @@ eaglekit/engines/__init__.py. Code outside eaglekit/engines/ asks the record and
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,14 +103,40 @@ class Engine:
         return "" if self.dialect == UPGRADE_DEFAULT_DIALECT else f" --to {self.dialect}"
 
     def upgrade_output(self, draft: str) -> str:
-        """Where the fix command writes, beside the draft."""
-        return draft.rstrip("/") + (".gguf" if self.needs_conversion else f"-{self.dialect}")
+        """Where the fix command writes: the current folder, named after the draft (never inside the source's own
+        folder or repository)."""
+        name = os.path.basename(os.path.abspath(draft))
+        return name + (".gguf" if self.needs_conversion else f"-{self.dialect}")
 
-    def upgrade_target(self, target: str | None) -> str:
-        """The --target part of the fix: a GGUF carries the target's tokenizer, so it always needs one."""
-        if target is not None:
-            return f" --target {target}"
-        return " --target <TARGET>" if self.needs_conversion else ""
+    def upgrade_target(self, target: str | None) -> str | None:
+        """The --target part of the fix, as upgrade takes it: the target's folder (not its config.json); for a
+        GGUF engine the target's GGUF file, whose tokenizer goes into the draft. None when the conversion needs a
+        GGUF file that is not known (the target was given as a folder holding none, or not at all)."""
+        if not self.needs_conversion:
+            return "" if target is None else f" --target {target_folder(target)}"
+        gguf = target_gguf(target)
+        return None if gguf is None else f" --target {gguf}"
+
+    def conversion_hint(self) -> str:
+        """What the conversion needs when no runnable command can be printed."""
+        return (f"{self.label} loads GGUF only: convert with `eaglekit upgrade DRAFT OUT.gguf --to {self.dialect} "
+                "--target TARGET.gguf`, giving the target's GGUF file (its tokenizer goes into the draft)")
+
+
+def target_folder(target: str) -> str:
+    """The target as upgrade takes it: its folder where eaglekit read its config.json."""
+    return (os.path.dirname(target) or ".") if os.path.basename(target) == "config.json" else target
+
+
+def target_gguf(target: str | None) -> str | None:
+    """The target's GGUF file: the target itself, or the one GGUF in its folder; None when there is no single one."""
+    if target is None:
+        return None
+    if target.endswith(".gguf"):
+        return target
+    folder = target_folder(target)
+    found = sorted(n for n in os.listdir(folder) if n.endswith(".gguf")) if os.path.isdir(folder) else []
+    return os.path.join(folder, found[0]) if len(found) == 1 else None
 
 
 def single_release_requirements(latest: str, what: str) -> Requirements:

@@ -188,4 +188,6 @@ def fix_command(spec: DraftSpec, findings: list[Finding], engine: str) -> str | 
         return None  # an engine that loads GGUF only: the conversion is its fix even when nothing fails
     keep = " --no-fc-norm --no-norm-output" if spec.eagle_version == "3" else ""
     target = record.upgrade_target(spec.target.path if spec.target is not None else None)
+    if target is None:
+        return None  # the conversion needs the target's GGUF file: Engine.conversion_hint says so
     return f"eaglekit upgrade {spec.path} {record.upgrade_output(spec.path)}{target}{record.upgrade_flag()}{keep}"
