@@ -135,7 +135,10 @@ def push(
         return result
     version = "EAGLE-3.1" if spec.eagle_version == "3.1" else "EAGLE-3"
     message = commit_message or f"Upload {version} draft (eaglekit {__version__})"
-    commit_to_hub(result, endpoint, sources, message, resolve_token(token))
+    commit = commit_to_hub(endpoint, repo_id, sources, message, resolve_token(token), revision=revision,
+                           create_pr=create_pr, private=private, warnings=result.warnings)
+    result.url, result.commit_url, result.commit_oid = commit.url, commit.commit_url, commit.commit_oid
+    result.pr_url, result.files = commit.pr_url, commit.files
     return result
 
 

@@ -16,15 +16,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eaglekit.errors import EaglekitError, UsageError, quoted
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.hub_client import bounded_hub_client, transport_errors, without_credentials
 from eaglekit.spec import DraftSpec
-
-if TYPE_CHECKING:
-    from eaglekit.hub.push import PushResult
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +37,17 @@ class PushedFile:
     path: str  # path in the repo
     size: int
     sha256: str
+
+
+@dataclass(frozen=True)
+class HubCommit:
+    """Where a commit landed, as the Hub answered (credentials removed), and the files it holds."""
+
+    url: str  # the repo page
+    commit_url: str
+    commit_oid: str
+    pr_url: str | None
+    files: list[PushedFile]
 
 
 def check_repo_id(repo_id: str) -> None:
@@ -86,9 +94,10 @@ def resolve_token(token: str | None) -> str:
     return token
 
 
-def commit_to_hub(result: PushResult, endpoint: str, sources: list[tuple[str, str | bytes]], message: str,
-            token: str) -> None:
-    """Commit `sources` through `endpoint` (which may carry credentials; `result` shows it without them)."""
+def commit_to_hub(endpoint: str, repo_id: str, sources: list[tuple[str, str | bytes]], message: str, token: str, *,
+                  revision: str | None, create_pr: bool, private: bool, warnings: list[str]) -> HubCommit:
+    """Commit `sources` to `repo_id` through `endpoint` (which may carry credentials; what comes back, and every
+    message, shows it without them); a fallback the upload had to take is added to `warnings`."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     bounded_hub_client()
@@ -97,18 +106,22 @@ def commit_to_hub(result: PushResult, endpoint: str, sources: list[tuple[str, st
 
         disable_progress_bars()
     api = HfApi(endpoint=endpoint, token=token)
+    shown = without_credentials(endpoint)
     operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=source) for path, source in sources]
-    with _hub_errors(result.endpoint, result.repo_id, result.revision), _lfs_unless_hub(result):
-        repo_url = _retry_transient(lambda: api.create_repo(result.repo_id, private=result.private, exist_ok=True))
-        result.url = without_credentials(str(repo_url))
-        if result.revision and result.revision != "main" and not result.create_pr:
-            api.create_branch(result.repo_id, branch=result.revision, exist_ok=True)
+    with _hub_errors(shown, repo_id, revision), _lfs_unless_hub(shown, warnings):
+        repo_url = _retry_transient(lambda: api.create_repo(repo_id, private=private, exist_ok=True))
+        if revision and revision != "main" and not create_pr:
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
         info = _retry_transient(lambda: api.create_commit(
-            result.repo_id, operations, commit_message=message, revision=result.revision, create_pr=result.create_pr,
+            repo_id, operations, commit_message=message, revision=revision, create_pr=create_pr,
         ))
-    result.commit_url, result.commit_oid = without_credentials(info.commit_url), info.oid
-    result.pr_url = without_credentials(info.pr_url) if info.pr_url else None
-    result.files = [PushedFile(op.path_in_repo, op.upload_info.size, op.upload_info.sha256.hex()) for op in operations]
+    return HubCommit(
+        url=without_credentials(str(repo_url)),
+        commit_url=without_credentials(info.commit_url),
+        commit_oid=info.oid,
+        pr_url=without_credentials(info.pr_url) if info.pr_url else None,
+        files=[PushedFile(op.path_in_repo, op.upload_info.size, op.upload_info.sha256.hex()) for op in operations],
+    )
 
 
 def _retry_transient(call: Callable[[], Any]) -> Any:
@@ -142,7 +155,7 @@ def _retried_by_client(exc: Exception) -> bool:
 
 
 @contextmanager
-def _lfs_unless_hub(result: PushResult) -> Iterator[None]:
+def _lfs_unless_hub(endpoint: str, warnings: list[str]) -> Iterator[None]:
     """For this call only, upload over plain LFS to endpoints other than the Hub.
 
     The client does not negotiate xet; against a server without it, an xet upload retries until it times out.
@@ -150,10 +163,10 @@ def _lfs_unless_hub(result: PushResult) -> Iterator[None]:
     from huggingface_hub import constants
 
     xet_on = not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None
-    if result.endpoint in HUB_ENDPOINTS or not xet_on:
+    if endpoint in HUB_ENDPOINTS or not xet_on:
         yield
         return
-    result.warnings.append(f"{result.endpoint} is not the Hugging Face Hub: uploading over Git LFS instead of xet")
+    warnings.append(f"{endpoint} is not the Hugging Face Hub: uploading over Git LFS instead of xet")
     constants.HF_HUB_DISABLE_XET = True
     try:
         yield
