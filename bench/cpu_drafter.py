@@ -25,7 +25,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from eaglekit.drafter.model import Drafter, DrafterConfig  # noqa: E402
+from eaglekit.drafter.config import DrafterConfig  # noqa: E402
+from eaglekit.drafter.model import Drafter  # noqa: E402
 
 CONFIG = DrafterConfig(hidden_size=576, target_hidden_size=576, intermediate_size=1536, num_layers=1, num_heads=9,
                        num_kv_heads=3, head_dim=64, num_aux_hidden_states=3, vocab_size=49152, draft_vocab_size=8192,

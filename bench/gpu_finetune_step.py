@@ -35,7 +35,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
 
-    from eaglekit.drafter.model import Drafter, DrafterConfig
+    from eaglekit.drafter.config import DrafterConfig
+    from eaglekit.drafter.model import Drafter
     from eaglekit.finetune.train import UnrolledObjective
 
     if args.small:

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglekit.drafter.model import Drafter, DrafterConfig
+from eaglekit.drafter.config import DrafterConfig
+from eaglekit.drafter.model import Drafter
 from eaglekit.finetune.data import CODE_MODULES, code_sequences, left_padded
 from eaglekit.finetune.train import TrainOptions
 from eaglekit.finetune.train import train as run_training

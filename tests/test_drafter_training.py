@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eaglekit.drafter.model import Drafter, DrafterConfig
+from eaglekit.drafter.config import DrafterConfig
+from eaglekit.drafter.model import Drafter
 from eaglekit.errors import UsageError
 from eaglekit.families import load_draft
 from tests.factory import Recipe, canonical_tensors, make_draft

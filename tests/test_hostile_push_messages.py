@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from eaglekit.cli.main import MAX_LINE_CHARS, one_line
 from eaglekit.errors import CheckpointError
 from eaglekit.families import load_draft
-from eaglekit.hub.push import load_report
+from eaglekit.hub.evidence import load_report
 from eaglekit.io.checkpoint import MAX_DRAFT_TENSORS
 from eaglekit.io.header import read_header
 from eaglekit.io.jsonfile import check_inside

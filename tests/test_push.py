@@ -21,9 +21,10 @@ from eaglekit.cli.main import main
 from eaglekit.errors import EaglekitError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
-from eaglekit.hub import push as push_module
+from eaglekit.hub import evidence, upload
 from eaglekit.hub.card import build_card
-from eaglekit.hub.push import COMMIT_ATTEMPTS, push
+from eaglekit.hub.push import push
+from eaglekit.hub.upload import COMMIT_ATTEMPTS
 from eaglekit.io.checkpoint import INDEX_NAME
 from tests.factory import make_draft, make_target_config
 from tests.hub_fixtures import fake_hub  # noqa: F401  (fixture)
@@ -574,7 +575,7 @@ def test_one_transient_5xx_is_retried(fake_hub, draft_dir, route):
 
 
 def test_persistent_5xx_on_commit_gives_up_with_one_line(fake_hub, draft_dir, monkeypatch):
-    monkeypatch.setattr(push_module, "RETRY_BACKOFF_S", 0.01)
+    monkeypatch.setattr(upload, "RETRY_BACKOFF_S", 0.01)
     fake_hub.fail("commit", 503, times=COMMIT_ATTEMPTS + 5)
     with pytest.raises(EaglekitError) as info:
         push(draft_dir, REPO, token=fake_hub.token, endpoint=fake_hub.endpoint, validate=no_findings)
@@ -834,10 +835,10 @@ def test_targets_and_the_push_config_lookup_share_one_hub_resolver(tmp_path, mon
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     folder = hub_snapshot("org/cached", ["config.json"])
     assert resolve_target("org/cached") == folder
-    assert push_module._hub_config("org/cached", "http://127.0.0.1:9", None) == os.path.join(folder, "config.json")
+    assert evidence._hub_config("org/cached", "http://127.0.0.1:9", None) == os.path.join(folder, "config.json")
     with pytest.raises(HubFetchError) as unknown:
         hub_snapshot("org/unknown", ["config.json"])
     assert unknown.value.offline
-    assert push_module._hub_config("org/unknown", "http://127.0.0.1:9", None) is None
+    assert evidence._hub_config("org/unknown", "http://127.0.0.1:9", None) is None
     with pytest.raises(CheckpointError, match="not in the local Hugging Face cache"):
         resolve_target("org/unknown")

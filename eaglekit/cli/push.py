@@ -28,7 +28,7 @@ Examples:
 
 def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from eaglekit.errors import UsageError
-    from eaglekit.hub.push import check_repo_id
+    from eaglekit.hub.upload import check_repo_id
 
     try:
         check_repo_id(value)
@@ -67,7 +67,8 @@ def push_command(draft, repo_id, target, target_id, report_path, bench_path, pri
     """Validate DRAFT for vLLM and publish config, weights, model card and eaglekit.json to the Hub."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    from eaglekit.hub.push import load_bench_report, load_report, push
+    from eaglekit.hub.evidence import load_bench_report, load_report
+    from eaglekit.hub.push import push
     from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 
     refuse_clobber([Role("--card-out", card_out)],

@@ -177,39 +177,11 @@ def render(doc: dict) -> None:
         out.print(styled(("What changed in the function:", "bold")))
         for change in doc["changes"]:
             out.print(f"  • {change}")
-    fid = doc["fidelity"]
-    if fid:
-        served = f"; target as served in {quantization_text(fid['target_quantization'])}" \
-            if fid["target_quantization"] else ""
-        table = Table(title=f"First-step fc output fidelity ({fid['tokens']} held-out tokens, fit on "
-                            f"{fid['fit_tokens']}, text: {fid['text']}{served})", title_justify="left")
-        for col in ("fc_norm weights", "cosine", "relative error"):
-            table.add_column(col)
-        table.add_row("calibrated (written)", f"{fid['cosine']:.4f}", f"{fid['relative_error']:.4f}")
-        table.add_row("ones (for comparison)", f"{fid['ones_cosine']:.4f}", f"{fid['ones_relative_error']:.4f}")
-        out.print(table)
-    start = doc["start"]
-    if start:
-        table = Table(title=f"norm_output rescale: final norm weight {start['scale']:.4g} folded into lm_head "
-                            f"({start['tokens']} held-out tokens)", title_justify="left")
-        table.add_column("top-1 agreement with the source")
-        for step in range(len(start["agreement"])):
-            table.add_column(f"step {step + 1}", justify="right")
-        table.add_row("rescaled (written)", *(f"{a:.3f}" for a in start["agreement"]))
-        table.add_row("plain norm_output (for comparison)", *(f"{a:.3f}" for a in start["agreement_without_rescale"]))
-        out.print(table)
-        out.print(f"Fed-back state against EAGLE-3's: mean error {start['feedback_relative_error']:.1%}, 99th "
-                  f"percentile {start['feedback_worst']:.1%} (its per-token magnitude, which no weight can carry).")
-
-    steps = doc["tensors"] if doc["dry_run"] else [s for s in doc["tensors"] if s["action"] not in ("copy", "rename")]
-    counts = ", ".join(f"{n} {a}" for a, n in doc["counts"].items() if n)
-    if steps:
-        step_rows = [[s["action"], s["name"] or "—", s["dtype"], str(s["shape"]),
-                      "" if s["source"] in (None, s["name"]) else s["source"], s["note"]] for s in steps]
-        identifier_table(f"Plan ({counts})" if doc["dry_run"] else f"Tensors ({counts}); changed:",
-                         ["action", "tensor", "dtype", "shape", "source", "note"], step_rows, prose="note")
-    else:
-        out.print(f"Tensors: {counts}.")
+    if doc["fidelity"]:
+        _print_fidelity(doc["fidelity"])
+    if doc["start"]:
+        _print_rescale(doc["start"])
+    _print_tensors(doc)
     shown = [f for f in doc["findings"] if f["severity"] != "info"]
     if shown:
         out.print(findings_table(shown, title="Validation of the output (no errors)"))
@@ -228,3 +200,45 @@ def render(doc: dict) -> None:
     elif doc["next_command"]:
         out.print(styled("next: ", (doc["next_command"], "bold"), "  (trains the new function; until then this "
                          "draft accepts fewer tokens than its source)"))
+
+
+def _print_fidelity(fid: dict) -> None:
+    """How close the calibrated fc_norm weights bring the first step to the source, beside unit weights: the
+    evidence that the calibration was worth writing."""
+    served = f"; target as served in {quantization_text(fid['target_quantization'])}" \
+        if fid["target_quantization"] else ""
+    table = Table(title=f"First-step fc output fidelity ({fid['tokens']} held-out tokens, fit on "
+                        f"{fid['fit_tokens']}, text: {fid['text']}{served})", title_justify="left")
+    for col in ("fc_norm weights", "cosine", "relative error"):
+        table.add_column(col)
+    table.add_row("calibrated (written)", f"{fid['cosine']:.4f}", f"{fid['relative_error']:.4f}")
+    table.add_row("ones (for comparison)", f"{fid['ones_cosine']:.4f}", f"{fid['ones_relative_error']:.4f}")
+    out.print(table)
+
+
+def _print_rescale(start: dict) -> None:
+    """How well the norm_output rescale keeps the source's predictions per step, beside plain norm_output, and
+    the fed-back state error no weight can remove."""
+    table = Table(title=f"norm_output rescale: final norm weight {start['scale']:.4g} folded into lm_head "
+                        f"({start['tokens']} held-out tokens)", title_justify="left")
+    table.add_column("top-1 agreement with the source")
+    for step in range(len(start["agreement"])):
+        table.add_column(f"step {step + 1}", justify="right")
+    table.add_row("rescaled (written)", *(f"{a:.3f}" for a in start["agreement"]))
+    table.add_row("plain norm_output (for comparison)", *(f"{a:.3f}" for a in start["agreement_without_rescale"]))
+    out.print(table)
+    out.print(f"Fed-back state against EAGLE-3's: mean error {start['feedback_relative_error']:.1%}, 99th "
+              f"percentile {start['feedback_worst']:.1%} (its per-token magnitude, which no weight can carry).")
+
+
+def _print_tensors(doc: dict) -> None:
+    """The whole plan on a dry run; after a write, only the tensors whose bytes or meaning changed."""
+    steps = doc["tensors"] if doc["dry_run"] else [s for s in doc["tensors"] if s["action"] not in ("copy", "rename")]
+    counts = ", ".join(f"{n} {a}" for a, n in doc["counts"].items() if n)
+    if steps:
+        step_rows = [[s["action"], s["name"] or "—", s["dtype"], str(s["shape"]),
+                      "" if s["source"] in (None, s["name"]) else s["source"], s["note"]] for s in steps]
+        identifier_table(f"Plan ({counts})" if doc["dry_run"] else f"Tensors ({counts}); changed:",
+                         ["action", "tensor", "dtype", "shape", "source", "note"], step_rows, prose="note")
+    else:
+        out.print(f"Tensors: {counts}.")

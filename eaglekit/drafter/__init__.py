@@ -10,7 +10,7 @@ from typing import Any
 
 _LAZY = {
     "Drafter": "eaglekit.drafter.model",
-    "DrafterConfig": "eaglekit.drafter.model",
+    "DrafterConfig": "eaglekit.drafter.config",
     "DraftOutput": "eaglekit.drafter.model",
     "DraftCache": "eaglekit.drafter.attention",
 }

@@ -25,8 +25,9 @@ from typing import Any, cast
 import torch
 
 from eaglekit.drafter.attention import GqaAttention
+from eaglekit.drafter.config import DrafterConfig
 from eaglekit.drafter.kernels import BACKEND_ENV
-from eaglekit.drafter.model import DecoderLayer, Drafter, DrafterConfig
+from eaglekit.drafter.model import DecoderLayer, Drafter
 
 HBM_BYTES_PER_S = 4.3e12
 WARMUP = 10

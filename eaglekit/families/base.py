@@ -259,24 +259,9 @@ def read_geometry(obs: Observed, tensors: dict[str, TensorRef], layer_ids: list[
     head_dim = int_at(lcfg, "head_dim") or (h // n_heads if n_heads else 0)
     gate = shape("layers.0.mlp.gate_proj.weight")
     inter = gate[0] if gate else (int_at(lcfg, "intermediate_size") or 0)
-    mla = None
-    if attention == "mla":
-        qa = shape("layers.0.self_attn.q_a_proj.weight")
-        kva = shape("layers.0.self_attn.kv_a_proj_with_mqa.weight")
-        rope_dim = int_at(lcfg, "qk_rope_head_dim") or 64
-        mla = MlaGeometry(
-            q_lora_rank=qa[0] if qa else int_at(lcfg, "q_lora_rank"),
-            kv_lora_rank=(kva[0] - rope_dim) if kva else (int_at(lcfg, "kv_lora_rank") or 0),
-            qk_nope_head_dim=int_at(lcfg, "qk_nope_head_dim") or 0,
-            qk_rope_head_dim=rope_dim,
-            v_head_dim=int_at(lcfg, "v_head_dim") or 0,
-        )
-    rope_scaling = lcfg.get("rope_scaling") if isinstance(lcfg.get("rope_scaling"), dict) else None
-    rope_params = lcfg.get("rope_parameters") if isinstance(lcfg.get("rope_parameters"), dict) else None
-    theta_home = lcfg if lcfg.get("rope_theta") is not None else (rope_params or {})
+    mla = _mla_geometry(shape, lcfg) if attention == "mla" else None
+    rope_scaling, theta_home = _rope_reading(lcfg)
     rope_theta_written = theta_home.get("rope_theta") is not None
-    if rope_scaling is None and rope_params and rope_params.get("rope_type", "default") != "default":
-        rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
     sliding = int_at(lcfg, "sliding_window") if lcfg.get("use_sliding_window", "layer_types" in lcfg) else None
     geometry = Geometry(
         hidden_size=h,
@@ -296,6 +281,31 @@ def read_geometry(obs: Observed, tensors: dict[str, TensorRef], layer_ids: list[
     )
     return GeometryReading(geometry, k, fc_in if t else None, tuple(fc_norm_ids), cfg_h, cfg_layers, k_cfg, t_cfg,
                            rope_theta_written)
+
+
+def _mla_geometry(shape: Callable[[str], tuple[int, ...] | None], lcfg: dict[str, Any]) -> MlaGeometry:
+    """The MLA projection ranks: from the tensors' shapes where they show, else from the config."""
+    qa = shape("layers.0.self_attn.q_a_proj.weight")
+    kva = shape("layers.0.self_attn.kv_a_proj_with_mqa.weight")
+    rope_dim = int_at(lcfg, "qk_rope_head_dim") or 64
+    return MlaGeometry(
+        q_lora_rank=qa[0] if qa else int_at(lcfg, "q_lora_rank"),
+        kv_lora_rank=(kva[0] - rope_dim) if kva else (int_at(lcfg, "kv_lora_rank") or 0),
+        qk_nope_head_dim=int_at(lcfg, "qk_nope_head_dim") or 0,
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=int_at(lcfg, "v_head_dim") or 0,
+    )
+
+
+def _rope_reading(lcfg: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The rope scaling and the mapping that holds rope_theta, wherever the config writes them: at the top level,
+    or inside rope_parameters (where a non-default rope_type is the scaling)."""
+    rope_scaling = lcfg.get("rope_scaling") if isinstance(lcfg.get("rope_scaling"), dict) else None
+    rope_params = lcfg.get("rope_parameters") if isinstance(lcfg.get("rope_parameters"), dict) else None
+    theta_home = lcfg if lcfg.get("rope_theta") is not None else (rope_params or {})
+    if rope_scaling is None and rope_params and rope_params.get("rope_type", "default") != "default":
+        rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+    return rope_scaling, theta_home
 
 
 def read_vocabulary(obs: Observed, tensors: dict[str, TensorRef]) -> tuple[VocabMap, int | None, int | None]:

@@ -98,6 +98,8 @@ def read_checkpoint(
     revision: str | None = None,
     allow_pickle: bool = False,
 ) -> CheckpointFiles:
+    """A checkpoint folder (or Hub id) as files, config and tensor headers, no tensor bytes: links that leave the
+    folder, an index that disagrees with its shards, and pickles without `allow_pickle` are refused."""
     root, allowed = resolve_path(source, subfolder, revision)
     if not os.path.isdir(root):
         raise CheckpointError("not a directory", root)
@@ -119,21 +121,7 @@ def read_checkpoint(
 
     index = None
     if INDEX_NAME in names:
-        index_path = os.path.join(root, INDEX_NAME)
-        index = load_json_object(index_path, "index")
-        weight_map = index.get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError("index has no weight_map", index_path)
-        if len(weight_map) > MAX_DRAFT_TENSORS:
-            raise CheckpointError(f"index maps {len(weight_map):,} tensors, more than the {MAX_DRAFT_TENSORS:,} a "
-                                  "draft checkpoint may hold", index_path)
-        for name, shard in weight_map.items():
-            if not isinstance(shard, str) or not shard or "/" in shard or "\\" in shard or shard.startswith("."):
-                raise CheckpointError(f"index maps {quoted(name)} to an invalid shard {quoted(shard)}", index_path)
-        weight_files = sorted(set(weight_map.values()))
-        for shard in weight_files:
-            if not os.path.exists(os.path.join(root, shard)):
-                raise CheckpointError(f"index names shard {quoted(shard)}, which does not exist", index_path)
+        index, weight_files = _read_index(root)
     else:
         weight_files = [n for n in names if n.endswith(".safetensors") and not n.startswith("adapter_")]
 
@@ -150,6 +138,36 @@ def read_checkpoint(
             return _read_pickles(root, config, config_path, pickles, extra)
         raise CheckpointError("no safetensors weights found", root)
 
+    entries, metadata = _read_headers(root, weight_files)
+    if index is not None:
+        _check_index_matches(root, index["weight_map"], entries)
+    return CheckpointFiles(root, config, config_path, weight_files, entries, metadata, index, None, extra)
+
+
+def _read_index(root: str) -> tuple[dict, list[str]]:
+    """The shard index and the shards it names, refused when a shard name could leave the folder, a shard is
+    missing, or it maps more tensors than a draft holds (the index is read before any shard is opened)."""
+    index_path = os.path.join(root, INDEX_NAME)
+    index = load_json_object(index_path, "index")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError("index has no weight_map", index_path)
+    if len(weight_map) > MAX_DRAFT_TENSORS:
+        raise CheckpointError(f"index maps {len(weight_map):,} tensors, more than the {MAX_DRAFT_TENSORS:,} a "
+                              "draft checkpoint may hold", index_path)
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or "/" in shard or "\\" in shard or shard.startswith("."):
+            raise CheckpointError(f"index maps {quoted(name)} to an invalid shard {quoted(shard)}", index_path)
+    weight_files = sorted(set(weight_map.values()))
+    for shard in weight_files:
+        if not os.path.exists(os.path.join(root, shard)):
+            raise CheckpointError(f"index names shard {quoted(shard)}, which does not exist", index_path)
+    return index, weight_files
+
+
+def _read_headers(root: str, weight_files: list[str]) -> tuple[dict[str, tuple[str, HeaderEntry]], dict[str, str]]:
+    """Every tensor's (file, header entry) and the files' merged metadata; a tensor in two files, or more tensors
+    than a draft holds, is refused (headers only: no tensor bytes are read)."""
     entries: dict[str, tuple[str, HeaderEntry]] = {}
     metadata: dict[str, str] = {}
     for rel in weight_files:
@@ -163,18 +181,21 @@ def read_checkpoint(
         if len(entries) > MAX_DRAFT_TENSORS:
             raise CheckpointError(f"the weight files list {len(entries):,} tensors, more than the "
                                   f"{MAX_DRAFT_TENSORS:,} a draft checkpoint may hold", root)
+    return entries, metadata
 
-    if index is not None:
-        index_path = os.path.join(root, INDEX_NAME)
-        for name, shard in index["weight_map"].items():
-            if name not in entries or entries[name][0] != shard:
-                raise CheckpointError(f"index maps {quoted(name)} to {quoted(shard)}, but that shard does not hold it",
-                                      index_path)
-        missing = sorted(set(entries) - set(index["weight_map"]))
-        if missing:
-            shown = ", ".join(quoted(m) for m in missing[:5])
-            raise CheckpointError(f"shards hold tensors missing from the index: {shown}", index_path)
-    return CheckpointFiles(root, config, config_path, weight_files, entries, metadata, index, None, extra)
+
+def _check_index_matches(root: str, weight_map: dict[str, str], entries: dict[str, tuple[str, HeaderEntry]]) -> None:
+    """Refuse an index that disagrees with its shards: engines load by the index, so a tensor it misplaces or
+    leaves out would be read wrong or not at all."""
+    index_path = os.path.join(root, INDEX_NAME)
+    for name, shard in weight_map.items():
+        if name not in entries or entries[name][0] != shard:
+            raise CheckpointError(f"index maps {quoted(name)} to {quoted(shard)}, but that shard does not hold it",
+                                  index_path)
+    missing = sorted(set(entries) - set(weight_map))
+    if missing:
+        shown = ", ".join(quoted(m) for m in missing[:5])
+        raise CheckpointError(f"shards hold tensors missing from the index: {shown}", index_path)
 
 
 def _read_pickles(root: str, config: dict, config_path: str, pickles: list[str], extra: list[str]) -> CheckpointFiles:
