@@ -41,9 +41,9 @@ def test_a_draft_is_decoded_as_resolved_and_checked_as_written(env):
     assert draft.spec.as_written.target is None and draft.spec.as_written.vocab.vocab_size is None
     assert draft.aux_ids == (2, 4, 5) == tuple(setup.info.default_aux_ids)
     assert draft.aux_source.startswith("engine default") and draft.spec.as_written.aux.ids is None
-    checks = {c.name: c for c in draft.checks}
-    assert checks["vocab_size"].status == "info" and "does not record" in checks["vocab_size"].message
-    assert checks["aux_layer_ids"].status == "pass"
+    checks = {c.code: c for c in draft.checks}
+    assert checks["EK291"].severity == "info" and "does not record" in checks["EK291"].message
+    assert "EK294" not in checks  # the aux ids the target filled in fit it
     assert setup.settings(Condition("chat", 0)) == DecodeSettings(env["target"], 3, 8, "float32", "cpu",
                                                                   "eaglekit-coding", 0, "chat")
     assert setup.eos_ids == setup.target_model.eos_token_ids and len(setup.prompts.prompts) == 2
@@ -51,8 +51,8 @@ def test_a_draft_is_decoded_as_resolved_and_checked_as_written(env):
 
 def test_verify_reports_the_files_reading_of_the_compatibility_checks(env):
     doc = verify(env["draft"], env["target"], VerifyOptions(**FAST, as_eaglekit_reads=True)).to_dict()
-    checks = {c["name"]: c for c in doc["checks"]}
-    assert checks["vocab_size"]["status"] == "info"
+    checks = {c["code"]: c for c in doc["checks"]}
+    assert checks["EK291"]["severity"] == "info"
     assert doc["aux_layer_ids"] == [2, 4, 5]  # the engine default for L=8, filled in by the target
     assert doc["lossless"] and doc["dtype"] == "float32" and doc["device"] == "cpu"
 

@@ -346,8 +346,8 @@ def test_a_torch_dtype_that_names_no_dtype_is_an_error_and_refused(tmp_path_fact
 def test_a_huge_tensor_name_leaves_every_message_small(tmp_path_factory, length, char):
     from eaglekit.errors import MAX_MESSAGE_CHARS, MAX_QUOTED_CHARS
     from eaglekit.families import load_draft
+    from eaglekit.rules import decode_findings, run_rules
     from eaglekit.target import read_target
-    from eaglekit.verify.checks import MAX_PATH_WORD, compatibility_checks
     from tests.factory import make_target_config
 
     path, _ = fresh(tmp_path_factory)
@@ -360,7 +360,9 @@ def test_a_huge_tensor_name_leaves_every_message_small(tmp_path_factory, length,
         assert len(f["message"]) <= MAX_MESSAGE_CHARS
         assert max(len(w) for w in f["message"].split()) <= MAX_QUOTED_CHARS
     target = read_target(make_target_config(str(tmp_path_factory.mktemp("t") / "target")))
-    checks = compatibility_checks(load_draft(path), target, (2, 6, 9), "config", 3)
-    assert any(c.status == "warn" for c in checks)
-    assert all(len(c.message) <= MAX_MESSAGE_CHARS and max(map(len, c.message.split())) <= MAX_PATH_WORD
+    spec = load_draft(path, target=target)
+    served = run_rules(spec, target=target, engine="vllm", groups=("structure", "target", "engine"))
+    checks = decode_findings(spec, target, (2, 6, 9), "config", served)
+    assert any(c.code == "EK299" for c in checks)  # it quotes vLLM's first error, about the hostile name
+    assert all(len(c.message) <= MAX_MESSAGE_CHARS and max(map(len, c.message.split())) <= MAX_QUOTED_CHARS
                for c in checks)

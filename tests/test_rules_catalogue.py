@@ -15,6 +15,7 @@ import pytest
 
 from eaglekit.families import load_draft
 from eaglekit.rules import all_rules, run_rules
+from eaglekit.rules.target import DECODE_CODES
 from eaglekit.target import read_target
 from tests.factory import (
     Recipe,
@@ -376,9 +377,10 @@ CASES = [
          lambda p: draft(p, draft_vocab=None)),
     Case("EK413", lambda p: draft(p, frequency_ordered=True), lambda p: draft(p)),
 ]
-# covered by dedicated tests: test_rules_deep_scan.py (need a file truncated after loading, or an F4 tensor) and
-# test_rules_readback.py (upgrade's read-back rules judge an output against its plan)
-DEDICATED = {"EK414", "EK415", "EK191", "EK192", "EK193", "EK194", "EK195"}
+# covered by dedicated tests: test_rules_deep_scan.py (need a file truncated after loading, or an F4 tensor),
+# test_rules_readback.py (upgrade's read-back rules judge an output against its plan) and test_rules_decode.py (the
+# decode rules judge a draft against the decode that runs it)
+DEDICATED = {"EK414", "EK415", "EK191", "EK192", "EK193", "EK194", "EK195", *DECODE_CODES}
 
 
 def _run(case: Case, builder, where: Path):

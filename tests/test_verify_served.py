@@ -98,6 +98,6 @@ def test_bad_runner_and_version_are_usage_errors(tmp_path, target):
 def test_a_missing_d2t_is_decoded_as_vllm_maps_it(tmp_path, target):
     path = draft(tmp_path, layout="vllm", drop=("d2t", "t2d"))
     doc = verify(path, "--target", target)
-    check = next(c for c in doc["checks"] if c["name"] == "d2t")
-    assert check["status"] == "warn" and "target id i" in check["message"]
+    check = next(c for c in doc["checks"] if c["code"] == "EK297")
+    assert check["severity"] == "warning" and "target id i" in check["message"]
     assert any("no d2t" in note for note in doc["served"]["silent"])

@@ -12,6 +12,7 @@ from eaglekit.cli.output import (
     conditions,
     decode_options,
     emit_json,
+    findings_table,
     format_option,
     identifier_table,
     key_value_table,
@@ -31,9 +32,6 @@ Examples:
   eaglekit verify ./draft --target ./target --context-tokens 2000 --min-acceptance 2.0 --save-report verify.json
   eaglekit verify ./draft --target ./target -k 8 --context-tokens 0,1024,2048 --template chat,system,raw --plot v.png
 """
-
-STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "info": "cyan"}
-
 
 @click.command("verify", epilog=EXAMPLES)
 @click.argument("draft")
@@ -212,13 +210,11 @@ def _header(doc: dict, prompts: str) -> None:
         ("target numerics", quantization_text(doc.get("target_quantization"))),
     ], title="eaglekit verify"))
     out.print()
-    checks = Table(title="Compatibility", title_justify="left")
-    checks.add_column("check", no_wrap=True)
-    checks.add_column("status", no_wrap=True)
-    checks.add_column("detail", overflow="fold")
-    for c in doc["checks"]:
-        checks.add_row(c["name"], styled((c["status"], STATUS_STYLE[c["status"]])), c["message"])
-    out.print(checks)
+    if doc["checks"]:
+        out.print(findings_table(doc["checks"], title="Compatibility"))
+    else:
+        out.print(styled(("Compatibility: ", "bold"), ("the draft fits the target, and vLLM reads the files as this "
+                                                     "decode does", "green")))
 
 
 def _speed_text(measured: dict) -> str:

@@ -7,6 +7,7 @@ version), deep (tensor values, one streaming pass). Only deep reads tensor bytes
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import eaglekit.rules.deep
@@ -23,12 +24,12 @@ from eaglekit.errors import UsageError
 from eaglekit.findings import Finding
 from eaglekit.rules.expected import expected_tensors, tensor_expectations
 from eaglekit.rules.registry import GROUPS, Rule, RuleContext, registered
-from eaglekit.rules.target import wrong_target
+from eaglekit.rules.target import DECODE, DECODE_CODES, DecodeReading, wrong_target
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
-__all__ = ["GROUPS", "Rule", "ValidationReport", "all_rules", "expected_tensors", "run_rules", "tensor_expectations",
-           "upgrade_refusals"]
+__all__ = ["GROUPS", "Rule", "ValidationReport", "all_rules", "decode_findings", "expected_tensors", "run_rules",
+           "tensor_expectations", "upgrade_refusals"]
 DEFAULT_GROUPS = ("structure", "target", "engine")
 for _engine in RECORDS.values():
     importlib.import_module(_engine.rules_module)  # each engine's rules register on import
@@ -149,8 +150,8 @@ def run_rules(
     for r in all_rules():
         if r.group not in selected or (r.group == "target" and target is None):
             continue
-        if r.engine is not None and r.engine not in contexts:
-            continue
+        if (r.engine is not None and r.engine not in contexts) or r.code in DECODE_CODES:
+            continue  # the decode rules hold the draft to a decode this run has not: decode_findings runs them
         ctx = contexts[r.engine] if r.engine else neutral
         for hit in r.check(ctx):
             refuses = r.refuses_load if hit.refuses_load is None else hit.refuses_load
@@ -174,6 +175,20 @@ def upgrade_refusals(spec: DraftSpec, engine: str | None = None) -> list[Finding
                     r.refuses_load if hit.refuses_load is None else hit.refuses_load)
             for r in all_rules() if r.refuses_upgrade and r.engine in contexts
             for hit in r.check(contexts[r.engine])]
+
+
+def decode_findings(spec: DraftSpec, target: TargetInfo, aux_ids: Sequence[int] | None, aux_source: str,
+                    served: ValidationReport) -> list[Finding]:
+    """The decode rules' findings (EK291..EK299) for a draft resolved against `target` that a decode runs with
+    `aux_ids`: judged on the draft as written (what it records itself), and beside `served`, the command's vLLM rules
+    run, whose errors say vLLM reads the files otherwise. An error among them refuses the decode."""
+    vllm_errors = tuple(f for f in served.findings if f.severity == "error")
+    reading = DecodeReading(None if aux_ids is None else tuple(aux_ids), aux_source, spec.num_aux_hidden_states,
+                            served.engines.get("vllm", ""), vllm_errors, served.fix)
+    ctx = RuleContext(spec.as_written, target, None, None, {DECODE: reading})
+    return [Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key,
+                    r.refuses_load if hit.refuses_load is None else hit.refuses_load)
+            for r in all_rules() if r.code in DECODE_CODES for hit in r.check(ctx)]
 
 
 def fix_command(spec: DraftSpec, findings: list[Finding], engine: str) -> str | None:

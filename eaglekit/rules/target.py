@@ -1,7 +1,14 @@
-"""Target rules: need the target's config.json (L, T, V, layer types); still no tensor values."""
+"""Target rules: need the target's config.json (L, T, V, layer types); still no tensor values (but the decode
+rules' d2t check, which reads that one small map)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
+from eaglekit.findings import Finding
+from eaglekit.io.tensors import read_array
 from eaglekit.rules.facts import fmt_ids
 from eaglekit.rules.registry import Hit, RuleContext, rule
 from eaglekit.spec import DraftSpec
@@ -113,3 +120,152 @@ def wrong_target(spec: DraftSpec, target: TargetInfo) -> str | None:
     theirs = " / ".join(str(has[k]) for k, v in built.items() if v is not None)
     return (f"this draft was built for {drafted}; the target has {theirs}: is --target the right model? "
             "(the errors below follow from that)")
+
+
+# ---------------------------------------------------------------- a reference decode's rules
+# A decode (verify, compare, finetune's evaluation) runs the draft against the target itself: it captures the aux ids
+# of --aux-layer-ids or of the files, shares the target's embedding and head where the draft ships none, and maps
+# draft ids through d2t. These rules judge the draft as written against that decode, which only the decode setup
+# knows: it puts a DecodeReading in the context's memo (rules.decode_findings). An ordinary rules run (validate)
+# leaves them out, and without a reading they stay silent. An error among them stops the decode before anything
+# loads: a draft that does not fit would crash mid-decode or, worse, decode garbage.
+
+DECODE = "decode_reading"  # the memo key
+DECODE_CODES = ("EK291", "EK292", "EK293", "EK294", "EK295", "EK296", "EK297", "EK298", "EK299")
+
+
+@dataclass(frozen=True)
+class DecodeReading:
+    """What the decode reads besides the files, and the command's vLLM rules run it compares its reading with."""
+
+    aux_ids: tuple[int, ...] | None  # the ids it captures (vLLM convention); None: neither the files nor the user say
+    aux_source: str
+    num_aux: int | None  # K, as fc takes it
+    vllm_version: str
+    vllm_errors: tuple[Finding, ...]  # the errors of vLLM's rules at that version
+    fix: str | None  # the upgrade that writes what vLLM reads
+
+
+def _decode(ctx: RuleContext) -> tuple[DecodeReading, TargetInfo] | None:
+    reading = ctx.memo.get(DECODE)
+    return None if reading is None else (reading, _target(ctx))
+
+
+@rule("EK291", "info", "target", None, "decode: the draft records no vocabulary size, the target's is assumed")
+def decode_vocab_unrecorded(ctx: RuleContext):
+    if (found := _decode(ctx)) is not None and ctx.spec.vocab.vocab_size is None:
+        yield Hit(f"draft does not record its vocabulary size; the target's V={found[1].vocab_size} is assumed",
+                  key="vocab_size")
+
+
+@rule("EK292", "error", "target", None, "decode: the draft's vocabulary is not the target's")
+def decode_vocab(ctx: RuleContext):
+    if (found := _decode(ctx)) is None:
+        return
+    V, draft_v = found[1].vocab_size, ctx.spec.vocab.vocab_size
+    if draft_v is not None and draft_v != V:
+        yield Hit(f"draft vocabulary V={draft_v}, the target has V={V}", key="vocab_size")
+
+
+@rule("EK293", "error", "target", "P26", "decode: the draft's T does not fit the target's hidden size")
+def decode_target_hidden(ctx: RuleContext):
+    if (found := _decode(ctx)) is None:
+        return
+    spec, T = ctx.spec, found[1].hidden_size
+    written = spec.facts.target_hidden_size_written or spec.facts.fc_norm_tensor_ids
+    fc_in = spec.facts.fc_in_features
+    if written and spec.geometry.target_hidden_size != T:
+        yield Hit(f"draft expects target hidden size T={spec.geometry.target_hidden_size}, the target has T={T}",
+                  key="target_hidden_size")
+    elif fc_in is not None and fc_in % T:
+        yield Hit(f"fc takes {fc_in} inputs, not a multiple of the target's hidden size T={T}", tensor="fc.weight")
+
+
+@rule("EK294", "error", "target", None, "decode: aux layer ids unknown, outside [0, L], duplicated or not K")
+def decode_aux_ids(ctx: RuleContext):
+    if (found := _decode(ctx)) is None:
+        return
+    reading, L = found[0], found[1].num_layers
+    ids, k = reading.aux_ids, reading.num_aux
+    if ids is None:
+        yield Hit(f"aux layer ids are unknown ({reading.aux_source}); pass --aux-layer-ids (vLLM convention)")
+    elif bad := [i for i in ids if not 0 <= i <= L]:
+        yield Hit(f"aux layer ids {bad} lie outside [0, L={L}] of the target")
+    elif len(set(ids)) != len(ids):
+        yield Hit(f"aux layer ids {list(ids)} have duplicates (P20)")
+    elif k is not None and len(ids) != k:
+        yield Hit(f"{len(ids)} aux layer ids {list(ids)} but fc takes K={k} target states")
+
+
+@rule("EK295", "error", "target", "P26", "decode: embed_tokens neither fits nor can be shared with the target")
+def decode_embed_tokens(ctx: RuleContext):
+    if (found := _decode(ctx)) is None:
+        return
+    spec, target = ctx.spec, found[1]
+    H, T, V = spec.geometry.hidden_size, target.hidden_size, target.vocab_size
+    if spec.has_embed_tokens:
+        rows, width = spec.tensors["embed_tokens.weight"].shape
+        if (rows, width) != (V, H):
+            yield Hit(f"draft's own [{rows}, {width}], expected [V={V}, H={H}]", tensor="embed_tokens.weight")
+    elif H != T:
+        yield Hit(f"the draft ships no embed_tokens and its H={H} differs from the target's T={T}: the target's "
+                  "embedding cannot be shared (P26)")
+
+
+@rule("EK296", "error", "target", "P5", "decode: lm_head neither fits nor can be shared with the target")
+def decode_lm_head(ctx: RuleContext):
+    if (found := _decode(ctx)) is None:
+        return
+    spec, target = ctx.spec, found[1]
+    H, T, V = spec.geometry.hidden_size, target.hidden_size, target.vocab_size
+    Vd = spec.vocab.draft_vocab_size or V
+    if spec.has_lm_head:
+        rows = spec.tensors["lm_head.weight"].shape[0]
+        if rows != Vd:
+            yield Hit(f"draft's own, {rows} rows, expected Vd={Vd}", tensor="lm_head.weight")
+    elif Vd != V:
+        yield Hit(f"the draft ships no lm_head but its vocabulary Vd={Vd} is not the target's V={V} (P5)")
+    elif H != T:
+        yield Hit(f"the draft ships no lm_head and its H={H} differs from the target's T={T}")
+
+
+def _smaller_head(ctx: RuleContext) -> int | None:
+    """The draft's vocabulary Vd when a decode maps it onto the target's larger one."""
+    if (found := _decode(ctx)) is None:
+        return None
+    Vd = ctx.spec.vocab.draft_vocab_size
+    return Vd if Vd and Vd < found[1].vocab_size else None
+
+
+@rule("EK297", "warning", "target", "P4", "decode: Vd < V without a d2t map")
+def decode_d2t_missing(ctx: RuleContext):
+    Vd = _smaller_head(ctx)
+    if Vd is not None and "d2t" not in ctx.spec.tensors:
+        yield Hit(f"draft vocabulary Vd={Vd} < V={_target(ctx).vocab_size} but the draft has no d2t map (P4): vLLM "
+                  "silently maps draft id i to target id i, and so does this decode; the trained map is lost")
+
+
+@rule("EK298", "error", "target", None, "decode: d2t maps outside the target vocabulary or two ids to one")
+def decode_d2t(ctx: RuleContext):
+    Vd = _smaller_head(ctx)
+    if Vd is None or "d2t" not in ctx.spec.tensors:
+        return
+    V = _target(ctx).vocab_size
+    ids = np.arange(Vd) + read_array(ctx.spec, "d2t").astype(np.int64).reshape(-1)[:Vd]
+    if ids.min() < 0 or ids.max() >= V:
+        yield Hit(f"d2t maps draft ids outside the target vocabulary [0, {V})", tensor="d2t")
+    elif len(np.unique(ids)) != Vd:
+        yield Hit("d2t maps two draft ids to the same target id", tensor="d2t")
+
+
+@rule("EK299", "warning", "target", None, "decode: vLLM reads the files otherwise than this decode")
+def decode_served_as_written(ctx: RuleContext):
+    """What vLLM does with these files as they are: the decode reads them as eaglekit does, which may differ."""
+    if (found := _decode(ctx)) is None or not found[0].vllm_errors:
+        return
+    reading = found[0]
+    first, errors = reading.vllm_errors[0], len(reading.vllm_errors)
+    more = f" (+{errors - 1} more)" if errors > 1 else ""
+    fix = f"; `{reading.fix}` writes what it reads" if reading.fix else ""
+    yield Hit(f"served as written, vLLM {reading.vllm_version} differs from this reading: {first.code} "
+              f"{first.message}{more}; `--engine both` measures what it does{fix}")

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
+from eaglekit.findings import Finding
 from eaglekit.verify.acceptance_profile import speculation_profile
-from eaglekit.verify.checks import Check
 from eaglekit.verify.decode import Clock
 from eaglekit.verify.diagnose import Diagnosis
 from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
@@ -98,7 +98,7 @@ class VerifyReport:
     aux_layer_ids: list[int]
     aux_layer_ids_source: str
     chat_template: bool
-    checks: list[Check]
+    checks: list[Finding]  # the decode rules' findings (EK291..EK299): the compatibility of draft and target
     counter: AcceptanceCounter
     drift: DriftStats
     spec_clock: Clock
@@ -202,7 +202,7 @@ class VerifyReport:
                 "spec_target_s": self.spec_clock.target_s,
                 "target_only_s": self.target_only_s,
             },
-            "checks": [ch.to_dict() for ch in self.checks],
+            "checks": [f.to_dict() for f in self.checks],
             "drift": self.drift.rows(),
             "eagle_version": self.eagle_version,
             "flags": self.flags,

@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eaglekit.errors import UsageError
+from eaglekit.errors import IncompatibleDraftError, UsageError
 from eaglekit.families import load_draft
+from eaglekit.findings import Finding
 from eaglekit.io.outputs import read_roles, refuse_clobber, target_roles
-from eaglekit.rules import ValidationReport
+from eaglekit.rules import ValidationReport, decode_findings, run_rules
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, read_target, target_config_path
 from eaglekit.target_model import TargetModel, load_target, load_tokenizer, resolve_device, resolve_dtype
-from eaglekit.verify.checks import Check, compatibility_checks, refuse_failures, vllm_rules
 from eaglekit.verify.decode import check_room
 from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
 from eaglekit.verify.report import Condition, DecodeSettings
@@ -33,14 +33,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class DecodeDraft:
     """One draft as a decode reads it: resolved against the target (`spec.as_written` is what its files record),
-    the aux ids the decode captures, and vLLM's rules run over it, from which its compatibility checks are drawn."""
+    the aux ids the decode captures, vLLM's rules run over it, and the decode rules' findings (its compatibility
+    checks, EK291..EK299) drawn from both."""
 
     name: str  # how a refusal names it: "draft", "draft A", "reference", ...
     spec: DraftSpec
     aux_ids: tuple[int, ...]
     aux_source: str
     rules: ValidationReport
-    checks: list[Check]
+    checks: list[Finding]
 
     @property
     def path(self) -> str:
@@ -115,10 +116,26 @@ def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: Verify
 def _checked(name: str, spec: DraftSpec, info: TargetInfo, options: VerifyOptions) -> DecodeDraft:
     aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
     rules = vllm_rules(spec, info, options.engine_version)
-    checks = compatibility_checks(spec.as_written, info, aux_ids, aux_source, spec.num_aux_hidden_states, rules)
-    refuse_failures(checks, spec.path)
-    assert aux_ids is not None, "the aux_layer_ids check fails without ids"
+    checks = decode_findings(spec, info, aux_ids, aux_source, rules)
+    refuse_incompatible(checks, spec.path)
+    assert aux_ids is not None, "EK294 is an error without ids"
     return DecodeDraft(name, spec, aux_ids, aux_source, rules, checks)
+
+
+def vllm_rules(spec: DraftSpec, target: TargetInfo, engine_version: str | None = None) -> ValidationReport:
+    """The one rules run a decode command makes: vLLM's reading of the target-applied draft, at the version the
+    command mirrors (the latest modelled by default); the decode rules and the served section are views of it."""
+    return run_rules(spec, target=target, engine="vllm", engine_version=engine_version,
+                     groups=("structure", "target", "engine"))
+
+
+def refuse_incompatible(checks: Sequence[Finding], draft_path: str) -> None:
+    """An error among the decode rules' findings stops the decode with its first message."""
+    errors = [f for f in checks if f.severity == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more error(s))" if len(errors) > 1 else ""
+        raise IncompatibleDraftError(f"does not fit the target: {errors[0].code} {errors[0].message}{more}",
+                                     draft_path)
 
 
 def resolve_aux_ids(spec: DraftSpec, override: Sequence[int] | None) -> tuple[tuple[int, ...] | None, str]:
