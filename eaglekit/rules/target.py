@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from eaglekit.findings import Finding
-from eaglekit.io.tensors import read_array
 from eaglekit.rules.facts import fmt_ids
 from eaglekit.rules.registry import Hit, RuleContext, rule
 from eaglekit.spec import DraftSpec
@@ -250,6 +247,10 @@ def decode_d2t(ctx: RuleContext):
     Vd = _smaller_head(ctx)
     if Vd is None or "d2t" not in ctx.spec.tensors:
         return
+    import numpy as np  # imported where values are judged: loading the rules (inspect) stays numpy-free
+
+    from eaglekit.io.tensors import read_array
+
     V = _target(ctx).vocab_size
     ids = np.arange(Vd) + read_array(ctx.spec, "d2t").astype(np.int64).reshape(-1)[:Vd]
     if ids.min() < 0 or ids.max() >= V:
