@@ -503,6 +503,16 @@ def test_only_a_resolved_gain_is_written(oracle, misdrafting, tmp_path, lr, gain
         overall = json.loads(result.stdout)["evaluation"]["overall"]
         assert overall["before"] == 1.0 and overall["after"] > 3.0 and overall["interval"]["low"] > 0
         assert load_draft(out).config["eaglekit"]["written"] == "resolved gain"
+        from eaglekit.hub.card import build_card
+
+        doc = json.loads(result.stdout)
+        card = build_card(load_draft(out), "org/tuned")
+        section = card.split("## Fine-tuning", 1)[1].split("\n## ", 1)[0]
+        assert f"τ 1.00 → {overall['after']:.2f}, difference {overall['acceptance_length_difference']:+.3f}" in section
+        assert f"[{overall['interval']['low']:+.3f}, {overall['interval']['high']:+.3f}], better" in section
+        assert f"on {doc['data']['sequences']} sequences" in section and "k = 3" in section
+        assert f"step {doc['training']['selected_step']}" in section and "written: resolved gain" in section
+        assert "| chat | 0 |" in section
     else:
         assert result.exit_code == 1 and "no gain found, nothing was written" in result.stderr
         assert "held-out τ 1.000 → 1.000" in result.stderr and not os.path.exists(out)

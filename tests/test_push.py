@@ -454,11 +454,11 @@ def test_a_local_target_is_named_by_its_hub_id_on_the_card(fake_hub, draft_dir, 
 
 
 def test_a_derived_local_copy_is_named_as_such_on_the_card():
-    from eaglekit.hub.card import _verify_section
+    from eaglekit.hub.card_figures import verify_section
 
     measured = {"name_or_path": "org/Base", "folder": "base", "config_sha256": "sha256:" + "a" * 64,
                 "derived_from": "base.Q4_1.gguf dequantised to bfloat16"}
-    row = next(line for line in _verify_section({"measured": {"target": measured}}).splitlines()
+    row = next(line for line in verify_section({"measured": {"target": measured}}).splitlines()
                if line.startswith("| Target measured"))
     assert "org/Base, as a local copy: base.Q4\\_1.gguf dequantised to bfloat16" in row
 

@@ -193,7 +193,7 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "target": public_path(opts.target), "target_files": target_files,
         "data": {"source": data.source, "sha256": data.digest, "sequences": data.sequences,
                  "positions": data.positions},
-        "options": _options_dict(opts)["train"],
+        "options": _options_dict(opts)["train"], "evaluation_options": _options_dict(opts)["eval"],
         "warm_start": warm, "steps": result.steps, "trained_tensors": list(result.trained),
         "world_size": result.world_size,
         "final_loss": round(last.loss, 6) if last else None,

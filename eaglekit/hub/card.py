@@ -6,15 +6,16 @@ standalone LM. The YAML is built with `ModelCardData.to_yaml()` and no template 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eaglekit import __version__
-from eaglekit.config_view import REPO_ID, nested
+from eaglekit.config_view import nested
 from eaglekit.engines import RECORDS
 from eaglekit.findings import Finding
-from eaglekit.redact import public_path, redact
+from eaglekit.hub.card_figures import finetune_section, numerics_note, speed_section, verify_section
+from eaglekit.hub.card_text import code, is_repo_id, public_source, text
+from eaglekit.redact import redact
 from eaglekit.rules import ValidationReport
 from eaglekit.serving import (
     NOT_AS_IS,
@@ -30,11 +31,6 @@ EAGLE31_ARXIV = "2605.09992"
 NUM_SPECULATIVE_TOKENS = 3
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"
 AUX_CONVENTION = "vLLM convention: input of layer i / HF `hidden_states` index"
-
-
-def is_repo_id(value: Any) -> bool:
-    """A Hub id (org/name), not a local path that happens to contain one slash."""
-    return isinstance(value, str) and bool(REPO_ID.match(value)) and not os.path.exists(value)
 
 
 def provenance(spec: DraftSpec) -> dict[str, Any]:
@@ -123,8 +119,10 @@ def build_card(
         _no_gain_notice(spec),
         _draft_table(spec, target),
         _serving(spec, repo_id, target, rules),
-        _speed_section(bench, bench_mismatches) if bench else "",
-        _verify_section(report, report_mismatches, speed=bench is None) if report else "",
+        speed_section(bench, bench_mismatches) if bench else "",
+        verify_section(report, report_mismatches, speed=bench is None) if report else "",
+        numerics_note(report, bench) if report and bench else "",
+        finetune_section(provenance(spec)),
         _validation_section(findings, validated),
         _provenance_section(spec),
         _citations(spec),
@@ -277,111 +275,8 @@ def _serving(spec: DraftSpec, repo_id: str, target: str | None, rules: Validatio
     return "\n".join(sections)
 
 
-MARKDOWN_SPECIALS = frozenset("\\`*_[]<>|&")
 """What a string read from a file could use to become Markdown or HTML in the card: emphasis, code, links, tags,
 table cells, entities. Escaped with a backslash wherever such a string is rendered."""
-
-
-def text(value: Any) -> str:
-    """A string read from a report or a config, as the card shows it: data, never Markdown. Control characters
-    (a newline would start a section) are written as their escapes, Markdown and HTML characters escaped."""
-    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(value))
-    return "".join(f"\\{c}" if c in MARKDOWN_SPECIALS else c for c in shown)
-
-
-def _code(value: Any) -> str:
-    """A name read from a file as inline code; as escaped text when it holds what a code span cannot."""
-    name = str(value)
-    if "`" in name or "|" in name or not name.isprintable():
-        return text(name)
-    return f"`{name}`"
-
-
-def _number(value: Any, digits: int = 2) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return text(value)
-    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
-
-
-def _verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = (), *, speed: bool = True) -> str:
-    """verify's figures; its reference-decode speed only when no bench report gives the serving speed (`speed`):
-    a card states one speed, the engine's when it was measured."""
-    rows = []
-    if "lossless" in report:
-        rows.append(("Lossless (greedy output identical to the target's)", "yes" if report["lossless"] else "**no**"))
-    if "acceptance_length" in report:
-        rows.append(("Mean acceptance length τ", _number(report["acceptance_length"])))
-    per_position = report.get("per_position_acceptance")
-    if isinstance(per_position, list) and per_position:
-        rows.append(("Acceptance rate per draft position", ", ".join(_number(p) for p in per_position)))
-    if "num_speculative_tokens" in report:
-        rows.append(("Speculative tokens k", _number(report["num_speculative_tokens"])))
-    spec_tps, target_tps = report.get("tokens_per_s_spec"), report.get("tokens_per_s_target")
-    if not speed:
-        spec_tps = target_tps = None
-    if spec_tps is not None:
-        rows.append(("Tokens/s with the draft, eaglekit's reference decode", _number(spec_tps, 1)))
-    if target_tps is not None:
-        rows.append(("Tokens/s, target alone, eaglekit's reference decode", _number(target_tps, 1)))
-    if isinstance(spec_tps, (int, float)) and isinstance(target_tps, (int, float)) and target_tps > 0:
-        rows.append(("Reference-decode speed ratio (batch 1, not a serving engine: see `eaglekit bench`)",
-                     f"{spec_tps / target_tps:.2f}×"))
-    prompts = report.get("prompts")
-    if isinstance(prompts, Mapping):
-        rows.append(("Prompts", f"{text(prompts.get('name', 'unnamed'))} ({_number(prompts.get('count', '?'))})"))
-    for key, label in (("dtype", "dtype"), ("device", "Device")):
-        if key in report:
-            rows.append((label, text(report[key])))
-    target = nested(nested(report, "measured"), "target")
-    if target:
-        name = target.get("name_or_path")
-        origin = name if is_repo_id(name) else f"a local copy in a folder named {text(target.get('folder'))}"
-        if is_repo_id(name) and target.get("derived_from"):
-            origin = f"{name}, as a local copy: {text(target['derived_from'])}"
-        digest = text(str(target.get("config_sha256", ""))[7:19])
-        rows.append(("Target measured", f"{origin} (config.json {digest}…)"))
-    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    warning = ("> **Warning: these figures were measured on other files** than the ones published "
-               f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
-    return (f"## Verification\n\n{warning}Measured with `eaglekit verify` against the target.\n\n| | |\n|---|---|\n"
-            f"{table}\n")
-
-
-def _speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> str:
-    """Serving speed as `eaglekit bench` measured it in the engine: the conditions first, then one row per
-    concurrency (and category), then the verdict."""
-    engine = nested(bench, "engine")
-    prompts = nested(bench, "prompts")
-    def field(block: Mapping[str, Any], key: str, default: str = "?") -> str:
-        return text(block.get(key, default))
-
-    conditions = (f"{field(engine, 'name', 'vllm')} {field(engine, 'version')} on {field(engine, 'device_name')} "
-                  f"({field(engine, 'device_type')}, tensor parallel {field(engine, 'tensor_parallel_size', '1')}), "
-                  f"{field(bench, 'dtype')}, k = {field(bench, 'num_speculative_tokens')}, greedy, up to "
-                  f"{field(bench, 'max_new_tokens')} new tokens per request, prompts "
-                  f"{field(prompts, 'name', 'unnamed')} ({_number(prompts.get('count', '?'))})")
-    rows = [r for r in bench.get("rows") or [] if isinstance(r, Mapping)]
-    per_category = any(r.get("category") for r in rows)
-    header = ("| Category " if per_category else "") + ("| Concurrency | Per-user tokens/s, target alone | With the "
-                                                       "draft | Speed-up | 95 % interval | τ (engine) |")
-    lines = [header, "|---" * (header.count("|") - 1) + "|"]
-    for r in rows:
-        base, spec = nested(r, "baseline"), nested(r, "speculative")
-        interval = r.get("speed_up_interval")
-        tau = r.get("acceptance_length")
-        lines.append(("| " + text(r.get("category") or "") + " " if per_category else "")
-                     + f"| {r['concurrency']} | {_number(nested(base, 'per_user_tokens_per_s').get('mean'), 1)} | "
-                     f"{_number(nested(spec, 'per_user_tokens_per_s').get('mean'), 1)} | {r['speed_up']:.2f}× | "
-                     + (f"{_number(interval.get('low'), 2)}–{_number(interval.get('high'), 2)}"
-                        if isinstance(interval, Mapping) else "—")
-                     + f" | {'—' if tau is None else _number(tau, 2)} |")
-    verdicts = [f"- {text(v['text'])}" for v in bench.get("verdicts") or [] if isinstance(v, Mapping) and "text" in v]
-    warning = ("> **Warning: these figures were measured on other files** than the ones published "
-               f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
-    return ("## Serving speed\n\n" + warning + "Measured with `eaglekit bench`: the target served alone and with this "
-            "draft, on the same requests, by vLLM's own benchmark client (`vllm bench serve`) at each concurrency; τ "
-            f"from the server's spec-decode counters. {conditions}.\n\n" + "\n".join(lines) + "\n"
-            + ("\n" + "\n".join(verdicts) + "\n" if verdicts else ""))
 
 
 def _validation_section(findings: Sequence[Finding], validated: bool) -> str:
@@ -399,15 +294,6 @@ def _validation_section(findings: Sequence[Finding], validated: bool) -> str:
 COMMANDS = {"upgrade": "`eaglekit upgrade`", "finetune": "`eaglekit finetune`"}
 
 
-def public_source(source: Any) -> str | None:
-    """A source as a public card may name it: a Hub id as is, a local folder by its name only."""
-    if not isinstance(source, str) or not source:
-        return None
-    if is_repo_id(source):
-        return f"[`{source}`](https://huggingface.co/{source})"
-    return f"a local folder named {_code(public_path(source))}"
-
-
 def _provenance_section(spec: DraftSpec) -> str:
     """Who made these files from what, in a few readable lines (the full record stays in config.json)."""
     chain: list[Mapping[str, Any]] = []
@@ -419,7 +305,7 @@ def _provenance_section(spec: DraftSpec) -> str:
         return ""
     lines = ["## Provenance", ""]
     for step in chain:
-        command = COMMANDS.get(str(step.get("command")), _code(step.get("command", "eaglekit")))
+        command = COMMANDS.get(str(step.get("command")), code(step.get("command", "eaglekit")))
         source = public_source(step.get("source"))
         line = f"- {command} (eaglekit {text(step.get('version', '?'))})" + (f" from {source}" if source else "")
         if step.get("source_family"):
@@ -430,12 +316,12 @@ def _provenance_section(spec: DraftSpec) -> str:
         options = nested(step, "options")
         chosen = {k: v for k, v in options.items() if v not in (None, False, "", [], {})}
         if chosen:
-            lines.append("  - options: " + ", ".join(_code(f"{k}={v}") for k, v in chosen.items()))
+            lines.append("  - options: " + ", ".join(code(f"{k}={v}") for k, v in chosen.items()))
         for detail in step.get("conversion") or []:
             lines.append(f"  - {text(detail)}")
         files = step.get("source_files")
         if isinstance(files, Mapping) and files:
-            lines.append("  - source files: " + ", ".join(f"{_code(name)} {text(str(digest)[7:19])}…"
+            lines.append("  - source files: " + ", ".join(f"{code(name)} {text(str(digest)[7:19])}…"
                                                          for name, digest in sorted(files.items())))
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,8 @@ from typing import Any
 from eaglekit.bench.report import RowFigures, Verdict, verdicts
 from eaglekit.config_view import REPO_ID, nested
 from eaglekit.errors import CheckpointError, UsageError, quoted
-from eaglekit.hub.card import is_repo_id, recorded_target
+from eaglekit.hub.card import recorded_target
+from eaglekit.hub.card_text import is_repo_id
 from eaglekit.hub.upload import HUB_ENDPOINTS
 from eaglekit.io.hub_client import HubFetchError, hub_snapshot
 from eaglekit.io.jsonfile import finite, load_json_object

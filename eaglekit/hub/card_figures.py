@@ -1,0 +1,144 @@
+"""The measured sections of a model card: verification, serving speed, why their τ differ, and a fine-tune's result.
+Each states its figures with the conditions they hold under."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eaglekit.config_view import nested
+from eaglekit.hub.card_text import is_repo_id, number, public_source, signed, text
+
+
+def verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = (), *, speed: bool = True) -> str:
+    """verify's figures; its reference-decode speed only when no bench report gives the serving speed (`speed`):
+    a card states one speed, the engine's when it was measured."""
+    rows = []
+    if "lossless" in report:
+        rows.append(("Lossless (greedy output identical to the target's)", "yes" if report["lossless"] else "**no**"))
+    if "acceptance_length" in report:
+        rows.append(("Mean acceptance length τ", number(report["acceptance_length"])))
+    per_position = report.get("per_position_acceptance")
+    if isinstance(per_position, list) and per_position:
+        rows.append(("Acceptance rate per draft position", ", ".join(number(p) for p in per_position)))
+    if "num_speculative_tokens" in report:
+        rows.append(("Speculative tokens k", number(report["num_speculative_tokens"])))
+    spec_tps, target_tps = report.get("tokens_per_s_spec"), report.get("tokens_per_s_target")
+    if not speed:
+        spec_tps = target_tps = None
+    if spec_tps is not None:
+        rows.append(("Tokens/s with the draft, eaglekit's reference decode", number(spec_tps, 1)))
+    if target_tps is not None:
+        rows.append(("Tokens/s, target alone, eaglekit's reference decode", number(target_tps, 1)))
+    if isinstance(spec_tps, (int, float)) and isinstance(target_tps, (int, float)) and target_tps > 0:
+        rows.append(("Reference-decode speed ratio (batch 1, not a serving engine: see `eaglekit bench`)",
+                     f"{spec_tps / target_tps:.2f}×"))
+    prompts = report.get("prompts")
+    if isinstance(prompts, Mapping):
+        rows.append(("Prompts", f"{text(prompts.get('name', 'unnamed'))} ({number(prompts.get('count', '?'))})"))
+    for key, label in (("dtype", "dtype"), ("device", "Device")):
+        if key in report:
+            rows.append((label, text(report[key])))
+    target = nested(nested(report, "measured"), "target")
+    if target:
+        name = target.get("name_or_path")
+        origin = name if is_repo_id(name) else f"a local copy in a folder named {text(target.get('folder'))}"
+        if is_repo_id(name) and target.get("derived_from"):
+            origin = f"{name}, as a local copy: {text(target['derived_from'])}"
+        digest = text(str(target.get("config_sha256", ""))[7:19])
+        rows.append(("Target measured", f"{origin} (config.json {digest}…)"))
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    warning = ("> **Warning: these figures were measured on other files** than the ones published "
+               f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
+    return (f"## Verification\n\n{warning}Measured with `eaglekit verify` against the target.\n\n| | |\n|---|---|\n"
+            f"{table}\n")
+
+
+def speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> str:
+    """Serving speed as `eaglekit bench` measured it in the engine: the conditions first, then one row per
+    concurrency (and category), then the verdict."""
+    engine = nested(bench, "engine")
+    prompts = nested(bench, "prompts")
+    def field(block: Mapping[str, Any], key: str, default: str = "?") -> str:
+        return text(block.get(key, default))
+
+    conditions = (f"{field(engine, 'name', 'vllm')} {field(engine, 'version')} on {field(engine, 'device_name')} "
+                  f"({field(engine, 'device_type')}, tensor parallel {field(engine, 'tensor_parallel_size', '1')}), "
+                  f"{field(bench, 'dtype')}, k = {field(bench, 'num_speculative_tokens')}, greedy, up to "
+                  f"{field(bench, 'max_new_tokens')} new tokens per request, prompts "
+                  f"{field(prompts, 'name', 'unnamed')} ({number(prompts.get('count', '?'))})")
+    rows = [r for r in bench.get("rows") or [] if isinstance(r, Mapping)]
+    per_category = any(r.get("category") for r in rows)
+    header = ("| Category " if per_category else "") + ("| Concurrency | Per-user tokens/s, target alone | With the "
+                                                       "draft | Speed-up | 95 % interval | τ (engine) |")
+    lines = [header, "|---" * (header.count("|") - 1) + "|"]
+    for r in rows:
+        base, spec = nested(r, "baseline"), nested(r, "speculative")
+        interval = r.get("speed_up_interval")
+        tau = r.get("acceptance_length")
+        lines.append(("| " + text(r.get("category") or "") + " " if per_category else "")
+                     + f"| {r['concurrency']} | {number(nested(base, 'per_user_tokens_per_s').get('mean'), 1)} | "
+                     f"{number(nested(spec, 'per_user_tokens_per_s').get('mean'), 1)} | {r['speed_up']:.2f}× | "
+                     + (f"{number(interval.get('low'), 2)}–{number(interval.get('high'), 2)}"
+                        if isinstance(interval, Mapping) else "—")
+                     + f" | {'—' if tau is None else number(tau, 2)} |")
+    verdicts = [f"- {text(v['text'])}" for v in bench.get("verdicts") or [] if isinstance(v, Mapping) and "text" in v]
+    warning = ("> **Warning: these figures were measured on other files** than the ones published "
+               f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
+    return ("## Serving speed\n\n" + warning + "Measured with `eaglekit bench`: the target served alone and with this "
+            "draft, on the same requests, by vLLM's own benchmark client (`vllm bench serve`) at each concurrency; τ "
+            f"from the server's spec-decode counters. {conditions}.\n\n" + "\n".join(lines) + "\n"
+            + ("\n" + "\n".join(verdicts) + "\n" if verdicts else ""))
+
+
+def numerics_note(report: Mapping[str, Any], bench: Mapping[str, Any]) -> str:
+    """Why the two sections' τ and "lossless" can differ: each is exact for its own numerics and prompts."""
+    rows = [r for r in bench.get("rows") or [] if isinstance(r, Mapping)]
+    identical = sum(r["identical_outputs"] for r in rows if isinstance(r.get("identical_outputs"), int))
+    requests = sum(r["requests"] for r in rows if isinstance(r.get("requests"), int))
+    lines = [f"τ differs between the two sections by design: the verification is `eaglekit verify`'s decode in "
+             f"{text(report.get('dtype', '?'))} on its prompts, the serving speed is the engine's own counters in "
+             f"{text(bench.get('dtype', '?'))} on the benchmark's; other numerics and prompts give another τ, and "
+             "each figure is exact for its setting."]
+    if requests and identical < requests:
+        lines.append(f"`eaglekit verify`'s output equals the target's; in the engine, {identical} of {requests} "
+                     f"texts with the draft equal the target's alone: in {text(bench.get('dtype', '?'))}, batched "
+                     "verification rounds differently from one token at a time, so a near-tie can flip a token (as "
+                     "in vLLM itself); greedy speculative decoding is lossless in exact arithmetic.")
+    return "\n".join(lines) + "\n"
+
+
+def finetune_section(block: Mapping[str, Any]) -> str:
+    """What the newest fine-tune did and measured (its provenance `block`): data, steps, the step kept, held-out τ
+    before and after."""
+    if block.get("command") != "finetune":
+        return ""
+    data, options = nested(block, "data"), nested(block, "evaluation_options")
+    lines = ["## Fine-tuning", "",
+             f"`eaglekit finetune` trained this draft from {public_source(block.get('source')) or 'its source'} on "
+             f"{number(data.get('sequences', '?'))} sequences ({number(data.get('positions', '?'))} positions) for "
+             f"{number(block.get('steps', '?'))} steps"
+             + (f", keeping the weights of step {number(block['selected_step'])} ({text(block.get('selected_by'))}), "
+                "the best on held-out training sequences" if block.get("selected_step") is not None else "") + "."]
+    gain = nested(block, "held_out_gain")
+    if not gain:
+        lines += ["", f"Held-out acceptance: not measured ({text(block.get('written') or 'no evaluation')})."]
+        return "\n".join(lines) + "\n"
+    interval = nested(gain, "interval")
+    span = f" [{signed(interval.get('low'))}, {signed(interval.get('high'))}]" if interval else ""
+    k = f", k = {number(options['k'])}" if "k" in options else ""
+    lines += ["", f"Held-out acceptance against its input, paired on one target pass per prompt "
+                  f"({number(gain.get('prompts', '?'))} prompts × {number(gain.get('conditions', '?'))} "
+                  f"conditions{k}): τ {number(gain.get('before'))} → {number(gain.get('after'))}, difference "
+                  f"{signed(gain.get('acceptance_length_difference'))}{span}, {text(gain.get('verdict'))}"
+                  + (f" (it resolves ±{number(gain['resolvable'], 3)})" if gain.get("resolvable") else "")
+                  + f"; written: {text(block.get('written', '?'))}.", "",
+              "| Template | Context tokens | τ difference | 95 % interval | Verdict |", "|---|---|---|---|---|"]
+    for p in block.get("paired_evaluation") or []:
+        if isinstance(p, Mapping):
+            bounds = nested(p, "interval")
+            lines.append(f"| {text(p.get('template', '?'))} | {number(p.get('context_tokens', '?'))} | "
+                         f"{signed(p.get('acceptance_length_difference'))} | "
+                         + (f"{signed(bounds.get('low'))} to {signed(bounds.get('high'))}" if bounds else "—")
+                         + f" | {text(p.get('verdict', '?'))} |")
+    return "\n".join(lines) + "\n"
