@@ -155,15 +155,16 @@ def test_validate_never_modifies_the_source(drafts):
     assert digest(drafts["nan"]) == before
 
 
-def test_engine_errors_come_with_the_command_that_fixes_them(tmp_path):
+def test_engine_errors_come_with_the_command_that_fixes_them(tmp_path, monkeypatch):
     import shlex
 
     source = make_draft(str(tmp_path / "sf"), "specforge")  # EK307: ids only in eagle_config
-    fix = f"eaglekit upgrade {source} {source}-vllm --no-fc-norm --no-norm-output"
+    fix = f"eaglekit upgrade {source} sf-vllm --no-fc-norm --no-norm-output"  # writes where the user is
     assert fix in run(source).stdout  # printed whole, never wrapped
     doc = _json(run(source, "--format", "json"))  # JSON names local folders by name only
     assert not doc["ok"] and doc["fix"] == "eaglekit upgrade sf sf-vllm --no-fc-norm --no-norm-output"
     command = shlex.split(fix)
+    monkeypatch.chdir(tmp_path)
     assert run_cli(command[1:]).exit_code == 0
     fixed = _json(run(f"{source}-vllm", "--format", "json"))
     assert fixed["ok"] and fixed["fix"] is None

@@ -50,7 +50,7 @@ def test_a_large_tau_gain_is_a_mismatch_with_a_fix():
     shifted = _result("aux ids -1", "aux-shift", [2, 3, 2, 1], [0.9] * 20, ids=(1, 14, 26))
     d = conclude([declared, shifted])
     assert d.verdict == "mismatch" and d.best == "aux ids -1"
-    assert d.fix == "eaglekit upgrade DRAFT --aux-layer-ids 1,14,26 --aux-convention input"
+    assert d.fix == "eaglekit upgrade DRAFT OUT --aux-layer-ids 1,14,26 --aux-convention input"
     assert "off by -1" in d.message and "teacher-forced τ 1.90 vs 1.10" in d.message
 
 

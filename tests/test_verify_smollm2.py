@@ -96,7 +96,8 @@ def _shifted_copy(source, dst) -> str:
 
 
 @pytest.mark.slow
-def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_dir, eagle3_report, tmp_path):
+def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_dir, eagle3_report, tmp_path,
+                                                                        monkeypatch):
     true_ids = _shifted_copy(EAGLE3, tmp_path / "shifted")
     bad = _verify(str(tmp_path / "shifted"), smollm2_dir, diagnose=True)
     assert bad.lossless
@@ -104,6 +105,18 @@ def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_d
     d = bad.diagnosis
     assert d.verdict == "mismatch" and d.best == "aux ids -1", [r.to_dict() for r in d.results]
     assert f"--aux-layer-ids {true_ids} " in d.fix
+    # the fix as verify prints it runs as printed and writes the draft's true ids
+    import shlex
+
+    from eaglekit.cli.verify import runnable_fix
+    from eaglekit.families import load_draft
+    from tests.cli import run_cli
+
+    command = shlex.split(runnable_fix(d.fix, str(tmp_path / "shifted")))
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(command[1:]).exit_code == 0
+    fixed = load_draft(str(tmp_path / "shifted-diagnosed"))
+    assert sorted(fixed.aux.ids) == sorted(int(i) for i in true_ids.split(","))
     # the replayed readings reproduce the live runs: declared = the shifted run, "-1" = the original drafter
     by_name = {r.hypothesis.name: r.counter.acceptance_length for r in d.results}
     assert by_name["declared"] == pytest.approx(bad.acceptance_length, abs=0.1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 from rich.table import Table
@@ -123,7 +124,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
     if output_format == "json":
         emit_json(doc)
     else:
-        render(doc)
+        render(doc, draft)
         if profile is not None:
             render_profile(profile, profile_out)
         if written:
@@ -267,7 +268,7 @@ def render_sweep(doc: dict) -> None:
             out.print()
 
 
-def render(doc: dict) -> None:
+def render(doc: dict, draft: str) -> None:
     conditions = doc.get("conditions")
     if conditions is not None and len(conditions) > 1:
         render_sweep(doc)
@@ -345,4 +346,15 @@ def render(doc: dict) -> None:
         style = {"declared": "green", "mismatch": "bold yellow", "broken": "bold red"}[d["verdict"]]
         out.print(styled((d["message"], style)))
         if d["fix"]:
-            out.print(styled("fix: ", (d["fix"].replace("DRAFT", doc["draft"]), "bold")))
+            out.print(styled("fix: ", (runnable_fix(d["fix"], draft), "bold")), soft_wrap=True)  # a command to copy
+
+
+def runnable_fix(fix: str, draft: str) -> str:
+    """The diagnosis's fix as a command to paste: the draft as the user named it, the output beside the current folder
+    named after it (the report itself names local folders by name only)."""
+    import shlex
+
+    if not fix.startswith("eaglekit "):
+        return fix
+    name = os.path.basename(os.path.abspath(draft))
+    return fix.replace("DRAFT", shlex.quote(draft), 1).replace("OUT", shlex.quote(f"{name}-diagnosed"), 1)

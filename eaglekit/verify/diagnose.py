@@ -241,7 +241,7 @@ def teacher_forced_chains(drafter, capture: Capture, hyp: Hypothesis,
 def _fix(h: Hypothesis) -> str | None:
     if h.kind in ("aux-shift", "aux-default"):
         ids = ",".join(str(i) for i in h.aux_ids)
-        return f"eaglekit upgrade DRAFT --aux-layer-ids {ids} --aux-convention input"
+        return f"eaglekit upgrade DRAFT OUT --aux-layer-ids {ids} --aux-convention input"  # verify fills both in
     if h.kind in ("norm_before_residual", "norm_output"):
         key, value = h.overrides[0]
         return f"set \"{key}\": {str(value).lower()} in the draft's config.json"
