@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.make_bench_drafter import write_bench_drafter  # noqa: E402
 from eaglekit.inspection import inspect_draft  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
 
 
 def _median_time(fn, repeat: int) -> float:

@@ -9,8 +9,8 @@ import pytest
 from eaglekit import load_draft
 from eaglekit.errors import CheckpointError, UnknownLayoutError, UsageError
 from eaglekit.target import read_target
-from tests.cli import run_cli
-from tests.factory import Recipe, edit_config, make_draft, make_target_config, pickle_checkpoint
+from tests.support.cli import run_cli
+from tests.support.factory import Recipe, edit_config, make_draft, make_target_config, pickle_checkpoint
 
 # layout -> (family, convention the layout writes ids in, recipe overrides)
 CASES = {

@@ -3,16 +3,15 @@
 import json
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-import numpy as np
-
 from eaglekit.errors import CheckpointError
 from eaglekit.io.header import MAX_HEADER_BYTES, parse_header_bytes, read_header
-from tests.factory import write_safetensors
+from tests.support.factory import write_safetensors
 
 
 def _raw(header: dict, data: bytes = b"") -> bytes:

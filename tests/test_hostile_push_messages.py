@@ -26,9 +26,9 @@ from eaglekit.io.jsonfile import check_inside
 from eaglekit.target import read_target
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.run import measured_files
-from tests.factory import edit_config, make_draft, make_target_config, rewrite_tensors
-from tests.hub_fixtures import fake_hub, prefill_cache  # noqa: F401  (fixture)
-from tests.test_hostile_input import FUZZ, bounded, clean, refused, strict_json, write_header
+from tests.support.factory import edit_config, make_draft, make_target_config, rewrite_tensors
+from tests.support.hostile import FUZZ, clean, refused, strict_json, write_header
+from tests.support.hub import prefill_cache
 
 HUB_TARGET = "meta-llama/Llama-3.1-8B-Instruct"
 PUSH = ["--repo-id", "eagle-org/draft", "--license", "apache-2.0", "--dry-run"]
@@ -327,7 +327,7 @@ def test_card_out_never_overwrites_what_push_reads(tmp_path_factory, where):
 
 def with_weights(folder: str, norm: bytes) -> str:
     """make_target_config's target with the safetensors its config builds; `norm` is the final norm's raw F32."""
-    from tests.factory import write_safetensors
+    from tests.support.factory import write_safetensors
 
     tensors = {"model.embed_tokens.weight": ("F32", (256, 64), bytes(256 * 64 * 4)),
                "model.norm.weight": ("F32", (64,), norm)}

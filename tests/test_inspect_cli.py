@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from eaglekit.cli.main import cli
-from tests.cli import run_cli as run
-from tests.factory import make_draft, make_target_config
+from tests.support.cli import run_cli as run
+from tests.support.factory import make_draft, make_target_config
 
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "inspect-report.schema.json")))
 

@@ -26,8 +26,7 @@ from eaglekit.hub.card import build_card
 from eaglekit.hub.push import push
 from eaglekit.hub.upload import COMMIT_ATTEMPTS
 from eaglekit.io.checkpoint import INDEX_NAME
-from tests.factory import make_draft, make_target_config
-from tests.hub_fixtures import fake_hub  # noqa: F401  (fixture)
+from tests.support.factory import make_draft, make_target_config
 
 TARGET = "meta-llama/Llama-3.1-8B-Instruct"
 REPO = "eagle-org/llama-eagle3-draft"
@@ -162,7 +161,7 @@ def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
             f"'{{\"model\": \"{REPO}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'") in readme
     # vLLM-convention ids in eagle_config: SGLang would shift them, so the card gives no SGLang command but its layout
     assert "launch_server" not in readme
-    assert (f"- **SGLang**: SGLang's Llama-target path (always adds 1) turns eagle_config ids [2, 6, 9] into layers "
+    assert ("- **SGLang**: SGLang's Llama-target path (always adds 1) turns eagle_config ids [2, 6, 9] into layers "
             "[3, 7, 10]") in readme and f"`eaglekit upgrade {REPO} draft-sglang --to sglang`" in readme
     # TensorRT-LLM and tokenspeed are served with the setting that pins the trained layers
     assert "  eagle3_layers_to_capture: [1, 5, 8]" in readme
@@ -797,7 +796,7 @@ def test_garbage_answers_are_one_line(fake_hub, draft_dir, rules, capsys, monkey
 
 
 def test_a_server_echoing_the_token_never_prints_it(fake_hub, draft_dir, rules, capsys, monkeypatch):
-    from tests.hubserver import HubError
+    from tests.support.hubserver import HubError
 
     def echo(args, query, headers, body):
         raise HubError(400, f"bad request (Authorization: {headers.get('authorization')})")
@@ -827,8 +826,8 @@ def test_targets_and_the_push_config_lookup_share_one_hub_resolver(tmp_path, mon
     from eaglekit.errors import CheckpointError
     from eaglekit.io.hub_client import HubFetchError, hub_snapshot
     from eaglekit.target import resolve_target
-    from tests.factory import make_target_config
-    from tests.hub_fixtures import prefill_cache
+    from tests.support.factory import make_target_config
+    from tests.support.hub import prefill_cache
 
     prefill_cache(str(tmp_path / "hub"), "org/cached", make_target_config(str(tmp_path / "target")))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -16,7 +16,7 @@ from eaglekit.families import load_draft
 from eaglekit.rules import run_rules
 from eaglekit.serving import minimum_versions, serving_support
 from eaglekit.target import read_target
-from tests.factory import edit_config, make_draft, make_target_config
+from tests.support.factory import edit_config, make_draft, make_target_config
 
 
 def spec_of(tmp_path, layout="vllm", name="d", **kw):

@@ -9,12 +9,12 @@ import random
 import jsonschema
 import pytest
 
-from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.acceptance_profile import length_histogram, speculation_profile, vllm_synthetic_config
+from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.prompts import read_prompts
 from eaglekit.verify.speedbench import SENTINEL
 from eaglekit.verify.stats import paired_difference, tau_interval
-from tests.cli import run_cli
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.model
 
@@ -55,7 +55,7 @@ def write_parquet(path, rows) -> str:
 @pytest.fixture(scope="module")
 def fitting(tmp_path_factory):
     """A draft and a target config that fit: prompt-file errors are reached before anything heavy loads."""
-    from tests.factory import make_draft, make_target_config
+    from tests.support.factory import make_draft, make_target_config
 
     base = tmp_path_factory.mktemp("fitting")
     target = make_target_config(str(base / "target"))
@@ -255,10 +255,9 @@ def test_profile_invariants_hold_for_any_counters(seed):
 
 torch = pytest.importorskip("torch")
 
-from tests.factory import make_draft  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
-
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 VOCAB = 49152
 FAST = ["--max-new-tokens", "6", "--no-progress"]

@@ -18,7 +18,7 @@ from eaglekit.io.tensors import read_array, read_bytes
 from eaglekit.rules import run_rules
 from eaglekit.target import read_target
 from eaglekit.upgrade import UpgradeOptions, upgrade
-from tests.factory import Recipe, canonical_tensors, make_draft, make_target_config
+from tests.support.factory import Recipe, canonical_tensors, make_draft, make_target_config
 
 
 def load_json(path) -> dict:

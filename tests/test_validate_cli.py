@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from eaglekit.rules import all_rules
-from tests.cli import run_cli
-from tests.factory import make_draft, make_target_config
+from tests.support.cli import run_cli
+from tests.support.factory import make_draft, make_target_config
 
 SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "schemas")
 

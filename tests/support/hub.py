@@ -1,10 +1,11 @@
-"""The `fake_hub` fixture: a loopback Hub for one test, with the client set up to reach it over plain LFS."""
+"""The `fake_hub` fixture (registered by tests/conftest.py): a loopback Hub for one test, with the client set up to
+reach it over plain LFS; and `prefill_cache`, a Hugging Face cache laid out as a download would have."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.hubserver import FakeHub
+from tests.support.hubserver import FakeHub
 
 
 @pytest.fixture
