@@ -117,7 +117,8 @@ def target_gguf(tmp_path_factory):
 
 KNOWN_GAPS = {
     **{("entry", "fc.bias", d): "SGLang loads an fc bias (config 'bias': true), so EK356 calls a mismatch convertible, "
-       "but upgrade carries no fc bias; TensorRT-LLM's reading of a bias is not modelled" for d in ("sglang", "trtllm")},
+       "but upgrade carries no fc bias; TensorRT-LLM's reading of a bias is not modelled"
+       for d in ("sglang", "trtllm")},
 }
 """(case, dialect) pairs where an engine rule (eaglekit/rules/engine_*.py) and upgrade still disagree: each must
 disagree exactly so, and leaves this table once its rule is fixed."""

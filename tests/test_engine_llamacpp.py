@@ -26,7 +26,8 @@ from eaglekit.verify.prompts import bundled_prompts  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 BINARY = os.environ.get("EAGLEKIT_LLAMA_CPP") or str(REPO / ".llama-cpp" / "build" / "bin" / "llama-speculative-simple")
 DRAFTER = REPO / "examples" / "drafters" / "smollm2-135m-eagle3"
-pytestmark = [pytest.mark.engine, pytest.mark.skipif(not os.access(BINARY, os.X_OK), reason="no llama.cpp build (scripts/llamacpp-build.sh)")]
+pytestmark = [pytest.mark.engine, pytest.mark.skipif(not os.access(BINARY, os.X_OK),
+                                                     reason="no llama.cpp build (scripts/llamacpp-build.sh)")]
 
 
 def counts(draft: str, target: str, prompts: list[str]) -> tuple[int, int]:

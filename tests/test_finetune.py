@@ -287,7 +287,8 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
                                 data, "auto")
     c = with_weights.start.scale  # the head and norm it rescaled keep their relative step sizes
     assert not rescaled.changed
-    assert rescaled.lr_scales == {"norm.weight": pytest.approx(c, rel=1e-5), "lm_head.weight": pytest.approx(1 / c, rel=1e-5)}
+    assert rescaled.lr_scales == {"norm.weight": pytest.approx(c, rel=1e-5),
+                                  "lm_head.weight": pytest.approx(1 / c, rel=1e-5)}
     warm = warm_start.apply(tuned, load_draft(upgraded), data, "auto")
     assert warm.changed == {"norm.weight", "lm_head.weight"} and "pre-norm RMS" in warm.notes[0]
     c = float(tuned.norm.weight.detach()[0])

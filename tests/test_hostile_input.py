@@ -34,7 +34,8 @@ def write_config_text(path: str, text: str) -> str:
 # ------------------------------------------------------------------ property-based
 
 NAMES = st.sampled_from(["norm.weight", "fc.weight", "lm_head.weight", "d2t", "layers.0.input_layernorm.weight",
-                         "fc_norm.weight", "fc_norm.0.weight", "[/]x", "a\ud800b", "layers.99999999999.x", "__metadata__"])
+                         "fc_norm.weight", "fc_norm.0.weight", "[/]x", "a\ud800b", "layers.99999999999.x",
+                         "__metadata__"])
 ANY = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),

@@ -69,7 +69,8 @@ def test_a_report_of_another_local_target_is_refused(tmp_path, monkeypatch):
     refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report,
             contains=f"cannot be compared with {HUB_TARGET}")
     prefill_cache(str(tmp_path / "hub"), "org/other", other)
-    refused("push", draft, *PUSH, "--target", "org/other", "--report", report, contains="config.json is not org/other's")
+    refused("push", draft, *PUSH, "--target", "org/other", "--report", report,
+            contains="config.json is not org/other's")
     prefill_cache(str(tmp_path / "hub"), HUB_TARGET, measured)
     doc = strict_json(clean("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report, "--format", "json",
                             codes=(0,)).stdout)
@@ -342,7 +343,8 @@ def test_a_report_of_another_target_with_the_same_config_is_refused(tmp_path_fac
     tmp = tmp_path_factory.mktemp("w")
     draft = make_draft(str(tmp / "d"), "vllm")
     measured = with_weights(make_target_config(str(tmp / "base")), norm)
-    copy = with_weights(make_target_config(str(tmp / "instruct")), norm[:flip] + bytes([norm[flip] ^ 1]) + norm[flip + 1:])
+    flipped = norm[:flip] + bytes([norm[flip] ^ 1]) + norm[flip + 1:]
+    copy = with_weights(make_target_config(str(tmp / "instruct")), flipped)
     report = write_report(tmp / "r.json", draft, measured)
     clean("push", draft, *PUSH, "--target", measured, "--report", report, codes=(0,))
     refused("push", draft, *PUSH, "--target", copy, "--report", report,

@@ -46,7 +46,8 @@ def llama_tensors(layers: int, tied: bool) -> dict[str, tuple[int, ...]]:
         shapes.update({p + "input_layernorm.weight": (HIDDEN,), p + "post_attention_layernorm.weight": (HIDDEN,),
                        p + "self_attn.q_proj.weight": (HIDDEN, HIDDEN), p + "self_attn.k_proj.weight": (kv, HIDDEN),
                        p + "self_attn.v_proj.weight": (kv, HIDDEN), p + "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
-                       p + "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN), p + "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+                       p + "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+                       p + "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
                        p + "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE)})
     if not tied:
         shapes["lm_head.weight"] = (VOCAB, HIDDEN)

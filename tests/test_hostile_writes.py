@@ -390,7 +390,8 @@ def gguf_run(world, tmp_path_factory):
     """A GGUF written once without a limit: its size, and an earlier output that --force would replace."""
     folder = str(tmp_path_factory.mktemp("gguf-out"))
     earlier = os.path.join(folder, "draft.gguf")
-    clean("upgrade", world["draft"], earlier, "--to", "gguf", "--target", world["target.gguf"], codes=(0,), seconds=LOADS)
+    clean("upgrade", world["draft"], earlier, "--to", "gguf", "--target", world["target.gguf"], codes=(0,),
+          seconds=LOADS)
     return {"folder": folder, "earlier": earlier, "size": os.path.getsize(earlier)}
 
 

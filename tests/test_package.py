@@ -82,7 +82,8 @@ def _module_imports() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
                 found |= {base} | {f"{base}.{a.name}" for a in node.names}
         graph[name] = {m for m in found if m in modules and m != name and not name.startswith(m + ".")}
     return graph

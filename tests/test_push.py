@@ -156,7 +156,8 @@ def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
     meta = card_data(readme)
     assert meta["base_model"] == TARGET
     assert "pipeline_tag" not in meta and "library_name" not in meta  # no Hub snippet that cannot run a draft
-    assert {"eagle3", "eagle3.1", "speculative-decoding", "draft-model", "vllm", "eaglekit", "arxiv:2503.01840"} <= set(meta["tags"])
+    assert {"eagle3", "eagle3.1", "speculative-decoding", "draft-model", "vllm", "eaglekit",
+            "arxiv:2503.01840"} <= set(meta["tags"])
     assert (f"vllm serve {TARGET} --speculative-config "
             f"'{{\"model\": \"{REPO}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'") in readme
     # vLLM-convention ids in eagle_config: SGLang would shift them, so the card gives no SGLang command but its layout
@@ -174,7 +175,8 @@ def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
     manifest = json.loads(stored["eaglekit.json"])
     assert manifest["target"] == TARGET
     assert manifest["draft"]["eagle_version"] == "3.1" and manifest["draft"]["aux_layer_ids"] == [2, 6, 9]
-    assert manifest["validation"] == {"engine": "vllm", "ran": True, "errors": 0, "warnings": 0, "forced": False, "findings": []}
+    assert manifest["validation"] == {"engine": "vllm", "ran": True, "errors": 0, "warnings": 0, "forced": False,
+                                      "findings": []}
     assert snapshot(draft_dir) == before
 
 
@@ -466,7 +468,8 @@ def test_a_derived_local_copy_is_named_as_such_on_the_card():
 
 
 def test_bad_token_is_one_line_and_exit_1(fake_hub, draft_dir, rules, capsys):
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_wrong", "--endpoint", fake_hub.endpoint)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_wrong",
+                             "--endpoint", fake_hub.endpoint)
     assert code == 1
     assert err == f"Error: authentication failed for {fake_hub.endpoint}: check --token / HF_TOKEN\n"
     assert fake_hub.calls("create_repo")[0].status == 401 and fake_hub.repos == {}
@@ -529,14 +532,17 @@ def test_validation_error_refuses_before_any_request(fake_hub, draft_dir):
     def failing(spec):
         return [Finding("AUX_ORDER", "error", "aux layer ids are not ascending", pitfall="P12")]
 
-    with pytest.raises(EaglekitError, match=r"refusing to push: validation found 1 error\(s\) for vLLM, first AUX_ORDER"):
+    with pytest.raises(EaglekitError,
+                       match=r"refusing to push: validation found 1 error\(s\) for vLLM, first AUX_ORDER"):
         push(draft_dir, REPO, token=fake_hub.token, endpoint=fake_hub.endpoint, validate=failing)
     assert fake_hub.requests == []
 
 
 def test_cli_force_pushes_and_the_card_says_so(fake_hub, draft_dir, rules, capsys):
-    rules.findings = [Finding("FC_SHAPE", "error", "fc.weight fan-in is not K*T"), Finding("ROPE", "warning", "rope_theta implicit")]
-    args = [draft_dir, "--repo-id", REPO, "--target", TARGET, "--token", fake_hub.token, "--endpoint", fake_hub.endpoint]
+    rules.findings = [Finding("FC_SHAPE", "error", "fc.weight fan-in is not K*T"),
+                      Finding("ROPE", "warning", "rope_theta implicit")]
+    args = [draft_dir, "--repo-id", REPO, "--target", TARGET, "--token", fake_hub.token,
+            "--endpoint", fake_hub.endpoint]
 
     code, out, err = run_cli(capsys, *args)
     assert code == 1 and err.startswith("Error: ") and "FC_SHAPE" in err and err.count("\n") == 1
@@ -624,8 +630,9 @@ def test_non_hub_endpoint_uploads_over_lfs_even_with_xet_installed(fake_hub, dra
 @pytest.mark.parametrize("layout, options, present, absent, tags", [
     ("vllm", {}, ["Any vLLM release with EAGLE-3 support", "| lm_head | own weights |"],
      ["arXiv:2605.09992", "Requires vLLM"], {"eagle3"}),
-    ("vllm", {"attention": "mla", "fc_norm": True, "norm_output": True}, ["Requires vLLM ≥ 0.23.0", "Requires SGLang ≥ 0.5.23",
-     "arXiv:2605.09992"], [], {"eagle3", "eagle3.1", "arxiv:2605.09992"}),
+    ("vllm", {"attention": "mla", "fc_norm": True, "norm_output": True},
+     ["Requires vLLM ≥ 0.23.0", "Requires SGLang ≥ 0.5.23", "arXiv:2605.09992"], [],
+     {"eagle3", "eagle3.1", "arxiv:2605.09992"}),
     ("vllm", {"fc_norm": True}, ["Requires vLLM ≥ 0.22.0", "partial 3.1 flag set"], [], {"eagle3"}),
     ("vllm", {"lm_head": False, "draft_vocab": None}, ["| lm_head | shared from the target |",
      "| embed_tokens | shared from the target |"], ["d2t"], {"eagle3"}),
@@ -654,7 +661,8 @@ def test_card_of_a_converted_draft_names_its_source(tmp_path):
     assert meta["base_model"] == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" and meta["base_model_relation"] == "finetune"
     assert f"vllm serve {TARGET} " in card
     for text in ("Converted from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`]",
-                 "from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`](https://huggingface.co/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), "
+                 "from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`]"
+                 "(https://huggingface.co/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), "
                  "eagle layout", "  - options: `calibrate=True`",
                  "  - renamed midlayer.\\* to layers.0.\\*"):  # a literal star, not emphasis
         assert text in card
@@ -811,7 +819,8 @@ def test_an_untrained_warm_start_is_refused_unless_forced_and_the_card_says_so(f
     from eaglekit.upgrade import UpgradeOptions, upgrade
 
     warm = str(tmp_path / "warm")
-    upgrade(make_draft(str(tmp_path / "eagle3"), "vllm"), warm, UpgradeOptions())  # fc_norm = ones + norm_output: changes the function, untrained
+    # fc_norm = ones + norm_output: changes the function, untrained
+    upgrade(make_draft(str(tmp_path / "eagle3"), "vllm"), warm, UpgradeOptions())
     code, out, err = run_cli(capsys, warm, "--repo-id", REPO, "--token", fake_hub.token, "--endpoint",
                              fake_hub.endpoint, "--dry-run")
     assert code == 1 and "untrained warm start" in err and "eaglekit finetune" in err and err.count("\n") == 1

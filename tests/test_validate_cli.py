@@ -148,7 +148,8 @@ def test_truncated_file_is_one_clear_line(tmp_path):
 
 def test_validate_never_modifies_the_source(drafts):
     def digest(path):
-        return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest() for f in sorted(os.listdir(path))}
+        return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest()
+                for f in sorted(os.listdir(path))}
 
     before = digest(drafts["nan"])
     run(drafts["nan"], "--deep", "--engine", "all", "--target", drafts["target"])
