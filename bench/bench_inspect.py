@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.make_bench_drafter import write_bench_drafter  # noqa: E402
 from eaglekit.inspection import inspect_draft  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
 
 
 def _median_time(fn, repeat: int) -> float:
@@ -30,6 +30,11 @@ def _median_time(fn, repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def _reuse_or_write(path: str, **kw) -> str:
+    """The 8B-class drafter at `path`, written only if an earlier run in the same --workdir left none."""
+    return path if os.path.exists(path) else write_bench_drafter(path, **kw)
 
 
 def _size(path: str) -> int:
@@ -43,19 +48,20 @@ def main() -> None:
     work = args.workdir or tempfile.mkdtemp(prefix="eaglekit-bench-")
     drafts = {
         "tiny": make_draft(os.path.join(work, "tiny"), "specforge"),
-        "8B-class, 1 file": write_bench_drafter(os.path.join(work, "big1")) if not os.path.exists(os.path.join(work, "big1")) else os.path.join(work, "big1"),
-        "8B-class, 3 shards": write_bench_drafter(os.path.join(work, "big3"), shards=3) if not os.path.exists(os.path.join(work, "big3")) else os.path.join(work, "big3"),
+        "8B-class, 1 file": _reuse_or_write(os.path.join(work, "big1")),
+        "8B-class, 3 shards": _reuse_or_write(os.path.join(work, "big3"), shards=3),
     }
     rows = []
     for label, path in drafts.items():
         lib = _median_time(lambda p=path: inspect_draft(p), 20)
-        cli = _median_time(lambda p=path: subprocess.run([sys.executable, "-m", "eaglekit.cli", "inspect", p, "--format", "json"],
-                                                          check=True, capture_output=True), 5)
+        command = [sys.executable, "-m", "eaglekit.cli", "inspect", path, "--format", "json"]
+        cli = _median_time(lambda c=command: subprocess.run(c, check=True, capture_output=True), 5)
         rows.append((label, _size(path), lib, cli))
     tiny_lib, tiny_cli = rows[0][2], rows[0][3]
     print(f"{'draft':22} {'size':>10} {'library ms':>11} {'CLI ms':>8} {'lib ratio':>10} {'CLI ratio':>10}")
     for label, size, lib, cli in rows:
-        print(f"{label:22} {size / 1e6:>8.1f}MB {lib * 1e3:>11.2f} {cli * 1e3:>8.0f} {lib / tiny_lib:>9.2f}x {cli / tiny_cli:>9.2f}x")
+        print(f"{label:22} {size / 1e6:>8.1f}MB {lib * 1e3:>11.2f} {cli * 1e3:>8.0f} "
+              f"{lib / tiny_lib:>9.2f}x {cli / tiny_cli:>9.2f}x")
 
 
 if __name__ == "__main__":

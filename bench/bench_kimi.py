@@ -58,7 +58,8 @@ def main() -> None:
         ("inspect (library)", _median(lambda: _clock(lambda: inspect_draft(src)), args.repeat)),
         ("inspect (CLI)", _median(lambda: _timed([*eaglekit, "inspect", src, "--format", "json"]), args.repeat)),
         ("cp -r", _median(lambda: fresh(["cp", "-r", src, out]), args.repeat)),
-        ("upgrade (lossless)", _median(lambda: fresh([*eaglekit, "upgrade", src, out, "--format", "json"]), args.repeat)),
+        ("upgrade (lossless)",
+         _median(lambda: fresh([*eaglekit, "upgrade", src, out, "--format", "json"]), args.repeat)),
     ]
     shutil.rmtree(out, ignore_errors=True)
     print(f"Kimi K2.6 EAGLE-3.1 MLA draft: {size / 1e9:.2f} GB")

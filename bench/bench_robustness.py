@@ -89,10 +89,10 @@ def main(argv=None) -> None:
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     drafts = named(args.drafts)
     columns = [(options.num_speculative_tokens, c) for options in grid for c in options.conditions]
+    reference_name = os.path.basename(os.path.normpath(args.reference))
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}, {args.dtype} on {args.device}, {args.max_new_tokens} new tokens per prompt, "
-          f"{args.limit or 'all'} prompts; each cell τ(drafter) − τ({os.path.basename(os.path.normpath(args.reference))}) "
-          "[paired 95 %]")
+          f"{args.limit or 'all'} prompts; each cell τ(drafter) − τ({reference_name}) [paired 95 %]")
     print("| drafter | " + " | ".join(f"k={k} {c.label}" for k, c in columns) + " |")
     print("|---|" + "---|" * len(columns))
     cells: dict[str, list[str]] = {name: [] for name in drafts}

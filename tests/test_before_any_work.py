@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from tests.cli import run_cli
-from tests.factory import edit_config, make_draft, make_target_config
+from tests.support.cli import run_cli
+from tests.support.factory import edit_config, make_draft, make_target_config
 
 # ------------------------------------------------------------------ every written path, checked before any work
 

@@ -13,7 +13,7 @@ from eaglekit.bench.report import BenchRow, ServedRun, Spread, spread, verdict
 from eaglekit.bench.server import engine_flags, start_server
 from eaglekit.errors import EngineError, UsageError
 from eaglekit.verify.engine import fitted_model_len
-from tests.cli import run_cli
+from tests.support.cli import run_cli
 
 DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "examples", "drafters")
 

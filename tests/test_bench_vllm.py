@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.cli import run_cli  # noqa: E402
-from tests.test_engine_vllm import DRAFTERS, REPO, VLLM_PYTHON  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
+from tests.support.engines import DRAFTERS, REPO, VLLM_PYTHON  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow,
               pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")]

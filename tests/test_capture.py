@@ -18,18 +18,16 @@ pytest.importorskip("transformers")
 from eaglekit.capture import store as st  # noqa: E402
 from eaglekit.capture.run import CaptureOptions, capture_store  # noqa: E402
 from eaglekit.errors import CaptureInterrupted, CheckpointError, UsageError  # noqa: E402
-from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.io.header import read_header  # noqa: E402
 from eaglekit.target_model import load_target  # noqa: E402
-from tests.capture_fixtures import make_target_with_tokenizer, write_prompts  # noqa: E402
-from tests.cli import run_cli  # noqa: E402
+from tests.support.capture import AUX, SHARD_TOKENS, options, write_prompts  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
+from tests.support.targets import make_target_with_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = json.load(open(os.path.join(REPO, "eaglekit", "schemas", "capture-report.schema.json")))
-AUX = (1, 2)
-SHARD_TOKENS = 100
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +36,6 @@ def env(tmp_path_factory):
     target = make_target_with_tokenizer(str(base / "target"))
     data = write_prompts(str(base / "prompts.jsonl"))
     return {"base": base, "target": target, "data": data}
-
-
-def options(env, **changes) -> CaptureOptions:
-    changes.setdefault("aux_ids", AUX)
-    return CaptureOptions(target=env["target"], data=DataOptions(data_file=env["data"], **changes.pop("data", {})),
-                          shard_tokens=SHARD_TOKENS, store_dtype=changes.pop("store_dtype", "float32"), **changes)
 
 
 def folder_bytes(path: str) -> dict[str, bytes]:
@@ -87,7 +79,7 @@ def test_a_sigkilled_capture_resumes_byte_identical(env, whole, tmp_path):
     script = f"""
 import json, os, signal, sys
 sys.path.insert(0, {REPO!r})
-from tests.test_capture import options
+from tests.support.capture import options
 from eaglekit.capture.run import capture_store
 
 def on_stage(what, done, total):

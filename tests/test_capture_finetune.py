@@ -20,8 +20,9 @@ from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
 from eaglekit.finetune.train import TrainOptions  # noqa: E402
 from eaglekit.target import read_target  # noqa: E402
-from tests.capture_fixtures import make_target_with_tokenizer, write_prompts  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
+from tests.support.capture import write_prompts  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.targets import make_target_with_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -164,7 +165,7 @@ def test_cli_finetune_and_upgrade_from_a_store(env, tmp_path):
 
     import jsonschema
 
-    from tests.cli import run_cli
+    from tests.support.cli import run_cli
 
     schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas",
                                          "finetune-report.schema.json")))

@@ -17,9 +17,9 @@ import eaglekit.target_model  # noqa: E402
 from eaglekit.capture.run import CaptureOptions, capture_store  # noqa: E402
 from eaglekit.errors import UsageError  # noqa: E402
 from eaglekit.upgrade import UpgradeOptions, upgrade  # noqa: E402
-from tests.capture_fixtures import make_target_with_tokenizer  # noqa: E402
-from tests.cli import run_cli  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.targets import make_target_with_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.model
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -22,8 +21,9 @@ torch = pytest.importorskip("torch")
 
 from eaglekit.capture.vllm_engine import capture_with_vllm  # noqa: E402
 from eaglekit.errors import EngineError, UsageError  # noqa: E402
-from tests.factory import make_target_config  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.support.engines import VLLM_PYTHON  # noqa: E402
+from tests.support.factory import make_target_config  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -31,14 +31,6 @@ REPO = Path(__file__).resolve().parents[1]
 DRAFTER = REPO / "examples" / "drafters" / "smollm2-135m-eagle3"
 CALIBRATION = REPO / "eaglekit" / "data" / "calibration.txt"
 MIN_COSINE = 0.999
-
-
-def _vllm_python() -> str | None:
-    python = os.environ.get("EAGLEKIT_VLLM_PYTHON") or str(REPO / ".vllm-env" / "bin" / "python")
-    if not os.path.exists(python):
-        return None
-    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True)
-    return python if probe.returncode == 0 else None
 
 
 def _sequences(count: int) -> list[list[int]]:
@@ -68,7 +60,7 @@ def _reference(sequences: list[list[int]], layer_ids: list[int]) -> list[dict[in
 
 @pytest.mark.slow
 def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
-    python = _vllm_python()
+    python = VLLM_PYTHON
     if python is None:
         pytest.skip("no vLLM environment (scripts/vllm-env.sh)")
     from eaglekit.families import load_draft

@@ -15,11 +15,11 @@ from eaglekit.rules import all_rules, run_rules
 from eaglekit.rules.expected import tensor_expectations
 from eaglekit.upgrade import UpgradeOptions, upgrade
 from eaglekit.upgrade.dialects import NAMES, get_dialect
-from tests.factory import make_draft, make_target_config
+from tests.support.factory import make_draft, make_target_config
 
 gguf = pytest.importorskip("gguf")
 from eaglekit.io.gguf import read_gguf  # noqa: E402
-from tests.test_upgrade_gguf import tiny_target_gguf  # noqa: E402
+from tests.support.targets import tiny_target_gguf  # noqa: E402
 
 RECIPES = ({}, {"attention": "qwen3"}, {"attention": "mla"}, {"attention": "mla", "q_lora_rank": None},
            {"fc_norm": True, "norm_output": True}, {"norm_before_fc": True},
@@ -117,7 +117,8 @@ def target_gguf(tmp_path_factory):
 
 KNOWN_GAPS = {
     **{("entry", "fc.bias", d): "SGLang loads an fc bias (config 'bias': true), so EK356 calls a mismatch convertible, "
-       "but upgrade carries no fc bias; TensorRT-LLM's reading of a bias is not modelled" for d in ("sglang", "trtllm")},
+       "but upgrade carries no fc bias; TensorRT-LLM's reading of a bias is not modelled"
+       for d in ("sglang", "trtllm")},
 }
 """(case, dialect) pairs where an engine rule (eaglekit/rules/engine_*.py) and upgrade still disagree: each must
 disagree exactly so, and leaves this table once its rule is fixed."""

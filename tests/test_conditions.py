@@ -17,13 +17,13 @@ from eaglekit.verify.plot import lines
 from eaglekit.verify.prompts import SYSTEM_MESSAGE, TEMPLATES, Prompt, encode, with_template
 from eaglekit.verify.report import Condition
 from eaglekit.verify.run import VerifyOptions
-from tests.cli import run_cli
+from tests.support.cli import run_cli
 
 pytest.importorskip("torch")
 
-from tests.factory import make_draft  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 pytestmark = pytest.mark.model
 

@@ -14,9 +14,9 @@ from eaglekit.verify.compare import compare_conditions  # noqa: E402
 from eaglekit.verify.report import Condition, DecodeSettings  # noqa: E402
 from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
 from eaglekit.verify.setup import decode_setup  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 pytestmark = pytest.mark.model
 

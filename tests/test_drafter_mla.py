@@ -16,8 +16,16 @@ import torch
 
 from eaglekit.drafter.model import Drafter
 from eaglekit.families import load_draft
-from tests.factory import Recipe, canonical_tensors, make_draft
-from tests.test_drafter import PlainDraft, assert_close, assert_runs_match, rms, run_drafter, run_plain, scenario
+from tests.support.factory import Recipe, canonical_tensors, make_draft
+from tests.support.plain_drafter import (
+    PlainDraft,
+    assert_close,
+    assert_runs_match,
+    rms,
+    run_drafter,
+    run_plain,
+    scenario,
+)
 
 MLA = dict(hidden=32, target_hidden=None, intermediate=48, heads=4, vocab=64, draft_vocab=None, dtype="F32",
            embed=True, attention="mla", q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=6,

@@ -12,8 +12,8 @@ from eaglekit.drafter.model import Drafter
 from eaglekit.drafter.rope import Rope
 from eaglekit.errors import CheckpointError
 from eaglekit.families import load_draft
-from tests.factory import Recipe, make_draft
-from tests.test_drafter import TINY, assert_runs_match, plain_for, run_drafter, run_plain, scenario
+from tests.support.factory import Recipe, make_draft
+from tests.support.plain_drafter import TINY, assert_runs_match, plain_for, run_drafter, run_plain, scenario
 
 SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 2.0},

@@ -13,8 +13,8 @@ from eaglekit.drafter.config import DrafterConfig
 from eaglekit.drafter.model import Drafter
 from eaglekit.errors import UsageError
 from eaglekit.families import load_draft
-from tests.factory import Recipe, canonical_tensors, make_draft
-from tests.test_drafter import TINY, assert_close, plain_for, run_drafter, scenario
+from tests.support.factory import Recipe, canonical_tensors, make_draft
+from tests.support.plain_drafter import TINY, assert_close, plain_for, run_drafter, scenario
 
 pytestmark = pytest.mark.model
 

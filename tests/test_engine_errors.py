@@ -23,11 +23,13 @@ Traceback (most recent call last):
   File "vllm_worker.py", line 60, in main
 RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{}}
 """
-PYDANTIC_LOG = """Traceback (most recent call last):
-pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig
-  Value error, num_speculative_tokens must be positive [type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]
-    For further information visit https://errors.pydantic.dev/2.11/v/value_error
-"""
+PYDANTIC_LOG = (
+    "Traceback (most recent call last):\n"
+    "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n"
+    "  Value error, num_speculative_tokens must be positive [type=value_error, input_value=ArgsKwargs((), {}), "
+    "input_type=ArgsKwargs]\n"
+    "    For further information visit https://errors.pydantic.dev/2.11/v/value_error\n"
+)
 
 
 def _failing_engine(tmp_path, log: str) -> str:

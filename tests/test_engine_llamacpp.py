@@ -22,12 +22,12 @@ pytest.importorskip("transformers")
 from eaglekit.io.gguf import GgufTensor, read_gguf, write_gguf  # noqa: E402
 from eaglekit.upgrade import UpgradeOptions, upgrade  # noqa: E402
 from eaglekit.verify.prompts import bundled_prompts  # noqa: E402
-from tests.test_target_smollm2 import smollm2_dir  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[1]
 BINARY = os.environ.get("EAGLEKIT_LLAMA_CPP") or str(REPO / ".llama-cpp" / "build" / "bin" / "llama-speculative-simple")
 DRAFTER = REPO / "examples" / "drafters" / "smollm2-135m-eagle3"
-pytestmark = [pytest.mark.engine, pytest.mark.skipif(not os.access(BINARY, os.X_OK), reason="no llama.cpp build (scripts/llamacpp-build.sh)")]
+pytestmark = [pytest.mark.engine, pytest.mark.skipif(not os.access(BINARY, os.X_OK),
+                                                     reason="no llama.cpp build (scripts/llamacpp-build.sh)")]
 
 
 def counts(draft: str, target: str, prompts: list[str]) -> tuple[int, int]:

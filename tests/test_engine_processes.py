@@ -1,4 +1,4 @@
-"""No engine process outlives eaglekit: a fake engine (tests/fake_engine.py: a main process and an "engine core"
+"""No engine process outlives eaglekit: a fake engine (tests/support/fake_engine.py: a main process and an "engine core"
 child that ignores SIGTERM, as vLLM's tree is) runs through eaglekit's own code paths for `bench` (the server and
 its client) and `verify --engine vllm` (one offline run), and is stopped however eaglekit ends."""
 
@@ -21,7 +21,7 @@ from eaglekit.verify import engine, processes
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc")
 
 REPO = Path(__file__).resolve().parent.parent
-FAKE = str(Path(__file__).with_name("fake_engine.py"))
+FAKE = str(Path(__file__).parent / "support" / "fake_engine.py")
 GRACE_S = 0.5  # the engine core ignores SIGTERM: every stop waits this long before its SIGKILL
 GONE_WITHIN_S = GRACE_S + 10.0
 

@@ -7,32 +7,17 @@ Float32, two prompts of 32 tokens, k = 3: each vLLM start takes about 40 s on tw
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import jsonschema
 import pytest
 
 pytest.importorskip("torch")
 
-from tests.cli import run_cli  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
+from tests.support.engines import DRAFTERS, REPO, VLLM_PYTHON  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-DRAFTERS = REPO / "examples" / "drafters"
 RUN = ["--limit", "2", "--max-new-tokens", "32", "--dtype", "float32", "--engine", "both", "--format", "json"]
-
-
-def _vllm_python() -> str | None:
-    python = os.environ.get("EAGLEKIT_VLLM_PYTHON") or str(REPO / ".vllm-env" / "bin" / "python")
-    if not os.path.exists(python):
-        return None
-    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True)
-    return python if probe.returncode == 0 else None
-
-
-VLLM_PYTHON = _vllm_python()
 pytestmark = [pytest.mark.engine, pytest.mark.slow,
               pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")]
 

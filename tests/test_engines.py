@@ -12,7 +12,7 @@ from eaglekit.families import load_draft
 from eaglekit.rules import run_rules
 from eaglekit.serving import AFTER_CONVERSION, AS_IS, NOT_AS_IS, WITH_SETTINGS, serve_command, serving_support
 from eaglekit.target import read_target
-from tests.factory import make_draft, make_target_config
+from tests.support.factory import make_draft, make_target_config
 
 
 def engine_settings(spec, engine):
@@ -106,7 +106,7 @@ def test_a_new_engine_is_one_record(tmp_path, monkeypatch):
 
     from eaglekit.engines.base import IdReading, single_release_requirements
     from eaglekit.hub.card import build_card
-    from tests.cli import run_cli
+    from tests.support.cli import run_cli
 
     def read_ids(spec, target):
         return IdReading("toyserve", "eagle_aux_hidden_state_layer_ids", 1, None, "--toy-layers")

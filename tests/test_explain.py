@@ -10,7 +10,7 @@ import pytest
 
 from eaglekit.explain import pitfalls
 from eaglekit.rules import all_rules
-from tests.cli import run_cli
+from tests.support.cli import run_cli
 
 
 def test_every_rule_and_every_pitfall_a_rule_names_is_explained():

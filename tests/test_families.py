@@ -9,8 +9,8 @@ import pytest
 from eaglekit import load_draft
 from eaglekit.errors import CheckpointError, UnknownLayoutError, UsageError
 from eaglekit.target import read_target
-from tests.cli import run_cli
-from tests.factory import Recipe, edit_config, make_draft, make_target_config, pickle_checkpoint
+from tests.support.cli import run_cli
+from tests.support.factory import Recipe, edit_config, make_draft, make_target_config, pickle_checkpoint
 
 # layout -> (family, convention the layout writes ids in, recipe overrides)
 CASES = {
@@ -26,7 +26,8 @@ CASES = {
     "torchspec": ("torchspec", "output", {"embed": True}),
     "torchspec-vllm": ("torchspec", "output", {"embed": True}),
     "angelslim": ("angelslim", None, {}),
-    "kimi": ("mla", "input", {"attention": "mla", "draft_vocab": None, "embed": True, "fc_norm": True, "norm_output": True}),
+    "kimi": ("mla", "input", {"attention": "mla", "draft_vocab": None, "embed": True, "fc_norm": True,
+                              "norm_output": True}),
     "vllm": ("vllm", "input", {"fc_norm": True, "norm_output": True}),
 }
 
@@ -49,7 +50,8 @@ def test_layout_detected_with_facts(tmp_path, layout, target):
     assert spec.vocab.draft_vocab_size == recipe.Vd
     assert spec.vocab.has_d2t == ("d2t" in spec.tensors) == (recipe.Vd < recipe.vocab)
     assert spec.has_embed_tokens == recipe.embed
-    assert (spec.flags.fc_norm, spec.flags.norm_output, spec.flags.norm_before_fc) == (recipe.fc_norm, recipe.norm_output, recipe.norm_before_fc)
+    assert (spec.flags.fc_norm, spec.flags.norm_output, spec.flags.norm_before_fc) == \
+        (recipe.fc_norm, recipe.norm_output, recipe.norm_before_fc)
     assert all(not n.startswith(("model.", "midlayer")) for n in spec.tensors)
     assert f"layers.{recipe.layers - 1}.mlp.down_proj.weight" in spec.tensors
     if convention is None:
@@ -110,7 +112,8 @@ def test_sharded_checkpoint_reads_like_single_file(tmp_path):
     single = load_draft(make_draft(str(tmp_path / "one"), "vllm"))
     sharded = load_draft(make_draft(str(tmp_path / "three"), "vllm", shards=3))
     assert len(sharded.files) == 3
-    assert {n: (t.dtype, t.shape) for n, t in single.tensors.items()} == {n: (t.dtype, t.shape) for n, t in sharded.tensors.items()}
+    assert {n: (t.dtype, t.shape) for n, t in single.tensors.items()} == \
+        {n: (t.dtype, t.shape) for n, t in sharded.tensors.items()}
 
 
 def test_index_naming_missing_shard(tmp_path):
@@ -125,7 +128,8 @@ def test_index_and_shards_disagree(tmp_path):
     index_path = os.path.join(path, "model.safetensors.index.json")
     index = json.load(open(index_path))
     name = next(iter(index["weight_map"]))
-    index["weight_map"][name] = "model-00002-of-00002.safetensors" if index["weight_map"][name].startswith("model-00001") else "model-00001-of-00002.safetensors"
+    first = index["weight_map"][name].startswith("model-00001")
+    index["weight_map"][name] = "model-00002-of-00002.safetensors" if first else "model-00001-of-00002.safetensors"
     json.dump(index, open(index_path, "w"))
     with pytest.raises(CheckpointError, match="does not hold it"):
         load_draft(path)

@@ -16,16 +16,20 @@ pytest.importorskip("transformers")
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from eaglekit.errors import CheckpointError, EaglekitError, UsageError  # noqa: E402
+from eaglekit.errors import (  # noqa: E402
+    CheckpointError,
+    EaglekitError,
+    TrainingInterrupted,  # noqa: E402
+    UsageError,
+)
 from eaglekit.families import load_draft  # noqa: E402
 from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
-from eaglekit.errors import TrainingInterrupted  # noqa: E402
 from eaglekit.finetune.train import TrainOptions  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
-from tests.test_verify_cli import run  # noqa: E402
+from tests.support.cli import run_cli as run  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -260,8 +264,8 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
     from eaglekit.drafter.unroll import unrolled_steps
     from eaglekit.finetune import warm_start
     from eaglekit.finetune.data import build_data
-    from eaglekit.upgrade import UpgradeOptions, upgrade
     from eaglekit.target_model import load_target
+    from eaglekit.upgrade import UpgradeOptions, upgrade
 
     source = make_draft(str(tmp_path / "e3"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(1, 2, 4),
                         target_layers=4, dtype="F32")
@@ -283,7 +287,8 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
                                 data, "auto")
     c = with_weights.start.scale  # the head and norm it rescaled keep their relative step sizes
     assert not rescaled.changed
-    assert rescaled.lr_scales == {"norm.weight": pytest.approx(c, rel=1e-5), "lm_head.weight": pytest.approx(1 / c, rel=1e-5)}
+    assert rescaled.lr_scales == {"norm.weight": pytest.approx(c, rel=1e-5),
+                                  "lm_head.weight": pytest.approx(1 / c, rel=1e-5)}
     warm = warm_start.apply(tuned, load_draft(upgraded), data, "auto")
     assert warm.changed == {"norm.weight", "lm_head.weight"} and "pre-norm RMS" in warm.notes[0]
     c = float(tuned.norm.weight.detach()[0])
@@ -305,8 +310,8 @@ def test_warm_start_fits_unit_fc_norm_weights(env, tmp_path):
     from eaglekit.drafter.model import Drafter
     from eaglekit.finetune import warm_start
     from eaglekit.finetune.data import build_data
-    from eaglekit.upgrade import UpgradeOptions, upgrade
     from eaglekit.target_model import load_target
+    from eaglekit.upgrade import UpgradeOptions, upgrade
 
     source = make_draft(str(tmp_path / "e3"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(1, 2, 4),
                         target_layers=4, dtype="F32")
@@ -423,9 +428,9 @@ def test_the_replayed_decode_counts_rounds_as_a_chain_decode_does(oracle):
     """Rounds over a run of greedy text: accept the leading hits, continue after the bonus token; the oracle draft
     replays at τ = k + 1 on its target's own answers, and text that is not the target's greedy text has no round."""
     from eaglekit.drafter.model import Drafter
+    from eaglekit.finetune.batches import draft_label_map
     from eaglekit.finetune.data import build_data
     from eaglekit.finetune.replay import greedy_runs, replay_tau, rounds_accepted
-    from eaglekit.finetune.batches import draft_label_map
     from eaglekit.target_model import load_target
 
     assert greedy_runs([5, 1, 2, 3, 9, 4], [1, 2, 3, 7, 4, 0]) == [(0, 2), (4, 4)]

@@ -3,16 +3,15 @@
 import json
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-import numpy as np
-
 from eaglekit.errors import CheckpointError
 from eaglekit.io.header import MAX_HEADER_BYTES, parse_header_bytes, read_header
-from tests.factory import write_safetensors
+from tests.support.factory import write_safetensors
 
 
 def _raw(header: dict, data: bytes = b"") -> bytes:
@@ -44,7 +43,8 @@ def test_our_writer_produces_exact_bytes(tmp_path):
     raw = open(path, "rb").read()
     (n,) = struct.unpack("<Q", raw[:8])
     assert n % 8 == 0
-    assert json.loads(raw[8:8 + n]) == {"__metadata__": {"format": "pt"}, "x": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}}
+    assert json.loads(raw[8:8 + n]) == {"__metadata__": {"format": "pt"},
+                                        "x": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}}
     assert raw[8 + n:] == b"\x00\x3c\x00\x40"
 
 
@@ -92,7 +92,8 @@ entries = st.lists(st.tuples(st.sampled_from(["F32", "F16", "BF16", "I64", "BOOL
 
 
 @settings(max_examples=300, deadline=None)
-@given(entries=entries, cut=st.integers(0, 64), flips=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4))
+@given(entries=entries, cut=st.integers(0, 64),
+       flips=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4))
 def test_fuzz_mutated_headers_never_crash(entries, cut, flips):
     header, size = _valid_header(entries)
     raw = bytearray(_raw(header, b"\0" * size))

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from eaglekit.config_view import BOOL_KEYS
 from eaglekit.engines import VLLM_ACCEPTS
-from tests.factory import edit_config, make_draft, rewrite_tensors
-from tests.test_rules_catalogue import CASES, RULES
-from tests.test_hostile_input import clean, refused
+from tests.support.factory import edit_config, make_draft, rewrite_tensors
+from tests.support.hostile import clean, refused
+from tests.support.rule_cases import CASES, RULES
 
 FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 KEEP_FUNCTION = ("--no-fc-norm", "--no-norm-output")
@@ -348,7 +348,7 @@ def test_a_huge_tensor_name_leaves_every_message_small(tmp_path_factory, length,
     from eaglekit.families import load_draft
     from eaglekit.rules import decode_findings, run_rules
     from eaglekit.target import read_target
-    from tests.factory import make_target_config
+    from tests.support.factory import make_target_config
 
     path, _ = fresh(tmp_path_factory)
     name = char * length

@@ -10,74 +10,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import struct
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from eaglekit.cli.main import one_line
 from eaglekit.errors import CheckpointError
 from eaglekit.io.jsonfile import load_json_object, read_bounded
 from eaglekit.verify.prompts import read_prompts
-from tests.cli import run_cli
-from tests.factory import edit_config, make_draft, make_target_config, pickle_checkpoint, rewrite_tensors
-
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-SECONDS = 10  # every command here finishes in well under a second; a hang fails instead of blocking CI
-
-
-@contextmanager
-def bounded(seconds: int = SECONDS):
-    def expire(*_):
-        raise AssertionError(f"no answer within {seconds} s (blocked or unbounded)")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def clean(*args: str, codes=(0, 1, 2), seconds: int = SECONDS):
-    """Run eaglekit ARGS and check the contract; returns the result."""
-    with bounded(seconds):
-        result = run_cli(list(args))
-    lines = result.stderr.strip().splitlines()
-    assert result.exit_code in codes, (args, result.exit_code, result.stderr)
-    assert len(lines) <= 1, result.stderr
-    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
-    return result
-
-
-def refused(*args: str, code: int = 1, contains: str = ""):
-    result = clean(*args, codes=(code,))
-    assert result.stderr.startswith("Error: ") and contains in result.stderr, result.stderr
-    return result
-
-
-def strict_json(text: str):
-    """JSON as every other parser reads it: bare NaN / Infinity are not JSON."""
-    def reject(name):
-        raise ValueError(f"non-standard JSON constant {name}")
-
-    return json.loads(text, parse_constant=reject)
-
-
-def write_header(path: str, header: str | bytes, data: bytes = b"") -> str:
-    os.makedirs(path, exist_ok=True)
-    raw = header.encode("utf-8", "surrogatepass") if isinstance(header, str) else header
-    with open(os.path.join(path, "model.safetensors"), "wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)) + raw + data)
-    with open(os.path.join(path, "config.json"), "w") as fh:
-        json.dump({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64}, fh)
-    return path
+from tests.support.factory import edit_config, make_draft, make_target_config, pickle_checkpoint, rewrite_tensors
+from tests.support.hostile import FUZZ, SECONDS, bounded, clean, refused, strict_json, write_header
 
 
 def write_config_text(path: str, text: str) -> str:
@@ -89,7 +34,8 @@ def write_config_text(path: str, text: str) -> str:
 # ------------------------------------------------------------------ property-based
 
 NAMES = st.sampled_from(["norm.weight", "fc.weight", "lm_head.weight", "d2t", "layers.0.input_layernorm.weight",
-                         "fc_norm.weight", "fc_norm.0.weight", "[/]x", "a\ud800b", "layers.99999999999.x", "__metadata__"])
+                         "fc_norm.weight", "fc_norm.0.weight", "[/]x", "a\ud800b", "layers.99999999999.x",
+                         "__metadata__"])
 ANY = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
@@ -361,7 +307,7 @@ def test_secrets_never_reach_a_message(tmp_path, monkeypatch):
 
 
 def test_fp16_cast_that_would_overflow_is_refused_and_writes_nothing(tmp_path):
-    from tests.test_rules_catalogue import array
+    from tests.support.rule_cases import array
 
     fc = array("fc.weight")
     fc[0, 0] = 1.0e5  # a bf16 value float16 cannot hold

@@ -26,9 +26,9 @@ from eaglekit.io.jsonfile import check_inside
 from eaglekit.target import read_target
 from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.run import measured_files
-from tests.factory import edit_config, make_draft, make_target_config, rewrite_tensors
-from tests.hub_fixtures import fake_hub, prefill_cache  # noqa: F401  (fixture)
-from tests.test_hostile_input import FUZZ, bounded, clean, refused, strict_json, write_header
+from tests.support.factory import edit_config, make_draft, make_target_config, rewrite_tensors
+from tests.support.hostile import FUZZ, clean, refused, strict_json, write_header
+from tests.support.hub import prefill_cache
 
 HUB_TARGET = "meta-llama/Llama-3.1-8B-Instruct"
 PUSH = ["--repo-id", "eagle-org/draft", "--license", "apache-2.0", "--dry-run"]
@@ -69,7 +69,8 @@ def test_a_report_of_another_local_target_is_refused(tmp_path, monkeypatch):
     refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report,
             contains=f"cannot be compared with {HUB_TARGET}")
     prefill_cache(str(tmp_path / "hub"), "org/other", other)
-    refused("push", draft, *PUSH, "--target", "org/other", "--report", report, contains="config.json is not org/other's")
+    refused("push", draft, *PUSH, "--target", "org/other", "--report", report,
+            contains="config.json is not org/other's")
     prefill_cache(str(tmp_path / "hub"), HUB_TARGET, measured)
     doc = strict_json(clean("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report, "--format", "json",
                             codes=(0,)).stdout)
@@ -327,7 +328,7 @@ def test_card_out_never_overwrites_what_push_reads(tmp_path_factory, where):
 
 def with_weights(folder: str, norm: bytes) -> str:
     """make_target_config's target with the safetensors its config builds; `norm` is the final norm's raw F32."""
-    from tests.factory import write_safetensors
+    from tests.support.factory import write_safetensors
 
     tensors = {"model.embed_tokens.weight": ("F32", (256, 64), bytes(256 * 64 * 4)),
                "model.norm.weight": ("F32", (64,), norm)}
@@ -342,7 +343,8 @@ def test_a_report_of_another_target_with_the_same_config_is_refused(tmp_path_fac
     tmp = tmp_path_factory.mktemp("w")
     draft = make_draft(str(tmp / "d"), "vllm")
     measured = with_weights(make_target_config(str(tmp / "base")), norm)
-    copy = with_weights(make_target_config(str(tmp / "instruct")), norm[:flip] + bytes([norm[flip] ^ 1]) + norm[flip + 1:])
+    flipped = norm[:flip] + bytes([norm[flip] ^ 1]) + norm[flip + 1:]
+    copy = with_weights(make_target_config(str(tmp / "instruct")), flipped)
     report = write_report(tmp / "r.json", draft, measured)
     clean("push", draft, *PUSH, "--target", measured, "--report", report, codes=(0,))
     refused("push", draft, *PUSH, "--target", copy, "--report", report,

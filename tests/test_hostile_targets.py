@@ -25,11 +25,10 @@ from eaglekit.errors import CheckpointError  # noqa: E402
 from eaglekit.target import GEOMETRY_LIMITS, SIZES_WHERE_WRITTEN, read_target  # noqa: E402
 from eaglekit.target_model import load_target  # noqa: E402
 from eaglekit.verify.prompts import Prompt, PromptTokens, encode, longest_token_chars, read_prompts  # noqa: E402
-from tests.cli import run_cli  # noqa: E402
-from tests.factory import (edit_config, make_draft, make_target_config, rewrite_tensors,  # noqa: E402
-                           write_safetensors)
-from tests.test_hostile_input import bounded, clean, refused  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
+from tests.support.factory import edit_config, make_draft, make_target_config, rewrite_tensors, write_safetensors  # noqa: E402
+from tests.support.hostile import bounded, clean, refused  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -47,7 +46,8 @@ def llama_tensors(layers: int, tied: bool) -> dict[str, tuple[int, ...]]:
         shapes.update({p + "input_layernorm.weight": (HIDDEN,), p + "post_attention_layernorm.weight": (HIDDEN,),
                        p + "self_attn.q_proj.weight": (HIDDEN, HIDDEN), p + "self_attn.k_proj.weight": (kv, HIDDEN),
                        p + "self_attn.v_proj.weight": (kv, HIDDEN), p + "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
-                       p + "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN), p + "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+                       p + "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+                       p + "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
                        p + "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE)})
     if not tied:
         shapes["lm_head.weight"] = (VOCAB, HIDDEN)
@@ -233,8 +233,9 @@ def test_target_geometry_is_typed_and_range_checked(tmp_path_factory, key, value
 
 def test_a_gguf_target_whose_tensors_do_not_cover_its_blocks_is_refused(tmp_path):
     gguf = pytest.importorskip("gguf")
-    from eaglekit.io.gguf import GgufField, GgufTensor, write_gguf
     import numpy as np
+
+    from eaglekit.io.gguf import GgufField, GgufTensor, write_gguf
 
     def target(path, blocks: int, block_count: int) -> str:
         fields = [GgufField("general.architecture", "llama", gguf.GGUFValueType.STRING),
@@ -308,7 +309,7 @@ def test_prompts_are_bounded_by_the_context_before_the_tokenizer_sees_them(smoll
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A loadable Llama with a 256-token context and SmolLM2's tokenizer, and a draft for it."""
-    from tests.test_target import make_tiny_target
+    from tests.support.targets import make_tiny_target
 
     base = tmp_path_factory.mktemp("tiny")
     target = make_tiny_target(base / "target", layers=2, vocab=49152, tokenizer_from=smollm2_path())

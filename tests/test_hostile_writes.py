@@ -32,11 +32,10 @@ pytest.importorskip("gguf")
 
 from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
 from eaglekit.finetune.train import Checkpoints, TrainOptions, load_checkpoint, save_checkpoint  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
-from tests.test_hostile_input import clean, refused  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
-from tests.test_upgrade_gguf import tiny_target_gguf  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.hostile import clean, refused  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
+from tests.support.targets import make_tiny_target, tiny_target_gguf  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -391,7 +390,8 @@ def gguf_run(world, tmp_path_factory):
     """A GGUF written once without a limit: its size, and an earlier output that --force would replace."""
     folder = str(tmp_path_factory.mktemp("gguf-out"))
     earlier = os.path.join(folder, "draft.gguf")
-    clean("upgrade", world["draft"], earlier, "--to", "gguf", "--target", world["target.gguf"], codes=(0,), seconds=LOADS)
+    clean("upgrade", world["draft"], earlier, "--to", "gguf", "--target", world["target.gguf"], codes=(0,),
+          seconds=LOADS)
     return {"folder": folder, "earlier": earlier, "size": os.path.getsize(earlier)}
 
 

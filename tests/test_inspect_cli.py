@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from eaglekit.cli.main import cli
-from tests.cli import run_cli as run
-from tests.factory import make_draft, make_target_config
+from tests.support.cli import run_cli as run
+from tests.support.factory import make_draft, make_target_config
 
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "inspect-report.schema.json")))
 
@@ -47,7 +47,8 @@ def test_json_facts_for_a_specforge_draft(drafts):
     assert doc["eagle_version"] == "3"
     assert doc["has_d2t"] and doc["has_t2d"] and not doc["has_embed_tokens"]
     assert "tensors" not in doc
-    assert doc["total_bytes"] == sum(os.path.getsize(os.path.join(drafts["specforge"], f)) for f in doc["files"]) - _header_bytes(drafts["specforge"], doc["files"])
+    on_disk = sum(os.path.getsize(os.path.join(drafts["specforge"], f)) for f in doc["files"])
+    assert doc["total_bytes"] == on_disk - _header_bytes(drafts["specforge"], doc["files"])
 
 
 def _header_bytes(root, files):

@@ -28,10 +28,10 @@ from eaglekit.redact import (  # noqa: E402
 )
 from eaglekit.target import read_target  # noqa: E402
 from eaglekit.verify.run import measured_files  # noqa: E402
-from tests.cli import run_cli  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 pytestmark = pytest.mark.model
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import eaglekit
-from tests.cli import run_cli
+from tests.support.cli import run_cli
 
 
 def test_public_names_resolve_to_the_library():
@@ -32,7 +32,7 @@ def test_import_is_light():
 
 @pytest.mark.parametrize("blocked, extra", [("torch", "torch"), ("transformers", "torch")])
 def test_a_missing_optional_dependency_is_one_line_naming_the_extra(tmp_path, blocked, extra):
-    from tests.factory import make_draft, make_target_config
+    from tests.support.factory import make_draft, make_target_config
 
     draft = make_draft(str(tmp_path / "d"), "vllm")
     target = make_target_config(str(tmp_path / "t"))
@@ -46,7 +46,7 @@ def test_a_missing_optional_dependency_is_one_line_naming_the_extra(tmp_path, bl
 
 
 def test_a_parquet_prompt_file_without_pyarrow_names_the_speedbench_extra(tmp_path):
-    from tests.factory import make_draft, make_target_config
+    from tests.support.factory import make_draft, make_target_config
 
     draft = make_draft(str(tmp_path / "d"), "vllm")
     target = make_target_config(str(tmp_path / "t"))
@@ -82,7 +82,8 @@ def _module_imports() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
                 found |= {base} | {f"{base}.{a.name}" for a in node.names}
         graph[name] = {m for m in found if m in modules and m != name and not name.startswith(m + ".")}
     return graph

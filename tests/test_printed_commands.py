@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from tests.cli import run_cli
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.model
 
@@ -60,7 +60,7 @@ def test_the_llamacpp_conversion_printed_for_a_gguf_target_runs_as_printed(tmp_p
 
 
 def test_every_fix_printed_for_a_target_folder_runs_as_printed(tmp_path, monkeypatch):
-    from tests.test_target_smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_path
 
     target = smollm2_path()
     monkeypatch.chdir(tmp_path)

@@ -26,8 +26,7 @@ from eaglekit.hub.card import build_card
 from eaglekit.hub.push import push
 from eaglekit.hub.upload import COMMIT_ATTEMPTS
 from eaglekit.io.checkpoint import INDEX_NAME
-from tests.factory import make_draft, make_target_config
-from tests.hub_fixtures import fake_hub  # noqa: F401  (fixture)
+from tests.support.factory import make_draft, make_target_config
 
 TARGET = "meta-llama/Llama-3.1-8B-Instruct"
 REPO = "eagle-org/llama-eagle3-draft"
@@ -157,12 +156,13 @@ def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
     meta = card_data(readme)
     assert meta["base_model"] == TARGET
     assert "pipeline_tag" not in meta and "library_name" not in meta  # no Hub snippet that cannot run a draft
-    assert {"eagle3", "eagle3.1", "speculative-decoding", "draft-model", "vllm", "eaglekit", "arxiv:2503.01840"} <= set(meta["tags"])
+    assert {"eagle3", "eagle3.1", "speculative-decoding", "draft-model", "vllm", "eaglekit",
+            "arxiv:2503.01840"} <= set(meta["tags"])
     assert (f"vllm serve {TARGET} --speculative-config "
             f"'{{\"model\": \"{REPO}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'") in readme
     # vLLM-convention ids in eagle_config: SGLang would shift them, so the card gives no SGLang command but its layout
     assert "launch_server" not in readme
-    assert (f"- **SGLang**: SGLang's Llama-target path (always adds 1) turns eagle_config ids [2, 6, 9] into layers "
+    assert ("- **SGLang**: SGLang's Llama-target path (always adds 1) turns eagle_config ids [2, 6, 9] into layers "
             "[3, 7, 10]") in readme and f"`eaglekit upgrade {REPO} draft-sglang --to sglang`" in readme
     # TensorRT-LLM and tokenspeed are served with the setting that pins the trained layers
     assert "  eagle3_layers_to_capture: [1, 5, 8]" in readme
@@ -175,7 +175,8 @@ def test_push_commits_exactly_the_local_bytes_and_the_card(fake_hub, draft_dir):
     manifest = json.loads(stored["eaglekit.json"])
     assert manifest["target"] == TARGET
     assert manifest["draft"]["eagle_version"] == "3.1" and manifest["draft"]["aux_layer_ids"] == [2, 6, 9]
-    assert manifest["validation"] == {"engine": "vllm", "ran": True, "errors": 0, "warnings": 0, "forced": False, "findings": []}
+    assert manifest["validation"] == {"engine": "vllm", "ran": True, "errors": 0, "warnings": 0, "forced": False,
+                                      "findings": []}
     assert snapshot(draft_dir) == before
 
 
@@ -467,7 +468,8 @@ def test_a_derived_local_copy_is_named_as_such_on_the_card():
 
 
 def test_bad_token_is_one_line_and_exit_1(fake_hub, draft_dir, rules, capsys):
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_wrong", "--endpoint", fake_hub.endpoint)
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_wrong",
+                             "--endpoint", fake_hub.endpoint)
     assert code == 1
     assert err == f"Error: authentication failed for {fake_hub.endpoint}: check --token / HF_TOKEN\n"
     assert fake_hub.calls("create_repo")[0].status == 401 and fake_hub.repos == {}
@@ -530,14 +532,17 @@ def test_validation_error_refuses_before_any_request(fake_hub, draft_dir):
     def failing(spec):
         return [Finding("AUX_ORDER", "error", "aux layer ids are not ascending", pitfall="P12")]
 
-    with pytest.raises(EaglekitError, match=r"refusing to push: validation found 1 error\(s\) for vLLM, first AUX_ORDER"):
+    with pytest.raises(EaglekitError,
+                       match=r"refusing to push: validation found 1 error\(s\) for vLLM, first AUX_ORDER"):
         push(draft_dir, REPO, token=fake_hub.token, endpoint=fake_hub.endpoint, validate=failing)
     assert fake_hub.requests == []
 
 
 def test_cli_force_pushes_and_the_card_says_so(fake_hub, draft_dir, rules, capsys):
-    rules.findings = [Finding("FC_SHAPE", "error", "fc.weight fan-in is not K*T"), Finding("ROPE", "warning", "rope_theta implicit")]
-    args = [draft_dir, "--repo-id", REPO, "--target", TARGET, "--token", fake_hub.token, "--endpoint", fake_hub.endpoint]
+    rules.findings = [Finding("FC_SHAPE", "error", "fc.weight fan-in is not K*T"),
+                      Finding("ROPE", "warning", "rope_theta implicit")]
+    args = [draft_dir, "--repo-id", REPO, "--target", TARGET, "--token", fake_hub.token,
+            "--endpoint", fake_hub.endpoint]
 
     code, out, err = run_cli(capsys, *args)
     assert code == 1 and err.startswith("Error: ") and "FC_SHAPE" in err and err.count("\n") == 1
@@ -625,8 +630,9 @@ def test_non_hub_endpoint_uploads_over_lfs_even_with_xet_installed(fake_hub, dra
 @pytest.mark.parametrize("layout, options, present, absent, tags", [
     ("vllm", {}, ["Any vLLM release with EAGLE-3 support", "| lm_head | own weights |"],
      ["arXiv:2605.09992", "Requires vLLM"], {"eagle3"}),
-    ("vllm", {"attention": "mla", "fc_norm": True, "norm_output": True}, ["Requires vLLM ≥ 0.23.0", "Requires SGLang ≥ 0.5.23",
-     "arXiv:2605.09992"], [], {"eagle3", "eagle3.1", "arxiv:2605.09992"}),
+    ("vllm", {"attention": "mla", "fc_norm": True, "norm_output": True},
+     ["Requires vLLM ≥ 0.23.0", "Requires SGLang ≥ 0.5.23", "arXiv:2605.09992"], [],
+     {"eagle3", "eagle3.1", "arxiv:2605.09992"}),
     ("vllm", {"fc_norm": True}, ["Requires vLLM ≥ 0.22.0", "partial 3.1 flag set"], [], {"eagle3"}),
     ("vllm", {"lm_head": False, "draft_vocab": None}, ["| lm_head | shared from the target |",
      "| embed_tokens | shared from the target |"], ["d2t"], {"eagle3"}),
@@ -655,7 +661,8 @@ def test_card_of_a_converted_draft_names_its_source(tmp_path):
     assert meta["base_model"] == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" and meta["base_model_relation"] == "finetune"
     assert f"vllm serve {TARGET} " in card
     for text in ("Converted from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`]",
-                 "from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`](https://huggingface.co/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), "
+                 "from [`yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`]"
+                 "(https://huggingface.co/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B), "
                  "eagle layout", "  - options: `calibrate=True`",
                  "  - renamed midlayer.\\* to layers.0.\\*"):  # a literal star, not emphasis
         assert text in card
@@ -797,7 +804,7 @@ def test_garbage_answers_are_one_line(fake_hub, draft_dir, rules, capsys, monkey
 
 
 def test_a_server_echoing_the_token_never_prints_it(fake_hub, draft_dir, rules, capsys, monkeypatch):
-    from tests.hubserver import HubError
+    from tests.support.hubserver import HubError
 
     def echo(args, query, headers, body):
         raise HubError(400, f"bad request (Authorization: {headers.get('authorization')})")
@@ -812,7 +819,8 @@ def test_an_untrained_warm_start_is_refused_unless_forced_and_the_card_says_so(f
     from eaglekit.upgrade import UpgradeOptions, upgrade
 
     warm = str(tmp_path / "warm")
-    upgrade(make_draft(str(tmp_path / "eagle3"), "vllm"), warm, UpgradeOptions())  # fc_norm = ones + norm_output: changes the function, untrained
+    # fc_norm = ones + norm_output: changes the function, untrained
+    upgrade(make_draft(str(tmp_path / "eagle3"), "vllm"), warm, UpgradeOptions())
     code, out, err = run_cli(capsys, warm, "--repo-id", REPO, "--token", fake_hub.token, "--endpoint",
                              fake_hub.endpoint, "--dry-run")
     assert code == 1 and "untrained warm start" in err and "eaglekit finetune" in err and err.count("\n") == 1
@@ -827,8 +835,8 @@ def test_targets_and_the_push_config_lookup_share_one_hub_resolver(tmp_path, mon
     from eaglekit.errors import CheckpointError
     from eaglekit.io.hub_client import HubFetchError, hub_snapshot
     from eaglekit.target import resolve_target
-    from tests.factory import make_target_config
-    from tests.hub_fixtures import prefill_cache
+    from tests.support.factory import make_target_config
+    from tests.support.hub import prefill_cache
 
     prefill_cache(str(tmp_path / "hub"), "org/cached", make_target_config(str(tmp_path / "target")))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))

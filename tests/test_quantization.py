@@ -21,7 +21,7 @@ from eaglekit.quantization import (  # noqa: E402
     round_e2m1,
     round_e4m3,
 )
-from tests.cli import run_cli  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -112,7 +112,7 @@ def test_the_decoder_linear_layers_compute_with_the_schemes_numerics(name):
 
 @pytest.fixture(scope="module")
 def lossless_draft(tmp_path_factory) -> str:
-    from tests.test_target_smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_path
 
     out = str(tmp_path_factory.mktemp("quantized") / "lossless")
     result = run_cli(["upgrade", os.path.join(DRAFTERS, "smollm2-135m-eagle3"), out, "--target", smollm2_path(),
@@ -126,7 +126,7 @@ def lossless_draft(tmp_path_factory) -> str:
 def test_verify_is_lossless_against_the_quantized_target_and_names_its_numerics(lossless_draft, name):
     import jsonschema
 
-    from tests.test_target_smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_path
 
     result = run_cli(["verify", lossless_draft, "--target", smollm2_path(), "--limit", "3", "--max-new-tokens", "32",
                       "--target-quantization", name, "--as-eaglekit-reads", "--format", "json"])
@@ -142,7 +142,7 @@ def test_verify_is_lossless_against_the_quantized_target_and_names_its_numerics(
 def test_nvfp4_changes_what_the_target_decodes():
     """The emulation is real: the same prompt, greedy, decodes to other tokens under NVFP4."""
     from eaglekit.target_model import load_target
-    from tests.test_target_smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_path
 
     decoded = {}
     for name in (None, "nvfp4"):

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from tests.test_engine_vllm import REPO, VLLM_PYTHON
+from tests.support.engines import REPO, VLLM_PYTHON
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow,
               pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")]

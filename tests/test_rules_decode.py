@@ -14,7 +14,7 @@ from eaglekit.families import load_draft
 from eaglekit.rules import all_rules, decode_findings, run_rules
 from eaglekit.rules.target import DECODE_CODES
 from eaglekit.target import read_target
-from tests.factory import Recipe, canonical_tensors, make_draft, make_target_config
+from tests.support.factory import Recipe, canonical_tensors, make_draft, make_target_config
 
 RULES = {r.code: r for r in all_rules()}
 FILES = "files"  # decode the ids the files record, as verify does without --aux-layer-ids

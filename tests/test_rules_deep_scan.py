@@ -14,7 +14,7 @@ from eaglekit.families import load_draft
 from eaglekit.rules import run_rules
 from eaglekit.rules.scan import scan_draft
 from eaglekit.spec import TensorRef
-from tests.factory import make_draft, rewrite_tensors, to_bf16_bits, write_safetensors
+from tests.support.factory import make_draft, rewrite_tensors, to_bf16_bits, write_safetensors
 
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0]
 

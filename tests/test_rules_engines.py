@@ -1,4 +1,5 @@
-"""Engine and version facts (eaglekit.engines), run_rules' contract, and the vLLM-ready flag matrix upgrade relies on."""
+"""Engine and version facts (eaglekit.engines), run_rules' contract, and the vLLM-ready flag matrix upgrade relies
+on."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from eaglekit.families import load_draft
 from eaglekit.rules import run_rules
 from eaglekit.serving import minimum_versions, serving_support
 from eaglekit.target import read_target
-from tests.factory import edit_config, make_draft, make_target_config
+from tests.support.factory import edit_config, make_draft, make_target_config
 
 
 def spec_of(tmp_path, layout="vllm", name="d", **kw):
@@ -104,7 +105,8 @@ def test_serving_support_says_who_serves_it_as_is(tmp_path):
 
 VLLM_READY = [
     {"fc_norm": f, "norm_output": n, "attention": a, "draft_vocab": v, "layers": layers}
-    for f, n, a, v, layers in itertools.product((False, True), (False, True), ("llama", "qwen3", "mla"), (128, None), (1, 2))
+    for f, n, a, v, layers in itertools.product((False, True), (False, True), ("llama", "qwen3", "mla"), (128, None),
+                                                (1, 2))
     if not (a == "mla" and layers > 1)
 ]
 
@@ -175,7 +177,8 @@ def test_rules_and_validate_stay_torch_free(tmp_path):
     subprocess.run([sys.executable, "-c", code, path], check=True)
 
 
-@pytest.mark.parametrize("version, error, warning", [("0.29.0", False, True), ("0.30.0", True, False), (None, True, False)])
+@pytest.mark.parametrize("version, error, warning",
+                         [("0.29.0", False, True), ("0.30.0", True, False), (None, True, False)])
 def test_d2t_with_the_full_vocabulary_fails_only_from_vllm_030(tmp_path, version, error, warning):
     import numpy as np
 

@@ -8,7 +8,7 @@ import pytest
 
 from eaglekit.families import load_draft
 from eaglekit.rules import expected_tensors, tensor_expectations
-from tests.factory import LAYOUTS, Recipe, canonical_tensors, make_draft
+from tests.support.factory import LAYOUTS, Recipe, canonical_tensors, make_draft
 
 COMBOS = [
     {"fc_norm": fc_norm, "norm_output": norm_output, "attention": attention, "draft_vocab": vocab, "layers": layers,

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 import eaglekit.rules.registry as registry
-from tests.cli import run_cli
-from tests.factory import make_draft, make_target_config
+from tests.support.cli import run_cli
+from tests.support.factory import make_draft, make_target_config
 
 pytestmark = pytest.mark.model
 
@@ -64,8 +64,8 @@ def test_push_dry_run_runs_the_rules_once(files, evaluations):
 
 def test_verify_runs_the_rules_once(tmp_path, evaluations):
     pytest.importorskip("torch")
-    from tests.test_target import make_tiny_target
-    from tests.test_target_smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_path
+    from tests.support.targets import make_tiny_target
 
     vocab = 49152  # SmolLM2's tokenizer
     target = make_tiny_target(tmp_path / "target", vocab=vocab, tokenizer_from=smollm2_path())

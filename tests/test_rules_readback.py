@@ -16,8 +16,8 @@ from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.upgrade.options import UpgradeOptions
 from eaglekit.upgrade.plan import build_plan
 from eaglekit.upgrade.vocab import plan_vocab
-from tests.cli import run_cli
-from tests.factory import edit_config, make_draft, rewrite_tensors
+from tests.support.cli import run_cli
+from tests.support.factory import edit_config, make_draft, rewrite_tensors
 
 
 def _drop_fc(tensors):

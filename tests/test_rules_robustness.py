@@ -8,11 +8,11 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eaglekit.serving import serving_support
 from eaglekit.errors import EaglekitError
 from eaglekit.families import load_draft
 from eaglekit.rules import run_rules
-from tests.factory import make_draft
+from eaglekit.serving import serving_support
+from tests.support.factory import make_draft
 
 KEYS = [
     "architectures", "model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",

@@ -10,13 +10,13 @@ import os
 import jsonschema
 import pytest
 
-from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.families import load_draft
 from eaglekit.target import read_target
 from eaglekit.upgrade.decide import decide
+from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.upgrade.options import UpgradeOptions
 from eaglekit.upgrade.vocab import plan_vocab
-from tests.factory import Recipe, layout_files, make_draft, make_target_config
+from tests.support.factory import Recipe, layout_files, make_draft, make_target_config
 
 
 def load_json(path) -> dict:

@@ -10,8 +10,8 @@ from eaglekit.engines import RECORDS, VLLM_OLDEST_KNOWN
 from eaglekit.families import load_draft
 from eaglekit.hub.card import build_card
 from eaglekit.serving import NOT_AS_IS, minimum_versions, serving_support
-from tests.factory import LAYOUTS, edit_config, make_draft
-from tests.test_rules_catalogue import CASES
+from tests.support.factory import LAYOUTS, edit_config, make_draft
+from tests.support.rule_cases import CASES
 
 VARIANTS = [{}, {"fc_norm": True}, {"norm_output": True}, {"fc_norm": True, "norm_output": True},
             {"k": 4, "aux_ids": (2, 4, 6, 9)}, {"attention": "mla", "fc_norm": True}]

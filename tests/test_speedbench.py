@@ -9,12 +9,12 @@ import random
 import jsonschema
 import pytest
 
-from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.acceptance_profile import length_histogram, speculation_profile, vllm_synthetic_config
+from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.prompts import read_prompts
 from eaglekit.verify.speedbench import SENTINEL
 from eaglekit.verify.stats import paired_difference, tau_interval
-from tests.cli import run_cli
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.model
 
@@ -55,7 +55,7 @@ def write_parquet(path, rows) -> str:
 @pytest.fixture(scope="module")
 def fitting(tmp_path_factory):
     """A draft and a target config that fit: prompt-file errors are reached before anything heavy loads."""
-    from tests.factory import make_draft, make_target_config
+    from tests.support.factory import make_draft, make_target_config
 
     base = tmp_path_factory.mktemp("fitting")
     target = make_target_config(str(base / "target"))
@@ -92,7 +92,8 @@ def test_placeholder_rows_are_refused_only_when_selected(tmp_path, fitting):
     rows = ROWS + [{"question_id": "m7", "category": "math", "turns": [SENTINEL]},
                    {"question_id": "m9", "category": "math", "turns": ["ok", f"{SENTINEL} (turn 2)"]}]
     for path in (write_jsonl(tmp_path / "masked.jsonl", rows), write_parquet(tmp_path / "masked.parquet", rows)):
-        assert [p.name for p in read_prompts(path, categories=("coding", "writing")).prompts] == ["c1", "c2", "w1", "w2"]
+        chosen = read_prompts(path, categories=("coding", "writing")).prompts
+        assert [p.name for p in chosen] == ["c1", "c2", "w1", "w2"]
         result = run_cli([*fitting, "--prompts", path, "--category", "math"])
         assert result.exit_code == 1
         lines = result.stderr.strip().splitlines()
@@ -104,8 +105,8 @@ def test_placeholder_rows_are_refused_only_when_selected(tmp_path, fitting):
 @pytest.mark.parametrize("rows, expected", [
     ([{"question_id": "a", "category": "coding", "turns": "not a list"}], "non-empty list of strings"),
     ([{"question_id": "a", "category": "coding", "turns": []}], "non-empty list of strings"),
-    ([{"question_id": "a", "category": "coding", "turns": ["x"]}, {"question_id": "b", "turns": ["y"],
-                                                                  "category": None}], "row 2: SPEED-Bench rows need category"),
+    ([{"question_id": "a", "category": "coding", "turns": ["x"]},
+      {"question_id": "b", "turns": ["y"], "category": None}], "row 2: SPEED-Bench rows need category"),
     ([{"question_id": "a", "category": "coding", "turns": ["x"]}, [1, 2]], "row 2: expected a JSON object"),
 ])
 def test_malformed_rows_are_one_line(tmp_path, fitting, rows, expected):
@@ -224,7 +225,8 @@ def test_profile_matches_specdec_bench_conventions():
     assert profile["conditional_accept_rates"] == pytest.approx([0.6, 0.5, 0.0])
     assert profile["mean_accept_length"] == pytest.approx(1.9)
     assert profile["mean_accept_length_per_request"] == pytest.approx(1.9)
-    assert profile["validation"]["mean_consistency"]["passed"] and profile["validation"]["marginal_monotonicity"]["passed"]
+    validation = profile["validation"]
+    assert validation["mean_consistency"]["passed"] and validation["marginal_monotonicity"]["passed"]
     assert profile["draft_checkpoint"]["id"] == "org/draft" and profile["target_model"]["id"] == "org/target"
     assert vllm_synthetic_config(counter)["synthetic_acceptance_rates"] == profile["marginal_accept_rates"]
 
@@ -255,10 +257,9 @@ def test_profile_invariants_hold_for_any_counters(seed):
 
 torch = pytest.importorskip("torch")
 
-from tests.factory import make_draft  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
-
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 VOCAB = 49152
 FAST = ["--max-new-tokens", "6", "--no-progress"]

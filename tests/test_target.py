@@ -12,26 +12,9 @@ transformers = pytest.importorskip("transformers")
 
 from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
 from eaglekit.target_model import load_target  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 LAYERS = 4
-
-
-def make_tiny_target(path, *, layers=LAYERS, hidden=64, vocab=256, tied=False, seed=0, tokenizer_from=None) -> str:
-    """A real, randomly initialised LlamaForCausalLM saved as safetensors; a tokenizer only if `tokenizer_from`."""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        hidden_size=hidden, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=256, tie_word_embeddings=tied,
-        rms_norm_eps=1e-5,
-    )
-    model = transformers.LlamaForCausalLM(config)
-    # random norm weights make a pre-norm/post-norm mix-up visible
-    with torch.no_grad():
-        model.model.norm.weight.uniform_(0.5, 1.5)
-    model.save_pretrained(path)
-    if tokenizer_from is not None:
-        transformers.AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

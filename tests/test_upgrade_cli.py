@@ -17,8 +17,8 @@ from eaglekit.errors import UsageError
 from eaglekit.families import load_draft
 from eaglekit.redact import public_path
 from eaglekit.rules import run_rules
-from tests.cli import run_cli as run
-from tests.factory import make_draft, make_target_config
+from tests.support.cli import run_cli as run
+from tests.support.factory import make_draft, make_target_config
 
 
 def load_json(path) -> dict:

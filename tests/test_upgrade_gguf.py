@@ -12,29 +12,18 @@ gguf = pytest.importorskip("gguf")
 
 from eaglekit.errors import UsageError  # noqa: E402
 from eaglekit.families import load_draft  # noqa: E402
-from eaglekit.io.gguf import GgufField, read_gguf, write_gguf  # noqa: E402
+from eaglekit.io.gguf import read_gguf  # noqa: E402
 from eaglekit.io.tensors import read_array  # noqa: E402
 from eaglekit.target import read_target  # noqa: E402
 from eaglekit.upgrade import UpgradeOptions, upgrade  # noqa: E402
 from eaglekit.upgrade.gguf import interleave_rotary_rows, llama3_rope_factors  # noqa: E402
-from tests.cli import run_cli  # noqa: E402
-from tests.factory import make_draft, make_target_config  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
+from tests.support.factory import make_draft, make_target_config  # noqa: E402
+from tests.support.targets import tiny_target_gguf  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUNDLED = os.path.join(ROOT, "examples", "drafters", "smollm2-135m-eagle3")
 EAGLE3_ONLY = {"fc_norm": False, "norm_output": False}
-
-
-def tiny_target_gguf(path: str, layers: int = 12, hidden: int = 64, vocab: int = 256) -> str:
-    """A target GGUF with what a draft conversion reads: geometry and a tokenizer (no weights needed)."""
-    V = gguf.GGUFValueType
-    fields = [GgufField("llama.block_count", layers, V.UINT32), GgufField("llama.embedding_length", hidden, V.UINT32),
-              GgufField("llama.context_length", 2048, V.UINT32), GgufField("tokenizer.ggml.model", "gpt2", V.STRING),
-              GgufField("tokenizer.ggml.tokens", [f"t{i}" for i in range(vocab)], V.ARRAY, V.STRING),
-              GgufField("tokenizer.ggml.token_type", [1] * vocab, V.ARRAY, V.INT32),
-              GgufField("tokenizer.ggml.eos_token_id", 2, V.UINT32)]
-    write_gguf(path, "llama", fields, [])
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from speculators import SpeculatorModel  # noqa: E402  (the README's test comman
 
 from eaglekit.errors import UsageError  # noqa: E402
 from eaglekit.upgrade import UpgradeOptions, upgrade  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 
 def test_speculators_output_loads_in_speculators_with_the_target_it_was_given(tmp_path):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from eaglekit.rules import all_rules
-from tests.cli import run_cli
-from tests.factory import make_draft, make_target_config
+from tests.support.cli import run_cli
+from tests.support.factory import make_draft, make_target_config
 
 SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "schemas")
 
@@ -148,7 +148,8 @@ def test_truncated_file_is_one_clear_line(tmp_path):
 
 def test_validate_never_modifies_the_source(drafts):
     def digest(path):
-        return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest() for f in sorted(os.listdir(path))}
+        return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest()
+                for f in sorted(os.listdir(path))}
 
     before = digest(drafts["nan"])
     run(drafts["nan"], "--deep", "--engine", "all", "--target", drafts["target"])

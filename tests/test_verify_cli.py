@@ -7,32 +7,20 @@ import os
 import subprocess
 import sys
 
-import click
 import jsonschema
 import pytest
-from click.testing import CliRunner
 
 pytest.importorskip("torch")
 
-from eaglekit.cli.main import main  # noqa: E402
-from tests.factory import make_draft, make_target_config  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.support.cli import run_cli as run  # noqa: E402
+from tests.support.factory import make_draft, make_target_config  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 pytestmark = pytest.mark.model
 
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "verify-report.schema.json")))
 VOCAB = 49152  # SmolLM2's tokenizer
-
-
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
-@click.pass_context
-def main_wrapper(ctx):
-    main(list(ctx.args))
-
-
-def run(args):
-    return CliRunner().invoke(main_wrapper, args, catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +192,7 @@ def test_push_takes_the_report_of_these_files_and_refuses_it_once_they_change(en
 def test_a_hub_id_target_is_read_through_the_cache_everywhere(env, tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from tests.hub_fixtures import prefill_cache
+    from tests.support.hub import prefill_cache
 
     prefill_cache(str(tmp_path / "hub"), "org/tiny-target", env["target"])
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))

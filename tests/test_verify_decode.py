@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 from eaglekit.drafter.model import Drafter  # noqa: E402
 from eaglekit.families import apply_target, load_draft  # noqa: E402
 from eaglekit.target import read_target  # noqa: E402
+from eaglekit.target_model import load_target  # noqa: E402
 from eaglekit.verify.decode import (  # noqa: E402
     LiveVerifier,
     OracleProposer,
@@ -21,11 +22,9 @@ from eaglekit.verify.decode import (  # noqa: E402
 )
 from eaglekit.verify.eagle import EagleProposer  # noqa: E402
 from eaglekit.verify.metrics import DriftStats  # noqa: E402
-from eaglekit.target_model import load_target  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.targets import PROMPTS, make_tiny_target  # noqa: E402
 
-PROMPTS = ([5, 17, 99, 3, 42, 8, 120], [7, 7, 200, 31])
 NEW = 20
 
 

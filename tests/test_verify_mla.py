@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 from eaglekit.families import load_draft  # noqa: E402
 from eaglekit.rules import run_rules  # noqa: E402
 from eaglekit.target import read_target  # noqa: E402
+from eaglekit.target_model import load_target  # noqa: E402
 from eaglekit.verify.decode import (  # noqa: E402
     LiveVerifier,
     OracleProposer,
@@ -29,10 +30,9 @@ from eaglekit.verify.decode import (  # noqa: E402
 )
 from eaglekit.verify.prompts import bundled_prompts  # noqa: E402
 from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
-from eaglekit.target_model import load_target  # noqa: E402
-from tests.cli import run_cli  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
-from tests.test_verify_decode import PROMPTS  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.targets import PROMPTS  # noqa: E402
 
 SCHEMA_PATH = os.path.join(os.path.dirname(__file__), "..", "schemas", "verify-report.schema.json")
 with open(SCHEMA_PATH, encoding="utf-8") as fh:

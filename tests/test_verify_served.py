@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.cli import run_cli  # noqa: E402
-from tests.factory import make_draft  # noqa: E402
-from tests.test_target import make_tiny_target  # noqa: E402
-from tests.test_target_smollm2 import smollm2_path  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
+from tests.support.factory import make_draft  # noqa: E402
+from tests.support.smollm2 import smollm2_path  # noqa: E402
+from tests.support.targets import make_tiny_target  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -50,7 +50,8 @@ def test_ids_only_in_eagle_config_are_decoded_as_each_runner_captures_them(tmp_p
     served = v2["served"]
     assert served["engine"] == "vLLM 0.33.0 (V2 runner)" and served["loads"] and served["differs"]
     assert served["aux_layer_ids"] == [2, 4, 5] and "default" in served["aux_layer_ids_source"]
-    assert "as served by vLLM 0.33.0 (V2 runner)" in served["message"] and "after `eaglekit upgrade" in served["message"]
+    assert "as served by vLLM 0.33.0 (V2 runner)" in served["message"]
+    assert "after `eaglekit upgrade" in served["message"]
     # the second decode is exactly a decode with the engine's ids
     pinned = verify(path, "--target", target, "--aux-layer-ids", "2,4,5")
     assert pinned["served"] is None

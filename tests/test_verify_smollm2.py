@@ -24,7 +24,6 @@ from eaglekit.verify.decode import (  # noqa: E402
 )
 from eaglekit.verify.prompts import bundled_prompts, encode  # noqa: E402
 from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
-from tests.test_target_smollm2 import smollm2, smollm2_dir  # noqa: E402,F401
 
 pytestmark = pytest.mark.model
 

@@ -30,7 +30,8 @@ _ROUTES = [
     ("POST", re.compile(rf"^/api/{_REPO}/commit/(?P<rev>[^/]+)$"), "commit"),
     ("POST", re.compile(rf"^/api/{_REPO}/branch/(?P<branch>[^/]+)$"), "create_branch"),
     ("GET", re.compile(rf"^/api/{_REPO}(?:/revision/(?P<rev>[^/]+))?$"), "repo_info"),
-    ("POST", re.compile(r"^/(?:(?P<prefix>datasets|spaces)/)?(?P<ns>[^/]+)/(?P<name>[^/]+)\.git/info/lfs/objects/batch$"),
+    ("POST", re.compile(r"^/(?:(?P<prefix>datasets|spaces)/)?(?P<ns>[^/]+)/(?P<name>[^/]+)"
+                        r"\.git/info/lfs/objects/batch$"),
      "lfs_batch"),
     ("PUT", re.compile(r"^/lfs-objects/(?P<oid>[0-9a-f]{64})$"), "lfs_upload"),
 ]
@@ -94,7 +95,8 @@ class HubError(Exception):
 class FakeHub:
     """The server plus everything it recorded. Use as a context manager (or start()/stop())."""
 
-    def __init__(self, *, token: str = "hf_loopback_secret_token", user: str = "fake-user", lfs_threshold: int = 10_000):
+    def __init__(self, *, token: str = "hf_loopback_secret_token", user: str = "fake-user",
+                 lfs_threshold: int = 10_000):
         self.token = token
         self.user = user
         self.lfs_threshold = lfs_threshold  # files of at least this many bytes are asked to go through LFS
@@ -185,7 +187,8 @@ class FakeHub:
                 return err.status, {"Content-Type": "application/json", **extra}, json.dumps(error).encode(), name
             except Exception as exc:  # noqa: BLE001 - report, do not kill the connection
                 self.server_errors.append(f"{name}: {type(exc).__name__}: {exc}")
-                return 500, {"Content-Type": "application/json"}, json.dumps({"error": "fake hub crashed"}).encode(), name
+                crashed = json.dumps({"error": "fake hub crashed"}).encode()
+                return 500, {"Content-Type": "application/json"}, crashed, name
             data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             return status, {"Content-Type": content_type}, data, name
         return 404, {"Content-Type": "application/json"}, json.dumps({"error": "no such route"}).encode(), "unknown"
@@ -247,7 +250,8 @@ class FakeHub:
         self.validated_cards.append(content)
         errors = card_metadata_errors(content)
         if errors is None:
-            return 200, {"errors": [], "warnings": [{"message": "empty or missing yaml metadata in repo card"}]}, "application/json"
+            no_metadata = {"message": "empty or missing yaml metadata in repo card"}
+            return 200, {"errors": [], "warnings": [no_metadata]}, "application/json"
         if errors:
             raise HubError(400, "invalid metadata", body={"errors": [{"message": e} for e in errors], "warnings": []})
         return 200, {"errors": [], "warnings": []}, "application/json"
@@ -260,7 +264,8 @@ class FakeHub:
             raise HubError(400, "files must be a list")
         answer = []
         for entry in files:
-            if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not isinstance(entry.get("size"), int):
+            if (not isinstance(entry, dict) or not isinstance(entry.get("path"), str)
+                    or not isinstance(entry.get("size"), int)):
                 raise HubError(400, "each file needs a path and an integer size")
             base64.b64decode(entry.get("sample", ""), validate=True)
             mode = "lfs" if entry["size"] >= self.lfs_threshold else "regular"

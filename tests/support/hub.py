@@ -1,10 +1,11 @@
-"""The `fake_hub` fixture: a loopback Hub for one test, with the client set up to reach it over plain LFS."""
+"""The `fake_hub` fixture (registered by tests/conftest.py): a loopback Hub for one test, with the client set up to
+reach it over plain LFS; and `prefill_cache`, a Hugging Face cache laid out as a download would have."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.hubserver import FakeHub
+from tests.support.hubserver import FakeHub
 
 
 @pytest.fixture
@@ -26,7 +27,8 @@ def fake_hub(monkeypatch):
         assert not hub.server_errors, hub.server_errors
 
 
-def prefill_cache(cache: str, repo_id: str, folder: str, commit: str = "0123456789abcdef0123456789abcdef01234567") -> str:
+def prefill_cache(cache: str, repo_id: str, folder: str,
+                  commit: str = "0123456789abcdef0123456789abcdef01234567") -> str:
     """Lay `folder`'s files out as the Hugging Face cache stores repo `repo_id` (blobs named by SHA-256, snapshot
     symlinks, refs/main), as a download would have; returns the snapshot folder."""
     import hashlib

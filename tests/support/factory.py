@@ -77,7 +77,8 @@ def encode(arr: np.ndarray, dtype: str) -> bytes:
     return np.ascontiguousarray(arr, dtype=np_dtype).tobytes()
 
 
-def write_safetensors(path: str, tensors: dict[str, tuple[str, tuple[int, ...], bytes]], metadata: dict | None = None) -> None:
+def write_safetensors(path: str, tensors: dict[str, tuple[str, tuple[int, ...], bytes]],
+                      metadata: dict | None = None) -> None:
     header: dict = {}
     if metadata:
         header["__metadata__"] = metadata
@@ -233,7 +234,8 @@ def _mla_config(r: Recipe) -> dict:
 
 def _speculators_config(r: Recipe, arch: str, version: str, ids: list[int] | None) -> dict:
     layer = _llama_config(r, arch)
-    for key in ("architectures", "draft_vocab_size", "target_hidden_size", "fc_norm", "norm_output", "norm_before_fc", "torch_dtype"):
+    for key in ("architectures", "draft_vocab_size", "target_hidden_size", "fc_norm", "norm_output", "norm_before_fc",
+                "torch_dtype"):
         layer.pop(key, None)
     layer["architectures"] = ["Qwen3ForCausalLM" if r.attention == "qwen3" else "LlamaForCausalLM"]
     cfg = {
@@ -300,7 +302,8 @@ def layout_files(layout: str, r: Recipe) -> tuple[dict, dict[str, np.ndarray], d
         return cfg, t, meta
     if layout == "modelopt":
         cfg = _llama_config(r, "LlamaForCausalLMEagle3")
-        cfg.update({"bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": None, "mlp_bias": False, "pretraining_tp": 1})
+        cfg.update({"bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": None, "mlp_bias": False,
+                    "pretraining_tp": 1})
         cfg["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": _output_ids(r), "use_aux_hidden_state": True,
             "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True, "use_mtp_layernorm": False,

@@ -1,0 +1,65 @@
+"""Hostile-input contract helpers: run the CLI within a time bound and check it answers in one line, exit 0/1/2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+from contextlib import contextmanager
+
+from hypothesis import HealthCheck, settings
+
+from tests.support.cli import run_cli
+
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SECONDS = 10  # every command here finishes in well under a second; a hang fails instead of blocking CI
+
+
+@contextmanager
+def bounded(seconds: int = SECONDS):
+    def expire(*_):
+        raise AssertionError(f"no answer within {seconds} s (blocked or unbounded)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def clean(*args: str, codes=(0, 1, 2), seconds: int = SECONDS):
+    """Run eaglekit ARGS and check the contract; returns the result."""
+    with bounded(seconds):
+        result = run_cli(list(args))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code in codes, (args, result.exit_code, result.stderr)
+    assert len(lines) <= 1, result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def refused(*args: str, code: int = 1, contains: str = ""):
+    result = clean(*args, codes=(code,))
+    assert result.stderr.startswith("Error: ") and contains in result.stderr, result.stderr
+    return result
+
+
+def strict_json(text: str):
+    """JSON as every other parser reads it: bare NaN / Infinity are not JSON."""
+    def reject(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def write_header(path: str, header: str | bytes, data: bytes = b"") -> str:
+    os.makedirs(path, exist_ok=True)
+    raw = header.encode("utf-8", "surrogatepass") if isinstance(header, str) else header
+    with open(os.path.join(path, "model.safetensors"), "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw + data)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64}, fh)
+    return path

