@@ -109,7 +109,7 @@ def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_d
 
     from eaglekit.cli.verify import runnable_fix
     from eaglekit.families import load_draft
-    from tests.cli import run_cli
+    from tests.support.cli import run_cli
 
     command = shlex.split(runnable_fix(d.fix, str(tmp_path / "shifted")))
     monkeypatch.chdir(tmp_path)
