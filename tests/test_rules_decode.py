@@ -134,3 +134,10 @@ def test_the_served_warning_names_the_upgrade_that_fixes_it(tmp_path):
     assert "`--engine both` measures what it does" in warning.message
     errors = served.errors
     assert errors == 1 or f"(+{errors - 1} more)" in warning.message
+
+
+def test_a_fix_with_a_path_too_long_to_quote_whole_is_named_not_printed_cut(tmp_path):
+    findings, served = _decode(CASES[-1].broken, tmp_path / ("d" * 90))
+    (warning,) = [f for f in findings if f.code == "EK299"]
+    assert served.fix and served.fix not in warning.message and "…" not in warning.message
+    assert "`eaglekit validate` prints the command" in warning.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eaglekit.errors import MAX_QUOTED_CHARS
 from eaglekit.findings import Finding
 from eaglekit.rules.facts import fmt_ids
 from eaglekit.rules.registry import Hit, RuleContext, rule
@@ -267,6 +268,10 @@ def decode_served_as_written(ctx: RuleContext):
     reading = found[0]
     first, errors = reading.vllm_errors[0], len(reading.vllm_errors)
     more = f" (+{errors - 1} more)" if errors > 1 else ""
-    fix = f"; `{reading.fix}` writes what it reads" if reading.fix else ""
+    whole = reading.fix and all(len(word) <= MAX_QUOTED_CHARS for word in reading.fix.split())
+    # a finding cuts long words (hostile names): a command with a long path is named, not printed cut
+    fix = (f"; `{reading.fix}` writes what it reads" if whole
+           else "; `eaglekit upgrade` writes what it reads (`eaglekit validate` prints the command)" if reading.fix
+           else "")
     yield Hit(f"served as written, vLLM {reading.vllm_version} differs from this reading: {first.code} "
               f"{first.message}{more}; `--engine both` measures what it does{fix}")
