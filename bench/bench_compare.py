@@ -20,8 +20,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from eaglekit.verify.compare import compare  # noqa: E402
-from eaglekit.verify.run import VerifyOptions  # noqa: E402
+from eaglekit.decode.compare import compare  # noqa: E402
+from eaglekit.decode.options import VerifyOptions  # noqa: E402
 from examples.smollm2 import materialize_smollm2  # noqa: E402
 
 DRAFTERS = (os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3"),

@@ -33,9 +33,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     os.environ.setdefault("EAGLEKIT_VLLM_PYTHON", os.path.join(REPO, ".vllm-env", "bin", "python"))
 
+    from eaglekit import VerifyOptions, verify_draft
+    from eaglekit.runtime.engine import EngineOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from eaglekit.verify.engine import EngineOptions
-    from eaglekit.verify.run import VerifyOptions, verify
     from examples.smollm2 import materialize_smollm2
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
             options = VerifyOptions(num_speculative_tokens=args.k, max_new_tokens=args.max_new_tokens,
                                     limit=args.limit, device="cpu", dtype=dtype, engine="both",
                                     engine_options=EngineOptions())
-            report = verify(path, target, options)
+            report = verify_draft(path, target, options)
             e, cmp = report.engine, report.engine_comparison
             seconds = e["timings"]
             reference = f"{report.acceptance_length:.3f}"

@@ -55,12 +55,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
 
+    from eaglekit.decode.compare import compare
+    from eaglekit.decode.options import VerifyOptions
     from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.run import FinetuneOptions, finetune
     from eaglekit.finetune.train import TrainOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from eaglekit.verify.compare import compare
-    from eaglekit.verify.run import VerifyOptions
     from examples.smollm2 import materialize_smollm2
 
     target_dir = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))

@@ -48,12 +48,12 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    from eaglekit.decode.compare import compare_against
+    from eaglekit.decode.options import VerifyOptions
     from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.run import FinetuneOptions, finetune
     from eaglekit.finetune.train import TrainOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from eaglekit.verify.compare import compare_against
-    from eaglekit.verify.options import VerifyOptions
     from examples.smollm2 import materialize_smollm2
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))

@@ -12,7 +12,7 @@ prompts: the target's greedy answers, long context on every fifth prompt, standa
 prompt templates of --train-templates in turn.
 
 Every drafter is replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition
-(eaglekit.verify.compare.compare_against). Printed: each drafter minus the source, and per seed the EAGLE-3.1
+(eaglekit.decode.compare.compare_against). Printed: each drafter minus the source, and per seed the EAGLE-3.1
 retrain minus the EAGLE-3 retrain (paired on the same prompts), with the mean and the spread over seeds, so a
 gain is read against what the seed alone moves. Figures are printed, never asserted.
 """
@@ -65,13 +65,13 @@ def main(argv=None) -> None:
     import torch
 
     from eaglekit.cli.output import conditions, int_list
+    from eaglekit.decode.compare import compare_against
+    from eaglekit.decode.options import VerifyOptions
+    from eaglekit.decode.stats import paired_difference
     from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.run import FinetuneOptions, finetune
     from eaglekit.finetune.train import TrainOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from eaglekit.verify.compare import compare_against
-    from eaglekit.verify.run import VerifyOptions
-    from eaglekit.verify.stats import paired_difference
     from examples.smollm2 import materialize_smollm2
 
     seeds, ks = int_list(args.seeds, "--seeds", "0,1,2"), int_list(args.k, "--k", "3")

@@ -57,9 +57,9 @@ def llama_cpp_counts(binary: str, target: str, draft: str, prompt: str, args) ->
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    from eaglekit import VerifyOptions, verify_draft
+    from eaglekit.decode.prompts import bundled_prompts
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from eaglekit.verify.prompts import bundled_prompts
-    from eaglekit.verify.run import VerifyOptions, verify
     from examples.smollm2 import gguf_path, materialize_smollm2
 
     binary = os.path.join(args.llama_cpp, "build", "bin", "llama-speculative-simple")
@@ -95,9 +95,9 @@ def main(argv=None) -> None:
         d, a, s = llama_cpp_counts(binary, target_gguf, draft, text, args)
         drafted, accepted = drafted + d, accepted + a
         speeds.append(s)
-    report = verify(lossless, target_dir, VerifyOptions(num_speculative_tokens=args.k, limit=args.limit,
-                                                        max_new_tokens=args.max_new_tokens, device="cpu",
-                                                        dtype="float32")).to_dict()
+    report = verify_draft(lossless, target_dir, VerifyOptions(num_speculative_tokens=args.k, limit=args.limit,
+                                                              max_new_tokens=args.max_new_tokens, device="cpu",
+                                                              dtype="float32")).to_dict()
     print(f"{len(prompts)} bundled coding prompts x {args.max_new_tokens} tokens, k={args.k}, greedy:")
     print("| decoder | target weights | drafted | accepted | accepted / drafted |")
     print("|---|---|---|---|---|")

@@ -60,13 +60,13 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
 
+    from eaglekit import verify_draft
+    from eaglekit.decode.compare import compare
+    from eaglekit.decode.options import VerifyOptions
     from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.run import FinetuneOptions, finetune
     from eaglekit.finetune.train import TrainOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from eaglekit.verify.compare import compare
-    from eaglekit.verify.options import VerifyOptions
-    from eaglekit.verify.run import verify
     from examples.smollm2 import materialize_smollm2
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
@@ -97,7 +97,7 @@ def main(argv=None) -> None:
     for label, path in drafts.items():
         for quantization in (p for p in PRECISIONS if p in asked):
             started = time.perf_counter()
-            report = verify(path, target, options(quantization)).to_dict()
+            report = verify_draft(path, target, options(quantization)).to_dict()
             tau = taus[(label, quantization)] = report["acceptance_length"]
             drop = "—" if quantization is None else f"{tau - taus[(label, None)]:+.3f}"
             print(f"| {label} | {quantization or 'full'} | {interval_cell(report)} | {drop} | "

@@ -6,11 +6,11 @@ length and prompt template.
     python bench/bench_robustness.py --reference ./eagle3 --drafts tuned=./eagle3.1-tuned scratch=./eagle3.1 \\
         --k 3 --contexts 0,2048 --templates chat,raw
 
-For every k, one sweep for all drafters (eaglekit.verify.compare.compare_against): the target and every drafter
+For every k, one sweep for all drafters (eaglekit.decode.compare.compare_against): the target and every drafter
 are loaded once, the target decodes each prompt once per condition (template x context length) and every drafter
 is replayed on that pass.
 A cell is τ(drafter) − τ(reference) on identical text with its paired 95 % bootstrap interval over prompts
-(templates: eaglekit.verify.prompts.TEMPLATES). Figures are printed, never asserted.
+(templates: eaglekit.decode.prompts.TEMPLATES). Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from eaglekit.cli.output import conditions, int_list  # noqa: E402
+from eaglekit.decode.compare import compare_against  # noqa: E402
+from eaglekit.decode.options import VerifyOptions  # noqa: E402
 from eaglekit.errors import EaglekitError  # noqa: E402
-from eaglekit.verify.compare import compare_against  # noqa: E402
-from eaglekit.verify.run import VerifyOptions  # noqa: E402
 
 DRAFTERS = os.path.join(REPO, "examples", "drafters")
 REFERENCE = os.path.join(DRAFTERS, "smollm2-135m-eagle3")

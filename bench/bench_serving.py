@@ -38,8 +38,8 @@ def main(argv=None) -> None:
     os.environ.setdefault("EAGLEKIT_VLLM_PYTHON", os.path.join(REPO, ".vllm-env", "bin", "python"))
 
     from eaglekit.bench.run import BenchOptions, run_bench
+    from eaglekit.runtime.engine import EngineOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from eaglekit.verify.engine import EngineOptions
     from examples.smollm2 import materialize_smollm2
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))

@@ -20,7 +20,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
+from eaglekit import VerifyOptions, verify_draft  # noqa: E402
 from examples.smollm2 import materialize_smollm2  # noqa: E402
 
 DRAFTERS = {
@@ -60,7 +60,7 @@ def main(argv=None) -> None:
         for context in contexts:
             for k in ks:
                 start = time.perf_counter()
-                report = verify(DRAFTERS[name], target, VerifyOptions(
+                report = verify_draft(DRAFTERS[name], target, VerifyOptions(
                     num_speculative_tokens=k, max_new_tokens=args.max_new_tokens, limit=args.limit,
                     context_tokens=context, dtype=args.dtype))
                 d = report.to_dict()

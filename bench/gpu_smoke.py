@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     os.environ["EAGLEKIT_KERNELS"] = args.kernels  # before any kernel import
     import torch
 
-    from eaglekit.verify.run import VerifyOptions, verify
+    from eaglekit import VerifyOptions, verify_draft
 
     work = args.work or tempfile.mkdtemp(prefix="eaglekit-smoke-")
     target = os.path.join(work, "target")
@@ -142,9 +142,9 @@ def main(argv=None) -> int:
         draft = os.path.join(work, "draft-3.1" if eagle31 else "draft-3")
         build_draft(draft, target, eagle31)
         start = time.perf_counter()
-        report = verify(draft, target, VerifyOptions(num_speculative_tokens=args.k, max_new_tokens=args.max_new_tokens,
-                                                     prompts_file=prompts, device=args.device, dtype=dtype,
-                                                     as_eaglekit_reads=True))
+        report = verify_draft(draft, target, VerifyOptions(num_speculative_tokens=args.k,
+                                                           max_new_tokens=args.max_new_tokens, prompts_file=prompts,
+                                                           device=args.device, dtype=dtype, as_eaglekit_reads=True))
         seconds = time.perf_counter() - start
         c = report.counter
         exact = report.lossless and c.accepted == c.drafts * args.k and c.drafts > 0

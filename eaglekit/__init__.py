@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests/test_package.py keeps the two lists equal)
+    from eaglekit.decode.options import VerifyOptions
     from eaglekit.errors import EaglekitError
     from eaglekit.families import load_draft
     from eaglekit.finetune.run import FinetuneOptions
@@ -27,7 +28,6 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests/test_pack
     from eaglekit.serving import serving_support
     from eaglekit.upgrade import UpgradeOptions
     from eaglekit.upgrade import upgrade as upgrade_draft
-    from eaglekit.verify.options import VerifyOptions
     from eaglekit.verify.run import verify as verify_draft
 
 __version__ = "0.1.0"
@@ -41,7 +41,7 @@ _EXPORTS = {  # public name -> (module, attribute)
     "upgrade_draft": ("eaglekit.upgrade", "upgrade"),
     "UpgradeOptions": ("eaglekit.upgrade", "UpgradeOptions"),
     "verify_draft": ("eaglekit.verify.run", "verify"),
-    "VerifyOptions": ("eaglekit.verify.options", "VerifyOptions"),
+    "VerifyOptions": ("eaglekit.decode.options", "VerifyOptions"),
     "push": ("eaglekit.hub.push", "push"),
     "finetune_draft": ("eaglekit.finetune.run", "finetune"),
     "FinetuneOptions": ("eaglekit.finetune.run", "FinetuneOptions"),

@@ -144,3 +144,15 @@ def finetune_without_gain(config: dict) -> str | None:
         else []
     return "; ".join(f"τ {p.get('acceptance_length_difference')} at +{p.get('context_tokens')} tokens of context"
                      for p in worse) or None
+
+
+def measured_files(spec, info) -> dict:
+    """Which bytes a verify or bench report describes: SHA-256 of every draft file, and the target's identity (its
+    recorded origin, config hash and weights fingerprint); `push --report` refuses a report that measured other
+    files."""
+    return {"draft_files": hash_files(spec.path, source_files(spec)),
+            "target": {"name_or_path": info.name_or_path,
+                       "folder": os.path.basename(os.path.dirname(os.path.abspath(info.path))),
+                       "config_sha256": sha256_file(info.path),
+                       "weights_fingerprint": weights_fingerprint(target_weight_files(info.path)),
+                       **({"derived_from": info.derived_from} if info.derived_from else {})}}

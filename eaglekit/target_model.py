@@ -258,7 +258,7 @@ def _refuse_initialised(cls: str, missing: list[str], path: str) -> None:
 
 def load_tokenizer(path: str, info: TargetInfo):
     """The target folder's tokenizer (None where it has none), carrying the target's context as `model_max_length`:
-    every prompt is bounded by it (verify.prompts.encode)."""
+    every prompt is bounded by it (decode.prompts.encode)."""
     if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
         return None
     with quiet_transformers():

@@ -45,7 +45,7 @@ from eaglekit.finetune.data import CODE_MODULES, code_sequences, left_padded
 from eaglekit.finetune.train import TrainOptions
 from eaglekit.finetune.train import train as run_training
 from eaglekit.target_model import load_target
-from eaglekit.verify.prompts import Prompt, encode, parse_jsonl
+from eaglekit.decode.prompts import Prompt, encode, parse_jsonl
 from smollm2 import materialize_smollm2
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

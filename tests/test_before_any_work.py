@@ -21,14 +21,14 @@ def pair(tmp_path):
 def no_work(monkeypatch):
     """Every command's work fails the test if it starts: a refusal must come first."""
     import eaglekit.bench.run
+    import eaglekit.decode.setup
     import eaglekit.finetune.run
     import eaglekit.verify.run
-    import eaglekit.verify.setup
 
     def work(*args, **kwargs):
         pytest.fail("the work started before the written paths were checked")
 
-    for module, name in ((eaglekit.verify.setup, "load_target"), (eaglekit.verify.setup, "load_tokenizer"),
+    for module, name in ((eaglekit.decode.setup, "load_target"), (eaglekit.decode.setup, "load_tokenizer"),
                          (eaglekit.bench.run, "start_server"), (eaglekit.finetune.run, "build_data")):
         monkeypatch.setattr(module, name, work)
     for module, name in ((eaglekit.bench.run, "check_engine_available"), (eaglekit.bench.run, "check_client_available"),

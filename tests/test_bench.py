@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from eaglekit.bench.report import BenchRow, ServedRun, Spread, spread, verdict
-from eaglekit.bench.server import engine_flags, start_server
 from eaglekit.errors import EngineError, UsageError
-from eaglekit.verify.engine import fitted_model_len
+from eaglekit.runtime.engine import fitted_model_len
+from eaglekit.runtime.server import engine_flags, start_server
 from tests.support.cli import run_cli
 
 DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "examples", "drafters")
@@ -108,7 +108,7 @@ def test_a_missing_engine_is_one_line_saying_how_to_install_it(tmp_path):
 
 
 def test_the_project_vllm_environment_is_found_where_the_setup_script_makes_it(tmp_path, monkeypatch):
-    from eaglekit.verify.engine import EngineOptions, check_engine_available
+    from eaglekit.runtime.engine import EngineOptions, check_engine_available
 
     monkeypatch.delenv("EAGLEKIT_VLLM_PYTHON", raising=False)
     monkeypatch.chdir(tmp_path)

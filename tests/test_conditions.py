@@ -11,12 +11,12 @@ import jsonschema
 import pytest
 
 from eaglekit.cli.output import conditions
+from eaglekit.decode.metrics import AcceptanceCounter
+from eaglekit.decode.options import VerifyOptions
+from eaglekit.decode.prompts import SYSTEM_MESSAGE, TEMPLATES, Prompt, encode, with_template
+from eaglekit.decode.settings import Condition
 from eaglekit.errors import UsageError
-from eaglekit.verify.metrics import AcceptanceCounter
 from eaglekit.verify.plot import lines
-from eaglekit.verify.prompts import SYSTEM_MESSAGE, TEMPLATES, Prompt, encode, with_template
-from eaglekit.verify.report import Condition
-from eaglekit.verify.run import VerifyOptions
 from tests.support.cli import run_cli
 
 pytest.importorskip("torch")
@@ -110,7 +110,7 @@ def test_one_value_each_is_one_condition_as_before_lists_are_a_sweep():
 
 
 def test_a_sweep_needs_the_sweep_functions():
-    from eaglekit.verify.compare import compare
+    from eaglekit.decode.compare import compare
     from eaglekit.verify.run import verify
 
     sweep = VerifyOptions(context_tokens=(0, 64))
@@ -265,8 +265,8 @@ def test_each_condition_replays_what_verify_measures_live(tmp_path):
 @pytest.mark.slow
 def test_one_target_pass_for_many_drafts_measures_what_pairs_measure(tmp_path):
     """compare_against replays every draft on one target decode: each result equals its own pairwise compare."""
-    from eaglekit.verify.compare import compare_against, compare_conditions
-    from eaglekit.verify.run import VerifyOptions
+    from eaglekit.decode.compare import compare_against, compare_conditions
+    from eaglekit.decode.options import VerifyOptions
 
     drafters = os.path.join(REPO, "examples", "drafters")
     e3, e31 = os.path.join(drafters, "smollm2-135m-eagle3"), os.path.join(drafters, "smollm2-135m-eagle3.1")

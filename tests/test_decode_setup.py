@@ -9,11 +9,12 @@ import pytest
 
 pytest.importorskip("torch")
 
+from eaglekit.decode.compare import compare_conditions  # noqa: E402
+from eaglekit.decode.options import VerifyOptions  # noqa: E402
+from eaglekit.decode.settings import Condition, DecodeSettings  # noqa: E402
+from eaglekit.decode.setup import decode_setup  # noqa: E402
 from eaglekit.finetune.evaluate import EvalOptions, held_out_prompts  # noqa: E402
-from eaglekit.verify.compare import compare_conditions  # noqa: E402
-from eaglekit.verify.report import Condition, DecodeSettings  # noqa: E402
-from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
-from eaglekit.verify.setup import decode_setup  # noqa: E402
+from eaglekit.verify.run import verify  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
 from tests.support.targets import make_tiny_target  # noqa: E402

@@ -9,8 +9,8 @@ import stat
 import pytest
 
 from eaglekit.errors import EngineError
-from eaglekit.verify.engine import EngineOptions, root_cause, run_vllm
-from eaglekit.verify.vllm_worker import FALLBACK_KV_CACHE_GIB, cpu_kv_cache_gib
+from eaglekit.runtime.engine import EngineOptions, root_cause, run_vllm
+from eaglekit.runtime.vllm_worker import FALLBACK_KV_CACHE_GIB, cpu_kv_cache_gib
 
 MEMORY = ("ValueError: Available memory on node 0 (6.95/8.84 GiB) on the node is less than desired CPU memory "
           "utilization 0.92")

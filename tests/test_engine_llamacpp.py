@@ -19,9 +19,9 @@ import pytest
 pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
+from eaglekit.decode.prompts import bundled_prompts  # noqa: E402
 from eaglekit.io.gguf import GgufTensor, read_gguf, write_gguf  # noqa: E402
 from eaglekit.upgrade import UpgradeOptions, upgrade  # noqa: E402
-from eaglekit.verify.prompts import bundled_prompts  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BINARY = os.environ.get("EAGLEKIT_LLAMA_CPP") or str(REPO / ".llama-cpp" / "build" / "bin" / "llama-speculative-simple")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from eaglekit.bench import server as bench_server
 from eaglekit.errors import EngineError
-from eaglekit.verify import engine, processes
+from eaglekit.runtime import engine, processes
+from eaglekit.runtime import server as bench_server
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc")
 
@@ -27,8 +27,7 @@ GONE_WITHIN_S = GRACE_S + 10.0
 
 DRIVER = """
 import sys, time
-from eaglekit.bench import server
-from eaglekit.verify import engine, processes
+from eaglekit.runtime import engine, processes, server
 
 processes.STOP_GRACE_S = {grace}
 server.HEALTH_POLL_S = 0.1

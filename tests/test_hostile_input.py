@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eaglekit.cli.main import one_line
+from eaglekit.decode.prompts import read_prompts
 from eaglekit.errors import CheckpointError
 from eaglekit.io.jsonfile import load_json_object, read_bounded
-from eaglekit.verify.prompts import read_prompts
 from tests.support.factory import edit_config, make_draft, make_target_config, pickle_checkpoint, rewrite_tensors
 from tests.support.hostile import FUZZ, SECONDS, bounded, clean, refused, strict_json, write_header
 

@@ -17,15 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eaglekit.cli.main import MAX_LINE_CHARS, one_line
+from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.errors import CheckpointError
 from eaglekit.families import load_draft
 from eaglekit.hub.evidence import load_report
 from eaglekit.io.checkpoint import MAX_DRAFT_TENSORS
 from eaglekit.io.header import read_header
 from eaglekit.io.jsonfile import check_inside
+from eaglekit.provenance import measured_files
 from eaglekit.target import read_target
-from eaglekit.verify.metrics import AcceptanceCounter
-from eaglekit.verify.run import measured_files
 from tests.support.factory import edit_config, make_draft, make_target_config, rewrite_tensors
 from tests.support.hostile import FUZZ, clean, refused, strict_json, write_header
 from tests.support.hub import prefill_cache

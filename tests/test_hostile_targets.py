@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from eaglekit.decode.prompts import Prompt, PromptTokens, encode, longest_token_chars, read_prompts  # noqa: E402
 from eaglekit.errors import CheckpointError  # noqa: E402
 from eaglekit.target import GEOMETRY_LIMITS, SIZES_WHERE_WRITTEN, read_target  # noqa: E402
 from eaglekit.target_model import load_target  # noqa: E402
-from eaglekit.verify.prompts import Prompt, PromptTokens, encode, longest_token_chars, read_prompts  # noqa: E402
 from tests.support.cli import run_cli  # noqa: E402
 from tests.support.factory import edit_config, make_draft, make_target_config, rewrite_tensors, write_safetensors  # noqa: E402
 from tests.support.hostile import bounded, clean, refused  # noqa: E402
@@ -371,7 +371,7 @@ def test_finetune_data_is_cut_at_the_context_and_says_which_records(tmp_path, ti
 @given(tokens=st.integers(1, 3000), new=st.integers(1, 300), k=st.integers(1, 8))
 def test_the_vllm_engine_is_not_started_for_a_prompt_past_its_max_model_len(smollm2_tokenizer, tokens, new, k):
     from eaglekit.errors import UsageError
-    from eaglekit.verify.engine import EngineOptions, run_vllm
+    from eaglekit.runtime.engine import EngineOptions, run_vllm
 
     prompt = Prompt("p", ({"role": "user", "content": "x"},), None, file="speed.jsonl", record="question_id 'q7'")
     ids = PromptTokens([1] * tokens, prompt)
@@ -389,12 +389,14 @@ def test_the_vllm_engine_is_not_started_for_a_prompt_past_its_max_model_len(smol
 @pytest.mark.parametrize("command", ["verify", "compare"])
 def test_every_first_turn_is_checked_before_the_first_decode(tmp_path, tiny, monkeypatch, command):
     """A prompt too long for the context after a good one is refused before anything is decoded."""
+    import eaglekit.decode.setup as setup
     import eaglekit.verify.run as run
 
     def no_decode(*args, **kwargs):
         raise AssertionError("a decode ran before every prompt was checked")
 
-    monkeypatch.setattr(run, "greedy_decode", no_decode)
+    monkeypatch.setattr(run, "greedy_decode", no_decode)  # verify's warm-up
+    monkeypatch.setattr(setup, "greedy_decode", no_decode)  # every prompt turn
     target, draft = tiny
     path = str(tmp_path / "prompts.jsonl")
     with open(path, "w") as fh:

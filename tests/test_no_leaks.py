@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("torch")
 
 from eaglekit.bench.report import BenchReport, BenchRow, ServedRun, Spread  # noqa: E402
-from eaglekit.bench.server import engine_flags  # noqa: E402
 from eaglekit.cli.output import finish_report  # noqa: E402
 from eaglekit.families import load_draft  # noqa: E402
+from eaglekit.provenance import measured_files  # noqa: E402
 from eaglekit.redact import (  # noqa: E402
     REDACTED,
     is_secret_name,
@@ -26,8 +26,8 @@ from eaglekit.redact import (  # noqa: E402
     redact,
     remember_secret,
 )
+from eaglekit.runtime.server import engine_flags  # noqa: E402
 from eaglekit.target import read_target  # noqa: E402
-from eaglekit.verify.run import measured_files  # noqa: E402
 from tests.support.cli import run_cli  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402

@@ -9,11 +9,11 @@ import random
 import jsonschema
 import pytest
 
+from eaglekit.decode.metrics import AcceptanceCounter
+from eaglekit.decode.prompts import read_prompts
+from eaglekit.decode.speedbench import SENTINEL
+from eaglekit.decode.stats import paired_difference, tau_interval
 from eaglekit.verify.acceptance_profile import length_histogram, speculation_profile, vllm_synthetic_config
-from eaglekit.verify.metrics import AcceptanceCounter
-from eaglekit.verify.prompts import read_prompts
-from eaglekit.verify.speedbench import SENTINEL
-from eaglekit.verify.stats import paired_difference, tau_interval
 from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.model

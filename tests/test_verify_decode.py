@@ -7,11 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eaglekit.drafter.model import Drafter  # noqa: E402
-from eaglekit.families import apply_target, load_draft  # noqa: E402
-from eaglekit.target import read_target  # noqa: E402
-from eaglekit.target_model import load_target  # noqa: E402
-from eaglekit.verify.decode import (  # noqa: E402
+from eaglekit.decode.eagle import EagleProposer  # noqa: E402
+from eaglekit.decode.metrics import DriftStats  # noqa: E402
+from eaglekit.decode.speculative import (  # noqa: E402
     LiveVerifier,
     OracleProposer,
     RandomProposer,
@@ -20,8 +18,10 @@ from eaglekit.verify.decode import (  # noqa: E402
     greedy_decode,
     speculative_decode,
 )
-from eaglekit.verify.eagle import EagleProposer  # noqa: E402
-from eaglekit.verify.metrics import DriftStats  # noqa: E402
+from eaglekit.drafter.model import Drafter  # noqa: E402
+from eaglekit.families import apply_target, load_draft  # noqa: E402
+from eaglekit.target import read_target  # noqa: E402
+from eaglekit.target_model import load_target  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.targets import PROMPTS, make_tiny_target  # noqa: E402
 

@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
+from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.verify.diagnose import Hypothesis, HypothesisResult, conclude, expected_accepted, hypotheses
-from eaglekit.verify.metrics import AcceptanceCounter
 
 
 def _names(hyps):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
+from eaglekit.decode.metrics import AcceptanceCounter, DriftStats
 
 
 def test_vllm_definitions_on_a_worked_example():
@@ -63,7 +63,7 @@ def test_drift_means_per_depth():
 
 
 def test_the_speed_ratio_interval_resamples_prompts_timed_both_ways():
-    from eaglekit.verify.stats import pooled_speed_ratio_interval
+    from eaglekit.decode.stats import pooled_speed_ratio_interval
 
     assert pooled_speed_ratio_interval([(10, 1.0)], [(10, 1.0)]) is None  # one prompt: no spread
     steady = pooled_speed_ratio_interval([(20, 1.0)] * 8, [(10, 1.0)] * 8)

@@ -17,19 +17,20 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from eaglekit.families import load_draft  # noqa: E402
-from eaglekit.rules import run_rules  # noqa: E402
-from eaglekit.target import read_target  # noqa: E402
-from eaglekit.target_model import load_target  # noqa: E402
-from eaglekit.verify.decode import (  # noqa: E402
+from eaglekit.decode.options import VerifyOptions  # noqa: E402
+from eaglekit.decode.prompts import bundled_prompts  # noqa: E402
+from eaglekit.decode.speculative import (  # noqa: E402
     LiveVerifier,
     OracleProposer,
     RandomProposer,
     greedy_decode,
     speculative_decode,
 )
-from eaglekit.verify.prompts import bundled_prompts  # noqa: E402
-from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
+from eaglekit.families import load_draft  # noqa: E402
+from eaglekit.rules import run_rules  # noqa: E402
+from eaglekit.target import read_target  # noqa: E402
+from eaglekit.target_model import load_target  # noqa: E402
+from eaglekit.verify.run import verify  # noqa: E402
 from tests.support.cli import run_cli  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.targets import PROMPTS  # noqa: E402

@@ -15,15 +15,16 @@ import pytest
 
 pytest.importorskip("torch")
 
-from eaglekit.verify.decode import (  # noqa: E402
+from eaglekit.decode.options import VerifyOptions  # noqa: E402
+from eaglekit.decode.prompts import bundled_prompts, encode  # noqa: E402
+from eaglekit.decode.speculative import (  # noqa: E402
     LiveVerifier,
     OracleProposer,
     RandomProposer,
     greedy_decode,
     speculative_decode,
 )
-from eaglekit.verify.prompts import bundled_prompts, encode  # noqa: E402
-from eaglekit.verify.run import VerifyOptions, verify  # noqa: E402
+from eaglekit.verify.run import verify  # noqa: E402
 
 pytestmark = pytest.mark.model
 

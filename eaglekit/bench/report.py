@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglekit.verify.stats import Interval, paired_ratio_interval, percentile
+from eaglekit.decode.stats import Interval, paired_ratio_interval, percentile
 
 SCHEMA_VERSION = "1"
 PAYS = 1.0  # a speed-up above this pays

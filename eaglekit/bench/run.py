@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from eaglekit.bench.report import BenchReport, BenchRow, ServedRun
-from eaglekit.bench.server import check_client_available, engine_flags, run_client, start_server
+from eaglekit.decode.prompts import Prompt, encode, render_text
 from eaglekit.engines.vllm import speculative_config
 from eaglekit.errors import UsageError
 from eaglekit.io.outputs import Role
+from eaglekit.provenance import measured_files
 from eaglekit.redact import public_flags
-from eaglekit.verify.engine import EngineOptions, check_engine_available, fitted_model_len
-from eaglekit.verify.prompts import Prompt, encode, render_text
-from eaglekit.verify.run import measured_files
+from eaglekit.runtime.engine import EngineOptions, check_engine_available, fitted_model_len
+from eaglekit.runtime.server import check_client_available, engine_flags, run_client, start_server
 
 DEFAULT_CONCURRENCY = (1, 4, 16)
 MAX_REQUESTS = 100_000  # per concurrency: each is a dataset row written before the client starts
@@ -87,8 +87,8 @@ class PromptGroup:
 def run_bench(draft: str, target: str, options: BenchOptions,
               on_stage: Callable[[str], None] | None = None) -> BenchReport:
     """Measure `draft` against `target` in vLLM at every concurrency of `options`; see the module docstring."""
-    from eaglekit.verify.options import VerifyOptions
-    from eaglekit.verify.setup import decode_setup
+    from eaglekit.decode.options import VerifyOptions
+    from eaglekit.decode.setup import decode_setup
 
     options.check()
     say = on_stage or (lambda _: None)

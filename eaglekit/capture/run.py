@@ -154,7 +154,7 @@ def _engine_block(opts: CaptureOptions) -> dict[str, Any]:
         return {"name": "reference", "version": f"transformers {transformers.__version__}, torch {torch.__version__}",
                 "dtype": resolved, "quantization": served.name if served else None, "tensor_parallel_size": 1,
                 "engine_args": {}}
-    from eaglekit.verify.engine import EngineOptions, check_engine_available
+    from eaglekit.runtime.engine import EngineOptions, check_engine_available
 
     version = check_engine_available(EngineOptions(python=opts.engine_python))
     return {"name": opts.engine, "version": f"vllm {version}", "dtype": opts.dtype, "quantization": "as served",

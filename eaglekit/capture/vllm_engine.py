@@ -23,11 +23,11 @@ from typing import Any
 
 from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import EngineError, UsageError
-from eaglekit.verify import processes
-from eaglekit.verify.engine import EngineOptions, check_engine_available, fitted_model_len, root_cause
+from eaglekit.runtime import processes
+from eaglekit.runtime.engine import EngineOptions, check_engine_available, fitted_model_len, root_cause
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_capture_worker.py")
-SIZER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "verify", "vllm_worker.py")
+SIZER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "vllm_worker.py")
 MODULE = "eaglekit_capture_worker"
 """The name vLLM's processes import the worker by: the only module in its work folder, unlike any of vLLM's."""
 BATCH = 32  # sequences per vLLM generate call; the spool holds about two batches of unread files

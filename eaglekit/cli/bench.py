@@ -71,7 +71,7 @@ def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_
     from eaglekit.bench.run import BenchOptions, run_bench
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
-    from eaglekit.verify.engine import EngineOptions, parse_engine_args
+    from eaglekit.runtime.engine import EngineOptions, parse_engine_args
 
     options = BenchOptions(
         concurrency=int_list(concurrency, "--concurrency", "1,4,16"), num_speculative_tokens=k,

@@ -95,7 +95,7 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
     """
     from eaglekit.capture.run import CaptureOptions, capture_store
     from eaglekit.finetune.data import DataOptions
-    from eaglekit.verify.engine import parse_engine_args
+    from eaglekit.runtime.engine import parse_engine_args
 
     if data_file and prompts_file:
         raise UsageError("give --data or --prompts, not both")

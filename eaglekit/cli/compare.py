@@ -37,10 +37,10 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
                     output_format):
     """Measure DRAFT_A and DRAFT_B on one target pass per prompt: τ of each and the paired difference B − A, under
     each condition (template x context length) asked for."""
+    from eaglekit.decode.compare import compare_conditions
+    from eaglekit.decode.options import VerifyOptions
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
-    from eaglekit.verify.compare import compare_conditions
-    from eaglekit.verify.options import VerifyOptions
     from eaglekit.verify.plot import plot_compare
 
     options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file,
@@ -69,7 +69,7 @@ def _rates(values: list[float]) -> str:
 
 
 def render(doc: dict) -> None:
-    from eaglekit.verify.report import Condition
+    from eaglekit.decode.settings import Condition
 
     a, b = doc["drafts"]["a"], doc["drafts"]["b"]
     prompts = doc["prompts"]

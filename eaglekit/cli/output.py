@@ -83,7 +83,7 @@ def decode_options(fn):
     """The options every command that decodes against a target shares (verify, compare): the target, k, the prompt
     set and how it is selected, where and in what dtype the target runs, the conditions (templates x context
     lengths) the prompts are decoded under, and their plot."""
-    from eaglekit.verify.prompts import TEMPLATES
+    from eaglekit.decode.prompts import TEMPLATES
 
     options = [
         click.option("--target", required=True, callback=target_path,

@@ -72,12 +72,12 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
                    engine_args, output_format):
     """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis; under
     each condition (template x context length) asked for."""
+    from eaglekit.decode.options import VerifyOptions
+    from eaglekit.decode.settings import plain_report
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
-    from eaglekit.verify.engine import EngineOptions, parse_engine_args
-    from eaglekit.verify.options import VerifyOptions
+    from eaglekit.runtime.engine import EngineOptions, parse_engine_args
     from eaglekit.verify.plot import plot_verify
-    from eaglekit.verify.report import plain_report
     from eaglekit.verify.run import verify_conditions, verify_in_engine
 
     options = VerifyOptions(
@@ -255,7 +255,7 @@ def _result(measured: dict, k: int, title: str) -> None:
 
 def render_sweep(doc: dict) -> None:
     """Several conditions: the draft and its checks once, then one table per condition."""
-    from eaglekit.verify.report import Condition
+    from eaglekit.decode.settings import Condition
 
     first = doc["conditions"][0]["prompts"]
     _header(doc, f"{first['name']} ({first['count']}); {len(doc['conditions'])} condition(s)")

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from eaglekit.errors import CheckpointError, OutputError, UsageError
-from eaglekit.verify.prompts import (
+from eaglekit.decode.prompts import (
     CONTEXT_MODULES,
     Prompt,
     check_template,
@@ -30,6 +29,7 @@ from eaglekit.verify.prompts import (
     read_prompts,
     target_context,
 )
+from eaglekit.errors import CheckpointError, OutputError, UsageError
 
 DATA_FORMAT = "1"
 BUNDLED_DATA = "eaglekit/data/prompts/train.jsonl"

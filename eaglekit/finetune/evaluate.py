@@ -4,7 +4,7 @@ difference per condition and pooled over all of them, with paired bootstrap inte
 
 Greedy speculative decoding is lossless by construction (and verify proves it on the same loop), so only the
 speculative pass runs here: τ and the per-position rates come from vLLM's counter definitions
-(eaglekit.verify.metrics).
+(eaglekit.decode.metrics).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eaglekit.verify.prompts import Prompt
+from eaglekit.decode.prompts import Prompt
 
 if TYPE_CHECKING:
-    from eaglekit.verify.compare import CompareSweep
-    from eaglekit.verify.options import VerifyOptions
-    from eaglekit.verify.report import Condition
+    from eaglekit.decode.compare import CompareSweep
+    from eaglekit.decode.options import VerifyOptions
+    from eaglekit.decode.settings import Condition
 
 
 DEFAULT_TEMPLATES = ("chat", "system", "raw")
@@ -50,7 +50,7 @@ class EvalOptions:
     def decode_options(self, device: str = "auto", dtype: str = "auto") -> VerifyOptions:
         """The compare run this evaluation is: its prompts, k, new tokens, templates and context settings, on
         `device` in `dtype` (the target's)."""
-        from eaglekit.verify.options import VerifyOptions
+        from eaglekit.decode.options import VerifyOptions
 
         return VerifyOptions(num_speculative_tokens=self.k, max_new_tokens=self.max_new_tokens,
                              prompts_file=self.prompts_file, limit=self.limit,
@@ -140,7 +140,7 @@ class Gain:
 
 def pooled_gain(sweep: CompareSweep) -> Gain:
     """The sweep's conditions pooled per prompt: τ before and after and the paired difference with its interval."""
-    from eaglekit.verify.stats import paired_difference, pooled
+    from eaglekit.decode.stats import paired_difference, pooled
 
     k = sweep.reports[0].settings.num_speculative_tokens
     a = [c for r in sweep.reports for c in r.a.counters]
@@ -185,7 +185,7 @@ class Evaluation:
 
 def held_out_prompts(opts: EvalOptions) -> tuple[str, tuple[Prompt, ...]]:
     """The prompts the evaluation decodes (the compare run's own selection), for the report to name."""
-    from eaglekit.verify.setup import select_prompts
+    from eaglekit.decode.setup import select_prompts
 
     prompts = select_prompts(opts.decode_options())
     return prompts.name, prompts.prompts

@@ -131,7 +131,7 @@ def _refuse_clobber(spec: DraftSpec, destination: str, checkpoint_dir: str, opts
 def _check_evaluation(opts: FinetuneOptions, info: TargetInfo) -> None:
     """What the held-out evaluation after training would refuse, refused before it: its settings, its prompts,
     and its decode against the target's context."""
-    from eaglekit.verify.setup import refuse_context_past_target
+    from eaglekit.decode.setup import refuse_context_past_target
 
     if opts.eval is None or opts.data.hidden_states or opts.store:  # states read from elsewhere: not evaluated
         return
@@ -171,7 +171,7 @@ def _paired_evaluation(source: str, output: str, opts: FinetuneOptions, ev: Eval
                        on_stage: Stage | None) -> Evaluation:
     """The output against its source on held-out prompts under every condition, one target pass per prompt and
     condition for both (compare)."""
-    from eaglekit.verify.compare import compare_conditions
+    from eaglekit.decode.compare import compare_conditions
 
     progress = (lambda done, total, name: on_stage("held-out τ, output vs source (paired)", done, total)) \
         if on_stage else None

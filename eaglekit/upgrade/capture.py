@@ -79,7 +79,7 @@ def calibration_sequences(tokenizer, *, text_file: str | None = None, max_tokens
                           ) -> tuple[list[list[int]], list[list[int]], str]:
     """(fit sequences, held-out sequences, where the text came from): the calibration text's first `max_tokens`
     tokens, the last quarter held out, each part cut into SEQUENCE_LENGTH-token sequences."""
-    from eaglekit.verify.prompts import leading_text
+    from eaglekit.decode.prompts import leading_text
 
     text, where = calibration_text(text_file)
     ids = list(tokenizer(leading_text(text, tokenizer, max_tokens), add_special_tokens=True,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from eaglekit.verify.metrics import AcceptanceCounter
+from eaglekit.decode.metrics import AcceptanceCounter
 
 SCHEMA_VERSION = "1.0"
 CONSISTENCY_TOLERANCE = 0.02  # specdec_bench's own tolerance on AL vs 1 + Σ marginal

@@ -15,9 +15,9 @@ import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from eaglekit.verify.decode import Capture, ReplayVerifier, speculative_decode
-from eaglekit.verify.eagle import EagleProposer
-from eaglekit.verify.metrics import AcceptanceCounter
+from eaglekit.decode.eagle import EagleProposer
+from eaglekit.decode.metrics import AcceptanceCounter
+from eaglekit.decode.speculative import Capture, ReplayVerifier, speculative_decode
 
 MIN_GAIN_ABS = 0.2
 MIN_GAIN_REL = 0.1

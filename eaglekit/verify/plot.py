@@ -9,14 +9,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from eaglekit.decode.metrics import AcceptanceCounter
+from eaglekit.decode.settings import Condition
+from eaglekit.decode.stats import pooled
 from eaglekit.errors import OutputError
 from eaglekit.plotting import pyplot, save_figure
-from eaglekit.verify.metrics import AcceptanceCounter
-from eaglekit.verify.report import Condition, VerifySweep
-from eaglekit.verify.stats import pooled
+from eaglekit.verify.report import VerifySweep
 
 if TYPE_CHECKING:
-    from eaglekit.verify.compare import CompareSweep
+    from eaglekit.decode.compare import CompareSweep
 
 STYLES = ("-", "--", ":", "-.")  # one per draft; colours tell the templates apart
 

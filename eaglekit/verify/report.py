@@ -5,72 +5,23 @@ Its JSON form is described by schemas/verify-report.schema.json.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
+from eaglekit.decode.metrics import AcceptanceCounter, DriftStats
+from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
+from eaglekit.decode.speculative import Clock
+from eaglekit.decode.stats import Interval, by_category, pooled_speed_ratio_interval, tau_interval
 from eaglekit.findings import Finding
 from eaglekit.verify.acceptance_profile import speculation_profile
-from eaglekit.verify.decode import Clock
 from eaglekit.verify.diagnose import Diagnosis
-from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.stats import Interval, by_category, pooled_speed_ratio_interval, tau_interval
 
 SWEEP_SHARED = ("eaglekit_version", "draft", "target", "eagle_version", "flags", "aux_layer_ids",
                 "aux_layer_ids_source", "checks", "num_speculative_tokens", "max_new_tokens", "dtype", "device",
                 "target_quantization",
                 "min_acceptance", "tie_tolerance", "notes", "measured")
 """Verify report keys every condition of a sweep shares: written once, before the conditions."""
-
-
-@dataclass(frozen=True)
-class Condition:
-    """What the prompts were decoded under in one measurement of a sweep: their template and long context."""
-
-    template: str = "chat"
-    context_tokens: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"{self.template}, +{self.context_tokens} tokens of context" if self.context_tokens else self.template
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """What a verify or compare run decoded under: both reports carry it and write it the same way."""
-
-    target: str
-    num_speculative_tokens: int
-    max_new_tokens: int
-    dtype: str
-    device: str
-    prompts_name: str
-    context_tokens: int
-    template: str = "chat"
-    target_quantization: dict[str, Any] | None = None  # the served numerics the target computed with (None: full)
-
-    @property
-    def condition(self) -> Condition:
-        return Condition(self.template, self.context_tokens)
-
-
-def quantization_entry(run: DecodeSettings) -> dict[str, Any]:
-    """The report's `target_quantization` key, written only for a quantized target: a full-precision report keeps
-    the keys it always had."""
-    return {"target_quantization": run.target_quantization} if run.target_quantization else {}
-
-
-def plain_report(conditions: Sequence[Condition]) -> bool:
-    """One condition under the chat template is written as a report without a `conditions` list."""
-    return len(conditions) == 1 and conditions[0].template == "chat"
-
-
-def sweep_document(header: dict[str, Any], conditions: list[tuple[Condition, dict[str, Any]]]) -> dict[str, Any]:
-    """The JSON of a run over several conditions (or another template): what they share, then one entry per
-    condition with its own measurement."""
-    return {**header, "conditions": [{"template": c.template, "context_tokens": c.context_tokens, **doc}
-                                     for c, doc in conditions]}
 
 
 @dataclass
@@ -110,7 +61,7 @@ class VerifyReport:
     diagnosis: Diagnosis | None = None
     min_acceptance: float | None = None
     notes: list[str] = field(default_factory=list)
-    engine: dict[str, Any] | None = None  # --engine both: what vLLM measured (eaglekit.verify.engine.EngineRun)
+    engine: dict[str, Any] | None = None  # --engine both: what vLLM measured (eaglekit.runtime.engine.EngineRun)
     engine_comparison: dict[str, Any] | None = None
     served: dict[str, Any] | None = None  # vLLM's reading of the files as they are (eaglekit.verify.run.served_section)
     measured: dict[str, Any] | None = None  # SHA-256 of the draft's files and the target's identity (push checks them)

@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Sequence
 
+from eaglekit.decode.eagle import EagleProposer
+from eaglekit.decode.metrics import AcceptanceCounter, DriftStats
+from eaglekit.decode.options import VerifyOptions
+from eaglekit.decode.prompts import encode
+from eaglekit.decode.settings import plain_report
+from eaglekit.decode.setup import decode_setup, turns
+from eaglekit.decode.speculative import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
+from eaglekit.decode.stats import by_category, tau_interval
 from eaglekit.errors import UsageError
+from eaglekit.provenance import measured_files
 from eaglekit.rules import ValidationReport
+from eaglekit.runtime.engine import EngineRun, check_engine_available, run_vllm
 from eaglekit.spec import DraftSpec
 from eaglekit.target_model import TargetModel
 from eaglekit.verify.acceptance_profile import speculation_profile
-from eaglekit.verify.decode import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
 from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
-from eaglekit.verify.eagle import EagleProposer
-from eaglekit.verify.engine import EngineRun, check_engine_available, run_vllm
-from eaglekit.verify.metrics import AcceptanceCounter, DriftStats
-from eaglekit.verify.options import VerifyOptions
-from eaglekit.verify.prompts import PromptSet, encode, with_context
-from eaglekit.verify.report import PromptOutcome, VerifyReport, VerifySweep, plain_report
+from eaglekit.verify.report import PromptOutcome, VerifyReport, VerifySweep
 from eaglekit.verify.served import ServedReading, served_reading
-from eaglekit.verify.setup import decode_setup
-from eaglekit.verify.stats import by_category, tau_interval
 
 AUX_IDS_IN_LOG = re.compile(r"\[([\d,\s]+)\]|\(([\d,\s]+)\)")
 TIE_TOLERANCE = {"float32": 1e-2, "float16": 0.1, "bfloat16": 0.5}
@@ -140,43 +141,6 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             engine=engine, engine_comparison=comparison, served=served, measured=measured,
         ))
     return VerifySweep(reports)
-
-
-def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0):
-    """(prompt, token ids, the target's own greedy decode) for every prompt and each of its follow-up turns, under
-    the one condition of `options`; a follow-up is asked after the target's greedy answer to the turn before, as a
-    served conversation would be.
-    `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them)."""
-    for index, first in enumerate(prompts.prompts):
-        prompt = with_context(first, model.tokenizer, options.condition.context_tokens, index)
-        while True:
-            ids = encode(prompt, model.tokenizer, template=options.condition.template)
-            plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens + lookahead,
-                                  eos_ids=model.eos_token_ids)
-            yield prompt, ids, plain
-            if not prompt.follow_ups:
-                break
-            answer = plain.tokens[: options.max_new_tokens]
-            prompt = prompt.next_turn(model.tokenizer.decode(answer, skip_special_tokens=True))
-
-
-def measured_files(spec: DraftSpec, info) -> dict:
-    """Which bytes this report describes: SHA-256 of every draft file, and the target's identity (its recorded
-    origin, config hash and weights fingerprint); `push --report` refuses a report that measured other files."""
-    from eaglekit.provenance import (
-        hash_files,
-        sha256_file,
-        source_files,
-        target_weight_files,
-        weights_fingerprint,
-    )
-
-    return {"draft_files": hash_files(spec.path, source_files(spec)),
-            "target": {"name_or_path": info.name_or_path,
-                       "folder": os.path.basename(os.path.dirname(os.path.abspath(info.path))),
-                       "config_sha256": sha256_file(info.path),
-                       "weights_fingerprint": weights_fingerprint(target_weight_files(info.path)),
-                       **({"derived_from": info.derived_from} if info.derived_from else {})}}
 
 
 def _flips(ours: dict[str, bool], served: dict[str, bool]) -> dict[str, bool]:

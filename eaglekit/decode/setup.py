@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from eaglekit.decode.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
+from eaglekit.decode.settings import Condition, DecodeSettings
+from eaglekit.decode.speculative import check_room, greedy_decode
 from eaglekit.errors import IncompatibleDraftError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
@@ -22,12 +25,9 @@ from eaglekit.rules import ValidationReport, decode_findings, run_rules
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, read_target, target_config_path
 from eaglekit.target_model import TargetModel, load_target, load_tokenizer, resolve_device, resolve_dtype
-from eaglekit.verify.decode import check_room
-from eaglekit.verify.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
-from eaglekit.verify.report import Condition, DecodeSettings
 
 if TYPE_CHECKING:
-    from eaglekit.verify.options import VerifyOptions
+    from eaglekit.decode.options import VerifyOptions
 
 
 @dataclass(frozen=True)
@@ -191,3 +191,21 @@ def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options:
             prompt = with_context(first, model.tokenizer, condition.context_tokens, index)
             check_room(model, encode(prompt, model.tokenizer, template=condition.template),
                        options.max_new_tokens + lookahead)
+
+
+def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0):
+    """(prompt, token ids, the target's own greedy decode) for every prompt and each of its follow-up turns, under
+    the one condition of `options`; a follow-up is asked after the target's greedy answer to the turn before, as a
+    served conversation would be.
+    `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them)."""
+    for index, first in enumerate(prompts.prompts):
+        prompt = with_context(first, model.tokenizer, options.condition.context_tokens, index)
+        while True:
+            ids = encode(prompt, model.tokenizer, template=options.condition.template)
+            plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens + lookahead,
+                                  eos_ids=model.eos_token_ids)
+            yield prompt, ids, plain
+            if not prompt.follow_ups:
+                break
+            answer = plain.tokens[: options.max_new_tokens]
+            prompt = prompt.next_turn(model.tokenizer.decode(answer, skip_special_tokens=True))

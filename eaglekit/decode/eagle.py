@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from eaglekit.verify.metrics import DriftStats
+from eaglekit.decode.metrics import DriftStats
 
 
 class EagleProposer:

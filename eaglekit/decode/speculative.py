@@ -18,9 +18,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.errors import CheckpointError
 from eaglekit.target_model import TargetModel
-from eaglekit.verify.metrics import AcceptanceCounter
 
 
 @dataclass

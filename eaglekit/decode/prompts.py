@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from eaglekit.decode import speedbench
+from eaglekit.decode.speedbench import SpeedBenchRow
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.jsonfile import parse_json, read_bounded
 from eaglekit.target import GEOMETRY_LIMITS
-from eaglekit.verify import speedbench
-from eaglekit.verify.speedbench import SpeedBenchRow
 
 BUNDLED_NAME = "eaglekit-coding"
 CONTEXT_MODULES = (

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eaglekit.verify.metrics import AcceptanceCounter
+from eaglekit.decode.metrics import AcceptanceCounter
 
 RESAMPLES = 2000
 LEVEL = 0.95

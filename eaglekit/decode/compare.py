@@ -13,15 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
+from eaglekit.decode.eagle import EagleProposer
+from eaglekit.decode.metrics import AcceptanceCounter
+from eaglekit.decode.options import VerifyOptions
+from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
+from eaglekit.decode.setup import decode_setup, turns
+from eaglekit.decode.speculative import ReplayVerifier, capture_pass, speculative_decode
+from eaglekit.decode.stats import paired_difference, pooled, summary, tau_interval
 from eaglekit.errors import UsageError
-from eaglekit.verify.decode import ReplayVerifier, capture_pass, speculative_decode
-from eaglekit.verify.eagle import EagleProposer
-from eaglekit.verify.metrics import AcceptanceCounter
-from eaglekit.verify.options import VerifyOptions
-from eaglekit.verify.report import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
-from eaglekit.verify.run import turns
-from eaglekit.verify.setup import decode_setup
-from eaglekit.verify.stats import paired_difference, pooled, summary, tau_interval
 
 
 @dataclass

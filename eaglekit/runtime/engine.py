@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.errors import EngineError, UsageError
-from eaglekit.verify import processes
-from eaglekit.verify.metrics import AcceptanceCounter
+from eaglekit.runtime import processes
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 AUX_LOG = re.compile(r"[^\n]*auxiliary layers[^\n]*", re.IGNORECASE)

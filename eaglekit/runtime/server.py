@@ -2,7 +2,7 @@
 
 The server is vLLM's `vllm.entrypoints.openai.api_server` module (the CPU wheel's `vllm` console script fails),
 started by eaglekit's worker so that its memory is sized for the job first; the load comes from vLLM's
-`vllm bench serve` client, run the same way. Each runs under eaglekit's process guard (eaglekit.verify.processes):
+`vllm bench serve` client, run the same way. Each runs under eaglekit's process guard (eaglekit.runtime.processes):
 a server is stopped with every process it started (vLLM starts an engine-core process of its own) when the bench
 ends however it ends, also when eaglekit itself is killed.
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.errors import EngineError, UsageError
-from eaglekit.verify import processes
-from eaglekit.verify.engine import PROBE_TIMEOUT_S, WORKER, root_cause
+from eaglekit.runtime import processes
+from eaglekit.runtime.engine import PROBE_TIMEOUT_S, WORKER, root_cause
 
 HEALTH_POLL_S = 1.0
 HEALTH_CHECK_S = 5.0  # a server that does not answer /health this soon is not serving

@@ -6,14 +6,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from eaglekit.decode.prompts import check_template
+from eaglekit.decode.settings import Condition
 from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
 from eaglekit.io.outputs import Role
 from eaglekit.quantization import scheme
 from eaglekit.rules import checked_engines
-from eaglekit.verify.engine import EngineOptions
-from eaglekit.verify.prompts import check_template
-from eaglekit.verify.report import Condition
+from eaglekit.runtime.engine import EngineOptions
 
 REFERENCE, ENGINE_ALONE, BOTH = "reference", "vllm", "both"
 ENGINES = (REFERENCE, ENGINE_ALONE, BOTH)
