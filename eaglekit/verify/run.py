@@ -83,12 +83,8 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
     reports: list[VerifyReport] = []
     for condition in conditions:
         condition_options = options.at(condition)
-        readings = None
-        if options.diagnose:
-            written_order = spec.aux.ids if options.aux_layer_ids is None else None
-            hyps = hypotheses(aux_ids, written_order, info.num_layers, info.default_aux_ids,
-                              bool(drafter.config.norm_before_residual), bool(drafter.config.norm_output))
-            readings = Sweep(hyps, make_drafter, k=k, max_new_tokens=setup.max_new_tokens, eos_ids=eos)
+        readings = _diagnosis_sweep(spec, info, options, aux_ids, drafter, make_drafter, setup) \
+            if options.diagnose else None
 
         counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
         target_s, spec_tokens, target_tokens, outcomes, target_outputs, encoded = 0.0, 0, 0, [], [], []
@@ -122,15 +118,8 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
                                                                 eos))
         engine = comparison = None
         if options.engine == "both":
-            run = run_vllm(spec.path, target, encoded, k=k, max_new_tokens=setup.max_new_tokens, dtype=setup.dtype,
-                           opts=options.engine_options, context=info.max_position_embeddings)
-            engine = run.to_dict()
-            engine_ids = engine_aux_ids(run, info)
-            rerun = None
-            if engine_ids is not None and tuple(engine_ids) != tuple(aux_ids):
-                rerun = _acceptance(model, drafter, engine_ids, encoded, k, setup.max_new_tokens, eos)
-            comparison = compare_engine(counter, run, aux_ids, engine_ids, rerun, target_outputs,
-                                        [o.counter or AcceptanceCounter(k) for o in outcomes])
+            engine, comparison = _beside_the_engine(spec, target, info, options, setup, drafter, aux_ids, encoded,
+                                                    counter, target_outputs, outcomes)
         reports.append(VerifyReport(
             draft=spec.path, settings=setup.settings(condition), eagle_version=spec.eagle_version, flags=flags,
             aux_layer_ids=list(aux_ids), aux_layer_ids_source=checked.aux_source,
@@ -141,6 +130,30 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             engine=engine, engine_comparison=comparison, served=served, measured=measured,
         ))
     return VerifySweep(reports)
+
+
+def _diagnosis_sweep(spec: DraftSpec, info, options: VerifyOptions, aux_ids, drafter, make_drafter, setup) -> Sweep:
+    """--diagnose: the plausible readings of the files (ids shifted, defaults, flags flipped), replayed on the same
+    target passes as the live decode."""
+    written_order = spec.aux.ids if options.aux_layer_ids is None else None
+    hyps = hypotheses(aux_ids, written_order, info.num_layers, info.default_aux_ids,
+                      bool(drafter.config.norm_before_residual), bool(drafter.config.norm_output))
+    return Sweep(hyps, make_drafter, k=setup.k, max_new_tokens=setup.max_new_tokens, eos_ids=setup.eos_ids)
+
+
+def _beside_the_engine(spec: DraftSpec, target: str, info, options: VerifyOptions, setup, drafter, aux_ids,
+                       encoded, counter: AcceptanceCounter, target_outputs, outcomes) -> tuple[dict, dict]:
+    """--engine both: vLLM on the same encoded prompts, and its counters against this decode's (rerun with the ids
+    vLLM captured where they differ from ours)."""
+    k, model = setup.k, setup.target_model
+    run = run_vllm(spec.path, target, encoded, k=k, max_new_tokens=setup.max_new_tokens, dtype=setup.dtype,
+                   opts=options.engine_options, context=info.max_position_embeddings)
+    engine_ids = engine_aux_ids(run, info)
+    rerun = None
+    if engine_ids is not None and tuple(engine_ids) != tuple(aux_ids):
+        rerun = _acceptance(model, drafter, engine_ids, encoded, k, setup.max_new_tokens, setup.eos_ids)
+    return run.to_dict(), compare_engine(counter, run, aux_ids, engine_ids, rerun, target_outputs,
+                                         [o.counter or AcceptanceCounter(k) for o in outcomes])
 
 
 def _flips(ours: dict[str, bool], served: dict[str, bool]) -> dict[str, bool]:
