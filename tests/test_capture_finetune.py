@@ -103,7 +103,7 @@ def test_soft_targets_are_the_targets_top_k_renormalised_over_the_draft_vocabula
     to_draft = torch.arange(VOCAB)
     to_draft[data.soft_ids[lo + 1, 1]] = IGNORE  # the second most likely token after position 1 is not drafted
     _, labels, _, _ = make_batch(data, [0], 2, to_draft)
-    ids, probs = soft_batch(data, [0], 2, to_draft, labels)
+    ids, probs = soft_batch(data, [0], to_draft, labels)
     valid = labels[0] != IGNORE
     torch.testing.assert_close(probs[0][valid].sum(-1), torch.ones(int(valid.sum())))
     assert float(probs[0][~valid].abs().sum()) == 0

@@ -135,7 +135,10 @@ def target_gguf(target: str | None) -> str | None:
     if target.endswith(".gguf"):
         return target
     folder = target_folder(target)
-    found = sorted(n for n in os.listdir(folder) if n.endswith(".gguf")) if os.path.isdir(folder) else []
+    try:
+        found = [n for n in os.listdir(folder) if n.endswith(".gguf")]
+    except OSError:  # not a folder, or unreadable: no GGUF is known
+        return None
     return os.path.join(folder, found[0]) if len(found) == 1 else None
 
 

@@ -58,7 +58,7 @@ def make_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor):
     return ids, lab, hid, width
 
 
-def soft_batch(data, seqs: Sequence[int], depth: int, to_draft: torch.Tensor, labels: torch.Tensor):
+def soft_batch(data, seqs: Sequence[int], to_draft: torch.Tensor, labels: torch.Tensor):
     """The teacher's top-k next tokens in the draft vocabulary [B, W+depth, k] (IGNORE outside it) and their
     probabilities renormalised over those, laid out as make_batch's `labels`; a row without a label (padding, masked,
     or a greedy token outside the draft vocabulary) has no probability mass, so it counts exactly as in greedy

@@ -624,14 +624,15 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     scores: list[Validation] = []
     best: dict[str, torch.Tensor] | None = None
 
+    mine = owned_sequences(validation, ranks) if validation is not None else None  # held-out rows this rank reads
+    pool = (lambda sums: _all_reduce(sums.to(device), ranks).cpu()) if mine is not None else None
+
     def score(at: int) -> None:
         nonlocal best
         if validation is None:
             return
         from eaglekit.finetune.replay import replay_tau
 
-        mine = owned_sequences(validation, ranks)
-        pool = (lambda sums: _all_reduce(sums.to(device), ranks).cpu()) if mine is not None else None
         loss, accuracy = validate(drafter, validation, opts.depth, opts.depth_decay, opts.batch_tokens, to_draft,
                                   autocast, sequences=mine, pool=pool)
         replayed = replay_tau(drafter, validation, select_k, opts.batch_tokens, to_draft, sequences=mine, pool=pool)
@@ -649,7 +650,7 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
                                        else idle_batch(opts.depth, data.aux.shape[1]))
             soft = None
             if data.soft_ids is not None and share:
-                soft = tuple(t.to(device) for t in soft_batch(data, share, opts.depth, to_draft, labels))
+                soft = tuple(t.to(device) for t in soft_batch(data, share, to_draft, labels))
             rows = sum(int(data.offsets[i + 1] - data.offsets[i]) for i in group)
             counts = _all_reduce(label_counts(labels, opts.depth, width).to(device), ranks)
             for g in optimizer.param_groups:

@@ -153,9 +153,7 @@ def run_rules(
         if (r.engine is not None and r.engine not in contexts) or r.code in DECODE_CODES:
             continue  # the decode rules hold the draft to a decode this run has not: decode_findings runs them
         ctx = contexts[r.engine] if r.engine else neutral
-        for hit in r.check(ctx):
-            refuses = r.refuses_load if hit.refuses_load is None else hit.refuses_load
-            findings.append(Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key, refuses))
+        findings += r.findings(ctx)
     checked = {e: format_version(v) for e, v in versions.items()} if "engine" in selected else {}
     ran = tuple(g for g in selected if g != "target" or target is not None)
     mismatch = wrong_target(spec, target) if "target" in ran and target is not None else None
@@ -171,10 +169,8 @@ def upgrade_refusals(spec: DraftSpec, engine: str | None = None) -> list[Finding
     contexts: dict[str | None, RuleContext] = {None: RuleContext(spec, spec.target, None, None)}
     if engine is not None:
         contexts[engine] = RuleContext(spec, spec.target, engine, parse_version(RECORDS[engine].latest))
-    return [Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key,
-                    r.refuses_load if hit.refuses_load is None else hit.refuses_load)
-            for r in all_rules() if r.refuses_upgrade and r.engine in contexts
-            for hit in r.check(contexts[r.engine])]
+    return [f for r in all_rules() if r.refuses_upgrade and r.engine in contexts
+            for f in r.findings(contexts[r.engine])]
 
 
 def decode_findings(spec: DraftSpec, target: TargetInfo, aux_ids: Sequence[int] | None, aux_source: str,
@@ -186,9 +182,7 @@ def decode_findings(spec: DraftSpec, target: TargetInfo, aux_ids: Sequence[int] 
     reading = DecodeReading(None if aux_ids is None else tuple(aux_ids), aux_source, spec.num_aux_hidden_states,
                             served.engines.get("vllm", ""), vllm_errors, served.fix)
     ctx = RuleContext(spec.as_written, target, None, None, {DECODE: reading})
-    return [Finding(r.code, r.severity, hit.message, r.pitfall, hit.tensor, hit.key,
-                    r.refuses_load if hit.refuses_load is None else hit.refuses_load)
-            for r in all_rules() if r.code in DECODE_CODES for hit in r.check(ctx)]
+    return [f for r in all_rules() if r.code in DECODE_CODES for f in r.findings(ctx)]
 
 
 def fix_command(spec: DraftSpec, findings: list[Finding], engine: str) -> str | None:

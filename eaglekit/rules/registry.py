@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from eaglekit.engines import SglangView, Version, VllmView, sglang_view, vllm_view
 from eaglekit.engines.tokenspeed import TokenspeedView, tokenspeed_view
 from eaglekit.engines.trtllm import TrtllmView, trtllm_view
-from eaglekit.findings import SEVERITIES
+from eaglekit.findings import SEVERITIES, Finding
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
@@ -96,6 +96,12 @@ class Rule:
     def to_dict(self) -> dict:
         return {"code": self.code, "severity": self.severity, "group": self.group, "engine": self.engine,
                 "pitfall": self.pitfall, "title": self.title}
+
+    def findings(self, ctx: RuleContext) -> list[Finding]:
+        """This rule's hits in `ctx`, as the findings every caller reports."""
+        return [Finding(self.code, self.severity, hit.message, self.pitfall, hit.tensor, hit.key,
+                        self.refuses_load if hit.refuses_load is None else hit.refuses_load)
+                for hit in self.check(ctx)]
 
 
 _RULES: dict[str, Rule] = {}
