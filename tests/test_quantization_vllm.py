@@ -31,6 +31,9 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
     pack_quantized_values_into_int32, unpack_quantized_values_into_int32)
 from vllm.scalar_type import scalar_types
 
+if not hasattr(torch.ops._C, "cpu_gemm_wna16"):  # vLLM builds the W4A16 kernel for AVX-512 CPUs only
+    print(json.dumps({"unavailable": "this CPU's vLLM build has no cpu_gemm_wna16 (AVX-512 only)"}))
+    sys.exit(0)
 torch.manual_seed(0)
 rows, columns = 64, 4 * INT4_GROUP
 report = {}
@@ -67,6 +70,8 @@ def test_vllms_cpu_w4a16_kernel_dequantises_eaglekits_int4_codes_and_16_bit_scal
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
+    if "unavailable" in report:
+        pytest.skip(report["unavailable"])
     for dtype, found in report.items():
         assert found["packing_round_trips"], dtype
         assert found["ours_is_the_rounded_product"], (dtype, found)
