@@ -31,7 +31,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
-from eaglekit.finetune.train import Checkpoints, TrainOptions, load_checkpoint, save_checkpoint  # noqa: E402
+from eaglekit.finetune.checkpoints import Checkpoints, load_checkpoint, save_checkpoint  # noqa: E402
+from eaglekit.finetune.train import TrainOptions  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.hostile import clean, refused  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402

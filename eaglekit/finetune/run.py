@@ -265,23 +265,27 @@ def _write(destination: str, spec: DraftSpec, drafter, trained: set[str],
            judge: Callable[[str], Evaluation | None]) -> tuple[list[str], list[dict[str, Any]], Evaluation | None]:
     """Write into a staging directory, validate it, let `judge` measure it against the source (it raises to
     refuse), then publish with the measurement in the provenance."""
-    from eaglekit.io.writer import StagedDirectory, write_checkpoint_weights, write_json
+    from eaglekit.io.publish import Staged, publish
+    from eaglekit.io.writer import write_checkpoint_weights, write_json
 
-    def write(evaluation: Evaluation | None) -> None:
+    tensors = _out_tensors(spec, drafter, trained)
+
+    def write(stage: Staged, evaluation: Evaluation | None = None) -> None:
         block = provenance(evaluation)
         write_checkpoint_weights(stage.path, tensors, {"format": "pt", "eaglekit": json.dumps(block, sort_keys=True)})
         write_json(os.path.join(stage.path, "config.json"), {**spec.config, "eaglekit": block})
 
-    tensors = _out_tensors(spec, drafter, trained)
-    stage = StagedDirectory(destination, force=force)
-    with stage:
-        write(None)
+    def read_back(stage: Staged) -> tuple[list[dict[str, Any]], Evaluation | None]:
         findings = _check_output(stage.path, spec, info)
         evaluation = judge(stage.path)
         if evaluation is not None:  # the same weights, with the measurement in their provenance
-            write(evaluation)
-        stage.publish()
-    return sorted(os.listdir(stage.dst)), findings, evaluation
+            write(stage, evaluation)
+        return findings, evaluation
+
+    checked = publish(destination, write, replace=force, folder=True, read_back=read_back)
+    assert checked is not None, "read_back returns its findings"
+    findings, evaluation = checked
+    return sorted(os.listdir(destination)), findings, evaluation
 
 
 def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: Stage | None = None,
@@ -290,8 +294,10 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     import torch
 
     from eaglekit.drafter.model import Drafter
-    from eaglekit.finetune.train import Checkpoints, TrainOptions, barrier, init_distributed, train
-    from eaglekit.io.writer import StagedDirectory
+    from eaglekit.finetune.checkpoints import Checkpoints
+    from eaglekit.finetune.distributed import barrier, init_distributed
+    from eaglekit.finetune.train import TrainOptions, train
+    from eaglekit.io.publish import check_destination
     from eaglekit.plotting import check_plot_path
     from eaglekit.provenance import hash_files, source_files
     from eaglekit.target_model import load_target, resolve_device
@@ -321,7 +327,7 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     _check_evaluation(opts, info)
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     _refuse_clobber(spec, destination, checkpoint_dir, opts)
-    StagedDirectory(destination, force=opts.force).check()
+    check_destination(destination, replace=opts.force)
     Checkpoints(checkpoint_dir).check()
     # the default folder is removed after a successful run only if eaglekit made it
     remove_checkpoint_dir = not opts.checkpoint_dir and Checkpoints(checkpoint_dir).made_by_eaglekit()
