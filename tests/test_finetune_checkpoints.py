@@ -45,7 +45,7 @@ def resume(ck):
     params, optimizer = run_state()
     before = {n: p.detach().clone() for n, p in params.items()}
     try:
-        return load_checkpoint(ck, params, optimizer, OPTS)
+        return load_checkpoint(ck, params, optimizer, steps=OPTS.steps, depth=OPTS.depth)
     finally:  # a refused checkpoint restores nothing
         if not all(torch.equal(before[n], p) for n, p in params.items()):
             pytest.fail("a refused checkpoint changed the weights")
@@ -54,7 +54,7 @@ def resume(ck):
 def test_an_untouched_checkpoint_resumes(checkpoint):
     ck, path = checkpoint
     params, optimizer = run_state()
-    step, history = load_checkpoint(ck, params, optimizer, OPTS)
+    step, history = load_checkpoint(ck, params, optimizer, steps=OPTS.steps, depth=OPTS.depth)
     assert step == 3 and [r.step for r in history] == [2]
     saved = load_file(os.path.join(path, "weights.safetensors"))
     assert all(torch.equal(saved[n], p) for n, p in params.items())

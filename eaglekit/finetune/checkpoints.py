@@ -11,16 +11,13 @@ import os
 import re
 import shutil
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from eaglekit.errors import CheckpointError, UsageError, quoted
 from eaglekit.io.jsonfile import finite, load_json_object
-
-if TYPE_CHECKING:
-    from eaglekit.finetune.train import TrainOptions
 
 CHECKPOINT_FORMAT = "1"
 
@@ -146,11 +143,12 @@ ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
 """What AdamW keeps per parameter once it has stepped it (none before): a checkpoint's moments hold exactly these."""
 
 
-def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
-                    opts: TrainOptions) -> tuple[int, list[StepRecord]]:
+def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer, *,
+                    steps: int, depth: int) -> tuple[int, list[StepRecord]]:
     """Restore this run's newest checkpoint in place; (step, history). Another run's is never taken, and everything
-    read is checked against this run before anything is restored (one CheckpointError naming the file otherwise):
-    the step and history in state.json, every weight's name, dtype, shape and values, every AdamW moment's."""
+    read is checked against this run (`steps` long, unrolled `depth` deep) before anything is restored (one
+    CheckpointError naming the file otherwise): the step and history in state.json, every weight's name, dtype,
+    shape and values, every AdamW moment's."""
     found = ck.own()
     if not found:
         raise UsageError("--resume: every checkpoint in the folder belongs to another run (different source "
@@ -160,10 +158,10 @@ def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer:
     state_path = os.path.join(path, "state.json")
     state = load_json_object(state_path, "checkpoint state")
     step = state.get("step")
-    if type(step) is not int or not 0 <= step <= opts.steps:
-        raise CheckpointError(f"step {quoted(step)} is not a step of this run (0 to --steps {opts.steps})",
+    if type(step) is not int or not 0 <= step <= steps:
+        raise CheckpointError(f"step {quoted(step)} is not a step of this run (0 to --steps {steps})",
                               state_path)
-    history = _checked_history(state.get("history"), step, opts.depth, state_path)
+    history = _checked_history(state.get("history"), step, depth, state_path)
     weights = _checked_tensors(os.path.join(path, "weights.safetensors"),
                                {name: (p.dtype, tuple(p.shape)) for name, p in params.items()})
     moments_path = os.path.join(path, "optimizer.safetensors")

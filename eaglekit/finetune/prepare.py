@@ -1,25 +1,21 @@
-"""What `finetune` refuses before any work, and the run it prepares: the options checked against each other, the
-source draft and the target's config read, every written path checked against everything read, the evaluation's
-settings, the checkpoint folder and the plot path; a refusal after capture or training would cost the whole run.
+"""What `finetune` refuses before any work, and the run it prepares: the source draft and the target's config
+read, every written path checked against everything read, the evaluation's settings, the checkpoint folder and the
+plot path; a refusal after capture or training would cost the whole run.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.families import load_draft
-from eaglekit.finetune.data import DataOptions
 from eaglekit.finetune.evaluate import held_out_prompts
+from eaglekit.finetune.options import FinetuneOptions
 from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, read_target
-
-if TYPE_CHECKING:
-    from eaglekit.finetune.run import FinetuneOptions
 
 WRITABLE_DTYPES = ("F32", "BF16", "F16")  # trained tensors are written back in their source dtype
 
@@ -46,33 +42,6 @@ class Run:
         """States read from elsewhere (--hidden-states, --store): the target's decoder is never loaded, so there
         is no capture and no held-out evaluation."""
         return bool(self.opts.data.hidden_states or self.opts.store)
-
-
-def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
-    """The options with the training defaults filled in, refused in one line before anything is read when they
-    contradict each other: a refusal after capture or training would cost the whole run."""
-    from eaglekit.finetune.train import TrainOptions
-
-    train_opts = opts.train or TrainOptions()
-    opts = dataclasses.replace(opts, train=train_opts)
-    train_opts.check()
-    opts.data.check()
-    if not 0 <= opts.validation_fraction < 1:
-        raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
-    if opts.store and opts.data != DataOptions(cache_dir=opts.data.cache_dir):
-        raise UsageError("--store brings its own sequences: it cannot be combined with --data, --generate, "
-                         "--context-tokens, --code-tokens, --templates or --hidden-states")
-    if opts.soft_targets and not opts.store:
-        raise UsageError("--soft-targets needs --store: the teacher's probabilities are computed from a store's id-L "
-                         "states (eaglekit capture)")
-    if opts.soft_targets < 0:
-        raise UsageError("--soft-targets must not be negative (0: the target's greedy tokens as labels)")
-    if opts.checkpoint_every < 0:
-        raise UsageError("--checkpoint-every must not be negative (0: only on Ctrl-C or SIGTERM)")
-    if train_opts.depth > opts.data.max_length:
-        raise UsageError(f"--depth {train_opts.depth} exceeds --max-length {opts.data.max_length}: deeper steps "
-                         "would have no labels")
-    return opts
 
 
 def prepare(source: str, destination: str, opts: FinetuneOptions) -> Run:

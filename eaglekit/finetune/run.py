@@ -22,38 +22,16 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.errors import CheckpointError, NoGain
-from eaglekit.finetune.data import DataOptions, TrainingData, build_data, split_validation, target_identity
+from eaglekit.finetune.data import TrainingData, build_data, split_validation, target_identity
 from eaglekit.finetune.evaluate import EvalOptions, Evaluation, held_out_prompts
-from eaglekit.finetune.prepare import Run, checked_options, prepare
+from eaglekit.finetune.options import FinetuneOptions, checked_options, options_dict
+from eaglekit.finetune.prepare import Run, prepare
 from eaglekit.io.jsonfile import load_json_object
 from eaglekit.quantization import scheme
 from eaglekit.redact import public_path, public_report
 from eaglekit.spec import DraftSpec
 
 Stage = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True)
-class FinetuneOptions:
-    target: str
-    data: DataOptions = DataOptions()
-    train: Any = None  # eaglekit.finetune.train.TrainOptions (imported lazily: it needs torch)
-    eval: EvalOptions | None = EvalOptions()
-    device: str = "cpu"
-    target_dtype: str = "float32"  # the target's dtype for capture and evaluation
-    target_quantization: str | None = None  # capture from, and evaluate against, the target with these numerics
-    checkpoint_dir: str | None = None  # default: DST + ".checkpoint" (removed after a successful run)
-    checkpoint_every: int = 0
-    resume: bool = False
-    force: bool = False
-    plot: str | None = None  # PNG path of the loss and per-depth accuracy curves
-    warm_start: str = "auto"  # auto: set up what upgrade switched on untrained (eaglekit.finetune.warm_start)
-    validation_fraction: float = 0.1  # captured sequences held out to select the checkpoint
-    from_scratch: bool = False  # re-initialise every trained weight: retrain as EAGLE-3.1
-    keep_unresolved: bool = False  # write the output even without a resolved held-out gain over its source
-    store: str | None = None  # a hidden-state store (eaglekit capture): the target's decoder is never loaded
-    max_resident_shards: int = 2  # store shards decoded in memory at once
-    soft_targets: int = 0  # from a store: train on the target's top-k next-token probabilities (0: greedy labels)
 
 
 @dataclass
@@ -117,7 +95,7 @@ def _target_tensor(target_dir: str, names: tuple[str, ...]):
 def _fingerprint(hashes: dict[str, str], data: TrainingData, opts: FinetuneOptions) -> str:
     from eaglekit.finetune.data import content_address
 
-    return content_address({"source": hashes, "data": data.digest, "train": _options_dict(opts)["train"],
+    return content_address({"source": hashes, "data": data.digest, "train": options_dict(opts)["train"],
                             "warm_start": opts.warm_start, "from_scratch": opts.from_scratch,
                             "validation_fraction": opts.validation_fraction})
 
@@ -148,7 +126,7 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "target": public_path(opts.target), "target_files": target_files,
         "data": {"source": data.source, "sha256": data.digest, "sequences": data.sequences,
                  "positions": data.positions},
-        "options": _options_dict(opts)["train"], "evaluation_options": _options_dict(opts)["eval"],
+        "options": options_dict(opts)["train"], "evaluation_options": options_dict(opts)["eval"],
         "warm_start": warm, "steps": result.steps, "trained_tensors": list(result.trained),
         "world_size": result.world_size,
         "final_loss": round(last.loss, 6) if last else None,
@@ -180,7 +158,7 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
         source={"path": run.spec.path, "given": source, "family": run.spec.family,
                 "eagle_version": run.spec.eagle_version},
         output={"path": os.path.abspath(destination), "files": []}, target=run.opts.target, data=data.to_dict(),
-        training=result.to_dict(), options=_options_dict(run.opts), notes=run.notes + list(data.notes),
+        training=result.to_dict(), options=options_dict(run.opts), notes=run.notes + list(data.notes),
         rank=run.ranks.rank)
     if not run.ranks.main:
         return report
@@ -349,22 +327,3 @@ def reinitialise(drafter, seed: int) -> str:
                 p.copy_(keep[name])
     return f"--from-scratch: every trained weight re-initialised (seed {seed}); the vocabulary map and the " \
            "embedding kept"
-
-
-def _options_dict(opts: FinetuneOptions) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    def plain(v):
-        return list(v) if isinstance(v, tuple) else v
-
-    return {
-        "data": {k: plain(v) for k, v in asdict(opts.data).items()},
-        "train": {k: plain(v) for k, v in asdict(opts.train).items()},
-        "eval": {k: plain(v) for k, v in asdict(opts.eval).items()} if opts.eval else None,
-        "device": opts.device, "target_dtype": opts.target_dtype, "target_quantization": opts.target_quantization,
-        "warm_start": opts.warm_start,
-        "checkpoint_every": opts.checkpoint_every,
-        "resume": opts.resume, "validation_fraction": opts.validation_fraction, "from_scratch": opts.from_scratch,
-        "keep_unresolved": opts.keep_unresolved, "store": opts.store, "max_resident_shards": opts.max_resident_shards,
-        "soft_targets": opts.soft_targets,
-    }

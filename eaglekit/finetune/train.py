@@ -334,7 +334,7 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     history: list[StepRecord] = []
     start, resumed_from = 0, None
     if resume:
-        start, history = load_checkpoint(checkpoints, loop.params, loop.optimizer, opts)
+        start, history = load_checkpoint(checkpoints, loop.params, loop.optimizer, steps=opts.steps, depth=opts.depth)
         resumed_from = start
         for _ in range(start):  # the batch order of the steps already done
             next(stream)
