@@ -58,7 +58,8 @@ def child(args: list[str]) -> None:
         result = {"tokens": report.tokens, "bytes": report.bytes, "records": report.records}
     else:
         from eaglekit.finetune.data import DataOptions
-        from eaglekit.finetune.run import FinetuneOptions, finetune
+        from eaglekit.finetune.options import FinetuneOptions
+        from eaglekit.finetune.run import finetune
         from eaglekit.finetune.train import TrainOptions
 
         data = DataOptions(limit=rest["records"], cache_dir=rest["cache"]) if not rest.get("store") else \

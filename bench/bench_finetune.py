@@ -58,7 +58,8 @@ def main(argv=None) -> None:
     from eaglekit.decode.compare import compare
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.finetune.data import DataOptions
-    from eaglekit.finetune.run import FinetuneOptions, finetune
+    from eaglekit.finetune.options import FinetuneOptions
+    from eaglekit.finetune.run import finetune
     from eaglekit.finetune.train import TrainOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
     from examples.smollm2 import materialize_smollm2

@@ -3,7 +3,7 @@
     python bench/gpu_finetune_step.py                 # CUDA: H=4096, bf16 autocast, seq 2048, depth 3
     python bench/gpu_finetune_step.py --small --device cpu   # the same code path at toy size (a smoke run)
 
-One step = the unrolled training-time test (eaglekit.finetune.train.UnrolledObjective) forward and backward
+One step = the unrolled training-time test (eaglekit.finetune.objective.UnrolledObjective) forward and backward
 plus AdamW, exactly what finetune runs per step. The bound counts matmul FLOPs only: 6 · (weights a row
 touches) per row and depth for forward + backward, plus attention scores and values over each depth's keys;
 the chip's dense bf16 peak is a parameter (989 TFLOP/s for an H100/H200 SXM). Figures are printed.
@@ -37,7 +37,7 @@ def main(argv=None) -> None:
 
     from eaglekit.drafter.config import DrafterConfig
     from eaglekit.drafter.model import Drafter
-    from eaglekit.finetune.train import UnrolledObjective
+    from eaglekit.finetune.objective import UnrolledObjective
 
     if args.small:
         geo = dict(hidden_size=64, target_hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests/test_pack
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.errors import EaglekitError
     from eaglekit.families import load_draft
-    from eaglekit.finetune.run import FinetuneOptions
+    from eaglekit.finetune.options import FinetuneOptions
     from eaglekit.finetune.run import finetune as finetune_draft
     from eaglekit.hub.push import push
     from eaglekit.inspection import inspect_draft
@@ -44,7 +44,7 @@ _EXPORTS = {  # public name -> (module, attribute)
     "VerifyOptions": ("eaglekit.decode.options", "VerifyOptions"),
     "push": ("eaglekit.hub.push", "push"),
     "finetune_draft": ("eaglekit.finetune.run", "finetune"),
-    "FinetuneOptions": ("eaglekit.finetune.run", "FinetuneOptions"),
+    "FinetuneOptions": ("eaglekit.finetune.options", "FinetuneOptions"),
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -6,7 +6,7 @@ import importlib.util
 import os
 
 from eaglekit.errors import UsageError
-from eaglekit.io.writer import publish_file
+from eaglekit.io.publish import publish
 
 MATPLOTLIB_MISSING = "--plot needs matplotlib: pip install 'eaglekit[plot]'"
 
@@ -36,7 +36,7 @@ def save_figure(fig, path: str, *, dpi: int) -> str:
     """Write `fig` to `path` atomically (a failed or killed save leaves no half PNG); its absolute path."""
     plt = pyplot()
     try:
-        return publish_file(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), replace=True,
-                            what="the plot")
+        publish(path, lambda stage: fig.savefig(stage.path, dpi=dpi, format="png"), replace=True, what="the plot")
+        return os.path.abspath(path)
     finally:
         plt.close(fig)

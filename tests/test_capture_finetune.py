@@ -17,7 +17,8 @@ from eaglekit.capture.run import CaptureOptions, capture_store  # noqa: E402
 from eaglekit.capture.store import read_manifest  # noqa: E402
 from eaglekit.errors import UsageError  # noqa: E402
 from eaglekit.finetune.data import DataOptions  # noqa: E402
-from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
+from eaglekit.finetune.options import FinetuneOptions  # noqa: E402
+from eaglekit.finetune.run import finetune  # noqa: E402
 from eaglekit.finetune.train import TrainOptions  # noqa: E402
 from eaglekit.target import read_target  # noqa: E402
 from tests.support.capture import write_prompts  # noqa: E402

@@ -24,7 +24,8 @@ from eaglekit.errors import (  # noqa: E402
 )
 from eaglekit.families import load_draft  # noqa: E402
 from eaglekit.finetune.data import DataOptions  # noqa: E402
-from eaglekit.finetune.run import FinetuneOptions, finetune  # noqa: E402
+from eaglekit.finetune.options import FinetuneOptions  # noqa: E402
+from eaglekit.finetune.run import finetune  # noqa: E402
 from eaglekit.finetune.train import TrainOptions  # noqa: E402
 from tests.support.cli import run_cli as run  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402

@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from eaglekit.errors import CheckpointError  # noqa: E402
-from eaglekit.finetune.train import Checkpoints, TrainOptions, load_checkpoint, save_checkpoint  # noqa: E402
+from eaglekit.finetune.checkpoints import Checkpoints, load_checkpoint, save_checkpoint  # noqa: E402
+from eaglekit.finetune.train import TrainOptions  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -34,7 +35,7 @@ def checkpoint(tmp_path):
     params, optimizer = run_state()
     ck = Checkpoints(str(tmp_path / "ckpt"), 1, "run")
     history = [{"step": 2, "loss": 3.5, "accuracy": [0.5, 0.25], "lr": 1e-3, "tokens_per_s": 10.0, "seconds": 1.0}]
-    from eaglekit.finetune.train import StepRecord
+    from eaglekit.finetune.checkpoints import StepRecord
 
     path = save_checkpoint(ck, 3, params, optimizer, [StepRecord(**r) for r in history])
     return ck, path
@@ -44,7 +45,7 @@ def resume(ck):
     params, optimizer = run_state()
     before = {n: p.detach().clone() for n, p in params.items()}
     try:
-        return load_checkpoint(ck, params, optimizer, OPTS)
+        return load_checkpoint(ck, params, optimizer, steps=OPTS.steps, depth=OPTS.depth)
     finally:  # a refused checkpoint restores nothing
         if not all(torch.equal(before[n], p) for n, p in params.items()):
             pytest.fail("a refused checkpoint changed the weights")
@@ -53,7 +54,7 @@ def resume(ck):
 def test_an_untouched_checkpoint_resumes(checkpoint):
     ck, path = checkpoint
     params, optimizer = run_state()
-    step, history = load_checkpoint(ck, params, optimizer, OPTS)
+    step, history = load_checkpoint(ck, params, optimizer, steps=OPTS.steps, depth=OPTS.depth)
     assert step == 3 and [r.step for r in history] == [2]
     saved = load_file(os.path.join(path, "weights.safetensors"))
     assert all(torch.equal(saved[n], p) for n, p in params.items())

@@ -31,7 +31,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
-from eaglekit.finetune.train import Checkpoints, TrainOptions, load_checkpoint, save_checkpoint  # noqa: E402
+from eaglekit.finetune.checkpoints import Checkpoints, load_checkpoint, save_checkpoint  # noqa: E402
+from eaglekit.finetune.train import TrainOptions  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.hostile import clean, refused  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
@@ -345,10 +346,11 @@ def test_runs_sharing_a_checkpoint_folder_never_take_or_remove_each_others(saves
             params, optimizer = _tiny_training_state()
             if name in newest:
                 assert run.own() == [newest[name]]
-                assert load_checkpoint(run, params, optimizer, TrainOptions(steps=20))[0] == int(newest[name][-7:])
+                step, _ = load_checkpoint(run, params, optimizer, steps=20, depth=TrainOptions().depth)
+                assert step == int(newest[name][-7:])
             else:
                 with pytest.raises(UsageError, match="every checkpoint in the folder belongs to another run"):
-                    load_checkpoint(run, params, optimizer, TrainOptions(steps=20))
+                    load_checkpoint(run, params, optimizer, steps=20, depth=TrainOptions().depth)
         first = saves[0][0]
         runs[first].remove(folder=True)
         assert runs[first].checkpoints() == [p for n, p in sorted(newest.items()) if n != first]

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from eaglekit.errors import OutputError
-from eaglekit.io.writer import publish_file
+from eaglekit.io.publish import publish
 
 
 def race(destination: str, replace: bool, runs: int = 2) -> list[OutputError | None]:
@@ -18,13 +18,13 @@ def race(destination: str, replace: bool, runs: int = 2) -> list[OutputError | N
     outcomes: list[OutputError | None] = [None] * runs
 
     def run(i: int) -> None:
-        def write(tmp: str) -> None:
-            with open(tmp, "w") as fh:
+        def write(stage) -> None:
+            with open(stage.path, "w") as fh:
                 fh.write(f"run {i}")
             ready.wait(timeout=30)
 
         try:
-            publish_file(destination, write, replace=replace)
+            publish(destination, write, replace=replace)
         except OutputError as exc:
             outcomes[i] = exc
 
@@ -66,7 +66,7 @@ def test_without_hard_links_an_existing_file_is_still_never_replaced(tmp_path, m
 
     monkeypatch.setattr(os, "link", no_links)
     destination = str(tmp_path / "draft.gguf")
-    publish_file(destination, lambda tmp: open(tmp, "w").write("first"), replace=False)
+    publish(destination, lambda stage: open(stage.path, "w").write("first"), replace=False)
     with pytest.raises(OutputError, match="exists: another run wrote it first"):
-        publish_file(destination, lambda tmp: open(tmp, "w").write("second"), replace=False)
+        publish(destination, lambda stage: open(stage.path, "w").write("second"), replace=False)
     assert open(destination).read() == "first" and os.listdir(tmp_path) == ["draft.gguf"]

@@ -1,4 +1,4 @@
-"""The streaming safetensors writer and the staged (atomic) output directory, on real files."""
+"""The streaming safetensors writer and the staged (atomic) output folder, on real files."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from safetensors import safe_open
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io import writer
 from eaglekit.io.header import read_header
+from eaglekit.io.publish import check_destination, publish
 from eaglekit.io.writer import (
     ByteRange,
     OutTensor,
-    StagedDirectory,
     header_bytes,
     patch_header,
     shard_groups,
@@ -167,23 +167,43 @@ def test_patch_header_rewrites_metadata_of_equal_length(tmp_path, arrays):
 # ---------------------------------------------------------------- staged directory
 
 
+def _write_file(name: str, text: str):
+    """A `write` for publish that puts one file into the staged folder."""
+    return lambda stage: Path(stage.path, name).write_text(text)
+
+
 def test_staged_directory_appears_only_on_publish(tmp_path):
     dst = tmp_path / "out"
-    with StagedDirectory(str(dst)) as stage:
+
+    def write(stage):
         Path(stage.path, "f").write_text("x")
         assert not dst.exists()
         assert os.path.basename(stage.path).startswith(".out.eaglekit-partial-")
-        stage.publish()
+
+    publish(str(dst), write, folder=True, replace=False)
     assert (dst / "f").read_text() == "x"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def test_failure_leaves_nothing_behind(tmp_path):
     dst = tmp_path / "out"
+
+    def write(stage):
+        Path(stage.path, "f").write_text("x")
+        raise RuntimeError("boom")
+
     with pytest.raises(RuntimeError):
-        with StagedDirectory(str(dst)) as stage:
-            Path(stage.path, "f").write_text("x")
-            raise RuntimeError("boom")
+        publish(str(dst), write, folder=True, replace=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_read_back_leaves_nothing_behind(tmp_path):
+    def read_back(stage):
+        assert os.listdir(stage.path) == ["f"]
+        raise OutputError("fails validation", str(tmp_path / "out"))
+
+    with pytest.raises(OutputError, match="fails validation"):
+        publish(str(tmp_path / "out"), _write_file("f", "x"), folder=True, replace=False, read_back=read_back)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -192,10 +212,8 @@ def test_existing_output_is_refused_without_force_and_replaced_with_it(tmp_path)
     dst.mkdir()
     (dst / "old").write_text("old")
     with pytest.raises(UsageError, match="--force"):
-        StagedDirectory(str(dst)).check()
-    with StagedDirectory(str(dst), force=True) as stage:
-        Path(stage.path, "new").write_text("new")
-        stage.publish()
+        check_destination(str(dst), replace=False)
+    publish(str(dst), _write_file("new", "new"), folder=True, replace=True)
     assert sorted(p.name for p in dst.iterdir()) == ["new"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
@@ -203,16 +221,14 @@ def test_existing_output_is_refused_without_force_and_replaced_with_it(tmp_path)
 def test_an_empty_existing_directory_is_fine(tmp_path):
     dst = tmp_path / "out"
     dst.mkdir()
-    with StagedDirectory(str(dst)) as stage:
-        Path(stage.path, "f").write_text("x")
-        stage.publish()
+    publish(str(dst), _write_file("f", "x"), folder=True, replace=False)
     assert (dst / "f").exists()
 
 
 def test_a_file_in_the_way_is_refused(tmp_path):
     (tmp_path / "out").write_text("x")
     with pytest.raises(UsageError, match="not a directory"):
-        StagedDirectory(str(tmp_path / "out")).check()
+        check_destination(str(tmp_path / "out"), replace=False)
 
 
 def test_leftovers_of_a_killed_run_are_removed(tmp_path):
@@ -221,8 +237,7 @@ def test_leftovers_of_a_killed_run_are_removed(tmp_path):
     (dead / "model.safetensors").write_bytes(b"partial")
     alive = tmp_path / f".out.eaglekit-partial-{os.getpid()}-ffff0000"
     alive.mkdir()
-    with StagedDirectory(str(tmp_path / "out")) as stage:
-        stage.publish()
+    publish(str(tmp_path / "out"), lambda stage: None, folder=True, replace=False)
     assert not dead.exists()
     assert alive.exists()  # another live run's staging is not touched
 
@@ -232,19 +247,41 @@ def test_force_killed_between_its_renames_gets_the_old_output_back(tmp_path):
     old = tmp_path / ".out.eaglekit-old-999999999-abcd1234"
     old.mkdir()
     (old / "model.safetensors").write_bytes(b"previous output")
-    stage = StagedDirectory(str(tmp_path / "out"), force=True)
+
+    def stop(stage):
+        raise UsageError("stop after the stale check")
+
     with pytest.raises(UsageError):  # the next run finds DST back in place before anything else
-        with stage:
-            raise UsageError("stop after the stale check")
+        publish(str(tmp_path / "out"), stop, folder=True, replace=True)
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == b"previous output" and not old.exists()
     (tmp_path / ".out.eaglekit-old-999999998-abcd1234").mkdir()  # DST exists: the stale copy just goes
-    with StagedDirectory(str(tmp_path / "out"), force=True) as stage:
-        stage.publish()
+    publish(str(tmp_path / "out"), lambda stage: None, folder=True, replace=True)
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
+def test_interrupted_between_moving_the_old_output_aside_and_publishing_puts_it_back(tmp_path, monkeypatch):
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "old").write_text("old")
+    rename = os.rename
+
+    def interrupted(src, target):  # Ctrl-C as the new folder is about to take the name
+        if str(target) == str(dst) and ".eaglekit-partial-" in str(src):
+            raise KeyboardInterrupt
+        rename(src, target)
+
+    monkeypatch.setattr(os, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        publish(str(dst), _write_file("new", "new"), folder=True, replace=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in dst.iterdir()) == ["old"] and os.listdir(tmp_path) == ["out"]
+
+
 def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
-    with pytest.raises(OutputError, match="No space left"):
-        with StagedDirectory(str(tmp_path / "out")):
-            raise OSError(28, "No space left on device")
+    def full(stage):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OutputError, match=r"out: writing the output failed \(No space left on device\); nothing "
+                                          "was written"):
+        publish(str(tmp_path / "out"), full, folder=True, replace=False)
     assert os.listdir(tmp_path) == []

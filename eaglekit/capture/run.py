@@ -17,6 +17,7 @@ from typing import Any
 
 from eaglekit import __version__
 from eaglekit.capture import store as st
+from eaglekit.capture import store_writer
 from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import CaptureInterrupted, CheckpointError, UsageError
 from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
@@ -306,14 +307,14 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
         resumed_from = None
         if manifest is None:
             sequences = source.sequences()
-            digest = st.write_plan(store, sequences)
+            digest = store_writer.write_plan(store, sequences)
             manifest = {"format": st.FORMAT, "version": st.VERSION, **identity,
                         "plan": {"sha256": digest, "records": len(sequences), "tokens": sum(map(len, sequences))}}
-            st.write_manifest(store, {**manifest, "complete": False, "records": 0, "tokens": 0, "shards": []})
+            store_writer.write_manifest(store, {**manifest, "complete": False, "records": 0, "tokens": 0, "shards": []})
         else:
             sequences = st.read_plan(store, manifest)
             resumed_from = done[-1].end_record if done else 0
-        writer = st.StoreWriter(store, manifest, done, aux_ids=aux_ids, last_id=info.num_layers,
+        writer = store_writer.StoreWriter(store, manifest, done, aux_ids=aux_ids, last_id=info.num_layers,
                                 shard_tokens=opts.shard_tokens, store_dtype=opts.store_dtype)
         start = writer.next_record
         try:

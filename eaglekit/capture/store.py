@@ -15,11 +15,11 @@ Layout of STORE:
 * `manifest.json`: what was captured (target, ids, engine, numerics, tokenizer, data; see `identity`) and, per
   published shard, its file name, byte size, SHA-256, record range and token count.
 
-Every file is published atomically (written aside, fsynced, renamed: io.writer.publish_file) and the manifest is
-rewritten after each shard, so a shard is part of the store only once the manifest lists it. A reader never
-uses a shard whose size or SHA-256 differs from the manifest's; a writer resuming drops such a shard (and any file
-the manifest does not list) and captures it again. No timestamps are stored: a resumed capture is byte-identical
-to an uninterrupted one.
+Every file is published atomically (written aside, fsynced, renamed: eaglekit.io.publish, by capture.store_writer)
+and the manifest is rewritten after each shard, so a shard is part of the store only once the manifest lists it. A
+reader never uses a shard whose size or SHA-256 differs from the manifest's; a writer resuming drops such a shard
+(and any file the manifest does not list) and captures it again. No timestamps are stored: a resumed capture is
+byte-identical to an uninterrupted one.
 
 Nothing here imports torch at module level: `inspect` reads the manifest and the shard headers only.
 """
@@ -27,9 +27,8 @@ Nothing here imports torch at module level: `inspect` reads the manifest and the
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,7 +39,6 @@ from eaglekit.io.jsonfile import load_json_object
 if TYPE_CHECKING:
     import torch
 
-    from eaglekit.capture.sequence import CapturedSequence
 
 FORMAT = "eaglekit-hidden-states"
 VERSION = 1
@@ -49,7 +47,6 @@ LOCK = ".capture.lock"  # held (flock) by the one capture writing the store
 PLAN = "sequences.safetensors"
 SHARD_PREFIX, SHARD_SUFFIX = "shard-", ".safetensors"
 STORE_DTYPES = ("bfloat16", "float32", "fp8")
-FP8_MAX = 448.0  # the largest finite float8 E4M3 (fn) value
 IDENTITY_KEYS = ("target", "layer_ids", "engine", "inputs", "store")
 """The manifest blocks a rerun must match to resume (the rest says how far the capture got)."""
 
@@ -193,140 +190,7 @@ def read_plan(store: str, manifest: dict[str, Any]) -> list[list[int]]:
     return [ids[a:b] for a, b in zip(offsets, offsets[1:])]
 
 
-# ------------------------------------------------------------------ writing
-
-
-def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float8 E4M3 values and float32 scales, one scale per row of the last dimension (amax / 448)."""
-    import torch
-
-    x = x.float()
-    amax = x.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return (x / scale[..., None]).to(torch.float8_e4m3fn), scale
-
-
-def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """A safetensors file's bytes, tensors in name order and the header written by io.writer: the same tensors
-    always give the same bytes (the safetensors library orders metadata by a per-process hash)."""
-    import torch
-
-    from eaglekit.io.writer import OutTensor, header_bytes
-
-    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float8_e4m3fn: "F8_E4M3", torch.int64: "I64",
-             torch.uint8: "U8"}
-    ordered = sorted(tensors.items())
-    head = header_bytes([OutTensor(n, names[t.dtype], tuple(t.shape), lambda: ()) for n, t in ordered], metadata)
-    return head + b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() for _, t in ordered)
-
-
-class StoreWriter:
-    """Appends captured records to a store, shard by shard; holds at most one shard's records in memory."""
-
-    def __init__(self, store: str, manifest: dict[str, Any], done: list[Shard], *, aux_ids: Sequence[int],
-                 last_id: int, shard_tokens: int, store_dtype: str):
-        self.store = store
-        self.manifest = manifest
-        self.done = list(done)
-        self.aux_ids = tuple(aux_ids)
-        self.last_id = last_id
-        self.shard_tokens = shard_tokens
-        self.store_dtype = store_dtype
-        self.pending: list[CapturedSequence] = []
-        self.pending_tokens = 0
-
-    @property
-    def next_record(self) -> int:
-        return (self.done[-1].end_record if self.done else 0) + len(self.pending)
-
-    def add(self, record: CapturedSequence) -> Shard | None:
-        """Take one record (the next in order); returns the shard it completed, if any."""
-        if record.index != self.next_record:
-            raise CheckpointError(f"the capture backend returned record {record.index}, expected "
-                                  f"{self.next_record}", self.store)
-        missing = [i for i in (*self.aux_ids, self.last_id) if i not in record.states]
-        if missing:
-            raise CheckpointError(f"the capture backend returned no state for layer ids {missing}", self.store)
-        self.pending.append(record)
-        self.pending_tokens += len(record.token_ids)
-        return self.flush() if self.pending_tokens >= self.shard_tokens else None
-
-    def flush(self) -> Shard | None:
-        """Publish the pending records as the next shard, then the manifest that lists it."""
-        import torch
-
-        from eaglekit.io.writer import publish_file
-
-        if not self.pending:
-            return None
-        first = self.done[-1].end_record if self.done else 0
-        lengths = [len(r.token_ids) for r in self.pending]
-        aux = torch.cat([torch.stack([r.states[i].float() for i in self.aux_ids], dim=1) for r in self.pending])
-        last = torch.cat([r.states[self.last_id].float() for r in self.pending])
-        tensors: dict[str, torch.Tensor] = {
-            "token_ids": torch.tensor([t for r in self.pending for t in r.token_ids], dtype=torch.int64),
-            "offsets": torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0),
-            "loss_mask": torch.ones(sum(lengths), dtype=torch.uint8),
-        }
-        tensors["last"] = last
-        if self.store_dtype == "fp8":
-            tensors["aux"], tensors["aux_scale"] = quantize_fp8(aux)
-        else:
-            tensors["aux"] = aux.to(torch.float32 if self.store_dtype == "float32" else torch.bfloat16)
-        data = _safetensors_bytes(tensors, {"format": FORMAT, "first_record": str(first)})
-        shard = Shard(shard_name(len(self.done)), len(data), sha256_bytes(data), first, first + len(lengths),
-                      sum(lengths))
-
-        def write(tmp: str) -> None:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-
-        publish_file(os.path.join(self.store, shard.file), write, what="a store shard", replace=True)
-        self.done.append(shard)
-        self.pending, self.pending_tokens = [], 0
-        self.write_manifest()
-        return shard
-
-    def write_manifest(self, *, complete: bool = False) -> None:
-        self.manifest.update({
-            "complete": complete,
-            "records": self.done[-1].end_record if self.done else 0,
-            "tokens": sum(s.tokens for s in self.done),
-            "shards": [s.to_dict() for s in self.done],
-        })
-        write_manifest(self.store, self.manifest)
-
-
-def write_manifest(store: str, manifest: dict[str, Any]) -> None:
-    from eaglekit.io.writer import publish_file
-
-    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-
-    publish_file(os.path.join(store, MANIFEST), write, what="the store manifest", replace=True)
-
-
-def write_plan(store: str, sequences: Sequence[Sequence[int]]) -> str:
-    """Publish the planned sequences; returns their file's SHA-256 (the manifest's `plan.sha256`)."""
-    import torch
-
-    from eaglekit.io.writer import publish_file
-
-    lengths = [len(s) for s in sequences]
-    data = _safetensors_bytes({
-        "token_ids": torch.tensor([t for s in sequences for t in s], dtype=torch.int64),
-        "offsets": torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0),
-    }, {"format": FORMAT})
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-
-    publish_file(os.path.join(store, PLAN), write, what="the planned sequences", replace=True)
-    return sha256_bytes(data)
+# ------------------------------------------------------------------ opening for writing (store_writer writes)
 
 
 def differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -343,7 +207,7 @@ def differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[
 
 def own_files(store: str) -> list[str]:
     """Names in the folder a store writes (manifest, plan, shards, and the partial files of killed runs)."""
-    from eaglekit.io.writer import PARTIAL_MARK
+    from eaglekit.io.publish import PARTIAL_MARK
 
     names = []
     for name in os.listdir(store):

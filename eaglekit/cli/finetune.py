@@ -151,7 +151,8 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
     """
     from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.evaluate import EvalOptions
-    from eaglekit.finetune.run import FinetuneOptions, finetune
+    from eaglekit.finetune.options import FinetuneOptions
+    from eaglekit.finetune.run import finetune
     from eaglekit.finetune.train import TrainOptions
 
     if plot == "auto":

@@ -144,13 +144,13 @@ def json_safe(value: Any) -> Any:
 
 def write_text_atomically(path: str, text: str) -> None:
     """A temporary file beside `path`, renamed over it: a failed write leaves no half file."""
-    from eaglekit.io.writer import publish_file
+    from eaglekit.io.publish import Staged, publish
 
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as fh:
+    def write(stage: Staged) -> None:
+        with open(stage.path, "w", encoding="utf-8") as fh:
             fh.write(text)
 
-    publish_file(path, write, replace=True)
+    publish(path, write, replace=True)
 
 
 def public_json(doc: Any) -> Any:

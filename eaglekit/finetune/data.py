@@ -300,13 +300,13 @@ def _load_cached(path: str, digest: str) -> dict[str, Any] | None:
 
 
 def _save_cached(path: str, digest: str, data: dict[str, Any]) -> None:
-    """Published atomically (io.writer.publish_file): a killed run leaves no file that looks complete."""
-    from eaglekit.io.writer import publish_file, save_tensors, writing
+    """Published atomically (io.publish): a killed run leaves no file that looks complete."""
+    from eaglekit.io.publish import publish
+    from eaglekit.io.writer import save_tensors
 
-    with writing("the captured data", path, folder=os.path.dirname(path)):
-        publish_file(path, lambda tmp: save_tensors({k: v.contiguous() for k, v in data.items()}, tmp,
-                                                    metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest}),
-                     replace=True, what="the captured data")  # content-addressed: any run's file is this one
+    publish(path, lambda stage: save_tensors({k: v.contiguous() for k, v in data.items()}, stage.path,
+                                             metadata={"eaglekit_data": DATA_FORMAT, "sha256": digest}),
+            replace=True, what="the captured data", make_parents=True)  # content-addressed: any run's file is this one
 
 
 @dataclass

@@ -2,32 +2,25 @@
 
 Nothing here imports torch. Unchanged tensors move file-to-file inside the kernel (`copy_file_range`, else
 `sendfile`, else a bounded read/write loop), so they never pass through Python memory and keep their exact
-bits. `StagedDirectory` makes a whole output directory appear at its final path only once it is complete.
+bits. Where the files land is eaglekit.io.publish's part: they are written into what it stages.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import shutil
 import struct
-import threading
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from eaglekit.errors import CheckpointError, OutputError, UsageError
+from eaglekit.errors import CheckpointError, OutputError
 from eaglekit.io.checkpoint import INDEX_NAME
 from eaglekit.io.dtypes import tensor_nbytes
 from eaglekit.io.header import MAX_HEADER_BYTES
-from eaglekit.io.outputs import OUTPUT, Role, check_parent
 
 COPY_CHUNK = 64 * 1024 * 1024  # bytes per copy call: bounds progress granularity, not memory
 READ_CHUNK = 8 * 1024 * 1024  # buffer of the read/write fallback
-PARTIAL_MARK = ".eaglekit-partial-"
-OLD_MARK = ".eaglekit-old-"  # the replaced output while --force swaps in the new one
 ProgressFn = Callable[[int], None]
 
 
@@ -227,86 +220,9 @@ def write_json(path: str, doc: dict, *, fsync: bool = True) -> None:
             os.fsync(fh.fileno())
 
 
-def _fsync_path(path: str) -> None:
-    """fsync a file or a directory by path."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale(destination: str) -> None:
-    """Leftovers of killed runs for `destination`, named by eaglekit's marks with the dead run's process id: staging
-    folders and partial files go; a replaced output whose run died before the new one took its place is put back
-    (so --force never loses the old output), otherwise removed."""
-    parent, base = os.path.split(os.path.abspath(destination))
-    for name in sorted(os.listdir(parent)):
-        for mark in (PARTIAL_MARK, OLD_MARK):
-            prefix = f".{base}{mark}"
-            if not name.startswith(prefix):
-                continue
-            pid = name[len(prefix):].split("-", 1)[0]
-            if not pid.isdigit() or _pid_alive(int(pid)):
-                continue
-            full = os.path.join(parent, name)
-            if mark == OLD_MARK and not os.path.lexists(destination):
-                os.rename(full, destination)
-            elif os.path.isdir(full) and not os.path.islink(full):
-                shutil.rmtree(full, ignore_errors=True)
-            else:
-                os.unlink(full)
-
-
-def _missing_folders(folder: str) -> list[str]:
-    """`folder` and those of its parents that do not exist yet, innermost first."""
-    missing = []
-    folder = os.path.abspath(folder)
-    while not os.path.lexists(folder):
-        missing.append(folder)
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
-    return missing
-
-
-@contextlib.contextmanager
-def writing(what: str, path: str, *, folder: str | None = None) -> Iterator[None]:
-    """A write outside a StagedDirectory (files published aside, checkpoints, caches): a full, read-only or failing
-    disk (any OSError) is one OutputError line naming `path`, and `folder` (created here with its missing parents
-    when absent) is removed again when the write fails and leaves it empty, so a failure never leaves an empty
-    folder behind. Removing what the write itself left half done is the caller's part."""
-    created = _missing_folders(folder) if folder else []
-    try:
-        try:
-            if folder:
-                os.makedirs(folder, exist_ok=True)
-            yield
-        except OSError as exc:
-            raise OutputError(f"cannot write {what} ({exc.strerror or exc}); nothing was written", path) from None
-    except BaseException:
-        for made in created:
-            try:
-                os.rmdir(made)
-            except OSError:
-                break  # not empty (another run wrote into it) or already gone: left as it is
-        raise
-
-
 def save_tensors(tensors: dict, path: str, metadata: dict[str, str] | None = None) -> None:
     """safetensors' save_file, with the I/O failures it reports as SafetensorError ("No space left on device (os
-    error 28)") raised as the OSError they are, so `writing` makes them one line."""
+    error 28)") raised as the OSError they are, so eaglekit.io.publish makes them one line."""
     import re
 
     import safetensors.torch
@@ -319,141 +235,6 @@ def save_tensors(tensors: dict, path: str, metadata: dict[str, str] | None = Non
         if code is None:
             raise
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1)))) from None
-
-
-NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK)
-"""os.link's failures on file systems without hard links (some network and FUSE ones)."""
-
-
-def _place(tmp: str, destination: str, replace: bool) -> None:
-    """Give the finished `tmp` the name `destination`: replacing a file there atomically when `replace`, else only
-    if no file has the name (a hard link, which fails when one does), so of two runs publishing one path exactly
-    one wins and the other is one line."""
-    if replace:
-        os.replace(tmp, destination)
-        return
-    try:
-        os.link(tmp, destination)
-    except FileExistsError:
-        raise OutputError("exists: another run wrote it first; nothing was written (--force replaces it)",
-                          destination) from None
-    except OSError as exc:
-        if exc.errno not in NO_HARD_LINKS:
-            raise
-        if os.path.lexists(destination):  # no hard links here: the check and the rename are two steps
-            raise OutputError("exists: another run wrote it first; nothing was written (--force replaces it)",
-                              destination) from None
-        os.rename(tmp, destination)
-        return
-    os.unlink(tmp)
-
-
-def publish_file(destination: str, write: Callable[[str], None], *, replace: bool, what: str = "the output") -> str:
-    """`write(tmp)` into a new file beside `destination`, fsync it, then give it the name: no half-written file
-    ever has the name, a failed or interrupted write leaves nothing behind, and a full or read-only disk is one
-    OutputError. An existing `destination` is replaced atomically only when `replace` (--force, or an output a
-    command always rewrites); otherwise a file that appeared there meanwhile (another run's) is never replaced.
-    The temporary name is created exclusively: no file is ever overwritten or removed but `destination` itself
-    (when replaced) and the leftovers of killed runs for it. Returns the absolute path."""
-    destination = os.path.abspath(destination)
-    parent, base = os.path.split(destination)
-    tmp = os.path.join(parent, f".{base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}{os.path.splitext(base)[1]}")
-    created = False
-    try:
-        with writing(what, destination):
-            remove_stale(destination)
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            created = True
-            write(tmp)
-            _fsync_path(tmp)
-            _place(tmp, destination, replace)
-            created = False
-    finally:
-        if created and os.path.lexists(tmp):
-            os.unlink(tmp)
-    return destination
-
-
-class StagedDirectory:
-    """Build a directory beside `dst` and move it into place only when `publish()` is called.
-
-    Until then `dst` is untouched; on any failure the staging directory is removed. A process killed mid-way
-    leaves only a hidden `.NAME.eaglekit-partial-PID-…` folder, which the next run for the same `dst` removes.
-    An existing non-empty `dst` is refused unless `force`; with `force` it is replaced only after the new
-    directory is complete.
-    """
-
-    def __init__(self, dst: str, *, force: bool = False):
-        self.dst = os.path.abspath(dst)
-        self.force = force
-        self.parent, self.base = os.path.split(self.dst)
-        self.path = ""
-        self.published = False
-        self._old = ""  # the earlier output, moved aside while the new one takes its name
-        self._syncs: list[threading.Thread] = []
-
-    def check(self) -> None:
-        """Refuse early (before any work) what `publish` would refuse."""
-        if os.path.isfile(self.dst) or os.path.islink(self.dst):
-            raise UsageError("output path exists and is a file or a symbolic link, not a directory", self.dst)
-        if os.path.isdir(self.dst) and os.listdir(self.dst) and not self.force:
-            raise UsageError("output directory exists and is not empty (pass --force to replace it)", self.dst)
-        check_parent(Role(OUTPUT, self.dst))
-
-    def __enter__(self) -> StagedDirectory:
-        self.check()
-        remove_stale(self.dst)
-        path = os.path.join(self.parent, f".{self.base}{PARTIAL_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
-            os.mkdir(path)
-        except OSError as exc:
-            raise OutputError(f"cannot create a staging directory ({exc.strerror or exc})", self.parent) from None
-        try:  # an interrupt before the with-body starts never reaches __exit__: clean up here
-            self.path = path
-            return self
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-
-    def sync_later(self, name: str) -> None:
-        """Start flushing a finished file now, on a thread, so the disk works while the caller goes on."""
-        thread = threading.Thread(target=_fsync_path, args=(os.path.join(self.path, name),), daemon=True)
-        thread.start()
-        self._syncs.append(thread)
-
-    def publish(self) -> None:
-        """fsync everything, then rename into place (replacing `dst` only if allowed)."""
-        self.check()
-        for thread in self._syncs:
-            thread.join()
-        for name in os.listdir(self.path):
-            full = os.path.join(self.path, name)
-            if os.path.isfile(full):
-                _fsync_path(full)
-        _fsync_path(self.path)
-        if os.path.isdir(self.dst):
-            if os.listdir(self.dst):
-                self._old = os.path.join(self.parent, f".{self.base}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-                os.rename(self.dst, self._old)
-            else:
-                os.rmdir(self.dst)
-        os.rename(self.path, self.dst)
-        self.published = True
-        _fsync_path(self.parent)
-        if self._old:
-            shutil.rmtree(self._old, ignore_errors=True)
-            self._old = ""
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        for thread in self._syncs:
-            thread.join()
-        if not self.published and self.path and os.path.exists(self.path):
-            shutil.rmtree(self.path, ignore_errors=True)
-        if not self.published and self._old and not os.path.lexists(self.dst):
-            os.rename(self._old, self.dst)  # interrupted between moving the earlier output aside and publishing
-        if exc_type is not None and issubclass(exc_type, OSError):  # disk full, quota, I/O error: one line
-            raise OutputError(f"writing the output failed ({exc.strerror or exc}); nothing was written",
-                              self.dst) from None
 
 
 def iter_file_chunks(path: str, start: int, end: int, chunk: int = READ_CHUNK) -> Iterator[bytes]:

@@ -11,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from eaglekit.errors import OutputError
-from eaglekit.io.writer import StagedDirectory, patch_header, write_checkpoint_weights, write_json
+from eaglekit.io import publish as io_publish
+from eaglekit.io.publish import Staged
+from eaglekit.io.writer import patch_header, write_checkpoint_weights, write_json
 from eaglekit.provenance import hash_files, placeholders, source_files
 from eaglekit.upgrade.output import OutputJob
 from eaglekit.upgrade.plan import TensorStep
@@ -20,7 +22,7 @@ CARRIED_FILES = ("hf_quant_config.json",)  # the draft's own quantisation descri
 
 
 def check_destination(destination: str, force: bool) -> None:
-    StagedDirectory(destination, force=force).check()
+    io_publish.check_destination(destination, replace=force)
 
 
 def contents(job: OutputJob) -> tuple[list[TensorStep], dict[str, Any], int]:
@@ -28,7 +30,7 @@ def contents(job: OutputJob) -> tuple[list[TensorStep], dict[str, Any], int]:
     return list(job.plan.steps), job.config, job.plan.total_bytes
 
 
-def _write(stage: StagedDirectory, job: OutputJob) -> None:
+def _write(stage: Staged, job: OutputJob) -> None:
     """Weights (headers carry placeholder digests), then the real digests patched in, config, carried files."""
     spec, config = job.spec, job.config
     files = source_files(spec)
@@ -56,25 +58,31 @@ def _write(stage: StagedDirectory, job: OutputJob) -> None:
 
 def write(job: OutputJob) -> list[str]:
     """Write, re-read and validate in the staging folder; publish only a folder without errors."""
-    from eaglekit.upgrade.check import check_output
-
     report = job.report
-    stage = StagedDirectory(job.destination, force=job.opts.force)
-    with stage:
+
+    def write_stage(stage: Staged) -> None:
         t = time.perf_counter()
         if job.on_start:
             job.on_start(job.plan.total_bytes)
         _write(stage, job)
-        write_s = time.perf_counter() - t
-        t = time.perf_counter()
-        _, report.findings = check_output(stage.path, job.spec, job.plan, job.d, job.dialect, job.target)
-        report.validated = True
-        errors = [f for f in report.findings if f.severity == "error"]
-        if errors:
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            raise OutputError(f"the upgraded draft fails validation, nothing was written: [{errors[0].code}] "
-                              f"{errors[0].message}{more}", os.path.abspath(job.destination))
-        validate_s = time.perf_counter() - t
-        stage.publish()
-    report.timings.update(write_s=write_s, validate_s=validate_s)
-    return sorted(os.listdir(stage.dst))
+        report.timings["write_s"] = time.perf_counter() - t
+
+    io_publish.publish(job.destination, write_stage, replace=job.opts.force, folder=True,
+                       read_back=lambda stage: _validate(stage, job))
+    return sorted(os.listdir(job.destination))
+
+
+def _validate(stage: Staged, job: OutputJob) -> None:
+    """The staged folder re-read against the plan and the engine's rules: an error refuses it."""
+    from eaglekit.upgrade.check import check_output
+
+    t = time.perf_counter()
+    report = job.report
+    _, report.findings = check_output(stage.path, job.spec, job.plan, job.d, job.dialect, job.target)
+    report.validated = True
+    errors = [f for f in report.findings if f.severity == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise OutputError(f"the upgraded draft fails validation, nothing was written: [{errors[0].code}] "
+                          f"{errors[0].message}{more}", os.path.abspath(job.destination))
+    report.timings["validate_s"] = time.perf_counter() - t

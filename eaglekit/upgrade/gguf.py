@@ -27,7 +27,8 @@ from eaglekit.engines.llamacpp import ARCH
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf, write_gguf
 from eaglekit.io.outputs import OUTPUT, Role, check_parent
-from eaglekit.io.writer import ByteRange, OutTensor, iter_file_chunks, publish_file
+from eaglekit.io.publish import publish
+from eaglekit.io.writer import ByteRange, OutTensor, iter_file_chunks
 from eaglekit.provenance import hash_files, placeholders, source_files
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
@@ -245,11 +246,9 @@ def write(job: OutputJob) -> list[str]:
         job.on_start(job.report.output["total_bytes"])
     final = _gguf_plan(job, hash_files(job.spec.path, source_files(job.spec)))
 
-    def write_file(tmp: str) -> None:
-        write_gguf(tmp, ARCH, final.fields, final.tensors, job.progress)
-        check_gguf(tmp, job.spec, job.d, _target(job))
-
-    publish_file(job.destination, write_file, replace=job.opts.force, what="the GGUF")
+    publish(job.destination, lambda stage: write_gguf(stage.path, ARCH, final.fields, final.tensors, job.progress),
+            read_back=lambda stage: check_gguf(stage.path, job.spec, job.d, _target(job)), replace=job.opts.force,
+            what="the GGUF")
     job.report.validated = True
     job.report.timings["write_s"] = time.perf_counter() - t
     return [os.path.basename(job.destination)]

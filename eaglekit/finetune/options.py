@@ -1,0 +1,82 @@
+"""What `finetune` is asked: its options, checked against each other before anything is read (a refusal after
+capture or training would cost the whole run), and as the report and the provenance record them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from eaglekit.errors import UsageError
+from eaglekit.finetune.data import DataOptions
+from eaglekit.finetune.evaluate import EvalOptions
+
+
+@dataclass(frozen=True)
+class FinetuneOptions:
+    target: str
+    data: DataOptions = DataOptions()
+    train: Any = None  # eaglekit.finetune.train.TrainOptions (imported lazily: it needs torch)
+    eval: EvalOptions | None = EvalOptions()
+    device: str = "cpu"
+    target_dtype: str = "float32"  # the target's dtype for capture and evaluation
+    target_quantization: str | None = None  # capture from, and evaluate against, the target with these numerics
+    checkpoint_dir: str | None = None  # default: DST + ".checkpoint" (removed after a successful run)
+    checkpoint_every: int = 0
+    resume: bool = False
+    force: bool = False
+    plot: str | None = None  # PNG path of the loss and per-depth accuracy curves
+    warm_start: str = "auto"  # auto: set up what upgrade switched on untrained (eaglekit.finetune.warm_start)
+    validation_fraction: float = 0.1  # captured sequences held out to select the checkpoint
+    from_scratch: bool = False  # re-initialise every trained weight: retrain as EAGLE-3.1
+    keep_unresolved: bool = False  # write the output even without a resolved held-out gain over its source
+    store: str | None = None  # a hidden-state store (eaglekit capture): the target's decoder is never loaded
+    max_resident_shards: int = 2  # store shards decoded in memory at once
+    soft_targets: int = 0  # from a store: train on the target's top-k next-token probabilities (0: greedy labels)
+
+
+def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
+    """The options with the training defaults filled in, refused in one line before anything is read when they
+    contradict each other: a refusal after capture or training would cost the whole run."""
+    from eaglekit.finetune.train import TrainOptions
+
+    train_opts = opts.train or TrainOptions()
+    opts = dataclasses.replace(opts, train=train_opts)
+    train_opts.check()
+    opts.data.check()
+    if not 0 <= opts.validation_fraction < 1:
+        raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
+    if opts.store and opts.data != DataOptions(cache_dir=opts.data.cache_dir):
+        raise UsageError("--store brings its own sequences: it cannot be combined with --data, --generate, "
+                         "--context-tokens, --code-tokens, --templates or --hidden-states")
+    if opts.soft_targets and not opts.store:
+        raise UsageError("--soft-targets needs --store: the teacher's probabilities are computed from a store's id-L "
+                         "states (eaglekit capture)")
+    if opts.soft_targets < 0:
+        raise UsageError("--soft-targets must not be negative (0: the target's greedy tokens as labels)")
+    if opts.checkpoint_every < 0:
+        raise UsageError("--checkpoint-every must not be negative (0: only on Ctrl-C or SIGTERM)")
+    if train_opts.depth > opts.data.max_length:
+        raise UsageError(f"--depth {train_opts.depth} exceeds --max-length {opts.data.max_length}: deeper steps "
+                         "would have no labels")
+    return opts
+
+
+def options_dict(opts: FinetuneOptions) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    def plain(v):
+        return list(v) if isinstance(v, tuple) else v
+
+    return {
+        "data": {k: plain(v) for k, v in asdict(opts.data).items()},
+        "train": {k: plain(v) for k, v in asdict(opts.train).items()},
+        "eval": {k: plain(v) for k, v in asdict(opts.eval).items()} if opts.eval else None,
+        "device": opts.device, "target_dtype": opts.target_dtype, "target_quantization": opts.target_quantization,
+        "warm_start": opts.warm_start,
+        "checkpoint_every": opts.checkpoint_every,
+        "resume": opts.resume, "validation_fraction": opts.validation_fraction, "from_scratch": opts.from_scratch,
+        "keep_unresolved": opts.keep_unresolved, "store": opts.store, "max_resident_shards": opts.max_resident_shards,
+        "soft_targets": opts.soft_targets,
+    }
