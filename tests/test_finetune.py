@@ -498,7 +498,16 @@ def misdrafting(oracle, tmp_path_factory):
 
 
 @pytest.mark.parametrize("lr, gains", [(1e-2, True), (1e-6, False)])
-def test_only_a_resolved_gain_is_written(oracle, misdrafting, tmp_path, lr, gains):
+def test_only_a_resolved_gain_is_written(oracle, misdrafting, tmp_path, monkeypatch, lr, gains):
+    """A working learning rate repairs the draft and is written; one too small to move it keeps the source's weights,
+    which is said at once from the held-out scores, without decoding the would-be copy against its source."""
+    import eaglekit.finetune.run as finetune_run
+
+    if not gains:
+        def no_decode(*args, **kwargs):
+            raise AssertionError("an output equal to its source was decoded against it")
+
+        monkeypatch.setattr(finetune_run, "_paired_evaluation", no_decode)
     out = str(tmp_path / "out")
     result = run(["finetune", misdrafting, out, "--target", oracle["target"], "--data", oracle["data"],
                   "--cache-dir", oracle["cache"], "--steps", "60", "--batch-tokens", "256", "--depth", "3",
@@ -520,8 +529,10 @@ def test_only_a_resolved_gain_is_written(oracle, misdrafting, tmp_path, lr, gain
         assert f"step {doc['training']['selected_step']}" in section and "written: resolved gain" in section
         assert "| chat | 0 |" in section
     else:
-        assert result.exit_code == 1 and "no gain found, nothing was written" in result.stderr
-        assert "held-out τ 1.000 → 1.000" in result.stderr and not os.path.exists(out)
+        assert result.exit_code == 1 and "no gain found, nothing was written" in result.stderr, result.output
+        assert "no training step scored above the source" in result.stderr, result.stderr
+        assert "(teacher-forced chain score: the source 1.000, best training step 1.000 at step " in result.stderr
+        assert "the output would equal its input" in result.stderr and not os.path.exists(out)
 
 
 def test_from_scratch_reinitialises_what_it_trains_and_keeps_the_vocabulary_map(env, tmp_path):

@@ -138,6 +138,22 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
     })
 
 
+def kept_the_source(result, warm_changed: set[str], opts: FinetuneOptions) -> bool:
+    """True when held-out selection kept the weights the run started from and nothing else changed them: the
+    output would be the source again, so there is nothing to measure or write."""
+    return (result.selected_step is not None and result.resumed_from is None and bool(result.validation)
+            and result.selected_step == result.validation[0].step and not warm_changed and not opts.from_scratch)
+
+
+def _no_step_gained(result) -> str:
+    """The held-out scores that kept the source: its own and the best any training step reached."""
+    start, *later = result.validation
+    best = max(later, key=lambda v: (v.selection_score, -v.step), default=None)
+    after = f", best training step {best.selection_score:.3f} at step {best.step}" if best else ""
+    return (f"no training step scored above the source on the held-out sequences ({result.selected_by}: the "
+            f"source {start.selection_score:.3f}{after})")
+
+
 def written_because(evaluation: Evaluation | None) -> str:
     """Why an output was written, for its report and provenance."""
     if evaluation is None:
@@ -154,6 +170,9 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     drafter, warm = _set_up_drafter(run, data, target)
     del target  # compare loads its own; training needs only the captured data
     result, checkpoints, hashes = _train(run, drafter, data, warm, on_step)
+    if kept_the_source(result, warm.changed, run.opts) and not run.opts.keep_unresolved:
+        raise NoGain(f"no gain found, nothing was written: {_no_step_gained(result)}; the output would equal its "
+                     "input (--keep-unresolved writes it anyway)", os.path.abspath(destination))
     report = FinetuneReport(
         source={"path": run.spec.path, "given": source, "family": run.spec.family,
                 "eagle_version": run.spec.eagle_version},
