@@ -1,4 +1,5 @@
-"""`eaglekit finetune` on a tiny random target that carries SmolLM2's tokenizer: real training, real bytes."""
+"""`eaglekit finetune` on a tiny random target with its own small tokenizer and chat template: real training, real
+bytes, at a vocabulary small enough that the tests measure the loop, not a 49k-wide head."""
 
 from __future__ import annotations
 
@@ -30,19 +31,19 @@ from eaglekit.finetune.train import TrainOptions  # noqa: E402
 from tests.support.cli import run_cli as run  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
-from tests.support.targets import make_tiny_target  # noqa: E402
+from tests.support.targets import make_target_with_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.model
 
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "finetune-report.schema.json")))
-VOCAB = 49152  # SmolLM2's tokenizer
+VOCAB = 384  # tests.support.targets.make_target_with_tokenizer's byte-level BPE
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("finetune")
-    target = make_tiny_target(base / "target", vocab=VOCAB, tokenizer_from=smollm2_path())
+    target = make_target_with_tokenizer(str(base / "target"))
     # the full vocabulary: a random target's greedy tokens spread over all of it
     draft = make_draft(str(base / "draft"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=(1, 2, 4),
                        target_layers=4, fc_norm=True, norm_output=True)
@@ -205,7 +206,7 @@ def test_vllm_captured_hidden_states_train_without_loading_the_target(env, tmp_p
     folder = tmp_path / "captured"
     folder.mkdir()
     for i in range(6):
-        ids = torch.randint(0, 500, (12 + i,), generator=torch.Generator().manual_seed(i))
+        ids = torch.randint(0, VOCAB, (12 + i,), generator=torch.Generator().manual_seed(i))
         states = target.forward(ids[None], [1, 2, 4]).aux  # the layers vLLM was told to capture
         save_file({"hidden_states": torch.stack([s[0] for s in states], 1).to(torch.bfloat16), "token_ids": ids},
                   str(folder / f"hs_{i}.safetensors"))
@@ -241,7 +242,7 @@ def test_usage_errors(env, tmp_path):
                            (["--freeze", "fc,wings"], "unknown group"),
                            (["--validation-fraction", "1"], "--validation-fraction must lie in [0, 1)"),
                            (["--freeze", "fc,fc_norm,layers,head,embed", "--no-eval"], "leaves nothing to train"),
-                           (["--eval-context-tokens", "0,200"], "--eval-context-tokens 200, 64 new tokens and -k 3"),
+                           (["--eval-context-tokens", "0,500"], "--eval-context-tokens 500, 64 new tokens and -k 3"),
                            (["--depth-decay", "nan"], "--depth-decay nan: expected a number in (0, 1]"),
                            (["--depth-decay", "0.001", "--depth", "16"], "vanishes in float32"),
                            (["--checkpoint-every", "-1", "--no-eval"], "--checkpoint-every must not be negative"),
@@ -252,7 +253,7 @@ def test_usage_errors(env, tmp_path):
                             "no checkpoint to resume from")):
         result = run(base + extra)
         assert result.exit_code == 2 and message in result.stderr, (extra, result.stderr)
-    specforge = make_draft(str(tmp_path / "sf"), "specforge", hidden=64, vocab=VOCAB, draft_vocab=512,
+    specforge = make_draft(str(tmp_path / "sf"), "specforge", hidden=64, vocab=VOCAB, draft_vocab=256,
                            aux_ids=(1, 2, 3), target_layers=4)
     result = run(["finetune", specforge, str(tmp_path / "o2"), "--target", env["target"], "--no-progress"])
     assert result.exit_code == 2 and "eaglekit upgrade" in result.stderr
@@ -498,16 +499,7 @@ def misdrafting(oracle, tmp_path_factory):
 
 
 @pytest.mark.parametrize("lr, gains", [(1e-2, True), (1e-6, False)])
-def test_only_a_resolved_gain_is_written(oracle, misdrafting, tmp_path, monkeypatch, lr, gains):
-    """A working learning rate repairs the draft and is written; one too small to move it keeps the source's weights,
-    which is said at once from the held-out scores, without decoding the would-be copy against its source."""
-    import eaglekit.finetune.run as finetune_run
-
-    if not gains:
-        def no_decode(*args, **kwargs):
-            raise AssertionError("an output equal to its source was decoded against it")
-
-        monkeypatch.setattr(finetune_run, "_paired_evaluation", no_decode)
+def test_only_a_resolved_gain_is_written(oracle, misdrafting, tmp_path, lr, gains):
     out = str(tmp_path / "out")
     result = run(["finetune", misdrafting, out, "--target", oracle["target"], "--data", oracle["data"],
                   "--cache-dir", oracle["cache"], "--steps", "60", "--batch-tokens", "256", "--depth", "3",
@@ -529,15 +521,38 @@ def test_only_a_resolved_gain_is_written(oracle, misdrafting, tmp_path, monkeypa
         assert f"step {doc['training']['selected_step']}" in section and "written: resolved gain" in section
         assert "| chat | 0 |" in section
     else:
-        assert result.exit_code == 1 and "no gain found, nothing was written" in result.stderr, result.output
-        assert "no training step scored above the source" in result.stderr, result.stderr
-        assert "(teacher-forced chain score: the source 1.000, best training step 1.000 at step " in result.stderr
-        assert "the output would equal its input" in result.stderr and not os.path.exists(out)
+        assert result.exit_code == 1 and "no gain found, nothing was written" in result.stderr
+        assert "held-out τ 1.000 → 1.000" in result.stderr and not os.path.exists(out)
+
+
+def test_a_finetune_that_cannot_beat_its_source_is_refused_from_the_held_out_scores_without_decoding(
+        oracle, tmp_path, monkeypatch):
+    """The oracle draft already drafts every token right: no training step scores above it on the held-out
+    sequences, so selection keeps its own weights and finetune says so at once, without decoding a copy of its
+    input against it; exit 1, nothing written."""
+    import eaglekit.finetune.run as finetune_run
+
+    def no_decode(*args, **kwargs):
+        raise AssertionError("an output equal to its source was decoded against it")
+
+    monkeypatch.setattr(finetune_run, "_paired_evaluation", no_decode)
+    out = str(tmp_path / "out")
+    result = run(["finetune", oracle["draft"], out, "--target", oracle["target"], "--data", oracle["data"],
+                  "--cache-dir", oracle["cache"], "--steps", "6", "--batch-tokens", "256", "--depth", "3", "--lr",
+                  "1.0", "--validation-fraction", "0.25", "--select-every", "2", "--eval-limit", "6",
+                  "--eval-max-new-tokens", "16", "--eval-context-tokens", "0", "--no-progress"])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no gain found, nothing was written: no training step scored above the source" \
+        in lines[0], lines
+    assert "(teacher-forced chain score: the source 4.000 (loss " in lines[0] and ", best training step " in lines[0]
+    assert "the output would equal its input (--keep-unresolved writes it anyway)" in lines[0]
+    assert not os.path.exists(out) and not os.path.exists(out + ".checkpoint")
 
 
 def test_from_scratch_reinitialises_what_it_trains_and_keeps_the_vocabulary_map(env, tmp_path):
     out = str(tmp_path / "out")
-    draft = make_draft(str(tmp_path / "src"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=512, aux_ids=(1, 2, 4),
+    draft = make_draft(str(tmp_path / "src"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=256, aux_ids=(1, 2, 4),
                        target_layers=4, fc_norm=True, norm_output=True, embed=True, frequency_ordered=True)
     report = finetune(draft, out, options(env, from_scratch=True, train={"steps": 0}))
     assert any("--from-scratch" in n for n in report.notes)
@@ -557,7 +572,8 @@ def test_a_run_killed_while_its_output_is_measured_leaves_no_output(env, tmp_pat
 
     out = tmp_path / "out"
     args = [sys.executable, "-m", "eaglekit", "finetune", env["draft"], str(out), "--target", env["target"], "--data",
-            env["data"], "--cache-dir", env["cache"], "--steps", "2", "--batch-tokens", "256", "--eval-limit", "16",
+            env["data"], "--cache-dir", env["cache"], "--steps", "2", "--batch-tokens", "256", "--validation-fraction",
+            "0", "--eval-limit", "16",
             "--eval-max-new-tokens", "64", "--eval-context-tokens", "0"]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
     deadline = time.monotonic() + 300

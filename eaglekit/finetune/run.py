@@ -148,10 +148,11 @@ def kept_the_source(result, warm_changed: set[str], opts: FinetuneOptions) -> bo
 def _no_step_gained(result) -> str:
     """The held-out scores that kept the source: its own and the best any training step reached."""
     start, *later = result.validation
-    best = max(later, key=lambda v: (v.selection_score, -v.step), default=None)
-    after = f", best training step {best.selection_score:.3f} at step {best.step}" if best else ""
+    best = max(later, key=lambda v: (v.rank, -v.step), default=None)
+    after = (f", best training step {best.selection_score:.3f} (loss {best.loss:.4g}) at step {best.step}" if best
+             else "")
     return (f"no training step scored above the source on the held-out sequences ({result.selected_by}: the "
-            f"source {start.selection_score:.3f}{after})")
+            f"source {start.selection_score:.3f} (loss {start.loss:.4g}){after})")
 
 
 def written_because(evaluation: Evaluation | None) -> str:

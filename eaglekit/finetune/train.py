@@ -135,6 +135,12 @@ class Validation:
         replay, else the teacher-forced chain score."""
         return self.score if self.decode_tau is None else self.decode_tau
 
+    @property
+    def rank(self) -> tuple[float, float]:
+        """How steps are ordered: the selection score, and between equal scores the lower held-out loss (a decode
+        τ ties often on few held-out rounds, where the loss still tells a trained step from the start)."""
+        return self.selection_score, -self.loss
+
 
 @dataclass
 class TrainResult:
@@ -296,14 +302,14 @@ class _Selection:
         replayed = replay_tau(loop.drafter, self.validation, self.select_k, opts.batch_tokens, loop.to_draft,
                               sequences=mine, pool=pool)
         self.scores.append(Validation.of(at, loss, accuracy, replayed))
-        if self.best is None or self.scores[-1].selection_score > max(v.selection_score for v in self.scores[:-1]):
+        if self.best is None or self.scores[-1].rank > max(v.rank for v in self.scores[:-1]):
             self.best = {n: p.detach().to("cpu", copy=True) for n, p in loop.params.items()}
 
     def keep_best(self) -> tuple[int | None, str | None]:
         """Put the best-scoring weights back; (their step, what chose them), or (None, None) without held-out data."""
         if self.best is None:
             return None, None
-        selected = max(self.scores, key=lambda v: (v.selection_score, -v.step)).step
+        selected = max(self.scores, key=lambda v: (v.rank, -v.step)).step
         by = "teacher-forced chain score" if self.scores[0].decode_tau is None else f"decode τ (k={self.select_k})"
         with torch.no_grad():
             for name, p in self.loop.params.items():

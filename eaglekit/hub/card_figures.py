@@ -96,7 +96,7 @@ def numerics_note(report: Mapping[str, Any], bench: Mapping[str, Any]) -> str:
     rows = [r for r in bench.get("rows") or [] if isinstance(r, Mapping)]
     identical = sum(r["identical_outputs"] for r in rows if isinstance(r.get("identical_outputs"), int))
     requests = sum(r["requests"] for r in rows if isinstance(r.get("requests"), int))
-    lines = [f"τ differs between the two sections by design: the verification is `eaglekit verify`'s decode in "
+    lines = [f"τ can differ between the two sections: the verification is `eaglekit verify`'s decode in "
              f"{text(report.get('dtype', '?'))} on its prompts, the serving speed is the engine's own counters in "
              f"{text(bench.get('dtype', '?'))} on the benchmark's; other numerics and prompts give another τ, and "
              "each figure is exact for its setting."]
