@@ -42,3 +42,20 @@ def test_nothing_in_the_first_seconds_and_nothing_when_silenced(capsys):
         progress.started -= 60
         progress.item(1, 2, "a")
     assert capsys.readouterr().err == ""
+
+
+def test_training_between_logged_steps_is_named_by_its_step_count(monkeypatch, capsys):
+    """The heartbeat during training says which step it is on, not the stage that came before it."""
+    from eaglekit.cli.progress import TrainingProgress
+
+    monkeypatch.setattr(progress_module, "QUIET_START_S", 0.0)
+    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.01)
+    with TrainingProgress("finetune", True, 100) as progress:
+        progress.tty = False
+        progress.stage_update("encoding prompts", 0, 535)
+        progress.on_step(7, None, {"loss": 1.0, "accuracy": 0.5, "tokens_per_s": 10.0})
+        time.sleep(1.5)
+    lines = capsys.readouterr().err.splitlines()
+    assert re.search(r"finetune: training 7/100, ETA \d+:\d\d$", "\n".join(lines), re.M), lines
+    beats = [line for line in lines if line.endswith("in this step)")]
+    assert beats and all("training 7/100 (" in line for line in beats), lines

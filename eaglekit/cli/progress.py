@@ -130,8 +130,9 @@ class TrainingProgress(StageProgress):
             self.bar.update(self.task, completed=done, total=self.steps,
                             description=f"training: loss {live['loss']:.3f}, depth-0 top-1 {live['accuracy']:.1%}, "
                                         f"{live['tokens_per_s']:.0f} tok/s")
-        elif record is not None:
+            return
+        if record is not None:
             accuracy = " ".join(f"{a:.2f}" for a in record.accuracy)
             self.log(f"step {done}/{self.steps}: loss {record.loss:.3f}, top-1 by depth {accuracy}, "
                      f"{record.tokens_per_s:.0f} tok/s", force=True)
-        self.stage = "training"
+        self.stage_update("training", done, self.steps)  # between logged steps: the step count and an ETA
