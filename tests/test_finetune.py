@@ -84,6 +84,18 @@ def test_loss_decreases_and_the_output_reads_back_as_the_source_did(env, tmp_pat
     assert not os.path.exists(out + ".checkpoint")  # the implicit checkpoint folder goes with success
 
 
+def test_auto_precision_is_bf16_only_where_the_device_computes_it_natively(env, tmp_path, monkeypatch):
+    from eaglekit.finetune.train import resolve_precision
+
+    report = finetune(env["draft"], str(tmp_path / "out"), options(env, train={"steps": 1, "precision": "auto"}))
+    assert report.options["train"]["precision"] == resolve_precision("auto", "cpu") in ("bf16", "fp32")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert resolve_precision("auto", "cpu") == "fp32" and resolve_precision("bf16", "cpu") == "bf16"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert resolve_precision("auto", "cpu") == "bf16" and resolve_precision("fp32", "cpu") == "fp32"
+
+
 def test_frozen_groups_are_copied_bit_for_bit(env, tmp_path):
     out = str(tmp_path / "out")
     report = finetune(env["draft"], out, options(env, train={"freeze": ("fc", "layers", "head", "embed")}))

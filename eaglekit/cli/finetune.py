@@ -90,8 +90,10 @@ def _freeze(text: str) -> tuple[str, ...]:
 @click.option("--depth-decay", type=float, default=0.8, show_default=True, help="Loss weight of depth j: decay^j.")
 @click.option("--freeze", default="embed", show_default=True,
               help="Comma list of groups kept fixed: fc, fc_norm, input_norm, layers, head, embed (or none).")
-@click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
-              help="bf16: autocast compute with fp32 master weights.")
+@click.option("--precision", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True,
+              help="bf16: autocast compute with fp32 master weights; auto: bf16 where the device computes it natively "
+                   "(CUDA, CPUs with AVX512-BF16 or AMX), fp32 elsewhere (emulated bf16 is slower); the report "
+                   "names what ran.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--warm-start", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: before training, set up what upgrade switched on untrained (norm_output: rescale the "

@@ -39,11 +39,12 @@ class FinetuneOptions:
 def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
     """The options with the training defaults filled in, refused in one line before anything is read when they
     contradict each other: a refusal after capture or training would cost the whole run."""
-    from eaglekit.finetune.train import TrainOptions
+    from eaglekit.finetune.train import TrainOptions, resolve_precision
 
     train_opts = opts.train or TrainOptions()
-    opts = dataclasses.replace(opts, train=train_opts)
     train_opts.check()
+    train_opts = dataclasses.replace(train_opts, precision=resolve_precision(train_opts.precision, opts.device))
+    opts = dataclasses.replace(opts, train=train_opts)
     opts.data.check()
     if not 0 <= opts.validation_fraction < 1:
         raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")

@@ -44,7 +44,20 @@ FREEZE_GROUPS: dict[str, tuple[str, ...]] = {
     "embed": ("embed_tokens.",),
 }
 """--freeze groups by canonical tensor-name prefix. A borrowed target embedding or head is never trained."""
-PRECISIONS = ("bf16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def resolve_precision(precision: str, device: str | torch.device) -> str:
+    """"auto" is bf16 where the device computes it natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX)
+    and fp32 elsewhere: a CPU without them emulates bf16, about 3x slower than fp32 and less exact."""
+    if precision != "auto":
+        return precision
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    if kind == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        return "bf16"
+    return "fp32"
 
 
 @dataclass(frozen=True)
@@ -60,7 +73,7 @@ class TrainOptions:
     betas: tuple[float, float] = (0.9, 0.95)
     max_grad_norm: float = 1.0
     freeze: tuple[str, ...] = ("embed",)  # a draft's own embedding stays as the target's copy, as EAGLE trains it
-    precision: str = "bf16"  # bf16: autocast compute, fp32 master weights; fp32: everything fp32
+    precision: str = "auto"  # bf16: autocast, fp32 master weights; fp32: everything fp32; auto: resolve_precision
     seed: int = 0
     log_every: int = 10
     select_every: int | None = None  # validation every N steps (default: steps // 10); the best state is kept
@@ -241,8 +254,8 @@ class _Loop:
         if coverage == 0:
             raise CheckpointError("none of the target's greedy tokens in the data is in the draft vocabulary: this "
                                   "draft was not made for this target (or its d2t is wrong)", drafter.config.source)
-        autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if opts.precision == "bf16"
-                    else contextlib.nullcontext())
+        bf16 = resolve_precision(opts.precision, device) == "bf16"
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         return cls(drafter, data, opts, ranks, params, optimizer, objective, to_draft, coverage, autocast)
 
     def batches(self, rng: random.Random) -> Iterator[list[int]]:
