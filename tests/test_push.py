@@ -820,7 +820,7 @@ def test_an_untrained_warm_start_is_refused_unless_forced_and_the_card_says_so(f
 
     warm = str(tmp_path / "warm")
     # fc_norm = ones + norm_output: changes the function, untrained
-    upgrade(make_draft(str(tmp_path / "eagle3"), "vllm"), warm, UpgradeOptions())
+    upgrade(make_draft(str(tmp_path / "eagle3"), "vllm"), warm, UpgradeOptions(fc_norm=True, norm_output=True))
     code, out, err = run_cli(capsys, warm, "--repo-id", REPO, "--token", fake_hub.token, "--endpoint",
                              fake_hub.endpoint, "--dry-run")
     assert code == 1 and "untrained warm start" in err and "eaglekit finetune" in err and err.count("\n") == 1

@@ -222,7 +222,7 @@ def test_speculators_dialect_configs(written):
 def test_dialect_configs_do_not_mutate_the_source(tmp_path):
     spec = load_draft(make_draft(str(tmp_path / "s"), "speculators-train"))
     before = copy.deepcopy(spec.config)
-    opts = UpgradeOptions(to="vllm")
-    d = decide(spec, opts, None)
-    get_dialect("vllm").config(spec, d, plan_vocab(spec, d.vocab_size))
-    assert spec.config == before
+    for opts in (UpgradeOptions(to="vllm"), UpgradeOptions(to="vllm", fc_norm=True, norm_output=True)):
+        d = decide(spec, opts, None)
+        get_dialect("vllm").config(spec, d, plan_vocab(spec, d.vocab_size))
+        assert spec.config == before

@@ -85,7 +85,7 @@ def raw_tensors(path: str, family: str | None = None) -> dict[str, bytes]:
 def test_every_family_becomes_a_vllm_ready_31_draft(sources, target, tmp_path, key):
     src = sources[key]
     before = tree_hash(src)
-    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target))
+    report = upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target, fc_norm=True, norm_output=True))
     assert tree_hash(src) == before  # the source is never modified
 
     out = str(tmp_path / "out")
@@ -98,7 +98,7 @@ def test_every_family_becomes_a_vllm_ready_31_draft(sources, target, tmp_path, k
     assert validation.errors == 0, [f.message for f in validation.findings if f.severity == "error"]
 
     weights = tensors_of(out)
-    for k in range(3):  # the target dir has no weights, so the default init is ones
+    for k in range(3):  # asked for without the target's weights: ones
         np.testing.assert_array_equal(weights[f"fc_norm.{k}.weight"], np.ones(64, dtype=np.float32))
     assert not any(n.startswith(("model.", "midlayer")) for n in weights)
     assert report.function == "warm-start" and "needs fine-tuning" in report.summary
@@ -111,7 +111,7 @@ def test_every_family_becomes_a_vllm_ready_31_draft(sources, target, tmp_path, k
 
 def test_source_file_hashes_are_the_real_sha256(sources, target, tmp_path):
     src = sources["specforge-llama"]
-    upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target))
+    upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target, fc_norm=True, norm_output=True))
     block = load_json(tmp_path / "out" / "config.json")["eaglekit"]
     for rel in ("model.safetensors", "config.json"):
         with open(os.path.join(src, rel), "rb") as fh:
@@ -265,8 +265,8 @@ def test_identity_map_with_full_vocab_is_dropped(tmp_path):
 @pytest.mark.parametrize("key", ["modelopt-llama", "speculators-qwen3", "kimi-mla"])
 def test_upgrading_an_upgraded_draft_changes_nothing_but_provenance(sources, target, tmp_path, key):
     first, second = str(tmp_path / "first"), str(tmp_path / "second")
-    upgrade(sources[key], first, UpgradeOptions(target=target))
-    report = upgrade(first, second, UpgradeOptions(target=target))
+    upgrade(sources[key], first, UpgradeOptions(target=target, fc_norm=True, norm_output=True))
+    report = upgrade(first, second, UpgradeOptions(target=target, fc_norm=True, norm_output=True))
     assert report.function == "preserved"
     assert report.counts["add"] == report.counts["transform"] == report.counts["drop"] == 0
     assert raw_tensors(first) == raw_tensors(second)
@@ -277,7 +277,8 @@ def test_upgrading_an_upgraded_draft_changes_nothing_but_provenance(sources, tar
 
 def test_dry_run_writes_nothing_and_lists_every_tensor(sources, target, tmp_path):
     before = sorted(os.listdir(tmp_path))
-    report = upgrade(sources["modelopt-llama"], str(tmp_path / "out"), UpgradeOptions(target=target, dry_run=True))
+    report = upgrade(sources["modelopt-llama"], str(tmp_path / "out"),
+                     UpgradeOptions(target=target, fc_norm=True, norm_output=True, dry_run=True))
     assert sorted(os.listdir(tmp_path)) == before
     assert report.dry_run and report.output["files"] == []
     source_names = set(raw_tensors(sources["modelopt-llama"]))
@@ -297,7 +298,8 @@ def test_dry_run_reports_that_a_real_run_would_refuse(sources, tmp_path):
 
 def test_sharded_output_has_a_correct_index(sources, target, tmp_path):
     out = str(tmp_path / "out")
-    upgrade(sources["specforge-hf-llama"], out, UpgradeOptions(target=target, max_shard_size=20_000))
+    upgrade(sources["specforge-hf-llama"], out,
+            UpgradeOptions(target=target, fc_norm=True, norm_output=True, max_shard_size=20_000))
     index = load_json(os.path.join(out, "model.safetensors.index.json"))
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1 and all(os.path.exists(os.path.join(out, s)) for s in shards)
@@ -330,7 +332,7 @@ def test_dtype_widening_is_exact_and_narrowing_is_reported(sources, tmp_path):
 
 def test_sglang_dialect_writes_output_of_layer_ids_and_midlayer_names(sources, target, tmp_path):
     out = str(tmp_path / "out")
-    upgrade(sources["specforge-llama"], out, UpgradeOptions(target=target, to="sglang"))
+    upgrade(sources["specforge-llama"], out, UpgradeOptions(target=target, fc_norm=True, norm_output=True, to="sglang"))
     cfg = load_json(os.path.join(out, "config.json"))
     jsonschema.validate(cfg, EAGLE3)
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 5, 8]
@@ -348,7 +350,7 @@ def test_sglang_dialect_keeps_vllm_ids_for_a_deepseek_target(sources, tmp_path):
     with open(os.path.join(kimi_target, "config.json"), "w") as fh:
         json.dump(cfg, fh)
     out = str(tmp_path / "out")
-    upgrade(sources["kimi-mla"], out, UpgradeOptions(target=kimi_target, to="sglang"))
+    upgrade(sources["kimi-mla"], out, UpgradeOptions(target=kimi_target, fc_norm=True, norm_output=True, to="sglang"))
     assert load_json(os.path.join(out, "config.json"))["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]
 
 
@@ -356,7 +358,7 @@ def test_sglang_dialect_keeps_vllm_ids_for_a_deepseek_target(sources, tmp_path):
                                  "modelopt-megatron-llama"])
 def test_speculators_dialect(sources, target, tmp_path, key):
     out = str(tmp_path / "out")
-    upgrade(sources[key], out, UpgradeOptions(target=target, to="speculators"))
+    upgrade(sources[key], out, UpgradeOptions(target=target, fc_norm=True, norm_output=True, to="speculators"))
     cfg = load_json(os.path.join(out, "config.json"))
     jsonschema.validate(cfg, SPECULATORS)
     assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 3  # P11
@@ -366,9 +368,10 @@ def test_speculators_dialect(sources, target, tmp_path, key):
 
 
 def test_norm_before_residual_is_always_explicit(sources, target, tmp_path):
-    upgrade(sources["modelopt-vllm-llama"], str(tmp_path / "a"), UpgradeOptions(target=target))
+    upgrade(sources["modelopt-vllm-llama"], str(tmp_path / "a"),
+            UpgradeOptions(target=target, fc_norm=True, norm_output=True))
     assert load_json(tmp_path / "a" / "config.json")["norm_before_residual"] is True  # F6c is served with it
-    upgrade(sources["eagle-llama"], str(tmp_path / "b"), UpgradeOptions(target=target))
+    upgrade(sources["eagle-llama"], str(tmp_path / "b"), UpgradeOptions(target=target, fc_norm=True, norm_output=True))
     assert load_json(tmp_path / "b" / "config.json")["norm_before_residual"] is False
 
 
@@ -417,7 +420,7 @@ def test_removing_trained_31_parts_is_refused(tmp_path):
 def test_norm_before_fc_cannot_gain_fc_norm(tmp_path):
     src = make_draft(str(tmp_path / "src"), "speculators-train", norm_before_fc=True)
     with pytest.raises(UsageError, match="P37"):
-        upgrade(src, str(tmp_path / "a"))
+        upgrade(src, str(tmp_path / "a"), UpgradeOptions(fc_norm=True))
     report = upgrade(src, str(tmp_path / "b"), UpgradeOptions(fc_norm=False))
     assert load_json(tmp_path / "b" / "config.json")["eagle_config"]["norm_before_fc"] is True
     assert report.flags["norm_before_fc"]
@@ -455,7 +458,7 @@ def test_a_draft_failing_validation_is_not_published(tmp_path):
     src = make_draft(str(tmp_path / "src"), "vllm", target_hidden=32)
     target = make_target_config(str(tmp_path / "target"), hidden=32)
     with pytest.raises(OutputError, match="fails validation"):
-        upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target))
+        upgrade(src, str(tmp_path / "out"), UpgradeOptions(target=target, fc_norm=True, norm_output=True))
     assert sorted(os.listdir(tmp_path)) == ["src", "target"]
 
 

@@ -146,8 +146,10 @@ def test_calibrated_fc_norm_beats_unit_weights_on_a_real_target(tiny_target, tmp
     # specforge writes output-of-layer ids [0, 1, 2] for vLLM ids (1, 2, 3)
     src = make_draft(str(tmp_path / "src"), "specforge", vocab=vocab, draft_vocab=200, aux_ids=(1, 2, 3),
                      target_layers=4)
-    report = upgrade(src, str(tmp_path / "cal"), UpgradeOptions(target=target_dir))
+    report = upgrade(src, str(tmp_path / "cal"), UpgradeOptions(target=target_dir))  # the default, with weights
     assert report.flags["fc_norm_init"] == "calibrated" and report.function == "eagle3-function"
+    assert report.flags["fc_norm"] and report.flags["norm_output"] and report.output["eagle_version"] == "3.1"
+    assert not any("kept EAGLE-3" in w for w in report.warnings)
     fid = report.fidelity
     assert fid is not None and fid.tokens >= 64 and fid.fit_tokens > fid.tokens
     assert fid.relative_error < 0.5 * fid.ones_relative_error

@@ -10,11 +10,13 @@ import sys
 import time
 
 import jsonschema
+import numpy as np
 import pytest
 
 from eaglekit.cli.upgrade import parse_size
 from eaglekit.errors import UsageError
 from eaglekit.families import load_draft
+from eaglekit.io.tensors import read_array, read_bytes
 from eaglekit.redact import public_path
 from eaglekit.rules import run_rules
 from tests.support.cli import run_cli as run
@@ -40,7 +42,8 @@ def drafts(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("extra", [[], ["--dry-run"], ["--no-fc-norm", "--no-norm-output"], ["--to", "speculators"]])
+@pytest.mark.parametrize("extra", [[], ["--fc-norm"], ["--fc-norm", "--dry-run"], ["--no-fc-norm", "--no-norm-output"],
+                                   ["--fc-norm", "--to", "speculators"]])
 def test_json_report_validates_against_the_schema(drafts, tmp_path, extra):
     result = run(["upgrade", "--from", "eagle3", drafts["modelopt"], str(tmp_path / "out"),
                   "--target", drafts["target"], "--format", "json", *extra])
@@ -50,14 +53,14 @@ def test_json_report_validates_against_the_schema(drafts, tmp_path, extra):
     assert doc["dry_run"] == ("--dry-run" in extra)
     assert doc["validated"] == ("--dry-run" not in extra)
     assert os.path.isdir(tmp_path / "out") != doc["dry_run"]
-    untrained_vllm = "--no-fc-norm" not in extra and "--to" not in extra
+    untrained_vllm = "--fc-norm" in extra and "--to" not in extra  # the target given has no weights
     # the JSON names folders by their names only (no local path leaves in a report); the human output shows all
     assert doc["next_command"] == (None if not untrained_vllm else
                                    f"eaglekit finetune out out-tuned --target {public_path(drafts['target'])}")
 
 
 def test_human_report_says_plainly_what_happened(drafts, tmp_path):
-    result = run(["upgrade", drafts["modelopt"], str(tmp_path / "out"), "--target", drafts["target"]])
+    result = run(["upgrade", drafts["modelopt"], str(tmp_path / "out"), "--target", drafts["target"], "--fc-norm"])
     assert result.exit_code == 0, result.output
     text = result.stdout
     assert "warm start: needs fine-tuning" in text
@@ -73,13 +76,76 @@ def test_human_report_says_plainly_what_happened(drafts, tmp_path):
 
 
 def test_dry_run_prints_every_tensor(drafts, tmp_path):
-    result = run(["upgrade", drafts["modelopt"], str(tmp_path / "out"), "--target", drafts["target"], "--dry-run"])
+    result = run(["upgrade", drafts["modelopt"], str(tmp_path / "out"), "--target", drafts["target"], "--fc-norm",
+                  "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "Dry run: nothing was written." in result.stdout
     for action in ("copy", "transform", "add"):
         assert action in result.stdout
     assert "fc_norm.2.weight" in result.stdout and "layers.0.self_attn.q_proj.weight" in result.stdout
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("with_target", [False, True])
+def test_without_the_targets_weights_the_default_keeps_eagle3(drafts, tmp_path, with_target):
+    """Nothing can keep the EAGLE-3 function with the 3.1 flags on: the output is a lossless EAGLE-3 conversion,
+    and the report says why and how to get 3.1."""
+    target = ["--target", drafts["target"]] if with_target else []  # a config.json without weights
+    src = make_draft(str(tmp_path / "src"), "vllm")
+    result = run(["upgrade", src, str(tmp_path / "out"), *target, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, REPORT)
+    assert doc["function"] == "preserved" and doc["output"]["eagle_version"] == "3"
+    assert not doc["flags"]["fc_norm"] and not doc["flags"]["norm_output"] and doc["flags"]["fc_norm_init"] is None
+    assert doc["next_command"] is None
+    note = [w for w in doc["warnings"] if w.startswith("kept EAGLE-3 (fc_norm, norm_output off)")]
+    assert len(note) == 1 and "target's weights" in note[0] and "--fc-norm-init ones" in note[0]
+    cfg = load_json(tmp_path / "out" / "config.json")
+    assert cfg["eaglekit"]["options"]["fc_norm"] is False and cfg["eaglekit"]["options"]["norm_output"] is False
+    out = load_draft(str(tmp_path / "out"))
+    assert out.eagle_version == "3" and not out.facts.fc_norm_tensor_ids
+
+    lossless = run(["upgrade", src, str(tmp_path / "lossless"), *target, "--no-fc-norm",
+                    "--no-norm-output", "--format", "json"])
+    assert lossless.exit_code == 0, lossless.output
+    asked = json.loads(lossless.stdout)
+    assert not any(w.startswith("kept EAGLE-3") for w in asked["warnings"])  # asked for: nothing to say
+    # the same plan as the lossless conversion asked for outright: every tensor copied, byte for byte
+    assert doc["tensors"] == asked["tensors"] and {s["action"] for s in doc["tensors"]} == {"copy"}
+    assert tensor_bytes(tmp_path / "out") == tensor_bytes(src) == tensor_bytes(tmp_path / "lossless")
+    assert {k: v for k, v in doc["config"].items() if k != "eaglekit"} == \
+        {k: v for k, v in asked["config"].items() if k != "eaglekit"}
+
+    human = run(["upgrade", src, str(tmp_path / "human"), *target])
+    assert human.exit_code == 0, human.output
+    text = " ".join(human.stdout.split())
+    assert "warning: kept EAGLE-3 (fc_norm, norm_output off)" in text and "--fc-norm-init ones" in text
+    assert "function-preserving" in text and "next:" not in text
+
+
+def tensor_bytes(path) -> dict[str, bytes]:
+    spec = load_draft(str(path))
+    return {ref.source_name: read_bytes(spec.path, ref) for ref in spec.tensors.values()}
+
+
+def test_fc_norm_init_ones_without_a_target_writes_the_warm_start(drafts, tmp_path):
+    result = run(["upgrade", drafts["modelopt"], str(tmp_path / "out"), "--fc-norm-init", "ones", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["function"] == "warm-start" and doc["output"]["eagle_version"] == "3.1"
+    assert doc["flags"]["fc_norm_added"] and doc["flags"]["fc_norm_init"] == "ones"
+    assert doc["flags"]["norm_output_added"]
+    assert not any(w.startswith("kept EAGLE-3") for w in doc["warnings"])
+    assert doc["next_command"] == "eaglekit finetune out out-tuned --target TARGET"
+    out = load_draft(str(tmp_path / "out"))
+    assert out.eagle_version == "3.1"
+    for k in range(3):  # unit weights: nothing to calibrate on
+        assert np.all(read_array(out, f"fc_norm.{k}.weight", as_float32=True) == 1.0)
+    for flag in (["--fc-norm"], ["--norm-output"]):  # either flag asked for alone writes the same start
+        alone = run(["upgrade", drafts["modelopt"], str(tmp_path / flag[0][2:]), *flag, "--format", "json"])
+        assert alone.exit_code == 0, alone.output
+        assert json.loads(alone.stdout)["flags"] == doc["flags"]
 
 
 @pytest.mark.parametrize("ids", ["1,5,8", "1 5 8", "1, 5, 8"])
@@ -140,7 +206,8 @@ def test_help_and_a_plain_upgrade_never_import_torch(drafts, tmp_path):
     code = f"""
 import sys
 from eaglekit.cli.main import main
-for args in (["upgrade", "--help"], ["upgrade", {drafts['modelopt']!r}, {str(tmp_path / 'out')!r}, "--format", "json"]):
+for args in (["upgrade", "--help"], ["upgrade", {drafts['modelopt']!r}, {str(tmp_path / 'out')!r}, "--format", "json"],
+             ["upgrade", {drafts['modelopt']!r}, {str(tmp_path / 'warm')!r}, "--fc-norm-init", "ones"]):
     try:
         main(args)
     except SystemExit as exc:

@@ -121,8 +121,15 @@ def test_what_llama_cpp_cannot_run_is_refused_in_one_line(tmp_path, recipe, opti
     assert sorted(os.listdir(tmp_path)) == ["d", "target.gguf"]
 
 
-def test_gguf_defaults_to_eagle3_everywhere_else_to_3_1():
-    assert UpgradeOptions(to="gguf").lossless and not UpgradeOptions().lossless
+def test_gguf_defaults_to_eagle3_everywhere_else_to_3_1_where_the_target_can_calibrate():
+    assert UpgradeOptions(to="gguf").lossless and UpgradeOptions(to="gguf", target="t").lossless
+    assert UpgradeOptions(to="gguf").eagle31_flags(calibratable=True) == (False, False)
+    assert not UpgradeOptions(target="t").lossless  # a target may carry the weights that keep the function
+    assert UpgradeOptions().lossless  # no target: nothing keeps the function with the 3.1 flags on
+    assert UpgradeOptions().eagle31_flags(calibratable=True) == (True, True)
+    assert UpgradeOptions().eagle31_flags(calibratable=False) == (False, False)
+    assert UpgradeOptions(fc_norm_init="ones").eagle31_flags(calibratable=False) == (True, True)
+    assert UpgradeOptions(norm_output=True).eagle31_flags(calibratable=False) == (True, True)
     assert UpgradeOptions(to="gguf", fc_norm=True).fc_norm  # an explicit choice stays (and is refused later)
 
 

@@ -81,16 +81,17 @@ def _progress(enabled: bool):
               help="input: input of layer i (vLLM, HF hidden_states index); output: output of layer i (SGLang, "
                    "SpecForge, ModelOpt, TorchSpec). For --aux-layer-ids, or for source ids of unknown convention.")
 @click.option("--fc-norm-init", type=click.Choice(["ones", "calibrated"]),
-              help="Initial weights of added fc_norm layers [default: calibrated when the target has weights, "
-                   "else ones].")
+              help="Initial weights of added fc_norm layers; switches fc_norm on [default: calibrated when the "
+                   "target has weights, else ones]. ones without them: the untrained EAGLE-3.1 start.")
 @click.option("--calibration-file", type=click.Path(exists=True, dir_okay=False),
               help="Text to run the target on for calibration (default: a bundled prose and code sample).")
 @target_quantization_option
 @click.option("--fc-norm/--no-fc-norm", default=None,
-              help="Add EAGLE-3.1 per-aux RMSNorms before fc [default: on; off with --to gguf].")
+              help="Add EAGLE-3.1 per-aux RMSNorms before fc [default: on when the target has weights; off without "
+                   "them and with --to gguf].")
 @click.option("--norm-output/--no-norm-output", default=None,
-              help="Feed the post-norm state to the next step (EAGLE-3.1) [default: on; off with --to gguf]. Both "
-                   "off: lossless normalisation.")
+              help="Feed the post-norm state to the next step (EAGLE-3.1) [default: as --fc-norm]. Both off: "
+                   "lossless normalisation.")
 @click.option("--to", "to", type=click.Choice(["vllm", "sglang", "speculators", "trtllm", "gguf"]), default="vllm",
               show_default=True, help="Output dialect (MLA drafts: vllm or sglang); gguf: one DST.gguf file for "
                                       "llama.cpp, with --target the target's GGUF (EAGLE-3 drafts only).")
@@ -111,10 +112,11 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
                     subfolder, revision, device, store, output_format):
     """Write SRC as a correct EAGLE-3.1 draft for vLLM (or SGLang / speculators) in DST.
 
-    Adds fc_norm and switches on norm_output by default. With the target's weights both are set up to keep the
+    With the target's weights, adds fc_norm and switches on norm_output by default, both set up to keep the
     source's function (calibrated fc_norm, the final norm rescaled into lm_head), measured on held-out text: the
     output serves at its source's acceptance, with EAGLE-3.1's flags, not yet trained as 3.1. Without them the
-    output is a warm start that needs `finetune`.
+    default keeps EAGLE-3 (lossless) and says so; --fc-norm-init ones writes the untrained 3.1 start anyway, a
+    warm start that needs `finetune`.
     --no-fc-norm --no-norm-output keeps the function exactly and only fixes layout, ids and vocabulary map.
     DST appears only when complete and validated; the source is never modified.
     """

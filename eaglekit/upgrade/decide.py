@@ -13,6 +13,7 @@ from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.rules.expected import quant_companions
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
+from eaglekit.upgrade.dialects import writes_eagle31
 from eaglekit.upgrade.encode import FLOAT_CASTABLE, is_exact_cast
 from eaglekit.upgrade.options import UpgradeOptions
 
@@ -135,7 +136,8 @@ def _vocab_size(spec: DraftSpec, target: TargetInfo | None, warnings: list[str])
     return target.vocab_size
 
 
-def _trained_flags(spec: DraftSpec, opts: UpgradeOptions, warnings: list[str]) -> tuple[bool, bool, bool]:
+def _trained_flags(spec: DraftSpec, opts: UpgradeOptions, fc_norm_on: bool, warnings: list[str]
+                   ) -> tuple[bool, bool, bool]:
     """(fc_norm, norm_output, norm_before_fc) as the source was trained; refuses to drop what was trained."""
     fc_norm = bool(spec.facts.fc_norm_tensor_ids)
     if spec.flags.fc_norm and not fc_norm:
@@ -143,23 +145,45 @@ def _trained_flags(spec: DraftSpec, opts: UpgradeOptions, warnings: list[str]) -
                               "the trained weights); refusing to invent them", spec.path)
     if fc_norm and not spec.flags.fc_norm:
         warnings.append("fc_norm.* tensors present while the config does not set fc_norm: the tensors win")
-    if fc_norm and not opts.fc_norm:
+    if fc_norm and opts.fc_norm is False:
         raise UsageError("the source is trained with fc_norm; removing it would change the function "
                          "(drop --no-fc-norm)")
     norm_output = spec.flags.norm_output
     if spec.facts.norm_output_meaning_versioned and spec.facts.norm_output_written:
         warnings.append("SpecForge before PR #879 gave norm_output another meaning (P35): check the SpecForge "
                         "version this draft was trained with")
-    if norm_output and not opts.norm_output:
+    if norm_output and opts.norm_output is False:
         raise UsageError("the source is trained with norm_output (post-norm feedback); removing it would change "
                          "the function (drop --no-norm-output)")
     norm_before_fc = spec.flags.norm_before_fc or "input_norm.weight" in spec.tensors
     if norm_before_fc and spec.attention == "mla":
         raise CheckpointError("norm_before_fc / input_norm is not supported by MLA drafts", spec.path)
-    if opts.fc_norm and not fc_norm and norm_before_fc:
+    if fc_norm_on and not fc_norm and norm_before_fc:
         raise UsageError("the source uses norm_before_fc (one RMSNorm over the whole concatenation); it cannot be "
                          "combined with fc_norm (P37): pass --no-fc-norm")
     return fc_norm, norm_output, norm_before_fc
+
+
+def _switched_on(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None, warnings: list[str]
+                 ) -> tuple[bool, bool]:
+    """(fc_norm, norm_output) to switch on (UpgradeOptions.eagle31_flags): a flag the caller leaves unset is on only
+    where the target's weights let the upgrade keep the EAGLE-3 function. One left off for want of them is said so,
+    with how to get EAGLE-3.1, unless the source is trained with it (then it is kept as trained)."""
+    calibratable = target is not None and target_has_weights(target)
+    fc_norm, norm_output = opts.eagle31_flags(calibratable)
+    if calibratable or opts.eagle31_asked or not writes_eagle31(opts.to):
+        return fc_norm, norm_output
+    trained = {"fc_norm": bool(spec.facts.fc_norm_tensor_ids), "norm_output": bool(spec.flags.norm_output)}
+    kept = [name for name in ("fc_norm", "norm_output") if getattr(opts, name) is None and not trained[name]]
+    if kept:  # both flags are off here: nothing asked for them
+        eagle3 = not any(trained.values())
+        what = "kept EAGLE-3 (fc_norm, norm_output off)" if eagle3 else f"left {' and '.join(kept)} off"
+        where = "--target MODEL" if target is None else f"the --target given has none eaglekit can run: {target.path}"
+        anyway = "--fc-norm-init ones" if "fc_norm" in kept else "--norm-output"
+        function = "the EAGLE-3 function" if eagle3 else "the source's function"
+        warnings.append(f"{what}: switching {' and '.join(kept)} on without losing {function} needs the target's "
+                        f"weights ({where}); {anyway} writes the untrained EAGLE-3.1 start anyway")
+    return fc_norm, norm_output
 
 
 def _fc_norm_init(opts: UpgradeOptions, target: TargetInfo | None, added: bool, warnings: list[str]) -> str | None:
@@ -292,9 +316,10 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
         cannot_write("eagle31")
     aux = _aux(spec, opts, target, k, warnings)
     vocab_size = _vocab_size(spec, target, warnings)
-    source_fc_norm, source_norm_output, norm_before_fc = _trained_flags(spec, opts, warnings)
-    fc_norm_added = bool(opts.fc_norm) and not source_fc_norm
-    norm_output_added = bool(opts.norm_output) and not source_norm_output
+    fc_norm_on, norm_output_on = _switched_on(spec, opts, target, warnings)
+    source_fc_norm, source_norm_output, norm_before_fc = _trained_flags(spec, opts, fc_norm_on, warnings)
+    fc_norm_added = fc_norm_on and not source_fc_norm
+    norm_output_added = norm_output_on and not source_norm_output
     init = _fc_norm_init(opts, target, fc_norm_added, warnings)
     nbr, nbr_origin = _norm_before_residual(spec, warnings)
     compute, cast = _dtypes(spec, opts, fc_norm_added)
@@ -309,7 +334,7 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
                         "(engines otherwise assume their own default)")
     if nbr:
         cannot_write("norm_before_residual")
-    if "eagle31" in dialect.CAVEATS and (opts.fc_norm or opts.norm_output or source_fc_norm or source_norm_output):
+    if "eagle31" in dialect.CAVEATS and (fc_norm_on or norm_output_on or source_fc_norm or source_norm_output):
         warnings.append(dialect.CAVEATS["eagle31"])
 
     decisions = Decisions(
@@ -319,10 +344,10 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
         target_hidden=t,
         aux=aux,
         vocab_size=vocab_size,
-        fc_norm=bool(opts.fc_norm) or source_fc_norm,
+        fc_norm=fc_norm_on or source_fc_norm,
         fc_norm_added=fc_norm_added,
         fc_norm_init=init,
-        norm_output=bool(opts.norm_output) or source_norm_output,
+        norm_output=norm_output_on or source_norm_output,
         norm_output_added=norm_output_added,
         norm_output_rescale=no_rescale is None,
         norm_before_fc=norm_before_fc,

@@ -21,8 +21,8 @@ class UpgradeOptions:
     target: str | None = None  # target model dir (or its config.json): L, T, V; weights for calibration
     aux_layer_ids: tuple[int, ...] | None = None
     aux_convention: str | None = None  # "input" | "output": how --aux-layer-ids (or unknown source ids) count
-    fc_norm: bool | None = None  # None: on where the output can carry EAGLE-3.1 (not llama.cpp's GGUF)
-    norm_output: bool | None = None  # None: as fc_norm
+    fc_norm: bool | None = None  # None: decided with the target (eagle31_flags)
+    norm_output: bool | None = None  # None: decided with the target (eagle31_flags)
     fc_norm_init: str | None = None  # "ones" | "calibrated"; None: calibrated when the target has weights
     calibration_file: str | None = None
     calibration_tokens: int = 2048
@@ -38,11 +38,6 @@ class UpgradeOptions:
     device: str = "cpu"  # where the target runs for calibration
     store: str | None = None  # calibrate from a capture store: the target's decoder is never loaded
 
-    def __post_init__(self) -> None:
-        for key in ("fc_norm", "norm_output"):
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, writes_eagle31(self.to))
-
     def check(self) -> None:
         if self.source_family != "eagle3" and self.source_family not in family_names():
             raise UsageError(f"--from {self.source_family!r}: expected eagle3 or one of {', '.join(family_names())}")
@@ -54,7 +49,7 @@ class UpgradeOptions:
             raise UsageError(f"--fc-norm-init {self.fc_norm_init!r}: expected ones or calibrated")
         if self.fc_norm_init == "calibrated" and not self.target:
             raise UsageError("--fc-norm-init calibrated needs --target (the model whose hidden states it measures)")
-        if self.fc_norm_init is not None and not self.fc_norm:
+        if self.fc_norm_init is not None and self.fc_norm is False:
             raise UsageError("--fc-norm-init has no effect with --no-fc-norm")
         if self.calibration_file and not self.target:
             raise UsageError("--calibration-file needs --target")
@@ -78,8 +73,26 @@ class UpgradeOptions:
             raise UsageError("calibration needs at least 64 tokens")
 
     @property
+    def eagle31_asked(self) -> bool:
+        """Whether the caller asked for EAGLE-3.1 outright (a flag on, or --fc-norm-init): then it is written even
+        where nothing can keep the EAGLE-3 function (the untrained start)."""
+        return self.fc_norm is True or self.norm_output is True or self.fc_norm_init is not None
+
+    def eagle31_flags(self, calibratable: bool) -> tuple[bool, bool]:
+        """(fc_norm, norm_output) to switch on. A flag given is kept; one left unset is on where the output carries
+        EAGLE-3.1 and either the target's weights let the upgrade keep the EAGLE-3 function (`calibratable`) or
+        the caller asked for 3.1 outright. --fc-norm-init implies fc_norm, and norm_output with it."""
+        default = writes_eagle31(self.to) and (calibratable or self.eagle31_asked)
+        implied = self.fc_norm_init is not None
+        fc_norm = self.fc_norm if self.fc_norm is not None else default or implied
+        norm_output = self.norm_output if self.norm_output is not None else default or implied
+        return fc_norm, norm_output
+
+    @property
     def lossless(self) -> bool:
-        return not self.fc_norm and not self.norm_output
+        """Whether the options alone make the output keep the function exactly: both flags off, or left to a
+        default that has no target to calibrate on."""
+        return not any(self.eagle31_flags(calibratable=self.target is not None))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -42,7 +42,7 @@ def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions
         "source_provenance": spec.config["eaglekit"] if isinstance(spec.config.get("eaglekit"), dict) else None,
         "target": public_path(opts.target),
         "options": {
-            "from": opts.source_family, "to": opts.to, "fc_norm": opts.fc_norm, "norm_output": opts.norm_output,
+            "from": opts.source_family, "to": opts.to, "fc_norm": d.fc_norm, "norm_output": d.norm_output,
             "fc_norm_init": d.fc_norm_init, "aux_layer_ids": list(opts.aux_layer_ids) if opts.aux_layer_ids else None,
             "aux_convention": opts.aux_convention, "dtype": opts.dtype,
             "target_quantization": opts.target_quantization,
