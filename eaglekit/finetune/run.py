@@ -171,7 +171,7 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
     drafter, warm = _set_up_drafter(run, data, target)
     del target  # compare loads its own; training needs only the captured data
     if on_stage:
-        on_stage("training (held-out sequences scored first)", 0, run.opts.train.steps)
+        on_stage("training", 0, run.opts.train.steps)  # the held-out sequences are scored first
     result, checkpoints, hashes = _train(run, drafter, data, warm, on_step)
     if kept_the_source(result, warm.changed, run.opts) and not run.opts.keep_unresolved:
         raise NoGain(f"no gain found, nothing was written: {_no_step_gained(result)}; the output would equal its "
