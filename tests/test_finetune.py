@@ -287,7 +287,8 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
     config_only = tmp_path / "config-only"  # no weights: upgrade cannot rescale, the output is a plain warm start
     config_only.mkdir()
     shutil.copy(os.path.join(env["target"], "config.json"), config_only / "config.json")
-    assert upgrade(source, upgraded, UpgradeOptions(target=str(config_only), fc_norm=False, norm_output=True)).function == "warm-start"
+    warm_only = UpgradeOptions(target=str(config_only), fc_norm=False, norm_output=True)
+    assert upgrade(source, upgraded, warm_only).function == "warm-start"
     target = load_target(env["target"])
     data = build_data(target, env["target"], (1, 2, 4), DataOptions(data_file=env["data"], cache_dir=env["cache"]))
 
