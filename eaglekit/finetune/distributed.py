@@ -32,6 +32,15 @@ def init_distributed(device: torch.device) -> Ranks:
     return Ranks(dist.get_rank(), dist.get_world_size())
 
 
+def leave_distributed(ranks: Ranks) -> None:
+    """Destroy the process group before the interpreter exits: a gloo group torn down by the interpreter's own
+    shutdown can abort the rank ("terminate called without an active exception") after its work is done."""
+    import torch.distributed as dist
+
+    if ranks.world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def owned_sequences(data, ranks: Ranks) -> set[int] | None:
     """The sequences this rank reads when the data streams from a store under torchrun: those in the shards it
     owns (shard index modulo the world size), so no shard is read by two ranks; None where every rank holds every

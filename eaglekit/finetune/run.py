@@ -165,8 +165,18 @@ def written_because(evaluation: Evaluation | None) -> str:
 def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: Stage | None = None,
              on_step=None) -> FinetuneReport:
     """Fine-tune `source` against `opts.target` with the training-time test; write the result to `destination`."""
+    from eaglekit.finetune.distributed import leave_distributed
+
     started = time.perf_counter()
     run = prepare(source, destination, checked_options(opts))
+    try:
+        return _phases(run, source, destination, started, on_stage, on_step)
+    finally:
+        leave_distributed(run.ranks)
+
+
+def _phases(run: Run, source: str, destination: str, started: float, on_stage: Stage | None,
+            on_step) -> FinetuneReport:
     data, target = _load_data(run, on_stage)
     drafter, warm = _set_up_drafter(run, data, target)
     del target  # compare loads its own; training needs only the captured data
