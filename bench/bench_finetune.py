@@ -26,6 +26,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from eaglekit.decode.stats import too_few_text  # noqa: E402  (stdlib only: importing it loads no model code)
+
 BUNDLED = {
     "EAGLE-3": os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3"),
     "EAGLE-3.1 from scratch": os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3.1"),
@@ -117,8 +119,7 @@ def main(argv=None) -> None:
             row = compare(drafts["EAGLE-3"], path, target_dir, options).rows()["all"]
             source.setdefault(context, row["a"])  # the same prompts and target pass for every pair
             diff = diffs[(label, context)] = row["b_minus_a"]
-            cells.append(f"{interval_cell(row['b'])} | {diff['acceptance_length_difference']:+.3f} "
-                         f"[{diff['interval']['low']:+.3f}, {diff['interval']['high']:+.3f}]")
+            cells.append(f"{interval_cell(row['b'])} | {difference_cell(diff)}")
         print(f"| {label} | {' | '.join(cells)} |", flush=True)
     print("| EAGLE-3 (source) | " + " | ".join(f"{interval_cell(source[c])} | —" for c in contexts) + " |")
     tuned = [diffs[("upgraded + finetune", c)] for c in contexts]
@@ -129,7 +130,16 @@ def main(argv=None) -> None:
 
 def interval_cell(summary: dict) -> str:
     interval = summary["acceptance_length_interval"]
+    if interval is None:
+        return f"{summary['acceptance_length']:.3f} ({too_few_text(summary['samples'])})"
     return f"{summary['acceptance_length']:.3f} [{interval['low']:.2f}, {interval['high']:.2f}]"
+
+
+def difference_cell(diff: dict) -> str:
+    interval = diff["interval"]
+    if interval is None:
+        return f"{diff['acceptance_length_difference']:+.3f} ({too_few_text(diff['samples'])})"
+    return f"{diff['acceptance_length_difference']:+.3f} [{interval['low']:+.3f}, {interval['high']:+.3f}]"
 
 if __name__ == "__main__":
     main()

@@ -28,6 +28,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from eaglekit.decode.stats import too_few_text  # noqa: E402  (stdlib only: importing it loads no model code)
+
 DRAFTERS = os.path.join(REPO, "examples", "drafters")
 PRECISIONS = (None, "fp8", "int8", "int4", "nvfp4")
 
@@ -53,7 +56,16 @@ def parse_args(argv=None):
 
 def interval_cell(summary: dict) -> str:
     interval = summary["acceptance_length_interval"]
+    if interval is None:
+        return f"{summary['acceptance_length']:.3f} ({too_few_text(summary['samples'])})"
     return f"{summary['acceptance_length']:.3f} [{interval['low']:.2f}, {interval['high']:.2f}]"
+
+
+def difference_cell(diff: dict) -> str:
+    interval = diff["interval"]
+    if interval is None:
+        return f"{diff['acceptance_length_difference']:+.3f} ({too_few_text(diff['samples'])})"
+    return f"{diff['acceptance_length_difference']:+.3f} [{interval['low']:+.3f}, {interval['high']:+.3f}]"
 
 
 def main(argv=None) -> None:
@@ -137,8 +149,7 @@ def main(argv=None) -> None:
         row = compare(drafts["EAGLE-3"], path, target, options(scheme)).rows()["all"]
         diff = row["b_minus_a"]
         share = diff["acceptance_length_difference"] / drop if drop > 0 else float("nan")
-        print(f"| {label} | {interval_cell(row['b'])} | {diff['acceptance_length_difference']:+.3f} "
-              f"[{diff['interval']['low']:+.3f}, {diff['interval']['high']:+.3f}] | {share:.0%} |", flush=True)
+        print(f"| {label} | {interval_cell(row['b'])} | {difference_cell(diff)} | {share:.0%} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -136,9 +136,9 @@ def finetune_without_gain(config: dict) -> str | None:
     gain = block.get("held_out_gain")
     if isinstance(gain, dict) and str(block.get("written", "")).startswith("without"):
         found = gain.get("interval")
-        span: dict = found if isinstance(found, dict) else {}
-        return (f"held-out τ {gain.get('acceptance_length_difference')} [{span.get('low')}, {span.get('high')}], "
-                f"{gain.get('verdict')}")
+        span = (f"n={gain.get('samples')}, too few to estimate an interval" if gain.get("too_few_samples") is True
+                else f"[{found.get('low')}, {found.get('high')}]" if isinstance(found, dict) else "no interval")
+        return f"held-out τ {gain.get('acceptance_length_difference')} {span}, {gain.get('verdict')}"
     paired = block.get("paired_evaluation")
     worse = [p for p in paired if isinstance(p, dict) and p.get("verdict") == "worse"] if isinstance(paired, list) \
         else []

@@ -7,13 +7,21 @@ import json
 import os
 import sys
 
+import jsonschema
 import pytest
 
-from eaglekit.bench.report import BenchRow, ServedRun, Spread, spread, verdict
+from eaglekit.bench.report import BenchReport, BenchRow, ServedRun, Spread, spread, verdict
 from eaglekit.errors import EngineError, UsageError
 from eaglekit.runtime.engine import fitted_model_len
 from eaglekit.runtime.server import engine_flags, start_server
 from tests.support.cli import run_cli
+
+SCHEMAS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eaglekit", "schemas")
+
+
+def schema(name: str) -> dict:
+    with open(os.path.join(SCHEMAS, f"{name}.schema.json"), encoding="utf-8") as fh:
+        return json.load(fh)
 
 DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "examples", "drafters")
 
@@ -29,9 +37,9 @@ def _row(concurrency: int, base: list[float], spec: list[float], category: str |
 
 
 def test_speed_up_is_the_ratio_of_mean_per_user_rates_with_a_paired_interval():
-    base, spec = [10.0, 20.0, 30.0, 40.0], [15.0, 26.0, 33.0, 60.0]
+    base, spec = [10.0, 20.0, 30.0, 40.0] * 3, [15.0, 26.0, 33.0, 60.0] * 3  # 12 requests: above the floor
     row = _row(1, base, spec)
-    assert row.speed_up == pytest.approx((sum(spec) / 4) / (sum(base) / 4))
+    assert row.speed_up == pytest.approx(sum(spec) / sum(base))
     assert row.acceptance_length == pytest.approx(1 + 50 / 40)
     interval = row.speed_up_interval
     assert interval is not None and interval.low <= row.speed_up <= interval.high
@@ -46,8 +54,9 @@ def test_the_slow_tail_of_rates_is_their_low_end_and_of_times_their_high_end():
 
 
 def test_the_verdict_names_the_concurrency_where_speculation_stops_paying():
-    rows = [_row(1, [10, 12, 11], [18, 20, 19]), _row(4, [8, 9, 10], [10, 11, 12]), _row(8, [8, 9, 10], [6, 11, 12]),
-            _row(16, [5, 6, 7], [4, 5, 6]), _row(1, [10, 11], [9, 10], "math")]
+    rows = [_row(1, [10, 12, 11] * 4, [18, 20, 19] * 4), _row(4, [8, 9, 10] * 4, [10, 11, 12] * 4),
+            _row(8, [8, 9, 10] * 4, [6, 11, 12] * 4), _row(16, [5, 6, 7] * 4, [4, 5, 6] * 4),
+            _row(1, [10, 11] * 5, [9, 10] * 5, "math")]  # 10 to 12 requests each: every interval is estimated
     found = verdict(rows)
     assert (found.pays_at, found.unresolved_at, found.loses_at, found.stops_paying_at) == ((1, 4), (8,), (16,), 8)
     assert "not resolved at C=8" in found.text and "stops being shown to pay at C=8" in found.text
@@ -122,3 +131,62 @@ def test_the_project_vllm_environment_is_found_where_the_setup_script_makes_it(t
     with pytest.raises(UsageError) as refused:
         check_engine_available(EngineOptions())
     assert str(python) in str(refused.value) and "--engine-python .vllm-env/bin/python" in str(refused.value)
+
+
+def _vllm_result(rates: list[float]) -> dict:
+    """What vLLM's `bench serve` returns for requests of 10 tokens at these per-user rates."""
+    return {"completed": len(rates), "duration": 1.0, "total_output_tokens": 10 * len(rates),
+            "output_throughput": sum(rates), "output_lens": [10] * len(rates), "latencies": [10 / r for r in rates],
+            **{f"{stat}_{name}_ms": 5.0 for stat in ("mean", "p50", "p99") for name in ("tpot", "ttft")},
+            "generated_texts": [f"text {i}" for i in range(len(rates))]}
+
+
+def _report(rows: list[BenchRow]) -> BenchReport:
+    return BenchReport("draft", "target", "3", 3, 64, "bfloat16", {"name": "p", "count": 2, "ignore_eos": False},
+                       {"name": "vllm", "version": "0.33.0", "device_type": "cpu", "device_name": "cpu",
+                        "tensor_parallel_size": 1, "max_model_len": 512},
+                       {"model": "draft", "method": "eagle3", "num_speculative_tokens": 3}, {}, rows)
+
+
+def _served_row(concurrency: int, base: list[float], spec: list[float]) -> BenchRow:
+    return BenchRow(concurrency, None, ServedRun.from_vllm(_vllm_result(base)), ServedRun.from_vllm(_vllm_result(spec)))
+
+
+def test_below_the_floor_bench_reports_the_estimate_and_says_too_few_in_json_and_text(capsys):
+    from eaglekit.cli.bench import render
+
+    doc = _report([_served_row(1, [10.0, 12.0], [13.0, 16.0])]).to_dict()
+    row = doc["rows"][0]
+    jsonschema.validate(row, schema("bench-report")["properties"]["rows"]["items"])
+    assert row["speed_up"] == pytest.approx(29 / 22, abs=1e-4) and row["speed_up_interval"] is None
+    assert row["samples"] == 2 and row["too_few_samples"] is True
+    for side in ("baseline", "speculative"):
+        assert [row[side][key]["p99"] for key in ("per_user_tokens_per_s", "tpot_ms", "ttft_ms")] == [None] * 3
+        assert row[side]["per_user_tokens_per_s"]["p50"] is not None
+    assert doc["verdicts"][0]["unresolved_at"] == [1] and doc["verdicts"][0]["pays_at"] == []
+    render(doc)
+    text = capsys.readouterr().out
+    assert "too few to estimate (n=2, needs 10)" in text and "[" not in text.split("verdict:")[0]
+    assert "x1.32 too few to estimate (n=2, needs 10)" in text.split("verdict:")[1]
+
+
+def test_at_the_floor_bench_estimates_the_interval_and_the_tail():
+    doc = _report([_served_row(1, [10.0 + i for i in range(10)], [13.0 + i for i in range(10)])]).to_dict()
+    row = doc["rows"][0]
+    jsonschema.validate(row, schema("bench-report")["properties"]["rows"]["items"])
+    assert row["too_few_samples"] is False and row["samples"] == 10
+    assert row["speed_up_interval"]["low"] <= row["speed_up"] <= row["speed_up_interval"]["high"]
+    assert row["speculative"]["per_user_tokens_per_s"]["p99"] is not None and row["baseline"]["tpot_ms"]["p99"] == 5.0
+
+
+def test_the_plot_draws_no_band_without_an_interval():
+    from eaglekit.bench.plot import bench_figure
+
+    few = bench_figure(_report([_served_row(1, [10.0, 12.0], [13.0, 16.0]),
+                                _served_row(2, [9.0, 11.0], [12.0, 13.0])]))
+    enough = bench_figure(_report([_served_row(c, [10.0 + i for i in range(10)], [13.0 + i for i in range(10)])
+                                   for c in (1, 2)]))
+    speed_few, speed_enough = few.axes[0], enough.axes[0]
+    assert len(speed_enough.collections) == 1 and "shaded: 95 % interval" in speed_enough.get_title()
+    assert len(speed_few.collections) == 0 and "no interval" in speed_few.get_title()
+    assert len(speed_few.lines) == len(speed_enough.lines)  # the estimates are drawn either way

@@ -516,7 +516,7 @@ def test_only_a_resolved_gain_is_written(oracle, misdrafting, tmp_path, lr, gain
     out = str(tmp_path / "out")
     result = run(["finetune", misdrafting, out, "--target", oracle["target"], "--data", oracle["data"],
                   "--cache-dir", oracle["cache"], "--steps", "60", "--batch-tokens", "256", "--depth", "3",
-                  "--lr", str(lr), "--eval-limit", "6", "--eval-max-new-tokens", "16", "--eval-context-tokens", "0",
+                  "--lr", str(lr), "--eval-limit", "10", "--eval-max-new-tokens", "16", "--eval-context-tokens", "0",
                   "--eval-templates", "chat", "--no-progress", "--format", "json"])
     if gains:
         assert result.exit_code == 0, result.output
@@ -611,3 +611,16 @@ def test_finetune_captures_from_the_quantized_target_and_names_its_numerics(env,
     jsonschema.validate(json.loads(json.dumps(doc)), SCHEMA)
     assert doc["options"]["target_quantization"] == "int4" and full.to_dict()["options"]["target_quantization"] is None
     assert doc["target_quantization"]["scheme"] == "int4" and "target_quantization" not in full.to_dict()
+
+
+def test_a_gain_over_too_few_held_out_prompts_is_not_resolved_and_says_how_to_give_more():
+    from eaglekit.finetune.evaluate import Evaluation, Gain
+
+    big = Gain(1.0, 3.5, 2.5, None, "too few prompts", prompts=6, conditions=1)
+    evaluation = Evaluation([], big)
+    assert not evaluation.gained  # even a large difference: no interval, so no resolved gain
+    assert big.to_dict()["too_few_samples"] is True and big.to_dict()["samples"] == 6
+    assert evaluation.describe() == (
+        "held-out τ 1.000 → 3.500, paired +2.500 over 6 prompts × 1 conditions: the evaluation had too few prompts "
+        "to resolve a gain (6, an interval needs 10); give --eval-limit 10 or more (an --eval-prompts file needs at "
+        "least 10 prompts)")

@@ -237,7 +237,7 @@ def bench_row(concurrency: int, base: float, spec: float, drafts: int = 40, acce
     positions = [accepted - accepted // 2 - accepted // 4, accepted // 2, accepted // 4]
     def side(rate: float) -> dict:
         spread = {"mean": rate, "p50": rate, "p99": rate}
-        return {"completed": 4, "duration_s": 1.0, "output_tokens": 100, "output_throughput": rate * concurrency,
+        return {"completed": 12, "duration_s": 1.0, "output_tokens": 100, "output_throughput": rate * concurrency,
                 "per_user_tokens_per_s": spread, "tpot_ms": spread, "ttft_ms": spread}
 
     return {"concurrency": concurrency, "category": None, "speed_up": spec / base,
@@ -246,7 +246,8 @@ def bench_row(concurrency: int, base: float, spec: float, drafts: int = 40, acce
             "throughput_speed_up": spec / base, "acceptance_length": 1 + accepted / drafts,
             "per_position_acceptance": sorted((p / drafts for p in positions), reverse=True),
             "num_drafts": drafts, "num_draft_tokens": 3 * drafts, "num_accepted_tokens": accepted,
-            "identical_outputs": 4, "requests": 4, "baseline": side(base), "speculative": side(spec)}
+            "identical_outputs": 12, "requests": 12, "samples": 12, "too_few_samples": False, "baseline": side(base),
+            "speculative": side(spec)}
 
 
 def write_bench(path, draft: str, **fields) -> str:
@@ -850,3 +851,28 @@ def test_targets_and_the_push_config_lookup_share_one_hub_resolver(tmp_path, mon
     assert evidence._hub_config("org/unknown", "http://127.0.0.1:9", None) is None
     with pytest.raises(CheckpointError, match="not in the local Hugging Face cache"):
         resolve_target("org/unknown")
+
+
+def _few_row(concurrency: int, base: float, spec: float) -> dict:
+    """A bench row over two requests, as `eaglekit bench --limit 2` writes it: no interval, no p99."""
+    row = bench_row(concurrency, base, spec)
+    for side in ("baseline", "speculative"):
+        tails = {key: {**row[side][key], "p99": None} for key in ("per_user_tokens_per_s", "tpot_ms", "ttft_ms")}
+        row[side] = {**row[side], "completed": 2, **tails}
+    return {**row, "speed_up_interval": None, "identical_outputs": 2, "requests": 2, "samples": 2,
+            "too_few_samples": True}
+
+
+def test_a_bench_figure_over_too_few_requests_is_refused_unless_allowed(fake_hub, draft_dir, rules, tmp_path, capsys):
+    bench = write_bench(tmp_path / "bench.json", draft_dir, rows=[_few_row(1, 50.0, 100.0)], verdicts=[])
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    assert code == 1 and out == ""
+    assert err.strip() == (f"Error: {bench}: refusing to put a figure without an interval on the card: the speed-up at "
+                           "concurrency 1 rests on 2 requests, an interval needs 10 (rerun `eaglekit bench` with "
+                           "--limit 10 or more, or pass --allow-few-samples: the card then says so)")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run",
+                             "--allow-few-samples", "--format", "json")
+    assert code == 0, err
+    section = json.loads(out)["card"].split("## Serving speed", 1)[1]
+    assert "| 1 | 50.0 | 100.0 | 2.00× | n=2, too few to estimate an interval |" in section
+    assert "not resolved at C=1 x2.00 too few to estimate (n=2, needs 10)" in section

@@ -171,7 +171,7 @@ def random_counters(n: int, seed: int, k: int = 3, rounds: int = 20, skill: floa
 
 
 def test_the_interval_brackets_tau_and_narrows_with_more_conversations():
-    few, many = random_counters(8, 1), random_counters(128, 1)
+    few, many = random_counters(10, 1), random_counters(128, 1)
     for counters in (few, many):
         total = AcceptanceCounter(3)
         for c in counters:
@@ -185,15 +185,16 @@ def test_the_interval_brackets_tau_and_narrows_with_more_conversations():
 
 
 def test_turns_of_one_conversation_are_resampled_together():
-    counters = random_counters(12, 2)
-    as_turns = tau_interval(counters, [f"conv{i // 3}" for i in range(12)])  # 4 conversations of 3 turns
+    counters = random_counters(30, 2)
+    as_turns = tau_interval(counters, [f"conv{i // 3}" for i in range(30)])  # 10 conversations of 3 turns
+    assert as_turns is not None
     merged = []
-    for i in range(0, 12, 3):
+    for i in range(0, 30, 3):
         m = AcceptanceCounter(3)
         for c in counters[i:i + 3]:
             m.merge(c)
         merged.append(m)
-    assert tau_interval(merged, [f"conv{i}" for i in range(4)]) == as_turns
+    assert tau_interval(merged, [f"conv{i}" for i in range(10)]) == as_turns
 
 
 def test_paired_difference_of_a_draft_with_itself_is_exactly_zero_and_pairing_removes_shared_noise():

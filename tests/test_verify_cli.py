@@ -33,19 +33,20 @@ def env(tmp_path_factory):
 
 
 FAST = ["--limit", "2", "--max-new-tokens", "8", "--no-progress"]
+ENOUGH = ["--limit", "10", "--max-new-tokens", "8", "--no-progress"]  # prompts enough for an interval
 
 
 def test_json_report_is_schema_valid_and_lossless(env, tmp_path):
     saved = tmp_path / "report.json"
     result = run(["verify", env["draft"], "--target", env["target"], "--format", "json", "--save-report", str(saved),
-                  *FAST])
+                  *ENOUGH])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     jsonschema.validate(doc, SCHEMA)
     assert doc["lossless"] and doc["passed"]
     assert doc["num_speculative_tokens"] == 3 and len(doc["per_position_acceptance"]) == 3
     assert doc["acceptance_length"] == pytest.approx(1 + sum(doc["per_position_acceptance"]))
-    assert doc["prompts"] == {**doc["prompts"], "name": "eaglekit-coding", "count": 2, "context_tokens": 0}
+    assert doc["prompts"] == {**doc["prompts"], "name": "eaglekit-coding", "count": 10, "context_tokens": 0}
     # every decode rule passes but EK299: SpecForge writes the ids where vLLM's V2 runner never looks
     assert [(c["code"], c["severity"]) for c in doc["checks"]] == [("EK299", "warning")]
     served = doc["checks"][0]["message"]
@@ -54,12 +55,28 @@ def test_json_report_is_schema_valid_and_lossless(env, tmp_path):
     assert [d["depth"] for d in doc["drift"]] == [1, 2, 3]
     assert json.loads(saved.read_text()) == doc
     assert "hypotheses" not in doc
-    speed = doc["speedup_interval"]  # two prompts, each timed both ways: the ratio's spread
+    speed = doc["speedup_interval"]  # ten prompts, each timed both ways: the ratio's spread
     assert speed["low"] <= doc["speedup"] <= speed["high"] and speed["method"].startswith("bootstrap over prompts")
+    interval = doc["acceptance_length_interval"]
+    assert interval["low"] <= doc["acceptance_length"] <= interval["high"]
+    assert doc["samples"] == 10 and doc["too_few_samples"] is False
+
+
+def test_two_prompts_are_too_few_for_an_interval(env):
+    result = run(["verify", env["draft"], "--target", env["target"], "--format", "json", *FAST])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["acceptance_length_interval"] is None and doc["speedup_interval"] is None
+    assert doc["samples"] == 2 and doc["too_few_samples"] is True and doc["acceptance_length"] >= 1  # kept
+    human = run(["verify", env["draft"], "--target", env["target"], *FAST])
+    assert human.exit_code == 0, human.output
+    assert "95 % interval: too few to estimate (n=2, needs 10)" in human.stdout
+    assert "its spread over prompts: too few to estimate (n=2, needs 10)" in human.stdout
 
 
 def test_human_output_names_the_verdict(env):
-    result = run(["verify", env["draft"], "--target", env["target"], *FAST, "-k", "2"])
+    result = run(["verify", env["draft"], "--target", env["target"], *ENOUGH, "-k", "2"])
     assert result.exit_code == 0, result.output
     for text in ("Compatibility", "lossless", "acceptance length", "Drift per draft depth", "(max 3)"):
         assert text in result.stdout
@@ -210,3 +227,27 @@ def test_a_hub_id_target_is_read_through_the_cache_everywhere(env, tmp_path, mon
     assert missing.exit_code == 1 and "no such file or directory" in missing.output
     uncached = run(["inspect", env["draft"], "--target", "org/not-cached"])
     assert uncached.exit_code == 1 and "not in the local Hugging Face cache" in uncached.output
+
+
+def test_compare_below_the_floor_says_too_few_and_at_the_floor_estimates(env):
+    compare_schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas",
+                                                 "compare-report.schema.json")))
+    args = ["compare", env["draft"], env["draft"], "--target", env["target"], "--max-new-tokens", "8", "--no-progress"]
+    few = run([*args, "--limit", "2", "--format", "json"])
+    assert few.exit_code == 0, few.output
+    doc = json.loads(few.stdout)
+    jsonschema.validate(doc, compare_schema)
+    diff = doc["categories"]["all"]["b_minus_a"]
+    assert diff["acceptance_length_difference"] == 0 and diff["interval"] is None
+    assert diff["samples"] == 2 and diff["too_few_samples"] is True and diff["verdict"] == "too few prompts"
+    assert doc["categories"]["all"]["a"]["too_few_samples"] is True
+    human = run([*args, "--limit", "2"])
+    assert human.exit_code == 0, human.output
+    assert "too few to estimate (n=2, needs 10)" in human.stdout and "+0.000 – +0.000" not in human.stdout
+    enough = run([*args, "--limit", "10", "--format", "json"])
+    assert enough.exit_code == 0, enough.output
+    doc = json.loads(enough.stdout)
+    jsonschema.validate(doc, compare_schema)
+    diff = doc["categories"]["all"]["b_minus_a"]
+    assert diff["samples"] == 10 and diff["too_few_samples"] is False
+    assert (diff["interval"]["low"], diff["interval"]["high"]) == (0, 0) and diff["verdict"] == "not resolved"

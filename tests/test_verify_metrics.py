@@ -66,7 +66,7 @@ def test_the_speed_ratio_interval_resamples_prompts_timed_both_ways():
     from eaglekit.decode.stats import pooled_speed_ratio_interval
 
     assert pooled_speed_ratio_interval([(10, 1.0)], [(10, 1.0)]) is None  # one prompt: no spread
-    steady = pooled_speed_ratio_interval([(20, 1.0)] * 8, [(10, 1.0)] * 8)
+    steady = pooled_speed_ratio_interval([(20, 1.0)] * 10, [(10, 1.0)] * 10)
     assert steady is not None and steady.low == steady.high == 2.0
-    noisy = pooled_speed_ratio_interval([(20, 1.0), (20, 4.0), (20, 1.0), (20, 5.0)], [(10, 1.0)] * 4)
+    noisy = pooled_speed_ratio_interval([(20, 1.0), (20, 4.0), (20, 1.0), (20, 5.0)] * 3, [(10, 1.0)] * 12)
     assert noisy is not None and noisy.low < 1.0 < noisy.high  # a spread that holds 1x: the ratio says nothing

@@ -8,6 +8,8 @@ this module only pairs the two runs and says where speculation stops paying.
   (the 1st percentile of rates, the slow tail, as p99 latency is).
 - speed-up: mean per-user tokens/s with the draft over the same without it, measured in the same run on the same
   requests, with a paired bootstrap interval over requests.
+- below MIN_SAMPLES requests neither the interval nor any p99 is estimated (`too_few_samples`), and the verdict
+  calls the speed-up unresolved.
 - τ and per-position acceptance: the server's counters (vllm:spec_decode_*) over the measured requests only.
 """
 
@@ -17,7 +19,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglekit.decode.stats import Interval, paired_ratio_interval, percentile
+from eaglekit.decode.stats import (
+    MIN_SAMPLES,
+    Interval,
+    paired_ratio_interval,
+    percentile,
+    sample_marker,
+    too_few,
+    too_few_text,
+)
 
 SCHEMA_VERSION = "1"
 PAYS = 1.0  # a speed-up above this pays
@@ -27,17 +37,19 @@ PAYS = 1.0  # a speed-up above this pays
 class Spread:
     mean: float
     p50: float
-    p99: float
+    p99: float | None  # None below MIN_SAMPLES requests
 
-    def to_dict(self) -> dict[str, float]:
-        return {"mean": round(self.mean, 4), "p50": round(self.p50, 4), "p99": round(self.p99, 4)}
+    def to_dict(self) -> dict[str, float | None]:
+        return {"mean": round(self.mean, 4), "p50": round(self.p50, 4),
+                "p99": None if self.p99 is None else round(self.p99, 4)}
 
 
 def spread(values: Sequence[float], *, slow_tail_low: bool = False) -> Spread:
-    """mean, median and the slow tail: the 99th percentile of times, or the 1st of rates (`slow_tail_low`)."""
+    """mean, median and the slow tail: the 99th percentile of times, or the 1st of rates (`slow_tail_low`); no
+    tail below MIN_SAMPLES values."""
+    tail = None if too_few(len(values)) else percentile(list(values), 0.01 if slow_tail_low else 0.99)
     values = list(values) or [0.0]
-    return Spread(sum(values) / len(values), percentile(values, 0.5),
-                  percentile(values, 0.01 if slow_tail_low else 0.99))
+    return Spread(sum(values) / len(values), percentile(values, 0.5), tail)
 
 
 @dataclass(frozen=True)
@@ -66,8 +78,11 @@ class ServedRun:
         """From the dict vLLM's `bench serve` returns (with --save-detailed); failed requests are refused upstream."""
         lens, latencies = result["output_lens"], result["latencies"]
         rates = tuple(n / t if t else 0.0 for n, t in zip(lens, latencies))
+        few = too_few(int(result["completed"]))
+
         def metric(name: str) -> Spread:
-            return Spread(result[f"mean_{name}_ms"], result[f"p50_{name}_ms"], result[f"p99_{name}_ms"])
+            return Spread(result[f"mean_{name}_ms"], result[f"p50_{name}_ms"],
+                          None if few else result[f"p99_{name}_ms"])
 
         drafts = int(result.get("spec_decode_num_drafts") or 0)
         return cls(int(result["completed"]), float(result["duration"]), int(result["total_output_tokens"]),
@@ -95,6 +110,11 @@ class BenchRow:
     def speed_up(self) -> float:
         base = self.baseline.per_user.mean
         return self.speculative.per_user.mean / base if base else 0.0
+
+    @property
+    def samples(self) -> int:
+        """The requests the speed-up's interval resamples (each served both ways)."""
+        return min(len(self.speculative.per_user_rates), len(self.baseline.per_user_rates))
 
     @property
     def speed_up_interval(self) -> Interval | None:
@@ -126,6 +146,7 @@ class BenchRow:
                 "acceptance_length": self.acceptance_length, "per_position_acceptance": list(spec.per_position),
                 "num_drafts": spec.drafts, "num_draft_tokens": spec.draft_tokens, "num_accepted_tokens": spec.accepted,
                 "identical_outputs": self.identical_outputs, "requests": len(self.baseline.per_user_rates),
+                **sample_marker(self.samples),
                 "baseline": self.baseline.to_dict(), "speculative": spec.to_dict()}
 
 
@@ -152,16 +173,22 @@ class RowFigures:
     category: str | None
     speed_up: float
     speed_up_interval: Interval | None
+    samples: int
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> "RowFigures":
         interval = row.get("speed_up_interval")
+        samples = row.get("samples", row.get("requests"))
         return cls(row["concurrency"], row.get("category"), float(row["speed_up"]),
-                   Interval(float(interval["low"]), float(interval["high"])) if isinstance(interval, Mapping) else None)
+                   Interval(float(interval["low"]), float(interval["high"])) if isinstance(interval, Mapping) else None,
+                   samples if type(samples) is int else MIN_SAMPLES)
 
 
 def outcome(row: BenchRow | RowFigures) -> str:
-    """pays, loses or unresolved: the speed-up's side of 1, and whether its interval stays there."""
+    """pays, loses or unresolved: the speed-up's side of 1, and whether its interval stays there; unresolved below
+    MIN_SAMPLES requests, where no interval is estimated."""
+    if too_few(row.samples):
+        return "unresolved"
     interval = row.speed_up_interval
     if row.speed_up > PAYS and (interval is None or interval.low > PAYS):
         return "pays"
@@ -185,11 +212,15 @@ def verdict(rows: Sequence[BenchRow | RowFigures], category: str | None = None) 
         for r, o in outcomes:
             if o == kind:
                 iv = r.speed_up_interval
-                shown.append(f"C={r.concurrency} x{r.speed_up:.2f}" + (f" [{iv.low:.2f}, {iv.high:.2f}]" if iv else ""))
+                spread = (f" {too_few_text(r.samples)}" if too_few(r.samples)
+                          else f" [{iv.low:.2f}, {iv.high:.2f}]" if iv else "")
+                shown.append(f"C={r.concurrency} x{r.speed_up:.2f}{spread}")
         return ", ".join(shown)
 
+    held = any(o == "unresolved" and not too_few(r.samples) for r, o in outcomes)
     parts = [f"pays at {figures('pays')}" if pays else "",
-             f"not resolved at {figures('unresolved')} (the interval holds 1)" if unresolved else "",
+             f"not resolved at {figures('unresolved')}" + (" (the interval holds 1)" if held else "")
+             if unresolved else "",
              f"loses at {figures('loses')}" if loses else ""]
     if not mine:
         text = f"{where}nothing measured"

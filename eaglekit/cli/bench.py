@@ -17,6 +17,7 @@ from eaglekit.cli.output import (
     target_path,
 )
 from eaglekit.cli.progress import StageProgress
+from eaglekit.decode.stats import too_few_text
 
 EXAMPLES = """
 \b
@@ -113,14 +114,16 @@ def render(doc: dict) -> None:
     for r in doc["rows"]:
         base, spec = r["baseline"], r["speculative"]
         iv = r["speed_up_interval"]
+        few = r["too_few_samples"]
         first = [*([r["category"] or ""] if per_category else []), str(r["concurrency"])]
         speed.add_row(*first, f"{base['per_user_tokens_per_s']['mean']:.1f}",
                       f"{spec['per_user_tokens_per_s']['mean']:.1f}",
                       styled((f"x{r['speed_up']:.2f}", "green" if r["speed_up"] > 1 else "bold red")),
-                      f"{iv['low']:.2f}–{iv['high']:.2f}" if iv else "—",
+                      too_few_text(r["samples"]) if few else f"{iv['low']:.2f}–{iv['high']:.2f}" if iv else "—",
                       "—" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}",
                       " ".join(f"{p:.2f}" for p in r["per_position_acceptance"]))
-        latency.add_row(*first, *(f"{base[m][q]:.{d}f} → {spec[m][q]:.{d}f}" for m, q, d in (
+        latency.add_row(*first, *(too_few_text(r["samples"]) if base[m][q] is None or spec[m][q] is None
+                                  else f"{base[m][q]:.{d}f} → {spec[m][q]:.{d}f}" for m, q, d in (
             ("per_user_tokens_per_s", "p50", 1), ("per_user_tokens_per_s", "p99", 1), ("tpot_ms", "mean", 1),
             ("ttft_ms", "mean", 0))), f"{base['output_throughput']:.1f} → {spec['output_throughput']:.1f}")
     out.print(speed)

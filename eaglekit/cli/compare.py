@@ -57,11 +57,16 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
                   draw=(lambda: plot_compare(sweep, plot)) if plot else None)
 
 
-def _interval(interval: dict | None, signed: bool = False) -> str:
+def _interval(diff: dict) -> str:
+    """B − A's interval, or why there is none."""
+    from eaglekit.decode.stats import too_few_text
+
+    interval = diff["interval"]
+    if diff["too_few_samples"]:
+        return too_few_text(diff["samples"])
     if interval is None:
         return "—"
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return f"{f.format(interval['low'])} – {f.format(interval['high'])}"
+    return f"{interval['low']:+.3f} – {interval['high']:+.3f}"
 
 
 def _rates(values: list[float]) -> str:
@@ -96,7 +101,7 @@ def render(doc: dict) -> None:
             diff = row["b_minus_a"]
             rows.append([name, str(row["a"]["prompts"]), f"{row['a']['acceptance_length']:.3f}",
                          f"{row['b']['acceptance_length']:.3f}", f"{diff['acceptance_length_difference']:+.3f}",
-                         _interval(diff["interval"], signed=True), diff["verdict"],
+                         _interval(diff), diff["verdict"],
                          _rates(row["a"]["per_position_acceptance"]), _rates(row["b"]["per_position_acceptance"])])
         identifier_table(title, ["category", "prompts", "τ A", "τ B", "B − A", "95 % interval", "verdict",
                                  "per position A", "per position B"], rows, prose="verdict")

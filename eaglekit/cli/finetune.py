@@ -198,7 +198,10 @@ def _tau(entry: dict) -> str:
 
 
 def _difference(p: dict):
-    span = f" [{p['interval']['low']:+.3f}, {p['interval']['high']:+.3f}]" if p["interval"] else ""
+    from eaglekit.decode.stats import too_few_text
+
+    span = (f", {too_few_text(p['samples'])}" if p["too_few_samples"]
+            else f" [{p['interval']['low']:+.3f}, {p['interval']['high']:+.3f}]" if p["interval"] else "")
     style = {"better": "green", "worse": "red"}.get(p["verdict"], "")
     return styled((f"{p['acceptance_length_difference']:+.3f}{span}", style))
 

@@ -56,6 +56,9 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT or https://huggingface.co).")
 @click.option("--dry-run", is_flag=True, help="Build the card and the file list; send nothing.")
 @click.option("--force", is_flag=True, help="Push even if validation finds errors (the card says so).")
+@click.option("--allow-few-samples", is_flag=True,
+              help="Put --bench figures measured over fewer requests than an interval needs (10) on the card; it "
+                   "says so beside each.")
 @click.option("--card-out", type=click.Path(dir_okay=False), help="Also write the model card (README.md) here.")
 @click.option("--license", "license_id",
               help="The card's licence: a Hub licence id (apache-2.0, mit, llama3.1, ...) or other with "
@@ -63,7 +66,8 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--license-link", help="With --license other: the URL of the licence text.")
 @format_option
 def push_command(draft, repo_id, target, target_id, report_path, bench_path, private, revision, create_pr,
-                 commit_message, token, endpoint, dry_run, force, card_out, license_id, license_link, output_format):
+                 commit_message, token, endpoint, dry_run, force, allow_few_samples, card_out, license_id, license_link,
+                 output_format):
     """Validate DRAFT for vLLM and publish config, weights, model card and eaglekit.json to the Hub."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
@@ -83,7 +87,8 @@ def push_command(draft, repo_id, target, target_id, report_path, bench_path, pri
     try:
         result = push(draft, repo_id, target=target, target_id=target_id, report=report, bench=bench, private=private,
                       revision=revision, create_pr=create_pr, commit_message=commit_message, token=token,
-                      endpoint=endpoint, dry_run=dry_run, force=force, license=license_id, license_link=license_link)
+                      endpoint=endpoint, dry_run=dry_run, force=force,
+                      allow_few_samples=allow_few_samples, license=license_id, license_link=license_link)
     finally:
         if not bars_were_off:
             enable_progress_bars()

@@ -23,6 +23,7 @@ from eaglekit.cli.output import (
     write_report,
 )
 from eaglekit.cli.progress import StageProgress
+from eaglekit.decode.stats import too_few, too_few_text
 from eaglekit.errors import EaglekitError, UsageError
 
 EXAMPLES = """
@@ -146,6 +147,8 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
 
 def _interval_text(doc: dict) -> str:
     interval = doc["acceptance_length_interval"]
+    if doc["too_few_samples"]:
+        return f"  95 % interval: {too_few_text(doc['samples'])}"
     return f"  95 % interval {interval['low']:.2f} – {interval['high']:.2f}" if interval else ""
 
 
@@ -189,7 +192,8 @@ def category_rows(categories: dict, title: str = "By category") -> None:
     for name, row in categories.items():
         interval = row["acceptance_length_interval"]
         rows.append([name, str(row["prompts"]), f"{row['acceptance_length']:.3f}",
-                     f"{interval['low']:.3f} – {interval['high']:.3f}" if interval else "—",
+                     too_few_text(row["samples"]) if row["too_few_samples"]
+                     else f"{interval['low']:.3f} – {interval['high']:.3f}" if interval else "—",
                      _rates(row["per_position_acceptance"], " "), _rates(row["conditional_acceptance"], " ")])
     identifier_table(title, ["category", "prompts", "τ", "95 % interval", "per position", "conditional"], rows)
     out.print("interval: 95 % bootstrap over conversations", style="dim")
@@ -224,8 +228,11 @@ def _speed_text(measured: dict) -> str:
     if measured["speedup"] is None:
         return "—"
     interval = measured.get("speedup_interval")
+    prompts = len(measured["per_prompt"])
+    if too_few(prompts):
+        return f"{measured['speedup']:.2f}×; its spread over prompts: {too_few_text(prompts)}; not a serving figure"
     if interval is None:
-        return f"{measured['speedup']:.2f}×, one prompt: no spread to judge it by"
+        return f"{measured['speedup']:.2f}×, no finite spread over prompts to judge it by"
     text = f"{measured['speedup']:.2f}× [{interval['low']:.2f}, {interval['high']:.2f}] over prompts"
     if interval["low"] <= 1.0 <= interval["high"]:
         return text + "; the spread holds 1×, so this ratio is not a measured speed-up (eaglekit bench measures one)"

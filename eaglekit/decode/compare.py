@@ -19,7 +19,7 @@ from eaglekit.decode.options import VerifyOptions
 from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
 from eaglekit.decode.setup import decode_setup, turns
 from eaglekit.decode.speculative import ReplayVerifier, capture_pass, speculative_decode
-from eaglekit.decode.stats import paired_difference, pooled, summary, tau_interval
+from eaglekit.decode.stats import paired_difference, pooled, sample_marker, summary, tau_interval
 from eaglekit.errors import UsageError
 
 
@@ -48,8 +48,9 @@ class CompareReport:
                        len(set(gs)))
 
     def _difference(self, picked: list[int]) -> dict:
+        groups = [self.conversations[i] for i in picked]
         point, interval = paired_difference([self.a.counters[i] for i in picked], [self.b.counters[i] for i in picked],
-                                            [self.conversations[i] for i in picked])
+                                            groups)
         if interval is None:
             verdict = "too few prompts"
         elif interval.low > 0:
@@ -59,7 +60,7 @@ class CompareReport:
         else:
             verdict = "not resolved"
         return {"acceptance_length_difference": point, "interval": interval.to_dict() if interval else None,
-                "verdict": verdict}
+                "verdict": verdict, **sample_marker(len(set(groups)))}
 
     def rows(self) -> dict[str, dict]:
         """Per category (all prompts first): both drafts' summaries and the paired difference B − A."""

@@ -5,6 +5,10 @@ which prompts were drawn, not from rounds being independent: rounds of one promp
 interval resamples whole conversations (all turns of one SPEED-Bench row together) with replacement and takes
 the percentile interval of the pooled τ. A paired interval resamples the same conversations for both drafts,
 which removes the prompt-difficulty noise both share.
+
+Below MIN_SAMPLES resampling units no interval is estimated, nor a percentile above the median: a bootstrap of
+two requests has only the spread of those two to show, and a "p99" of two is their maximum. Reports carry the
+estimate with `too_few_samples` instead, and every renderer says so rather than print a bracket.
 """
 
 from __future__ import annotations
@@ -19,6 +23,22 @@ from eaglekit.decode.metrics import AcceptanceCounter
 RESAMPLES = 2000
 LEVEL = 0.95
 SEED = 0
+MIN_SAMPLES = 10  # the fewest conversations, prompts or requests an interval or a tail percentile is estimated from
+
+
+def too_few(samples: int) -> bool:
+    """Whether `samples` resampling units are below the floor an interval or a tail percentile needs."""
+    return samples < MIN_SAMPLES
+
+
+def too_few_text(samples: int) -> str:
+    """What every output prints instead of an interval or a tail percentile below the floor."""
+    return f"too few to estimate (n={samples}, needs {MIN_SAMPLES})"
+
+
+def sample_marker(samples: int) -> dict[str, Any]:
+    """The JSON beside an estimate: how many units it rests on, and whether that is below the floor."""
+    return {"samples": samples, "too_few_samples": too_few(samples)}
 
 
 @dataclass(frozen=True)
@@ -69,9 +89,9 @@ def _tau(cells: Sequence[tuple[int, int]]) -> float:
 
 def tau_interval(counters: Sequence[AcceptanceCounter], groups: Sequence[str], *, resamples: int = RESAMPLES,
                  level: float = LEVEL, seed: int = SEED) -> Interval | None:
-    """Percentile bootstrap interval of pooled τ; None with fewer than two conversations (nothing to resample)."""
+    """Percentile bootstrap interval of pooled τ; None below MIN_SAMPLES conversations."""
     cells = _groups(counters, groups)
-    if len(cells) < 2:
+    if too_few(len(cells)):
         return None
     rng = random.Random(seed)
     n = len(cells)
@@ -81,8 +101,8 @@ def tau_interval(counters: Sequence[AcceptanceCounter], groups: Sequence[str], *
 def _pair_interval(pairs: list[tuple[Any, Any]], statistic: Callable[[list[tuple[Any, Any]]], float], method: str,
                    resamples: int, level: float, seed: int) -> Interval | None:
     """Percentile bootstrap interval of `statistic` over `pairs` resampled whole (both sides of a pair together);
-    None with fewer than two pairs or no finite resample."""
-    if len(pairs) < 2:
+    None below MIN_SAMPLES pairs or with no finite resample."""
+    if too_few(len(pairs)):
         return None
     rng = random.Random(seed)
     n = len(pairs)
@@ -101,7 +121,7 @@ def _ratio(numerator: float, denominator: float) -> float:
 def paired_ratio_interval(numerators: Sequence[float], denominators: Sequence[float], *, resamples: int = RESAMPLES,
                           level: float = LEVEL, seed: int = SEED) -> Interval | None:
     """Percentile bootstrap interval of mean(numerators) / mean(denominators), resampling pairs (one request
-    served both ways) together; None with fewer than two pairs."""
+    served both ways) together; None below MIN_SAMPLES pairs."""
     return _pair_interval(list(zip(numerators, denominators)),
                           lambda drawn: _ratio(sum(a for a, _ in drawn), sum(b for _, b in drawn)),
                           "paired bootstrap over requests", resamples, level, seed)
@@ -110,7 +130,7 @@ def paired_ratio_interval(numerators: Sequence[float], denominators: Sequence[fl
 def pooled_speed_ratio_interval(spec: Sequence[tuple[int, float]], plain: Sequence[tuple[int, float]], *,
                                 resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> Interval | None:
     """Bootstrap interval of the pooled speed ratio (Σ tokens / Σ seconds with the draft over the same without),
-    resampling prompts, each timed both ways back to back; None with fewer than two prompts."""
+    resampling prompts, each timed both ways back to back; None below MIN_SAMPLES prompts."""
     def rate(side: list[tuple[int, float]]) -> float:
         return _ratio(sum(t for t, _ in side), sum(s for _, s in side))
 
@@ -122,10 +142,11 @@ def pooled_speed_ratio_interval(spec: Sequence[tuple[int, float]], plain: Sequen
 def paired_difference(a: Sequence[AcceptanceCounter], b: Sequence[AcceptanceCounter], groups: Sequence[str], *,
                       resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED
                       ) -> tuple[float, Interval | None]:
-    """τ(b) − τ(a) on the same prompts, and its paired bootstrap interval (the same conversations drawn for both)."""
+    """τ(b) − τ(a) on the same prompts, and its paired bootstrap interval (the same conversations drawn for both);
+    no interval below MIN_SAMPLES conversations."""
     cells_a, cells_b = _groups(a, groups), _groups(b, groups)
     point = _tau(cells_b) - _tau(cells_a)
-    if len(cells_a) < 2:
+    if too_few(len(cells_a)):
         return point, None
     rng = random.Random(seed)
     n = len(cells_a)
@@ -137,10 +158,11 @@ def paired_difference(a: Sequence[AcceptanceCounter], b: Sequence[AcceptanceCoun
 
 
 def summary(counter: AcceptanceCounter, interval: Interval | None, prompts: int, conversations: int) -> dict:
-    """The report's row for one set of prompts: pooled counters, both rate definitions and the interval."""
+    """The report's row for one set of prompts: pooled counters, both rate definitions and the interval (over
+    conversations, so they are its samples)."""
     return {"prompts": prompts, "conversations": conversations, "num_drafts": counter.drafts,
             "num_accepted_tokens": counter.accepted, "acceptance_length": counter.acceptance_length,
-            "acceptance_length_interval": interval.to_dict() if interval else None,
+            "acceptance_length_interval": interval.to_dict() if interval else None, **sample_marker(conversations),
             "per_position_acceptance": counter.per_position, "conditional_acceptance": counter.conditional}
 
 

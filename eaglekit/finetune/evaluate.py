@@ -75,6 +75,7 @@ class Paired:
     difference: float
     interval: dict[str, Any] | None  # 95 % paired bootstrap over prompts
     verdict: str  # "better" | "worse" | "not resolved" | "too few prompts"
+    samples: int  # the conversations the interval resamples (none below MIN_SAMPLES)
 
     @classmethod
     def of(cls, condition: Condition, row: dict[str, Any], prompts: int) -> Paired:
@@ -87,18 +88,28 @@ class Paired:
 
         diff = row["b_minus_a"]
         return cls(condition.template, condition.context_tokens, side(row["a"]), side(row["b"]),
-                   diff["acceptance_length_difference"], diff["interval"], _verdict(diff["verdict"]))
+                   diff["acceptance_length_difference"], diff["interval"], _verdict(diff["verdict"]), diff["samples"])
 
     def describe(self) -> str:
         where = f"{self.template}, +{self.context_tokens} tokens of context" if self.context_tokens \
             else self.template
-        span = (f" [{self.interval['low']:+.3f}, {self.interval['high']:+.3f}]" if self.interval else "")
-        return f"{where}: τ {self.difference:+.3f}{span}"
+        return f"{where}: τ {self.difference:+.3f}{_span(self.interval, self.samples)}"
 
     def to_dict(self) -> dict[str, Any]:
+        from eaglekit.decode.stats import sample_marker
+
         return {"template": self.template, "context_tokens": self.context_tokens,
                 "acceptance_length_difference": round(self.difference, 4), "interval": self.interval,
-                "verdict": self.verdict}
+                "verdict": self.verdict, **sample_marker(self.samples)}
+
+
+def _span(interval: dict[str, Any] | None, samples: int) -> str:
+    """The interval as printed after a difference, or why there is none."""
+    from eaglekit.decode.stats import too_few, too_few_text
+
+    if too_few(samples):
+        return f", {too_few_text(samples)}"
+    return f" [{interval['low']:+.3f}, {interval['high']:+.3f}]" if interval else ""
 
 
 def _verdict(compare_verdict: str) -> str:
@@ -119,23 +130,39 @@ class Gain:
     conditions: int
 
     @property
+    def too_few(self) -> bool:
+        """Below MIN_SAMPLES prompts no interval is estimated, so no gain can be resolved."""
+        from eaglekit.decode.stats import too_few
+
+        return too_few(self.prompts)
+
+    @property
     def resolvable(self) -> float | None:
         """The smallest difference this evaluation resolves: the 95 % interval's half-width (≈ 1.96 bootstrap
         standard errors), since a difference resolves when its interval clears 0."""
         return None if self.interval is None else (self.interval["high"] - self.interval["low"]) / 2
 
     def describe(self) -> str:
-        span = f" [{self.interval['low']:+.3f}, {self.interval['high']:+.3f}]" if self.interval else ""
+        from eaglekit.decode.stats import MIN_SAMPLES
+
+        figures = (f"held-out τ {self.before:.3f} → {self.after:.3f}, paired {self.difference:+.3f}"
+                   + ("" if self.too_few else _span(self.interval, self.prompts))
+                   + f" over {self.prompts} prompts × {self.conditions} conditions")
+        if self.too_few:
+            return (f"{figures}: the evaluation had too few prompts to resolve a gain ({self.prompts}, an interval "
+                    f"needs {MIN_SAMPLES}); give --eval-limit {MIN_SAMPLES} or more (an --eval-prompts file needs "
+                    f"at least {MIN_SAMPLES} prompts)")
         power = f", resolves ±{self.resolvable:.3f}" if self.resolvable is not None else ""
-        return (f"held-out τ {self.before:.3f} → {self.after:.3f}, paired {self.difference:+.3f}{span} over "
-                f"{self.prompts} prompts × {self.conditions} conditions{power}")
+        return figures + power
 
     def to_dict(self) -> dict[str, Any]:
+        from eaglekit.decode.stats import sample_marker
+
         resolvable = self.resolvable
         return {"before": round(self.before, 4), "after": round(self.after, 4),
                 "acceptance_length_difference": round(self.difference, 4), "interval": self.interval,
                 "resolvable": None if resolvable is None else round(resolvable, 4), "verdict": self.verdict,
-                "prompts": self.prompts, "conditions": self.conditions}
+                "prompts": self.prompts, "conditions": self.conditions, **sample_marker(self.prompts)}
 
 
 def pooled_gain(sweep: CompareSweep) -> Gain:

@@ -319,7 +319,8 @@ def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: Trainin
         evaluation = _paired_evaluation(run.spec.path, staged, opts, eval_opts, on_stage)
         run.timings["eval_s"] = time.perf_counter() - t
         if not evaluation.gained and not opts.keep_unresolved:
-            raise NoGain(f"no gain found, nothing was written: {evaluation.describe()} (--keep-unresolved writes it "
+            found = "no resolved gain" if evaluation.gain.too_few else "no gain found"
+            raise NoGain(f"{found}, nothing was written: {evaluation.describe()} (--keep-unresolved writes it "
                          "anyway)", os.path.abspath(destination))
         return evaluation
 

@@ -75,11 +75,13 @@ def speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> s
     for r in rows:
         base, spec = nested(r, "baseline"), nested(r, "speculative")
         interval = r.get("speed_up_interval")
+        few = r.get("too_few_samples") is True
         tau = r.get("acceptance_length")
         lines.append(("| " + text(r.get("category") or "") + " " if per_category else "")
                      + f"| {r['concurrency']} | {number(nested(base, 'per_user_tokens_per_s').get('mean'), 1)} | "
                      f"{number(nested(spec, 'per_user_tokens_per_s').get('mean'), 1)} | {r['speed_up']:.2f}× | "
-                     + (f"{number(interval.get('low'), 2)}–{number(interval.get('high'), 2)}"
+                     + (f"n={number(r.get('samples'))}, too few to estimate an interval" if few
+                        else f"{number(interval.get('low'), 2)}–{number(interval.get('high'), 2)}"
                         if isinstance(interval, Mapping) else "—")
                      + f" | {'—' if tau is None else number(tau, 2)} |")
     verdicts = [f"- {text(v['text'])}" for v in bench.get("verdicts") or [] if isinstance(v, Mapping) and "text" in v]
@@ -125,7 +127,9 @@ def finetune_section(block: Mapping[str, Any]) -> str:
         lines += ["", f"Held-out acceptance: not measured ({text(block.get('written') or 'no evaluation')})."]
         return "\n".join(lines) + "\n"
     interval = nested(gain, "interval")
-    span = f" [{signed(interval.get('low'))}, {signed(interval.get('high'))}]" if interval else ""
+    few = gain.get("too_few_samples") is True
+    span = (f" (n={number(gain.get('samples'))}, too few to estimate an interval)" if few
+            else f" [{signed(interval.get('low'))}, {signed(interval.get('high'))}]" if interval else "")
     k = f", k = {number(options['k'])}" if "k" in options else ""
     lines += ["", f"Held-out acceptance against its input, paired on one target pass per prompt "
                   f"({number(gain.get('prompts', '?'))} prompts × {number(gain.get('conditions', '?'))} "
@@ -139,6 +143,8 @@ def finetune_section(block: Mapping[str, Any]) -> str:
             bounds = nested(p, "interval")
             lines.append(f"| {text(p.get('template', '?'))} | {number(p.get('context_tokens', '?'))} | "
                          f"{signed(p.get('acceptance_length_difference'))} | "
-                         + (f"{signed(bounds.get('low'))} to {signed(bounds.get('high'))}" if bounds else "—")
+                         + (f"n={number(p.get('samples'))}, too few to estimate an interval"
+                            if p.get("too_few_samples") is True
+                            else f"{signed(bounds.get('low'))} to {signed(bounds.get('high'))}" if bounds else "—")
                          + f" | {text(p.get('verdict', '?'))} |")
     return "\n".join(lines) + "\n"

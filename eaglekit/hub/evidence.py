@@ -14,7 +14,8 @@ from typing import Any
 
 from eaglekit.bench.report import RowFigures, Verdict, verdicts
 from eaglekit.config_view import REPO_ID, nested
-from eaglekit.errors import CheckpointError, UsageError, quoted
+from eaglekit.decode.stats import MIN_SAMPLES, too_few
+from eaglekit.errors import CheckpointError, EaglekitError, UsageError, quoted
 from eaglekit.hub.card import recorded_target
 from eaglekit.hub.card_text import is_repo_id
 from eaglekit.hub.upload import HUB_ENDPOINTS
@@ -127,6 +128,8 @@ def impossible_speeds(row: Mapping[str, Any]) -> str | None:
             if not isinstance(spread, Mapping):
                 return f"{side}.{key} must hold mean, p50 and p99"
             for stat in ("mean", "p50", "p99"):
+                if stat == "p99" and spread.get(stat) is None and row.get("too_few_samples") is True:
+                    continue  # below the floor bench estimates no tail
                 if not (finite(spread.get(stat)) and spread[stat] >= 0):
                     return f"{side}.{key}.{stat} must be a finite non-negative number, not {quoted(spread.get(stat))}"
         for key in ("duration_s", "output_throughput"):
@@ -147,6 +150,27 @@ def impossible_speeds(row: Mapping[str, Any]) -> str | None:
         if not low - RATIO_ROUNDING <= row["speed_up"] <= high + RATIO_ROUNDING:
             return f"speed_up_interval [{low}, {high}] excludes its own estimate {row['speed_up']}"
     return None
+
+
+def few_sample_figures(bench: Mapping[str, Any]) -> list[str]:
+    """The card figures of a bench report that rest on fewer than MIN_SAMPLES requests (no interval estimated)."""
+    found = []
+    for row in bench.get("rows") or []:
+        samples = row.get("samples", row.get("requests")) if isinstance(row, Mapping) else None
+        if type(samples) is int and too_few(samples):
+            category = f" ({row['category']})" if row.get("category") else ""
+            found.append(f"the speed-up at concurrency {row['concurrency']}{category} rests on {samples} requests")
+    return found
+
+
+def refuse_few_samples(bench: VerifyReportFile | None, allow: bool) -> None:
+    """Refuse a bench report whose card figures are below the sample floor unless `allow` (the card then says
+    so): a card states its figures as fact, and two requests resolve nothing."""
+    few = few_sample_figures(bench.doc) if bench is not None else []
+    if few and bench is not None and not allow:
+        raise EaglekitError(f"refusing to put a figure without an interval on the card: {few[0]}, an interval needs "
+                            f"{MIN_SAMPLES} (rerun `eaglekit bench` with --limit {MIN_SAMPLES} or more, or pass "
+                            "--allow-few-samples: the card then says so)", bench.path)
 
 
 def _figure(figures: Mapping[str, Any], keys: tuple[str, ...]) -> float:

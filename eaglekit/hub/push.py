@@ -19,7 +19,13 @@ from eaglekit.errors import CheckpointError, EaglekitError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
 from eaglekit.hub.card import build_card, provenance
-from eaglekit.hub.evidence import PushTarget, VerifyReportFile, declared_target, report_mismatches
+from eaglekit.hub.evidence import (
+    PushTarget,
+    VerifyReportFile,
+    declared_target,
+    refuse_few_samples,
+    report_mismatches,
+)
 from eaglekit.hub.upload import (
     PushedFile,
     check_repo_id,
@@ -90,6 +96,7 @@ def push(
     endpoint: str | None = None,
     dry_run: bool = False,
     force: bool = False,
+    allow_few_samples: bool = False,
     validate: Validator | None = None,
     license: str | None = None,
     license_link: str | None = None,
@@ -99,7 +106,8 @@ def push(
     `target`: a Hub id, or a local target folder (`target_id`, else its config's Hub id names it in the card).
     `validate(spec)` returns a report with `.findings` or a list of findings; by default eaglekit's vLLM rules run.
     An error finding, or a report that measured other files or another target, refuses the push unless `force`.
-    `bench`: an `eaglekit bench` report, the card's serving-speed section (bound to the files as a verify report is).
+    `bench`: an `eaglekit bench` report, the card's serving-speed section (bound to the files as a verify report is);
+    one with a figure over fewer requests than an interval needs is refused unless `allow_few_samples`.
     """
     from huggingface_hub import constants
 
@@ -115,6 +123,7 @@ def push(
     declared = declared_target(target, spec, target_id)
     target = declared.repo_id
     unbound, bench_unbound = _unbound_evidence(report, bench, spec, declared, endpoint, token, force)
+    refuse_few_samples(bench, allow_few_samples)
     forced = draft_forced or bool(unbound) or bool(bench_unbound)
     warnings = _publishing_warnings(declared, license, license_link)
     figures = report.doc if report is not None else None

@@ -12,7 +12,7 @@ from eaglekit import __version__
 from eaglekit.decode.metrics import AcceptanceCounter, DriftStats
 from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
 from eaglekit.decode.speculative import Clock
-from eaglekit.decode.stats import Interval, by_category, pooled_speed_ratio_interval, tau_interval
+from eaglekit.decode.stats import Interval, by_category, pooled_speed_ratio_interval, sample_marker, tau_interval
 from eaglekit.findings import Finding
 from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.diagnose import Diagnosis
@@ -141,6 +141,7 @@ class VerifyReport:
             "num_draft_tokens": c.draft_tokens,
             "num_accepted_tokens": c.accepted,
             "acceptance_length_interval": interval.to_dict() if (interval := self.interval()) else None,
+            **sample_marker(len(set(self._counters()[1]))),
             "categories": self.categories(),
             "min_acceptance": self.min_acceptance,
             "tokens_per_s_spec": self.tokens_per_s_spec,

@@ -12,7 +12,7 @@ from eaglekit.decode.prompts import encode
 from eaglekit.decode.settings import plain_report
 from eaglekit.decode.setup import decode_setup, turns
 from eaglekit.decode.speculative import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
-from eaglekit.decode.stats import by_category, tau_interval
+from eaglekit.decode.stats import by_category, sample_marker, tau_interval
 from eaglekit.errors import UsageError
 from eaglekit.provenance import measured_files
 from eaglekit.rules import ValidationReport
@@ -222,6 +222,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
             "eaglekit_aux_layer_ids": list(checked.aux_ids),
             "engine_aux_layer_ids": list(engine_aux_ids(run, info) or []),
             "engine": run.to_dict(), "acceptance_length_interval": interval.to_dict() if interval else None,
+            **sample_marker(len(set(groups))),
             "categories": categories,
             "speculation_profile": speculation_profile(
                 run.counter, per_request=[c.acceptance_length for c in run.per_request or [] if c.drafts],
