@@ -20,11 +20,12 @@ pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
 from eaglekit.decode.prompts import bundled_prompts  # noqa: E402
+from eaglekit.engines.llamacpp import speculative_binary  # noqa: E402
 from eaglekit.io.gguf import GgufTensor, read_gguf, write_gguf  # noqa: E402
 from eaglekit.upgrade import UpgradeOptions, upgrade  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-BINARY = os.environ.get("EAGLEKIT_LLAMA_CPP") or str(REPO / ".llama-cpp" / "build" / "bin" / "llama-speculative-simple")
+BINARY = speculative_binary()
 DRAFTER = REPO / "examples" / "drafters" / "smollm2-135m-eagle3"
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(not os.access(BINARY, os.X_OK),
                                                      reason="no llama.cpp build (scripts/llamacpp-build.sh)")]

@@ -11,6 +11,7 @@ import warnings
 import click
 
 from eaglekit import __version__
+from eaglekit.doctor import OPTIONAL_MODULES
 
 # name -> (module, attribute, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -28,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
               "Serving throughput with and without the draft at each concurrency, in vLLM itself."),
     "push": ("eaglekit.cli.push", "push_command", "Publish vLLM-ready artifacts and a model card to the Hub."),
     "explain": ("eaglekit.cli.explain", "explain_command", "Say what a rule code (EK...) or pitfall id (P...) means."),
+    "doctor": ("eaglekit.cli.doctor", "doctor_command",
+               "Which engines, extras and builds are present, and the command that adds each missing one."),
 }
 
 
@@ -40,9 +43,6 @@ def exit_status(exc: Exception) -> int:
     return _interrupted_status() if isinstance(exc, (TrainingInterrupted, CaptureInterrupted)) else 1
 
 
-OPTIONAL_MODULES = {"torch": "torch", "transformers": "torch", "gguf": "gguf",
-                    "triton": "triton", "matplotlib": "plot", "pyarrow": "speedbench"}
-"""Import name -> the eaglekit extra that installs it."""
 
 
 class LazyGroup(click.Group):

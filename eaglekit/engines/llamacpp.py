@@ -12,6 +12,8 @@ target graphs that record layer inputs can feed it.
 
 from __future__ import annotations
 
+import os
+
 from eaglekit.engines.base import Engine, Version, parse_version
 from eaglekit.spec import DraftSpec
 
@@ -23,6 +25,14 @@ NUM_TARGET_LAYERS = 3
 # Hugging Face model_type of the targets whose llama.cpp graphs record layer inputs (t_layer_inp)
 TARGET_MODEL_TYPES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "gemma4",
                       "minimax_m2", "gpt_oss", "lfm2", "nemotron_h", "deepseek_v4", "bailing_moe_v3", "mimo_v2")
+
+
+def speculative_binary() -> str:
+    """llama.cpp's `llama-speculative-simple`: $EAGLEKIT_LLAMA_CPP, else where scripts/llamacpp-build.sh builds it
+    in the eaglekit checkout (.llama-cpp/build/bin)."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.environ.get("EAGLEKIT_LLAMA_CPP") or os.path.join(checkout, ".llama-cpp", "build", "bin",
+                                                                "llama-speculative-simple")
 
 
 def converter_layers(top_level_ids: tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:

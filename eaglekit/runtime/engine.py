@@ -121,15 +121,15 @@ def parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def check_engine_available(opts: EngineOptions) -> str:
+def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """vLLM's version in the engine interpreter; one line saying how to install it when it is missing."""
     python = opts.interpreter
     with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as work:
         try:
             probe = processes.run(python, ["-c", f"import vllm; print({VERSION_TAG!r}, vllm.__version__)"],
-                                  os.path.join(work, "probe.log"), timeout_s=PROBE_TIMEOUT_S)
+                                  os.path.join(work, "probe.log"), timeout_s=timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else f"importing vLLM took over {PROBE_TIMEOUT_S:.0f} s"
+            why = exc.strerror if isinstance(exc, OSError) else f"importing vLLM took over {timeout_s:.0f} s"
             raise UsageError(f"--engine vllm: cannot run {python} ({why}; {where_looked(opts)}); create a vLLM "
                              "environment with scripts/vllm-env.sh (it makes .vllm-env), or pass --engine-python "
                              ".vllm-env/bin/python") from None

@@ -1,0 +1,52 @@
+"""`eaglekit doctor`: which engines, extras and builds are present, and how to add each missing one."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.table import Table
+
+from eaglekit.cli.output import emit_json, format_option, out, styled
+
+EXAMPLES = """
+\b
+Examples:
+  eaglekit doctor
+  eaglekit doctor --format json
+"""
+
+STATUS_STYLE = {"ok": "green", "missing": "yellow", "broken": "bold red"}
+
+
+@click.command("doctor", epilog=EXAMPLES)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds each child interpreter (torch, vLLM) may take to answer.")
+@format_option
+def doctor_command(timeout_s, output_format):
+    """Report Python, eaglekit, torch, the vLLM environment, the llama.cpp build, optional extras and the example
+    target, each with the command that adds it. Exit 0 when eaglekit itself can run, 1 when it cannot."""
+    from eaglekit.doctor import diagnose
+
+    diagnosis = diagnose(timeout_s)
+    doc = diagnosis.to_dict()
+    if output_format == "json":
+        emit_json(doc)
+    else:
+        render(doc)
+    if not diagnosis.usable:
+        sys.exit(1)
+
+
+def render(doc: dict) -> None:
+    table = Table(title=f"eaglekit doctor ({doc['eaglekit_version']})", title_justify="left")
+    table.add_column("name", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("detail", overflow="fold")
+    for check in doc["checks"]:
+        table.add_row(check["name"], styled((check["status"], STATUS_STYLE[check["status"]])), check["detail"])
+    out.print(table)
+    for check in doc["checks"]:
+        if check["fix"]:
+            out.print(f"{check['name']}: fix: {check['fix']}", soft_wrap=True)
+    out.print("eaglekit can run" if doc["usable"] else "eaglekit cannot run: fix the core rows above")

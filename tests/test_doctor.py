@@ -1,0 +1,86 @@
+"""`eaglekit doctor`: every row's status, detail and fix, with fake interpreters and builds standing in for vLLM
+and llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+
+from tests.support.cli import run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((REPO / "eaglekit" / "schemas" / "doctor-report.schema.json").read_text())
+
+
+def fake_program(path: Path, body: str) -> str:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def rows(result) -> dict[str, dict]:
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    return {c["name"]: c for c in doc["checks"]}
+
+
+def test_a_missing_vllm_environment_names_the_setup_script(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", str(tmp_path / "no-such-env" / "bin" / "python"))
+    monkeypatch.setenv("EAGLEKIT_LLAMA_CPP", str(tmp_path / "no-such-build"))
+    result = run_cli(["doctor", "--format", "json"])
+    assert result.exit_code == 0, result.output  # engines widen what eaglekit does; it runs without them
+    found = rows(result)
+    assert found["vllm"]["status"] == "missing" and found["vllm"]["fix"] == "scripts/vllm-env.sh"
+    assert os.access(REPO / found["vllm"]["fix"], os.X_OK)  # runs as printed from here
+    assert found["llama.cpp"]["status"] == "missing" and found["llama.cpp"]["fix"] == "scripts/llamacpp-build.sh"
+    human = run_cli(["doctor"])
+    assert "vllm: fix: scripts/vllm-env.sh" in human.stdout and "eaglekit can run" in human.stdout
+
+
+def test_a_present_vllm_and_llamacpp_build_are_reported_with_their_versions(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", fake_program(tmp_path / "python", "echo 'vllm-version 0.33.0'"))
+    monkeypatch.setenv("EAGLEKIT_LLAMA_CPP", fake_program(tmp_path / "llama", "echo 'version: 11434 (abc)' >&2"))
+    found = rows(run_cli(["doctor", "--format", "json"]))
+    assert found["vllm"]["status"] == "ok" and found["vllm"]["fix"] is None and not found["vllm"]["core"]
+    assert found["vllm"]["detail"].startswith("vLLM 0.33.0 in ")  # the JSON names a local path by its folder
+    assert found["llama.cpp"]["status"] == "ok" and found["llama.cpp"]["detail"].startswith("version: 11434 (abc)")
+    assert all(found[name]["status"] == "ok" and found[name]["core"] for name in ("python", "eaglekit", "click"))
+
+
+def test_an_environment_whose_vllm_does_not_import_is_broken_and_a_hung_one_is_bounded(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLEKIT_LLAMA_CPP", str(tmp_path / "no-such-build"))
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON",
+                       fake_program(tmp_path / "python", "echo 'ImportError: libcudart.so.12' >&2; exit 1"))
+    broken = rows(run_cli(["doctor", "--format", "json"]))["vllm"]
+    assert broken["status"] == "broken" and "ImportError: libcudart.so.12" in broken["detail"]
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", fake_program(tmp_path / "slow", "sleep 30"))
+    hung = rows(run_cli(["doctor", "--format", "json", "--timeout", "1"]))["vllm"]
+    assert hung["status"] == "broken" and "took over 1 s" in hung["detail"]
+
+
+def test_a_missing_core_dependency_is_the_only_exit_1(monkeypatch, tmp_path):
+    from eaglekit import doctor
+
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", str(tmp_path / "none"))
+    monkeypatch.setattr(doctor, "CORE_MODULES", {**doctor.CORE_MODULES, "no_such_module_xyz": "no-such-dist"})
+    result = run_cli(["doctor", "--format", "json"])
+    assert result.exit_code == 1
+    found = rows(result)["no-such-dist"]
+    assert found["status"] == "missing" and found["core"] and found["fix"].endswith("-m pip install no-such-dist")
+    assert json.loads(result.stdout)["usable"] is False
+
+
+def test_doctor_never_imports_torch_itself(tmp_path):
+    """torch is asked in a child interpreter: the doctor process stays free of it."""
+    code = ("import sys\nfrom eaglekit.cli.main import main\nsys.argv = ['eaglekit', 'doctor', '--format', 'json']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules, file=sys.stderr)")
+    env = {**os.environ, "EAGLEKIT_VLLM_PYTHON": str(tmp_path / "none"), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stderr.strip().splitlines()[-1] == "False", done.stderr
+    assert any(c["name"] == "torch" for c in json.loads(done.stdout)["checks"])
