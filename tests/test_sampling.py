@@ -12,8 +12,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eaglekit.decode.sampling import RejectionSampler, Sampling, sampler_for, target_probabilities  # noqa: E402
-from eaglekit.decode.speculative import VerifyStep, speculative_decode  # noqa: E402
+from eaglekit.decode.speculative import (  # noqa: E402
+    LiveVerifier,
+    RandomProposer,
+    VerifyStep,
+    greedy_decode,
+    speculative_decode,
+)
 from eaglekit.errors import UsageError  # noqa: E402
+from tests.support.targets import PROMPTS, make_tiny_target  # noqa: E402
 
 VOCAB = 8
 PROMPT = [1, 5, 2]
@@ -141,7 +148,8 @@ def test_speculative_sampling_emits_the_targets_own_distribution(top_p, k):
 def test_the_same_test_fails_a_wrong_sampler(wrong):
     target = BigramTarget()
     sampling = Sampling(temperature=1.0, seed=7)
-    statistic, threshold = chi_square(drawn_first_three(target, wrong(sampling), 2), exact_first_three(target, sampling))
+    counts = drawn_first_three(target, wrong(sampling), 2)
+    statistic, threshold = chi_square(counts, exact_first_three(target, sampling))
     assert statistic > threshold, (statistic, threshold)
 
 
@@ -191,3 +199,28 @@ def test_greedy_settings_take_the_argmax_path():
 def test_impossible_sampling_settings_are_refused(temperature, top_p):
     with pytest.raises(UsageError):
         Sampling(temperature, top_p).check()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from eaglekit.target_model import load_target
+
+    return load_target(make_tiny_target(tmp_path_factory.mktemp("tiny")))
+
+
+def test_on_a_live_target_the_defaults_decode_exactly_as_greedy_and_a_seed_reproduces_a_sample(tiny):
+    def decode(sampling=None, seed=0):
+        sampler = sampler_for(sampling) if sampling is not None else None
+        run = speculative_decode(LiveVerifier(tiny, ()), RandomProposer(256, seed=1), PROMPTS[0], k=3,
+                                 max_new_tokens=16, sampler=sampler)
+        return run.tokens, run.counter
+
+    greedy = decode()
+    assert decode(Sampling()) == greedy
+    assert greedy[0] == greedy_decode(tiny, PROMPTS[0], max_new_tokens=16).tokens
+    assert decode(Sampling(temperature=1.0, seed=5)) == decode(Sampling(temperature=1.0, seed=5))
+    sampled = [decode(Sampling(temperature=1.0, seed=seed))[0] for seed in (5, 6)]
+    assert sampled[0] != sampled[1] and greedy[0] not in sampled  # a near-uniform random target: samples differ
+    alone = greedy_decode(tiny, PROMPTS[0], max_new_tokens=16, sampler=sampler_for(Sampling(temperature=1.0, seed=5)))
+    assert alone.tokens == greedy_decode(tiny, PROMPTS[0], max_new_tokens=16,
+                                         sampler=sampler_for(Sampling(temperature=1.0, seed=5))).tokens
