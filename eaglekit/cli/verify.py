@@ -238,7 +238,7 @@ def _speed_text(measured: dict) -> str:
 def _result(measured: dict, k: int, title: str) -> None:
     """One condition's measurement: the lossless verdict, τ, both rate definitions and the speed."""
     if measured["lossless"] is None:
-        lossless = styled(("not judged on one sample", "dim"), " (sampled: see the note below)")
+        lossless = styled(("not judged", "dim"), " (sampled: one draw per prompt cannot show it; tests do)")
     elif measured["lossless"]:
         lossless = styled(("yes", "green"))
     else:
