@@ -101,6 +101,9 @@ def test_a_server_that_cannot_start_is_reported_by_its_root_cause(tmp_path):
     (["--concurrency", "1,100000"], "--concurrency 100000: at most 4096"),
     (["--engine-arg", "max_model_len=\"long\""], "expected a positive integer"),
     (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be at least 1"),
+    (["--temperature", "-1"], "--temperature -1.0: expected a finite number, at least 0"),
+    (["--temperature", "0.7", "--top-p", "1.5"], "--top-p 1.5: expected a number in (0, 1]"),
+    (["--top-p", "0.9"], "a greedy decode ignores top-p"),
 ])
 def test_bad_options_are_refused_before_any_engine_starts(tmp_path, args, needle):
     result = run_cli(["bench", os.path.join(DRAFTERS, "smollm2-135m-eagle3"), "--target", str(tmp_path), *args])
@@ -190,3 +193,31 @@ def test_the_plot_draws_no_band_without_an_interval():
     assert len(speed_enough.collections) == 1 and "shaded: 95 % interval" in speed_enough.get_title()
     assert len(speed_few.collections) == 0 and "no interval" in speed_few.get_title()
     assert len(speed_few.lines) == len(speed_enough.lines)  # the estimates are drawn either way
+
+
+def test_requests_carry_the_sampling_asked_for_and_the_report_records_it():
+    from eaglekit.bench.report import BenchReport
+    from eaglekit.bench.run import BenchOptions, _client_args
+
+    def client(options: BenchOptions) -> list[str]:
+        return _client_args("m", __file__, 4, options)
+
+    greedy = client(BenchOptions())
+    assert greedy[greedy.index("--temperature") + 1] == "0" and "--top-p" not in greedy
+    sampled = client(BenchOptions(temperature=0.7, top_p=0.9))
+    assert sampled[sampled.index("--temperature") + 1] == "0.7" and sampled[sampled.index("--top-p") + 1] == "0.9"
+    at = sampled.index("--top-p")
+    expected = [*greedy[:at], "--top-p", "0.9", *greedy[at:]]
+    expected[expected.index("--temperature") + 1] = "0.7"
+    assert sampled == expected  # nothing else changes
+
+    def report(options: BenchOptions) -> dict:
+        return BenchReport("d", "t", "3", 3, 8, "bfloat16", {}, {}, {}, {}, sampling=options.sampling).to_dict()
+
+    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "bench-report.schema.json")))
+    assert report(BenchOptions())["sampling"] == "greedy"
+    doc = report(BenchOptions(temperature=0.7, top_p=0.9))
+    assert doc["sampling"] == {"temperature": 0.7, "top_p": 0.9}
+    import jsonschema
+
+    jsonschema.validate(doc["sampling"], schema["properties"]["sampling"])

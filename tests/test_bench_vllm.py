@@ -72,15 +72,21 @@ def test_bench_measures_both_servers_at_each_concurrency_from_the_engine_counter
     assert "C=1" in verdict["text"] and "C=2" in verdict["text"]
     assert sorted(verdict["pays_at"] + verdict["unresolved_at"] + verdict["loses_at"]) == [1, 2]
 
-    # the card's speed section is this report, bound to the files it measured
+    # three or four requests a row: below the sample floor, no interval and no p99, and push refuses the figure
+    assert all(r["too_few_samples"] and r["speed_up_interval"] is None for r in doc["rows"])
+    refused = run_cli(["push", upgraded, "--repo-id", "org/smollm2-eagle3", "--target", smollm2_path(), "--bench",
+                       str(saved), "--dry-run"])
+    assert refused.exit_code == 1 and "--allow-few-samples" in refused.stderr
+    # forced, the card's speed section is this report, bound to the files it measured, and says n is too small
     card = run_cli(["push", upgraded, "--repo-id", "org/smollm2-eagle3", "--target", smollm2_path(), "--bench",
-                    str(saved), "--dry-run", "--format", "json"])
+                    str(saved), "--dry-run", "--allow-few-samples", "--format", "json"])
     assert card.exit_code == 0, card.stderr
     section = json.loads(card.stdout)["card"].split("## Serving speed", 1)[1]
     assert f"vllm {engine['version']} on {engine['device_name']} (cpu, tensor parallel 1), bfloat16, k = 3" in section
     for row in doc["rows"]:
         assert f"| {row['concurrency']} | {row['baseline']['per_user_tokens_per_s']['mean']:.1f} |" in section
     assert "measured on other files" not in section
+    assert "too few to estimate an interval" in section
 
 
 def test_an_engine_that_rejects_its_settings_is_reported_by_the_root_cause(upgraded):

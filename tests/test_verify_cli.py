@@ -75,6 +75,29 @@ def test_two_prompts_are_too_few_for_an_interval(env):
     assert "its spread over prompts: too few to estimate (n=2, needs 10)" in human.stdout
 
 
+def test_the_defaults_record_greedy_and_a_sampled_run_is_a_seeded_draw_with_no_lossless_verdict(env):
+    def verify(*args):
+        result = run(["verify", env["draft"], "--target", env["target"], "--format", "json", *FAST, *args])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        jsonschema.validate(doc, SCHEMA)
+        return doc
+
+    def measured(doc):
+        return doc["num_drafts"], doc["num_accepted_tokens"], doc["per_position_acceptance"], [
+            (p["generated_tokens"], p["num_drafts"], p["identical"]) for p in doc["per_prompt"]]
+
+    greedy = verify()
+    assert greedy["sampling"] == {"temperature": 0.0, "top_p": 1.0, "seed": None}
+    assert measured(verify("--temperature", "0", "--seed", "5")) == measured(greedy)
+    sampled = verify("--temperature", "0.8", "--top-p", "0.95", "--seed", "3")
+    assert sampled["sampling"] == {"temperature": 0.8, "top_p": 0.95, "seed": 3}
+    assert sampled["lossless"] is None and sampled["exact_match"] is None and sampled["passed"] is True
+    assert all(p["identical"] is None and p["divergence"] is None for p in sampled["per_prompt"])
+    assert any("--seed 3" in note for note in sampled["notes"])
+    assert measured(verify("--temperature", "0.8", "--top-p", "0.95", "--seed", "3")) == measured(sampled)
+
+
 def test_human_output_names_the_verdict(env):
     result = run(["verify", env["draft"], "--target", env["target"], *ENOUGH, "-k", "2"])
     assert result.exit_code == 0, result.output

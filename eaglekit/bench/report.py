@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eaglekit.decode.sampling import Sampling
 from eaglekit.decode.stats import (
     MIN_SAMPLES,
     Interval,
@@ -133,7 +134,7 @@ class BenchRow:
     @property
     def identical_outputs(self) -> int:
         """Requests whose text is the same with and without the draft (greedy: all, unless batching changed the
-        engine's rounding)."""
+        engine's rounding; sampled: only by chance)."""
         return sum(a == b for a, b in zip(self.baseline.texts, self.speculative.texts))
 
     def to_dict(self) -> dict[str, Any]:
@@ -259,6 +260,7 @@ class BenchReport:
     measured: dict[str, Any]  # the draft files' hashes and the target's identity (push --bench binds to them)
     rows: list[BenchRow] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    sampling: Sampling = Sampling()  # what every request asked the server for
 
     @property
     def categories(self) -> list[str | None]:
@@ -274,7 +276,9 @@ class BenchReport:
         return {"schema_version": SCHEMA_VERSION, "eaglekit_version": __version__, "draft": self.draft,
                 "target": self.target,
                 "eagle_version": self.eagle_version, "num_speculative_tokens": self.num_speculative_tokens,
-                "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "sampling": "greedy",
+                "max_new_tokens": self.max_new_tokens, "dtype": self.dtype,
+                "sampling": "greedy" if self.sampling.greedy else {"temperature": self.sampling.temperature,
+                                                                   "top_p": self.sampling.top_p},
                 "prompts": self.prompts, "engine": self.engine, "speculative_config": self.speculative_config,
                 "measured": self.measured, "rows": [r.to_dict() for r in self.rows],
                 "verdicts": [v.to_dict() for v in self.verdicts],

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from eaglekit.bench.report import BenchReport, BenchRow, ServedRun
 from eaglekit.decode.prompts import Prompt, encode, render_text
+from eaglekit.decode.sampling import Sampling
 from eaglekit.engines.vllm import speculative_config
 from eaglekit.errors import UsageError
 from eaglekit.io.outputs import Role
@@ -43,13 +44,20 @@ class BenchOptions:
     num_prompts: int | None = None  # requests per concurrency; default: every prompt, at least 2 x concurrency
     dtype: str = "bfloat16"
     ignore_eos: bool = False  # every request generates max_new_tokens
+    temperature: float = 0.0  # every request's; 0: greedy
+    top_p: float = 1.0
     warmups: int | None = None  # warm-up requests before each measurement; default: the concurrency
     engine_options: EngineOptions = EngineOptions()
     start_timeout_s: float = 1800.0
     outputs: tuple[Role, ...] = field(default=())  # what the caller writes (--save-report, --plot)
 
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_p)
+
     def check(self) -> None:
         self.engine_options.check()
+        self.sampling.check()
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise UsageError("--concurrency takes positive integers, e.g. 1,4,16")
         if len(set(self.concurrency)) != len(self.concurrency):
@@ -119,7 +127,7 @@ def run_bench(draft: str, target: str, options: BenchOptions,
         {"name": setup.prompts.name, "count": sum(len(g.texts) for g in groups),
          "speed_bench": setup.prompts.speed_bench,
          "categories": [g.category for g in groups if g.category is not None], "ignore_eos": options.ignore_eos},
-        {}, spec_config, measured_files(checked.spec, setup.info))
+        {}, spec_config, measured_files(checked.spec, setup.info), sampling=options.sampling)
     started = time.perf_counter()
     runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work:
@@ -192,7 +200,8 @@ def _client_args(model: str, dataset: str, concurrency: int, options: BenchOptio
     args = ["--backend", "vllm", "--endpoint", "/v1/completions", "--model", model, "--tokenizer", model,
             "--dataset-name", "custom", "--dataset-path", dataset, "--skip-chat-template", "--disable-shuffle",
             "--no-oversample", "--custom-output-len", str(options.max_new_tokens), "--num-prompts", str(requests),
-            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature", "0", "--seed", "0",
-            "--num-warmups", str(warmups), "--save-detailed", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", PERCENTILES, "--disable-tqdm"]
-    return args + (["--ignore-eos"] if options.ignore_eos else [])
+            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature",
+            f"{options.temperature:g}", "--seed", "0", "--num-warmups", str(warmups), "--save-detailed",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", PERCENTILES, "--disable-tqdm"]
+    return args + (["--top-p", f"{options.top_p:g}"] if options.top_p < 1 else []) + (
+        ["--ignore-eos"] if options.ignore_eos else [])

@@ -13,6 +13,7 @@ from eaglekit.cli.output import (
     int_list,
     key_value_table,
     out,
+    sampling_options,
     styled,
     target_path,
 )
@@ -40,6 +41,7 @@ Examples:
               help="Drafts per round (vLLM's num_speculative_tokens).")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Output tokens per request (at most).")
 @click.option("--ignore-eos", is_flag=True, help="Every request generates exactly --max-new-tokens.")
+@sampling_options(seed=False)
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
               help="JSONL prompts ({\"prompt\": ...}, {\"messages\": [...]} or {\"text\": ...} per line) or a prepared "
                    "SPEED-Bench file (measured per category); default: the bundled coding prompts (verify's "
@@ -63,9 +65,9 @@ Examples:
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG of speed-up against concurrency (needs matplotlib: eaglekit[plot]).")
 @format_option
-def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_eos, prompts_file, categories, limit,
-                  num_prompts, warmups, dtype, tensor_parallel_size, engine_python, engine_args, save_report, plot,
-                  output_format):
+def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_eos, temperature, top_p, prompts_file,
+                  categories, limit, num_prompts, warmups, dtype, tensor_parallel_size, engine_python, engine_args,
+                  save_report, plot, output_format):
     """Serve DRAFT's target in vLLM alone and with DRAFT, drive both with vLLM's benchmark client at each
     concurrency, and report per-user tokens/s, TPOT, TTFT, throughput, speed-up and the engine's τ."""
     from eaglekit.bench.plot import plot_bench
@@ -77,7 +79,8 @@ def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_
     options = BenchOptions(
         concurrency=int_list(concurrency, "--concurrency", "1,4,16"), num_speculative_tokens=k,
         max_new_tokens=max_new_tokens, prompts_file=prompts_file, categories=tuple(categories), limit=limit,
-        num_prompts=num_prompts, dtype=dtype, ignore_eos=ignore_eos, warmups=warmups,
+        num_prompts=num_prompts, dtype=dtype, ignore_eos=ignore_eos, warmups=warmups, temperature=temperature,
+        top_p=top_p,
         engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
                                      engine_args=parse_engine_args(engine_args)),
         outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")))
@@ -91,6 +94,11 @@ def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_
                   draw=(lambda: plot_bench(report, plot)) if plot else None)
 
 
+def sampling_text(doc: dict) -> str:
+    sampling = doc["sampling"]
+    return "greedy" if sampling == "greedy" else f"temperature {sampling['temperature']:g}, top-p {sampling['top_p']:g}"
+
+
 def render(doc: dict) -> None:
     e = doc["engine"]
     out.print(key_value_table([
@@ -98,7 +106,7 @@ def render(doc: dict) -> None:
         ("engine", f"vLLM {e['version']} on {e['device_type']} ({e['device_name']}), {doc['dtype']}, "
                    f"tensor parallel {e['tensor_parallel_size']}, max_model_len {e['max_model_len']}"),
         ("speculative config", json.dumps(doc["speculative_config"])),
-        ("requests", f"{doc['prompts']['name']} ({doc['prompts']['count']} prompts), greedy, up to "
+        ("requests", f"{doc['prompts']['name']} ({doc['prompts']['count']} prompts), {sampling_text(doc)}, up to "
                      f"{doc['max_new_tokens']} new tokens{' (EOS ignored)' if doc['prompts']['ignore_eos'] else ''}; "
                      f"client: vLLM bench serve"),
     ], title="eaglekit bench"))
@@ -131,7 +139,10 @@ def render(doc: dict) -> None:
     for v in doc["verdicts"]:
         out.print(styled(("verdict: ", "bold"), v["text"]))
     differing = [r for r in doc["rows"] if r["identical_outputs"] < r["requests"]]
-    if differing:
+    if doc["sampling"] != "greedy":
+        out.print(f"note: sampled ({sampling_text(doc)}; requests unseeded, the server seeded 0): speed-up and τ are "
+                  "one draw of their expectation, and the texts with and without the draft differ by chance")
+    elif differing:
         out.print(f"note: with the draft, {sum(r['requests'] - r['identical_outputs'] for r in differing)} of "
                   f"{sum(r['requests'] for r in doc['rows'])} responses differ in text from the target alone: at "
                   f"{doc['dtype']} the engine's rounding depends on how many tokens one step verifies (verify "

@@ -13,6 +13,7 @@ from eaglekit.cli.output import (
     key_value_table,
     out,
     quantization_text,
+    sampling_text,
 )
 from eaglekit.cli.progress import StageProgress
 
@@ -33,8 +34,8 @@ Examples:
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @format_option
 def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, limit, categories, turns,
-                    context_tokens, template, plot, device, dtype, target_quantization, save_report, no_progress,
-                    output_format):
+                    context_tokens, template, plot, device, dtype, target_quantization, temperature, top_p, seed,
+                    save_report, no_progress, output_format):
     """Measure DRAFT_A and DRAFT_B on one target pass per prompt: τ of each and the paired difference B − A, under
     each condition (template x context length) asked for."""
     from eaglekit.decode.compare import compare_conditions
@@ -46,8 +47,8 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
     options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file,
                             limit=limit, categories=tuple(categories), turns=turns,
                             **conditions(context_tokens, template), device=device, dtype=dtype,
-                            target_quantization=target_quantization,
-                            outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")))
+                            target_quantization=target_quantization, temperature=temperature, top_p=top_p,
+                            seed=seed, outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")))
     options.check()
     if plot:
         check_plot_path(plot)
@@ -93,6 +94,7 @@ def render(doc: dict) -> None:
                 f"{doc['device']}; one target pass per prompt, both drafts replayed on it"),
         ("prompts", f"{prompts['name']} ({prompts['count']} prompt turns{context})"),
         ("target numerics", quantization_text(doc.get("target_quantization"))),
+        ("sampling", sampling_text(doc["sampling"], replay=True)),
     ], title="eaglekit compare"))
     for title, condition in measured:
         out.print()

@@ -79,6 +79,41 @@ def quantization_text(served: dict | None) -> str:
     return f"{served['scheme']}: weights {served['weights']}; activations {activations} ({served['specification']})"
 
 
+def sampling_text(sampling: dict, *, replay: bool = False) -> str:
+    """How a report's target chose its tokens; a sampled run says its figures are one seeded draw."""
+    if sampling["seed"] is None:
+        return "greedy"
+    how = ("the target sampled each continuation, both drafts replayed on it (the law of vLLM's rejection sampling)"
+           if replay else "vLLM's rejection sampling, the draft proposing its argmax")
+    return (f"temperature {sampling['temperature']:g}, top-p {sampling['top_p']:g}: {how}; the figures are one draw, "
+            f"seed {sampling['seed']}")
+
+
+def sampling_options(*, seed: bool):
+    """--temperature and --top-p (verify, compare, bench) and, where eaglekit draws the samples, --seed."""
+    from eaglekit.decode.sampling import DEFAULT_SEED
+
+    options = [
+        click.option("--temperature", type=float, default=0.0, show_default=True,
+                     help="Sample the target's tokens at this temperature, as vLLM's rejection sampler does (the "
+                          "draft still proposes its argmax); 0: greedy."),
+        click.option("--top-p", "top_p", type=float, default=1.0, show_default=True,
+                     help="Sample from the smallest set of tokens holding this much probability (vLLM's top-p, "
+                          "applied after the temperature); 1: all."),
+    ]
+    if seed:
+        options.append(click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True,
+                                    help="Seed of the sampled decode's generator (with --temperature): the same "
+                                         "seed gives the same tokens and counters."))
+
+    def apply(fn):
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
+
+
 def decode_options(fn):
     """The options every command that decodes against a target shares (verify, compare): the target, k, the prompt
     set and how it is selected, where and in what dtype the target runs, the conditions (templates x context
@@ -121,6 +156,7 @@ def decode_options(fn):
                      help="auto: float32 on CPU, bfloat16 on CUDA; float64 with --target-quantization."),
         target_quantization_option,
     ]
+    fn = sampling_options(seed=True)(fn)
     for option in reversed(options):
         fn = option(fn)
     return fn

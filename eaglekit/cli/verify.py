@@ -19,6 +19,7 @@ from eaglekit.cli.output import (
     key_value_table,
     out,
     quantization_text,
+    sampling_text,
     styled,
     write_report,
 )
@@ -67,7 +68,8 @@ Examples:
               help="Extra vLLM LLM(...) argument, repeatable (JSON values), e.g. max_model_len=4096.")
 @format_option
 def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, categories, turns, context_tokens, template,
-                   plot, device, dtype, target_quantization, aux_layer_ids, as_eaglekit_reads, engine_version,
+                   plot, device, dtype, target_quantization, temperature, top_p, seed, aux_layer_ids,
+                   as_eaglekit_reads, engine_version,
                    vllm_runner, diagnose,
                    min_acceptance, save_report, profile_out, no_progress, engine, engine_python, tensor_parallel_size,
                    engine_args, output_format):
@@ -86,7 +88,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
         **conditions(context_tokens, template), device=device, dtype=dtype, aux_layer_ids=aux_ids(aux_layer_ids),
         diagnose=diagnose, min_acceptance=min_acceptance, engine=engine, categories=tuple(categories), turns=turns,
         as_eaglekit_reads=as_eaglekit_reads, engine_version=engine_version, vllm_runner=vllm_runner,
-        target_quantization=target_quantization,
+        target_quantization=target_quantization, temperature=temperature, top_p=top_p, seed=seed,
         engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
                                      engine_args=parse_engine_args(engine_args)),
         outputs=(Role("--save-report", save_report or ""), Role("--profile-out", profile_out or ""),
@@ -134,7 +136,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
         return f" under {report.settings.condition.label}" if len(sweep.reports) > 1 else ""
 
     for report in sweep.reports:
-        if not report.lossless:
+        if report.lossless is False:
             bad = [o for o in report.outcomes if not o.identical and not (o.divergence or {}).get("numerical_tie")]
             raise EaglekitError(f"{draft}: speculative output differs from the target's own greedy output"
                                 f"{under(report)} on {len(bad)} prompt(s) (first: {bad[0].name!r} at token "
@@ -213,6 +215,7 @@ def _header(doc: dict, prompts: str) -> None:
                 f"{doc['device']}"),
         ("prompts", prompts),
         ("target numerics", quantization_text(doc.get("target_quantization"))),
+        ("sampling", sampling_text(doc["sampling"])),
     ], title="eaglekit verify"))
     out.print()
     if doc["checks"]:
@@ -241,7 +244,12 @@ def _speed_text(measured: dict) -> str:
 
 def _result(measured: dict, k: int, title: str) -> None:
     """One condition's measurement: the lossless verdict, τ, both rate definitions and the speed."""
-    lossless = styled(("yes", "green")) if measured["lossless"] else styled(("NO", "bold red"))
+    if measured["lossless"] is None:
+        lossless = styled(("not judged", "dim"), " (sampled: one draw per prompt cannot show it; tests do)")
+    elif measured["lossless"]:
+        lossless = styled(("yes", "green"))
+    else:
+        lossless = styled(("NO", "bold red"))
     if measured["lossless"] and not measured["exact_match"]:
         lossless.append(" (differs only after numerical ties)", "dim")
     split = measured["time_split"]

@@ -4,6 +4,10 @@ The target decodes each prompt once (greedy, a few tokens past --max-new-tokens 
 sees what a live target would), one forward over prompt + continuation captures every aux state either draft
 reads, and both drafts are replayed against that capture. Acceptance is then measured on identical text for
 both, and the difference per category comes with a paired bootstrap interval over conversations.
+
+With --temperature the target samples its continuation (seeded) and the drafts are replayed on it with the greedy
+match rule: with argmax drafts that is the same law as vLLM's rejection sampling (eaglekit.decode.sampling), and
+both drafts still meet identical text.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class CompareReport:
             "dtype": run.dtype,
             "device": run.device,
             **quantization_entry(run),
+            "sampling": run.sampling.to_dict(),
             "prompts": {"name": run.prompts_name, "count": len(self.names)},
         }
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from eaglekit.decode.prompts import check_template
+from eaglekit.decode.sampling import DEFAULT_SEED, Sampling
 from eaglekit.decode.settings import Condition
 from eaglekit.engines import VLLM_RUNNERS
 from eaglekit.errors import UsageError
@@ -43,6 +44,13 @@ class VerifyOptions:
     template: str | tuple[str, ...] = "chat"  # how prompts reach the target (prompts.TEMPLATES); several: a sweep
     outputs: tuple[Role, ...] = ()  # what the caller writes from the result (--save-report, --plot, ...)
     target_quantization: str | None = None  # the target computes with these served numerics (quantization.SCHEMES)
+    temperature: float = 0.0  # 0: greedy; above: sampled as vLLM's rejection sampler samples (decode/sampling.py)
+    top_p: float = 1.0
+    seed: int = DEFAULT_SEED  # the sampled decode's generator
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_p, self.seed)
 
     @property
     def conditions(self) -> tuple[Condition, ...]:
@@ -72,6 +80,11 @@ class VerifyOptions:
         if self.engine not in ENGINES:
             raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
         scheme(self.target_quantization)
+        self.sampling.check()
+        if not self.sampling.greedy and self.engine != REFERENCE:
+            raise UsageError(f"--temperature {self.temperature:g} with --engine {self.engine}: the engine's counters "
+                             "are compared with the reference draft for draft only greedily; `eaglekit bench "
+                             "--temperature` measures vLLM's acceptance when it samples")
         if self.target_quantization and self.engine != REFERENCE:
             raise UsageError(f"--target-quantization {self.target_quantization} with --engine {self.engine}: the "
                              "engine would serve the target in full precision (vLLM's CPU build has no FP8 kernel, and "

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eaglekit.decode.sampling import Sampling
+
 
 @dataclass(frozen=True)
 class Condition:
@@ -33,6 +35,7 @@ class DecodeSettings:
     context_tokens: int
     template: str = "chat"
     target_quantization: dict[str, Any] | None = None  # the served numerics the target computed with (None: full)
+    sampling: Sampling = Sampling()  # greedy unless a temperature was given
 
     @property
     def condition(self) -> Condition:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eaglekit.decode.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
+from eaglekit.decode.sampling import Sampling, sampler_for
 from eaglekit.decode.settings import Condition, DecodeSettings
 from eaglekit.decode.speculative import check_room, greedy_decode
 from eaglekit.errors import IncompatibleDraftError, UsageError
@@ -62,6 +63,7 @@ class DecodeSetup:
     dtype: str  # torch's name without "torch.", as the reports write it
     tokenizer: Any
     model: TargetModel | None  # None when an engine decodes alone: the tokenizer is all of the target loaded here
+    sampling: Sampling = Sampling()
 
     @property
     def target_model(self) -> TargetModel:
@@ -85,7 +87,8 @@ class DecodeSetup:
     def settings(self, condition: Condition) -> DecodeSettings:
         served = self.model.quantization if self.model is not None else None
         return DecodeSettings(self.target, self.k, self.max_new_tokens, self.dtype, self.device, self.prompts.name,
-                              condition.context_tokens, condition.template, served.to_dict() if served else None)
+                              condition.context_tokens, condition.template, served.to_dict() if served else None,
+                              self.sampling)
 
 
 def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: VerifyOptions, *,
@@ -110,7 +113,7 @@ def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: Verify
         dtype = resolve_dtype(options.dtype, device)
         tokenizer = load_tokenizer(os.path.dirname(os.path.abspath(target_config_path(target))), info)
     return DecodeSetup(target, info, checked, prompts, options.num_speculative_tokens, options.max_new_tokens,
-                       device, str(dtype).replace("torch.", ""), tokenizer, model)
+                       device, str(dtype).replace("torch.", ""), tokenizer, model, options.sampling)
 
 
 def _checked(name: str, spec: DraftSpec, info: TargetInfo, options: VerifyOptions) -> DecodeDraft:
@@ -194,16 +197,18 @@ def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options:
 
 
 def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0):
-    """(prompt, token ids, the target's own greedy decode) for every prompt and each of its follow-up turns, under
-    the one condition of `options`; a follow-up is asked after the target's greedy answer to the turn before, as a
-    served conversation would be.
+    """(prompt, token ids, the target's own decode) for every prompt and each of its follow-up turns, under the one
+    condition of `options`; a follow-up is asked after the target's answer to the turn before, as a served
+    conversation would be. The target decodes greedily, or samples (one generator seeded from `options` across
+    every turn) when `options` ask for a temperature.
     `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them)."""
+    sampler = sampler_for(options.sampling)
     for index, first in enumerate(prompts.prompts):
         prompt = with_context(first, model.tokenizer, options.condition.context_tokens, index)
         while True:
             ids = encode(prompt, model.tokenizer, template=options.condition.template)
             plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens + lookahead,
-                                  eos_ids=model.eos_token_ids)
+                                  eos_ids=model.eos_token_ids, sampler=sampler)
             yield prompt, ids, plain
             if not prompt.follow_ups:
                 break

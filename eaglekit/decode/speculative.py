@@ -1,4 +1,5 @@
-"""Greedy decoding, plain and speculative (chain of k drafts, one target verify per round).
+"""Decoding, plain and speculative (chain of k drafts, one target verify per round): greedy, or sampled as vLLM's
+rejection sampler samples (`eaglekit.decode.sampling`) when a `RejectionSampler` is given.
 
 The speculative loop only talks to two small interfaces, so the same loop runs
 - against the live target (`LiveVerifier`: real forwards, KV cache cropped on rejection) to measure
@@ -16,11 +17,14 @@ import random
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.errors import CheckpointError
 from eaglekit.target_model import TargetModel
+
+if TYPE_CHECKING:
+    from eaglekit.decode.sampling import RejectionSampler
 
 
 @dataclass
@@ -29,6 +33,7 @@ class VerifyStep:
 
     predictions: list[int]  # the target's greedy token after each row
     aux: list[Any]  # [rows, T] per aux id, ascending id order
+    logits: Any = None  # [rows, V], where the verifier runs the target (a sampled decode reads them)
 
 
 class Verifier(Protocol):
@@ -108,8 +113,8 @@ def check_room(target: TargetModel, prompt: Sequence[int], max_new_tokens: int) 
 
 
 def greedy_decode(target: TargetModel, prompt: Sequence[int], *, max_new_tokens: int,
-                  eos_ids: Collection[int] = ()) -> GreedyResult:
-    """The target's own greedy continuation, one token per forward with its KV cache."""
+                  eos_ids: Collection[int] = (), sampler: RejectionSampler | None = None) -> GreedyResult:
+    """The target's own continuation, one token per forward with its KV cache: greedy, or drawn by `sampler`."""
     import torch
 
     check_room(target, prompt, max_new_tokens)
@@ -122,7 +127,7 @@ def greedy_decode(target: TargetModel, prompt: Sequence[int], *, max_new_tokens:
         result = target.forward(step, (), past, logits_to_keep=1)
         past = result.past
         top = result.logits[0, -1].float().topk(2)
-        token = int(top.indices[0])
+        token = int(top.indices[0]) if sampler is None else sampler.sample(result.logits[0, -1])
         tokens.append(token)
         margins.append(float(top.values[0] - top.values[1]))
         step = torch.tensor([[token]], dtype=torch.long)
@@ -144,7 +149,7 @@ class LiveVerifier:
                                      logits_to_keep=logits_to_keep)
         self.past = result.past
         predictions = result.logits[0].argmax(-1).tolist()
-        return VerifyStep(predictions, [a[0] for a in result.aux])
+        return VerifyStep(predictions, [a[0] for a in result.aux], result.logits[0])
 
     def prefill(self, prompt: Sequence[int]) -> VerifyStep:
         self.past = None
@@ -214,8 +219,11 @@ class ReplayVerifier:
 
 
 def speculative_decode(verifier: Verifier, proposer: Proposer, prompt: Sequence[int], *, k: int,
-                       max_new_tokens: int, eos_ids: Collection[int] = ()) -> SpecResult:
-    """Greedy speculative decoding: draft k, verify k+1 rows at once, keep the longest matching prefix + 1."""
+                       max_new_tokens: int, eos_ids: Collection[int] = (),
+                       sampler: RejectionSampler | None = None) -> SpecResult:
+    """Speculative decoding: draft k, verify k+1 rows at once; greedy keeps the longest matching prefix + the
+    target's next token, a `sampler` accepts and emits as vLLM's rejection sampler does (it needs the verifier's
+    logits: a live target)."""
     clock = Clock()
     counter = AcceptanceCounter(k)
     start = time.perf_counter()
@@ -223,7 +231,9 @@ def speculative_decode(verifier: Verifier, proposer: Proposer, prompt: Sequence[
     mark = time.perf_counter()
     step = verifier.prefill(prompt)
     clock.target_s += time.perf_counter() - mark
-    out = [step.predictions[-1]]
+    if sampler is not None and step.logits is None:
+        raise ValueError("this verifier keeps no logits to sample from: replay a sampled continuation greedily")
+    out = [step.predictions[-1] if sampler is None else sampler.sample(step.logits[-1])]
     committed = len(prompt)  # positions held by the target's cache; out[-1] is not among them yet
     mark = time.perf_counter()
     proposer.begin(prompt, step.aux, out[0])
@@ -236,15 +246,18 @@ def speculative_decode(verifier: Verifier, proposer: Proposer, prompt: Sequence[
 
         mark = time.perf_counter()
         step = verifier.verify([out[-1], *drafts])
-        accepted = 0
-        while accepted < k and drafts[accepted] == step.predictions[accepted]:
-            accepted += 1
+        if sampler is None:
+            accepted = 0
+            while accepted < k and drafts[accepted] == step.predictions[accepted]:
+                accepted += 1
+            bonus = step.predictions[accepted]
+        else:
+            accepted, bonus = sampler.judge(drafts, step.logits)
         committed += accepted + 1
         verifier.commit(committed)
         clock.target_s += time.perf_counter() - mark
 
         counter.record(accepted)
-        bonus = step.predictions[accepted]
         out.extend(drafts[:accepted])
         out.append(bonus)
         if len(out) >= max_new_tokens or any(t in eos_ids for t in out[-accepted - 1 :]):

@@ -10,11 +10,22 @@ from eaglekit.config_view import nested
 from eaglekit.hub.card_text import is_repo_id, number, public_source, signed, text
 
 
+def sampled(report: Mapping[str, Any]) -> str:
+    """How a verify or bench report's tokens were chosen, as the card states it."""
+    sampling = report.get("sampling")
+    if not isinstance(sampling, Mapping) or not sampling.get("temperature"):
+        return "greedy"
+    seed = f", seed {text(sampling['seed'])}" if sampling.get("seed") is not None else ""
+    return f"temperature {text(sampling['temperature'])}, top-p {text(sampling.get('top_p', 1))}{seed}"
+
+
 def verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = (), *, speed: bool = True) -> str:
     """verify's figures; its reference-decode speed only when no bench report gives the serving speed (`speed`):
     a card states one speed, the engine's when it was measured."""
     rows = []
-    if "lossless" in report:
+    if "lossless" in report and report["lossless"] is None:
+        rows.append(("Sampling", f"{sampled(report)}: τ is one seeded draw; losslessness is not judged on one sample"))
+    elif "lossless" in report:
         rows.append(("Lossless (greedy output identical to the target's)", "yes" if report["lossless"] else "**no**"))
     if "acceptance_length" in report:
         rows.append(("Mean acceptance length τ", number(report["acceptance_length"])))
@@ -64,7 +75,7 @@ def speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> s
 
     conditions = (f"{field(engine, 'name', 'vllm')} {field(engine, 'version')} on {field(engine, 'device_name')} "
                   f"({field(engine, 'device_type')}, tensor parallel {field(engine, 'tensor_parallel_size', '1')}), "
-                  f"{field(bench, 'dtype')}, k = {field(bench, 'num_speculative_tokens')}, greedy, up to "
+                  f"{field(bench, 'dtype')}, k = {field(bench, 'num_speculative_tokens')}, {sampled(bench)}, up to "
                   f"{field(bench, 'max_new_tokens')} new tokens per request, prompts "
                   f"{field(prompts, 'name', 'unnamed')} ({number(prompts.get('count', '?'))})")
     rows = [r for r in bench.get("rows") or [] if isinstance(r, Mapping)]

@@ -14,6 +14,7 @@ from typing import Any
 
 from eaglekit.bench.report import RowFigures, Verdict, verdicts
 from eaglekit.config_view import REPO_ID, nested
+from eaglekit.decode.sampling import GREEDY_BELOW
 from eaglekit.decode.stats import MIN_SAMPLES, too_few
 from eaglekit.errors import CheckpointError, EaglekitError, UsageError, quoted
 from eaglekit.hub.card import recorded_target
@@ -54,11 +55,20 @@ MEAN_ROUNDING = 0.5e-4
 THROUGHPUT_ROUNDING = 0.5e-3
 
 
+def sampled(report: Mapping[str, Any]) -> bool:
+    """A report of a sampled decode (verify --temperature): it leaves lossless and exact_match null, since one draw
+    per prompt cannot show the output follows the target's distribution."""
+    temperature = nested(report, "sampling").get("temperature")
+    return isinstance(temperature, (int, float)) and finite(temperature) and temperature >= GREEDY_BELOW
+
+
 def load_report(path: str) -> VerifyReportFile:
     """Read a verify report JSON for the card; figures no decode can produce are refused (one line naming it)."""
     report = load_json_object(path, "verify report")
     for verdict in VERDICTS:
-        if verdict in report and not isinstance(report[verdict], bool):
+        value = report.get(verdict)
+        unjudged = value is None and verdict != "passed" and sampled(report)
+        if verdict in report and not (isinstance(value, bool) or unjudged):
             raise CheckpointError(f"{verdict} must be true or false, not {quoted(report[verdict])}", path)
     k = report.get("num_speculative_tokens")
     if k is not None and (type(k) is not int or k < 1):

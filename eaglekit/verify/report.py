@@ -19,7 +19,7 @@ from eaglekit.verify.diagnose import Diagnosis
 
 SWEEP_SHARED = ("eaglekit_version", "draft", "target", "eagle_version", "flags", "aux_layer_ids",
                 "aux_layer_ids_source", "checks", "num_speculative_tokens", "max_new_tokens", "dtype", "device",
-                "target_quantization",
+                "target_quantization", "sampling",
                 "min_acceptance", "tie_tolerance", "notes", "measured")
 """Verify report keys every condition of a sweep shares: written once, before the conditions."""
 
@@ -30,7 +30,7 @@ class PromptOutcome:
     prompt_tokens: int
     generated_tokens: int
     acceptance_length: float
-    identical: bool  # speculative output == target-only output, token for token
+    identical: bool | None  # speculative output == target-only output, token for token (None: sampled, not comparable)
     divergence: dict[str, Any] | None = None  # first differing position and how close the target's top-2 were
     category: str | None = None
     conversation: str | None = None  # turns of one conversation share it
@@ -67,12 +67,20 @@ class VerifyReport:
     measured: dict[str, Any] | None = None  # SHA-256 of the draft's files and the target's identity (push checks them)
 
     @property
-    def exact(self) -> bool:
-        return all(o.identical for o in self.outcomes)
+    def sampled(self) -> bool:
+        return not self.settings.sampling.greedy
 
     @property
-    def lossless(self) -> bool:
-        """Identical output, or a first divergence where the target's own top-2 logits were tied within tolerance."""
+    def exact(self) -> bool | None:
+        return None if self.sampled else all(o.identical for o in self.outcomes)
+
+    @property
+    def lossless(self) -> bool | None:
+        """Identical output, or a first divergence where the target's own top-2 logits were tied within tolerance.
+        None when sampled: one draw per prompt cannot show that the output follows the target's distribution (the
+        test suite checks that statistically)."""
+        if self.sampled:
+            return None
         return all(o.identical or (o.divergence or {}).get("numerical_tie", False) for o in self.outcomes)
 
     @property
@@ -116,12 +124,13 @@ class VerifyReport:
             draft=self.draft, target=run.target, eagle_version=self.eagle_version, per_category=self.categories(),
             conditions={"engine": "eaglekit reference decode", "dataset": run.prompts_name,
                         "prompts": len(self.outcomes), "context_tokens": run.context_tokens,
-                        "max_new_tokens": run.max_new_tokens, "sampling": "greedy", "concurrency": 1,
+                        "max_new_tokens": run.max_new_tokens, "sampling": run.sampling.label, "concurrency": 1,
                         "dtype": run.dtype, "device": run.device})
 
     @property
     def passed(self) -> bool:
-        return self.lossless and (self.min_acceptance is None or self.acceptance_length >= self.min_acceptance)
+        return self.lossless is not False and (self.min_acceptance is None
+                                               or self.acceptance_length >= self.min_acceptance)
 
     def to_dict(self) -> dict[str, Any]:
         c, run = self.counter, self.settings
@@ -172,6 +181,7 @@ class VerifyReport:
             "dtype": run.dtype,
             "device": run.device,
             **quantization_entry(run),
+            "sampling": run.sampling.to_dict(),
             "tie_tolerance": self.tie_tolerance,
             "per_prompt": [
                 {
@@ -188,7 +198,7 @@ class VerifyReport:
                 }
                 for o in self.outcomes
             ],
-            "notes": list(self.notes),
+            "notes": list(self.notes) + ([run.sampling.sample_note] if self.sampled else []),
             "served": self.served,
             "measured": self.measured,
         }
@@ -214,8 +224,9 @@ class VerifySweep:
         return [r.settings.condition for r in self.reports]
 
     @property
-    def lossless(self) -> bool:
-        return all(r.lossless for r in self.reports)
+    def lossless(self) -> bool | None:
+        verdicts = [r.lossless for r in self.reports]
+        return None if None in verdicts else all(verdicts)
 
     @property
     def passed(self) -> bool:

@@ -9,6 +9,7 @@ from eaglekit.decode.eagle import EagleProposer
 from eaglekit.decode.metrics import AcceptanceCounter, DriftStats
 from eaglekit.decode.options import VerifyOptions
 from eaglekit.decode.prompts import encode
+from eaglekit.decode.sampling import Sampling, sampler_for
 from eaglekit.decode.settings import plain_report
 from eaglekit.decode.setup import decode_setup, turns
 from eaglekit.decode.speculative import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
@@ -87,11 +88,12 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             if options.diagnose else None
 
         counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
+        sampler = sampler_for(options.sampling)
         target_s, spec_tokens, target_tokens, outcomes, target_outputs, encoded = 0.0, 0, 0, [], [], []
         for prompt, ids, plain in turns(prompts, model, condition_options):
             proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + setup.max_new_tokens + k + 2, drift=drift)
             spec_run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k,
-                                          max_new_tokens=setup.max_new_tokens, eos_ids=eos)
+                                          max_new_tokens=setup.max_new_tokens, eos_ids=eos, sampler=sampler)
             counter.merge(spec_run.counter)
             clock.merge(spec_run.clock)
             target_s += plain.seconds
@@ -99,9 +101,11 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             target_tokens += len(plain.tokens)
             target_outputs.append(list(plain.tokens))
             encoded.append(ids)
-            divergence = _divergence(spec_run.tokens, plain.tokens, plain.margins, tolerance)
+            divergence = _divergence(spec_run.tokens, plain.tokens, plain.margins, tolerance) if sampler is None \
+                else None
             outcomes.append(PromptOutcome(prompt.name, len(ids), len(spec_run.tokens),
-                                          spec_run.counter.acceptance_length, divergence is None, divergence,
+                                          spec_run.counter.acceptance_length,
+                                          divergence is None if sampler is None else None, divergence,
                                           prompt.category, prompt.conversation or prompt.name, spec_run.counter,
                                           spec_run.clock.total_s, plain.seconds, len(plain.tokens)))
             if readings is not None:
@@ -115,7 +119,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             served = served_section(spec, info, checked.rules, options, flags, aux_ids, counter,
                                     lambda reading: _acceptance(model, make_drafter(_flips(flags, reading.flags)),
                                                                 reading.aux_ids, encoded, k, setup.max_new_tokens,
-                                                                eos))
+                                                                eos, options.sampling))
         engine = comparison = None
         if options.engine == "both":
             engine, comparison = _beside_the_engine(spec, target, info, options, setup, drafter, aux_ids, encoded,
@@ -233,13 +237,15 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
 
 
 def _acceptance(model: TargetModel, drafter, aux_ids: Sequence[int], encoded, k: int, max_new_tokens: int,
-                eos) -> AcceptanceCounter:
-    """The reference's counters with other aux ids (the ones the engine captures)."""
+                eos, sampling: Sampling = Sampling()) -> AcceptanceCounter:
+    """The reference's counters with other aux ids (the ones the engine captures) or another reading of the files;
+    a sampled decode draws from a generator seeded as the measured one was."""
     counter = AcceptanceCounter(k)
+    sampler = sampler_for(sampling)
     for ids in encoded:
         proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + max_new_tokens + k + 2)
         run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k, max_new_tokens=max_new_tokens,
-                                 eos_ids=eos)
+                                 eos_ids=eos, sampler=sampler)
         counter.merge(run.counter)
     return counter
 
