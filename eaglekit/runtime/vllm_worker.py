@@ -34,6 +34,16 @@ CPU_KV_CACHE = "VLLM_CPU_KVCACHE_SPACE"  # GiB of KV cache vLLM's CPU worker res
 FALLBACK_KV_CACHE_GIB = 4  # when the target's config does not say its attention geometry
 GPU_SHARE = 0.9  # vLLM's own default gpu_memory_utilization: the most of a device it takes when it is free
 FREE_MARGIN = 0.95  # of the memory free at start: vLLM refuses to start when its share exceeds what is free
+IN_PROCESS_ENGINE = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": the offline engine core runs in the caller's process
+
+
+def one_process_executor(tensor_parallel_size: int, given: set[str]) -> dict:
+    """On one device the model runs in the engine's own process ("uni"): vLLM's CPU platform otherwise spawns a
+    worker process that re-imports vLLM and torch (about 10 s a start on a small CPU) for the same forward passes
+    and the same counters. Tensor parallel keeps vLLM's multiprocess executor; a caller's choice is kept."""
+    if tensor_parallel_size != 1 or "distributed_executor_backend" in given:
+        return {}
+    return {"distributed_executor_backend": "uni"}
 
 
 def _metrics(llm) -> dict:
@@ -130,6 +140,7 @@ def platform_info() -> dict:
 def main(request_path: str, result_path: str) -> None:
     with open(request_path, encoding="utf-8") as fh:
         request = json.load(fh)
+    os.environ.setdefault(IN_PROCESS_ENGINE, "0")  # one offline run: no engine-core process to start and feed
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -137,6 +148,7 @@ def main(request_path: str, result_path: str) -> None:
     kwargs = dict(model=request["target"], tokenizer=request["target"], dtype=request["dtype"], seed=0,
                   disable_log_stats=False, tensor_parallel_size=request["tensor_parallel_size"])
     kwargs.update(request["engine_args"])
+    kwargs.update(one_process_executor(int(request["tensor_parallel_size"]), set(request["engine_args"])))
     if request.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": request["draft"],
                                         "num_speculative_tokens": request["k"]}
@@ -182,6 +194,9 @@ def serve(request_path: str, info_path: str) -> None:
 
     if current_platform.is_cpu() and "enforce_eager" not in request["given"]:
         argv.append("--enforce-eager")  # graph capture and compilation cost minutes on a CPU and serve no faster
+    parallel = int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
+    for name, value in one_process_executor(parallel, set(request["given"])).items():
+        argv += [f"--{name.replace('_', '-')}", value]
     info = {"vllm_version": vllm.__version__, **platform_info(), "sized": sized,
             "kv_cache_gib_cpu": os.environ.get(CPU_KV_CACHE) if current_platform.is_cpu() else None,
             "argv": argv}
