@@ -849,6 +849,12 @@ def test_targets_and_the_push_config_lookup_share_one_hub_resolver(tmp_path, mon
         hub_snapshot("org/unknown", ["config.json"])
     assert unknown.value.offline
     assert evidence._hub_config("org/unknown", "http://127.0.0.1:9", None) is None
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert evidence._hub_config("org/cached", "http://127.0.0.1:9", None, offline=True) == os.path.join(folder,
+                                                                                                      "config.json")
+    with pytest.raises(HubFetchError, match="offline"):  # push --dry-run --offline: the cache and nothing else
+        hub_snapshot("org/unknown", ["config.json"], endpoint="http://127.0.0.1:9", cache_only=True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(CheckpointError, match="not in the local Hugging Face cache"):
         resolve_target("org/unknown")
 

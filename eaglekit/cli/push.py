@@ -54,7 +54,10 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--commit-message", help="Commit summary (default names the EAGLE version and eaglekit version).")
 @click.option("--token", help="Hugging Face token (default: HF_TOKEN, then the saved login).")
 @click.option("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT or https://huggingface.co).")
-@click.option("--dry-run", is_flag=True, help="Build the card and the file list; send nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Build the card and the file list and upload nothing; with a token, ask the Hub whose it is, "
+                   "whether it can write to the repository's namespace and whether the repository exists.")
+@click.option("--offline", is_flag=True, help="With --dry-run: ask the Hub nothing.")
 @click.option("--force", is_flag=True, help="Push even if validation finds errors (the card says so).")
 @click.option("--allow-few-samples", is_flag=True,
               help="Put --bench figures measured over fewer requests than an interval needs (10) on the card; it "
@@ -66,8 +69,8 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--license-link", help="With --license other: the URL of the licence text.")
 @format_option
 def push_command(draft, repo_id, target, target_id, report_path, bench_path, private, revision, create_pr,
-                 commit_message, token, endpoint, dry_run, force, allow_few_samples, card_out, license_id, license_link,
-                 output_format):
+                 commit_message, token, endpoint, dry_run, offline, force, allow_few_samples, card_out, license_id,
+                 license_link, output_format):
     """Validate DRAFT for vLLM and publish config, weights, model card and eaglekit.json to the Hub."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
@@ -87,7 +90,7 @@ def push_command(draft, repo_id, target, target_id, report_path, bench_path, pri
     try:
         result = push(draft, repo_id, target=target, target_id=target_id, report=report, bench=bench, private=private,
                       revision=revision, create_pr=create_pr, commit_message=commit_message, token=token,
-                      endpoint=endpoint, dry_run=dry_run, force=force,
+                      endpoint=endpoint, dry_run=dry_run, offline=offline, force=force,
                       allow_few_samples=allow_few_samples, license=license_id, license_link=license_link)
     finally:
         if not bars_were_off:
@@ -125,8 +128,15 @@ def render(doc: dict) -> None:
     if doc["forced"]:
         err.print(styled(("Published with --force despite what validation refused; the card says so.", "bold red")))
     if doc["dry_run"]:
-        out.print(f"Dry run: nothing sent. Would push {len(doc['files'])} files to {doc['url']}")
+        out.print(f"Dry run: nothing uploaded. Would push {len(doc['files'])} files to {doc['url']}")
+        _render_hub_check(doc["hub_check"])
     elif doc["pr_url"]:
         out.print(f"Opened {doc['pr_url']}")
     else:
         out.print(f"Pushed {doc['commit_url']}")
+
+
+def _render_hub_check(check: dict) -> None:
+    """What the Hub said before the push, one line each."""
+    for note in check["notes"]:
+        out.print(f"Hub: {note}", soft_wrap=True)

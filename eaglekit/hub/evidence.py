@@ -299,11 +299,12 @@ def declared_target(value: str | None, spec: DraftSpec, hub_id: str | None = Non
     return PushTarget(value or hub_id or recorded_target(spec), None)
 
 
-def _hub_config(repo_id: str, endpoint: str, token: str | None) -> str | None:
-    """The Hub id's config.json: from the local Hugging Face cache, else fetched from the push's endpoint (a few
-    KB, after one quiet probe); None when neither works (offline, gated, unknown or unreachable)."""
+def _hub_config(repo_id: str, endpoint: str, token: str | None, offline: bool = False) -> str | None:
+    """The Hub id's config.json: from the local Hugging Face cache, else (unless `offline`) fetched from the push's
+    endpoint (a few KB, after one quiet probe); None when neither works (offline, gated, unknown or unreachable)."""
     try:
-        folder = hub_snapshot(repo_id, ["config.json"], endpoint=endpoint, token=token, probe="config.json")
+        folder = hub_snapshot(repo_id, ["config.json"], endpoint=endpoint, token=token, probe="config.json",
+                              cache_only=offline)
     except HubFetchError:
         return None
     config = os.path.join(folder, "config.json")
@@ -311,11 +312,12 @@ def _hub_config(repo_id: str, endpoint: str, token: str | None) -> str | None:
 
 
 def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTarget, *,
-                      endpoint: str = HUB_ENDPOINTS[0], token: str | None = None) -> list[str]:
+                      endpoint: str = HUB_ENDPOINTS[0], token: str | None = None,
+                      offline: bool = False) -> list[str]:
     """Why a verify report does not describe the files being pushed, or the target this push declares; empty: it
     does. The target is compared as the report records it: by config.json hash and weights fingerprint with a
     local --target folder, by Hub id, and a local copy of unrecorded origin by hash with the Hub id's config.json
-    (fetched from `endpoint` when not cached)."""
+    (fetched from `endpoint` when not cached, unless `offline`)."""
     from eaglekit.provenance import hash_files, sha256_file, source_files
 
     measured = report.get("measured")
@@ -342,7 +344,7 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTa
         if origin != target.repo_id:
             problems.append(f"it was measured against {origin}, not {target.repo_id}")
     elif target.repo_id:
-        config = _hub_config(target.repo_id, endpoint, token)
+        config = _hub_config(target.repo_id, endpoint, token, offline)
         if config is None:
             problems.append(f"it measured a local target (folder {folder}) that cannot be compared with "
                             f"{target.repo_id}: its config.json is neither cached nor reachable (give that folder as "

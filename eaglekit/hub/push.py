@@ -18,6 +18,7 @@ from eaglekit.engines import RECORDS
 from eaglekit.errors import CheckpointError, EaglekitError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
+from eaglekit.hub.access import HubAccess, check_access
 from eaglekit.hub.card import build_card, provenance
 from eaglekit.hub.evidence import (
     PushTarget,
@@ -31,6 +32,7 @@ from eaglekit.hub.upload import (
     check_repo_id,
     commit_to_hub,
     describe_file,
+    find_token,
     resolve_token,
     upload_sources,
 )
@@ -72,11 +74,13 @@ class PushResult:
     card: str
     findings: list[Finding]
     warnings: list[str] = field(default_factory=list)
+    hub_check: HubAccess | None = None  # a dry run's question to the Hub: token, write permission, repository
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["files"] = [asdict(f) for f in self.files]
         data["findings"] = [f.to_dict() for f in self.findings]
+        data["hub_check"] = self.hub_check.to_dict() if self.hub_check else None
         return data
 
 
@@ -95,13 +99,15 @@ def push(
     token: str | None = None,
     endpoint: str | None = None,
     dry_run: bool = False,
+    offline: bool = False,
     force: bool = False,
     allow_few_samples: bool = False,
     validate: Validator | None = None,
     license: str | None = None,
     license_link: str | None = None,
 ) -> PushResult:
-    """Validate `draft_dir` for vLLM and publish it as `repo_id`; `dry_run` builds everything but sends nothing.
+    """Validate `draft_dir` for vLLM and publish it as `repo_id`; `dry_run` builds everything and sends nothing but
+    its questions to the Hub (whose token, may it write, does the repository exist), which `offline` leaves out too.
 
     `target`: a Hub id, or a local target folder (`target_id`, else its config's Hub id names it in the card).
     `validate(spec)` returns a report with `.findings` or a list of findings; by default eaglekit's vLLM rules run.
@@ -113,6 +119,8 @@ def push(
 
     remember_secret(token)
     check_repo_id(repo_id)
+    if offline and not dry_run:
+        raise UsageError("--offline goes with --dry-run: a push needs the Hub")
     endpoint = check_endpoint(endpoint, "--endpoint") if endpoint else check_endpoint(constants.ENDPOINT,
                                                                                       "HF_ENDPOINT")
     if not os.path.isdir(draft_dir):
@@ -122,7 +130,7 @@ def push(
     draft_forced = _refuse_unfit_draft(spec, findings, draft_dir, force)
     declared = declared_target(target, spec, target_id)
     target = declared.repo_id
-    unbound, bench_unbound = _unbound_evidence(report, bench, spec, declared, endpoint, token, force)
+    unbound, bench_unbound = _unbound_evidence(report, bench, spec, declared, endpoint, token, force, offline)
     refuse_few_samples(bench, allow_few_samples)
     forced = draft_forced or bool(unbound) or bool(bench_unbound)
     warnings = _publishing_warnings(declared, license, license_link)
@@ -141,6 +149,7 @@ def push(
     )
     if dry_run:
         result.files = [describe_file(path, source) for path, source in sources]
+        result.hub_check = check_access(endpoint, repo_id, find_token(token), revision=revision, offline=offline)
         return result
     version = "EAGLE-3.1" if spec.eagle_version == "3.1" else "EAGLE-3"
     message = commit_message or f"Upload {version} draft (eaglekit {__version__})"
@@ -175,15 +184,17 @@ def _refuse_unfit_draft(spec: DraftSpec, findings: list[Finding], draft_dir: str
 
 
 def _unbound_evidence(report: VerifyReportFile | None, bench: VerifyReportFile | None, spec: DraftSpec,
-                      declared: PushTarget, endpoint: str, token: str | None,
-                      force: bool) -> tuple[list[str], list[str]]:
+                      declared: PushTarget, endpoint: str, token: str | None, force: bool,
+                      offline: bool) -> tuple[list[str], list[str]]:
     """Why the verify and the bench report do not describe these files and this target (empty: they do); a card
     must not credit a draft with another's figures, so a mismatch refuses the push unless `force`."""
-    unbound = report_mismatches(report.doc, spec, declared, endpoint=endpoint, token=token) if report else []
+    unbound = report_mismatches(report.doc, spec, declared, endpoint=endpoint, token=token,
+                                offline=offline) if report else []
     if report is not None and unbound and not force:
         raise EaglekitError(f"refusing this verify report: {unbound[0]} (rerun `eaglekit verify`, or pass --force: "
                             "the card then says so)", report.path)
-    bench_unbound = report_mismatches(bench.doc, spec, declared, endpoint=endpoint, token=token) if bench else []
+    bench_unbound = report_mismatches(bench.doc, spec, declared, endpoint=endpoint, token=token,
+                                      offline=offline) if bench else []
     if bench is not None and bench_unbound and not force:
         raise EaglekitError(f"refusing this bench report: {bench_unbound[0]} (rerun `eaglekit bench`, or pass "
                             "--force: the card then says so)", bench.path)

@@ -85,10 +85,15 @@ def describe_file(path: str, source: str | bytes) -> PushedFile:
     return PushedFile(path, os.path.getsize(source), digest.hexdigest())
 
 
-def resolve_token(token: str | None) -> str:
+def find_token(token: str | None) -> str | None:
+    """The token a push sends: --token, else HF_TOKEN, else the saved login (None when there is none)."""
     from huggingface_hub import get_token
 
-    token = token or get_token()
+    return token or get_token()
+
+
+def resolve_token(token: str | None) -> str:
+    token = find_token(token)
     if not token:
         raise EaglekitError("no Hugging Face token: pass --token, set HF_TOKEN, or run `hf auth login`")
     return token

@@ -108,18 +108,20 @@ def transport_errors() -> tuple[type[Exception], type[Exception]]:
 
 
 def hub_snapshot(repo_id: str, patterns: Sequence[str], *, endpoint: str | None = None, token: str | None = None,
-                 probe: str | None = None) -> str:
+                 probe: str | None = None, cache_only: bool = False) -> str:
     """The local folder holding the files of Hub repository `repo_id` that match `patterns`: the cached snapshot when
     there is one, else downloaded from `endpoint` (huggingface_hub's default when None) with the client's log lines
     silenced. `probe`: a file whose metadata is asked for first, without the client's retries, so that an
-    unreachable endpoint fails in one attempt rather than after the download's backoff. Raises HubFetchError."""
+    unreachable endpoint fails in one attempt rather than after the download's backoff; `cache_only`: no download
+(push --dry-run --offline). Raises HubFetchError."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
         return snapshot_download(repo_id, allow_patterns=list(patterns), local_files_only=True)
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
-        pass
+        if cache_only:
+            raise HubFetchError("not in the local Hugging Face cache (offline)", offline=True) from None
     bounded_hub_client()
     with quiet_hub_logging():
         try:

@@ -1,8 +1,10 @@
 """A loopback stand-in for the Hugging Face Hub, for push tests without internet.
 
 It serves the routes that `HfApi.create_repo` / `create_branch` / `create_commit` / `upload_folder` use on the
-non-xet path (reference hub-and-style.md §B2.3), with the checks the real Hub makes that a client bug would trip:
-bearer auth, sha256 of every LFS upload, commits that reference only uploaded LFS objects, valid card YAML. It
+non-xet path (reference hub-and-style.md §B2.3) and `HfApi.whoami` (`/api/whoami-v2`), with the checks the real Hub
+makes that a client bug would trip: bearer auth, write permission of the token (role `write`, `read`, or
+`fineGrained` with `repo.write` scoped to a namespace), sha256 of every LFS upload, commits that reference only
+uploaded LFS objects, valid card YAML. It
 records every request, repo, branch, commit and LFS object so tests can compare bytes. Standard library plus
 PyYAML (to parse card front matter the way the Hub does).
 """
@@ -24,6 +26,7 @@ import yaml
 _TYPE_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 _REPO = r"(?P<type>models|datasets|spaces)/(?P<ns>[^/]+)/(?P<name>[^/]+)"
 _ROUTES = [
+    ("GET", re.compile(r"^/api/whoami-v2$"), "whoami"),
     ("POST", re.compile(r"^/api/repos/create$"), "create_repo"),
     ("POST", re.compile(r"^/api/validate-yaml$"), "validate_yaml"),
     ("POST", re.compile(rf"^/api/{_REPO}/preupload/(?P<rev>[^/]+)$"), "preupload"),
@@ -36,6 +39,7 @@ _ROUTES = [
     ("PUT", re.compile(r"^/lfs-objects/(?P<oid>[0-9a-f]{64})$"), "lfs_upload"),
 ]
 ROUTE_NAMES = tuple(name for _, _, name in _ROUTES)
+WRITE_ROUTES = frozenset({"create_repo", "preupload", "commit", "create_branch", "lfs_batch"})
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,11 @@ class FakeHub:
     """The server plus everything it recorded. Use as a context manager (or start()/stop())."""
 
     def __init__(self, *, token: str = "hf_loopback_secret_token", user: str = "fake-user",
-                 lfs_threshold: int = 10_000):
+                 orgs: dict[str, str] | None = None, lfs_threshold: int = 10_000):
         self.token = token
         self.user = user
+        self.orgs = dict(orgs if orgs is not None else {"eagle-org": "write"})  # org name -> roleInOrg
+        self.tokens: dict[str, dict] = {token: {"displayName": "loopback", "role": "write"}}  # -> accessToken
         self.lfs_threshold = lfs_threshold  # files of at least this many bytes are asked to go through LFS
         self.repos: dict[tuple[str, str], Repo] = {}
         self.lfs_objects: dict[str, bytes] = {}
@@ -150,6 +156,17 @@ class FakeHub:
             raise ValueError(f"unknown route {route!r}; known: {ROUTE_NAMES}")
         self._faults.setdefault(route, []).extend([status] * times)
 
+    def add_token(self, token: str, role: str, scoped: dict[str, list[str]] | None = None) -> str:
+        """Accept `token` as well, with this role (`read`, `write`, `fineGrained`); `scoped`: for a fine-grained
+        token, entity name (user, org or ORG/NAME) -> permissions, as whoami-v2 lists them."""
+        access: dict = {"displayName": f"{role} token", "role": role}
+        if role == "fineGrained":
+            access["fineGrained"] = {"canReadGatedRepos": False, "global": ["discussion.write"], "scoped": [
+                {"entity": {"_id": secrets.token_hex(12), "type": _entity_type(name, self.user), "name": name},
+                 "permissions": list(permissions)} for name, permissions in (scoped or {}).items()]}
+        self.tokens[token] = access
+        return token
+
     def repo(self, repo_id: str, repo_type: str = "model") -> Repo:
         return self.repos[(repo_type, repo_id)]
 
@@ -172,7 +189,10 @@ class FakeHub:
                     if query.get("sig") != self._upload_signature:
                         raise HubError(403, "invalid upload signature")
                 else:
-                    self._check_auth(headers)
+                    access = self._check_auth(headers)
+                    if name in WRITE_ROUTES:
+                        self._check_write(access, args, body)
+                    args["access"] = access
                 with self._lock:
                     if self._faults.get(name):
                         status = self._faults[name].pop(0)
@@ -193,12 +213,32 @@ class FakeHub:
             return status, {"Content-Type": content_type}, data, name
         return 404, {"Content-Type": "application/json"}, json.dumps({"error": "no such route"}).encode(), "unknown"
 
-    def _check_auth(self, headers: dict[str, str]) -> None:
+    def _check_auth(self, headers: dict[str, str]) -> dict:
+        """The accessToken record of the bearer token; 401 for none or an unknown one."""
         auth = headers.get("authorization", "")
         if not auth.startswith("Bearer "):
             raise HubError(401, "Invalid username or password.")
-        if auth[len("Bearer "):] != self.token:
+        access = self.tokens.get(auth[len("Bearer "):])
+        if access is None:
             raise HubError(401, "Invalid credentials in Authorization header")
+        return access
+
+    def _check_write(self, access: dict, args: dict, body: bytes) -> None:
+        """403 unless the token may write to the namespace: a write token, or a fine-grained one with repo.write
+        scoped to the namespace or the repository (the Hub's rule)."""
+        if "ns" in args:
+            namespace, repo_id = args["ns"], f"{args['ns']}/{args['name']}"
+        else:
+            doc = self._json(body)
+            namespace = doc.get("organization") or self.user
+            repo_id = f"{namespace}/{doc.get('name')}"
+        if access["role"] in ("write", "admin"):
+            return
+        if access["role"] == "fineGrained" and any(
+                "repo.write" in scope["permissions"] and scope["entity"]["name"] in (namespace, repo_id)
+                for scope in access["fineGrained"]["scoped"]):
+            return
+        raise HubError(403, f"You don't have the rights to write to {repo_id}", code="RepoForbidden")
 
     def _json(self, body: bytes) -> dict:
         try:
@@ -223,6 +263,13 @@ class FakeHub:
 
     def _repo_url(self, repo: Repo) -> str:
         return f"{self.endpoint}/{_TYPE_PREFIX[repo.repo_type]}{repo.repo_id}"
+
+    def _route_whoami(self, args, query, headers, body):
+        orgs = [{"type": "org", "id": hashlib.sha1(name.encode()).hexdigest()[:24], "name": name, "fullname": name,
+                 "roleInOrg": role} for name, role in self.orgs.items()]
+        return 200, {"type": "user", "id": hashlib.sha1(self.user.encode()).hexdigest()[:24], "name": self.user,
+                     "fullname": self.user, "email": None, "emailVerified": True, "isPro": False, "orgs": orgs,
+                     "auth": {"type": "access_token", "accessToken": args["access"]}}, "application/json"
 
     def _route_create_repo(self, args, query, headers, body):
         doc = self._json(body)
@@ -383,6 +430,10 @@ class FakeHub:
     def _new_commit_oid(self, summary: str) -> str:
         self._commit_counter += 1
         return hashlib.sha1(f"{self._commit_counter}:{summary}".encode()).hexdigest()
+
+
+def _entity_type(name: str, user: str) -> str:
+    return "model" if "/" in name else "user" if name == user else "org"
 
 
 def card_metadata_errors(content: str) -> list[str] | None:
