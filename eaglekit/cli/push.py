@@ -48,6 +48,9 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Verify report JSON (from eaglekit verify) to put in the card.")
 @click.option("--bench", "bench_path", type=click.Path(exists=True, dir_okay=False),
               help="Bench report JSON (from eaglekit bench --save-report): the card's serving-speed section.")
+@click.option("--plot", "plots", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="A PNG eaglekit drew (bench, verify, compare or finetune --plot) to upload under eval/ and show "
+                   "on the card; repeatable.")
 @click.option("--private", is_flag=True, help="Create the repository private (ignored if it exists).")
 @click.option("--revision", help="Branch to commit to (created if missing); with --create-pr, the PR's base.")
 @click.option("--create-pr", is_flag=True, help="Open a pull request instead of committing to the branch.")
@@ -68,7 +71,7 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
                    "--license-link.")
 @click.option("--license-link", help="With --license other: the URL of the licence text.")
 @format_option
-def push_command(draft, repo_id, target, target_id, report_path, bench_path, private, revision, create_pr,
+def push_command(draft, repo_id, target, target_id, report_path, bench_path, plots, private, revision, create_pr,
                  commit_message, token, endpoint, dry_run, offline, force, allow_few_samples, card_out, license_id,
                  license_link, output_format):
     """Validate DRAFT for vLLM and publish config, weights, model card and eaglekit.json to the Hub."""
@@ -80,7 +83,7 @@ def push_command(draft, repo_id, target, target_id, report_path, bench_path, pri
 
     refuse_clobber([Role("--card-out", card_out)],
                    [*read_roles("draft", draft), *read_roles("--report", report_path),
-                    *read_roles("--bench", bench_path),
+                    *read_roles("--bench", bench_path), *(r for plot in plots for r in read_roles("--plot", plot)),
                     *target_roles(local_path(target))])
     report = load_report(report_path) if report_path else None
     bench = load_bench_report(bench_path) if bench_path else None
@@ -88,7 +91,8 @@ def push_command(draft, repo_id, target, target_id, report_path, bench_path, pri
     if output_format == "json":
         disable_progress_bars()
     try:
-        result = push(draft, repo_id, target=target, target_id=target_id, report=report, bench=bench, private=private,
+        result = push(draft, repo_id, target=target, target_id=target_id, report=report, bench=bench, plots=plots,
+                      private=private,
                       revision=revision, create_pr=create_pr, commit_message=commit_message, token=token,
                       endpoint=endpoint, dry_run=dry_run, offline=offline, force=force,
                       allow_few_samples=allow_few_samples, license=license_id, license_link=license_link)

@@ -13,6 +13,7 @@ from eaglekit import __version__
 from eaglekit.config_view import nested
 from eaglekit.engines import RECORDS
 from eaglekit.findings import Finding
+from eaglekit.hub.attachments import Attachment
 from eaglekit.hub.card_figures import finetune_section, numerics_note, speed_section, verify_section
 from eaglekit.hub.card_text import code, is_repo_id, public_source, text
 from eaglekit.redact import redact
@@ -92,11 +93,13 @@ def build_card(
     rules: ValidationReport | None = None,
     bench: Mapping[str, Any] | None = None,
     bench_mismatches: Sequence[str] = (),
+    evaluation: Sequence[Attachment] = (),
 ) -> str:
     """Return README.md text: YAML front matter, then the body. `forced`: pushed despite error findings;
     `report_mismatches`: why the verify report describes other files (pushed with --force); `rules`: the caller's
     rules run over every engine, which the serving sections show (run here when absent); `bench`: an
-    `eaglekit bench` report, the serving-speed section (`bench_mismatches` as `report_mismatches`)."""
+    `eaglekit bench` report, the serving-speed section (`bench_mismatches` as `report_mismatches`); `evaluation`:
+    the reports and plots uploaded beside the card, linked and shown."""
     from huggingface_hub import ModelCardData
 
     target = target or recorded_target(spec)
@@ -122,6 +125,7 @@ def build_card(
         speed_section(bench, bench_mismatches) if bench else "",
         verify_section(report, report_mismatches, speed=bench is None) if report else "",
         numerics_note(report, bench) if report and bench else "",
+        _evaluation_section(evaluation),
         finetune_section(provenance(spec)),
         _validation_section(findings, validated),
         _provenance_section(spec),
@@ -277,6 +281,23 @@ def _serving(spec: DraftSpec, repo_id: str, target: str | None, rules: Validatio
 
 """What a string read from a file could use to become Markdown or HTML in the card: emphasis, code, links, tags,
 table cells, entities. Escaped with a backslash wherever such a string is rendered."""
+
+
+def _evaluation_section(files: Sequence[Attachment]) -> str:
+    """Links to the uploaded reports and the plots shown inline, by their paths in the repository (relative links:
+    the Hub resolves them in the revision the card is in)."""
+    if not files:
+        return ""
+    reports = [f"- [`{f.path}`]({f.path}): the `{f.made_by}` report the figures above are taken from" for f in files
+               if f.kind == "report"]
+    plots = [f"![{text(f.path.rsplit('/', 1)[-1])}]({f.path})" for f in files if f.kind == "plot"]
+    lines = ["## Evaluation files", "", "Uploaded with this draft under `eval/`: reports as eaglekit wrote them "
+             "(secrets removed, local paths reduced to folder names) and plots it drew."]
+    if reports:
+        lines += ["", *reports]
+    if plots:
+        lines += ["", "\n\n".join(plots)]
+    return "\n".join(lines) + "\n"
 
 
 def _validation_section(findings: Sequence[Finding], validated: bool) -> str:

@@ -9,7 +9,7 @@ The reports a card cites are checked in eaglekit.hub.evidence; the Hub is spoken
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from eaglekit.errors import CheckpointError, EaglekitError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
 from eaglekit.hub.access import HubAccess, check_access
+from eaglekit.hub.attachments import evaluation_files
 from eaglekit.hub.card import build_card, provenance
 from eaglekit.hub.evidence import (
     PushTarget,
@@ -92,6 +93,7 @@ def push(
     target_id: str | None = None,
     report: VerifyReportFile | None = None,
     bench: VerifyReportFile | None = None,
+    plots: Sequence[str] = (),
     private: bool = False,
     revision: str | None = None,
     create_pr: bool = False,
@@ -114,6 +116,7 @@ def push(
     An error finding, or a report that measured other files or another target, refuses the push unless `force`.
     `bench`: an `eaglekit bench` report, the card's serving-speed section (bound to the files as a verify report is);
     one with a figure over fewer requests than an interval needs is refused unless `allow_few_samples`.
+    The reports (redacted) and `plots` (PNG files eaglekit drew) are uploaded under eval/ and the card links them.
     """
     from huggingface_hub import constants
 
@@ -136,11 +139,13 @@ def push(
     warnings = _publishing_warnings(declared, license, license_link)
     figures = report.doc if report is not None else None
     speed = bench.doc if bench is not None else None
+    evaluation = evaluation_files(figures, speed, plots)
     card = build_card(spec, repo_id, target=target, report=figures, findings=findings, validated=validated,
                       forced=forced, report_mismatches=unbound, license=license, license_link=license_link,
-                      rules=rules, bench=speed, bench_mismatches=bench_unbound)
+                      rules=rules, bench=speed, bench_mismatches=bench_unbound, evaluation=evaluation)
     manifest = _manifest(spec, target, figures, findings, validated, forced, speed)
-    sources = upload_sources(spec, card, manifest)
+    manifest["evaluation_files"] = [f.path for f in evaluation]
+    sources = upload_sources(spec, card, manifest) + [(f.path, f.data) for f in evaluation]
     shown = without_credentials(endpoint)
     result = PushResult(
         repo_id=repo_id, endpoint=shown, revision=revision, create_pr=create_pr, private=private,
