@@ -137,7 +137,8 @@ def test_fc_norm_init_ones_without_a_target_writes_the_warm_start(drafts, tmp_pa
     assert doc["flags"]["fc_norm_added"] and doc["flags"]["fc_norm_init"] == "ones"
     assert doc["flags"]["norm_output_added"]
     assert not any(w.startswith("kept EAGLE-3") for w in doc["warnings"])
-    assert doc["next_command"] == "eaglekit finetune out out-tuned --target TARGET"
+    assert doc["next_command"] is None  # no target to name: next_step says what to run in words
+    assert doc["next_step"].startswith("fine-tune out against its target with `eaglekit finetune`")
     out = load_draft(str(tmp_path / "out"))
     assert out.eagle_version == "3.1"
     for k in range(3):  # unit weights: nothing to calibrate on

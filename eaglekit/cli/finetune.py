@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from typing import TYPE_CHECKING
 
 import click
@@ -261,4 +262,5 @@ def render(doc: dict) -> None:
         out.print(f"note: {note}")
     if doc["plot"]:
         out.print(f"plot: {doc['plot']}")
-    out.print(styled("next: ", (f"eaglekit verify {doc['output']['path']} --target {doc['target']}", "bold")))
+    verify = shlex.join(["eaglekit", "verify", doc["output"]["path"], "--target", doc["target"]])
+    out.print(styled("next: ", (verify, "bold")), soft_wrap=True)  # a command to copy: never wrapped

@@ -200,8 +200,10 @@ def render(doc: dict) -> None:
     if doc["next_command"] and engine.needs_conversion:
         out.print(styled("serve: ", (doc["next_command"], "bold")), soft_wrap=True)
     elif doc["next_command"]:
-        out.print(styled("next: ", (doc["next_command"], "bold"), "  (trains the new function; until then this "
-                         "draft accepts fewer tokens than its source)"))
+        out.print(styled("next: ", (doc["next_command"], "bold")), soft_wrap=True)  # a command to copy: never wrapped
+        out.print("  (trains the new function; until then this draft accepts fewer tokens than its source)")
+    elif doc["next_step"]:
+        out.print(f"next: {doc['next_step']} (until it is trained, this draft accepts fewer tokens than its source)")
 
 
 def _print_fidelity(fid: dict) -> None:

@@ -6,6 +6,7 @@ plot path; a refusal after capture or training would cost the whole run.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,8 +77,11 @@ def prepare(source: str, destination: str, opts: FinetuneOptions) -> Run:
 def _source_spec(source: str, info: TargetInfo) -> DraftSpec:
     spec = load_draft(source, target=info)
     if not spec.facts.vllm_layout:
+        converted = f"{source.rstrip('/')}-vllm"
+        keep = ["--no-fc-norm", "--no-norm-output"] if spec.eagle_version == "3" else []  # its function, as it is
         raise UsageError(f"finetune trains drafts in vLLM's layout; this one reads as {spec.family}: run "
-                         f"`eaglekit upgrade {source} DIR` first and fine-tune DIR", spec.path)
+                         f"`{shlex.join(['eaglekit', 'upgrade', source, converted, *keep])}` first and fine-tune "
+                         f"{shlex.quote(converted)}", spec.path)
     if spec.aux.ids is None:
         raise CheckpointError("the draft records no aux layer ids, so the states to train on are unknown", spec.path)
     odd = sorted({r.dtype for r in spec.tensors.values() if r.dtype not in WRITABLE_DTYPES and r.dtype[0] == "F"})

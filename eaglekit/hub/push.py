@@ -9,6 +9,7 @@ The reports a card cites are checked in eaglekit.hub.evidence; the Hub is spoken
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from eaglekit.families import load_draft
 from eaglekit.findings import Finding
 from eaglekit.hub.access import HubAccess, check_access
 from eaglekit.hub.attachments import evaluation_files
-from eaglekit.hub.card import build_card, provenance
+from eaglekit.hub.card import build_card, provenance, recorded_target
 from eaglekit.hub.evidence import (
     PushTarget,
     VerifyReportFile,
@@ -130,7 +131,7 @@ def push(
         raise CheckpointError("not a draft directory", draft_dir)
     spec = load_draft(draft_dir)
     findings, validated, rules = _run_validation(spec, validate)
-    draft_forced = _refuse_unfit_draft(spec, findings, draft_dir, force)
+    draft_forced = _refuse_unfit_draft(spec, findings, draft_dir, force, target or recorded_target(spec))
     declared = declared_target(target, spec, target_id)
     target = declared.repo_id
     unbound, bench_unbound = _unbound_evidence(report, bench, spec, declared, endpoint, token, force, offline)
@@ -165,7 +166,17 @@ def push(
     return result
 
 
-def _refuse_unfit_draft(spec: DraftSpec, findings: list[Finding], draft_dir: str, force: bool) -> bool:
+def _finetune_first(draft_dir: str, target: str | None) -> str:
+    """The finetune a warm start needs, as a command when the target is known (--target or the draft's record)."""
+    if target is None:
+        return ("fine-tune it first with `eaglekit finetune`, giving its target model (Hub id or folder) as --target "
+                "(this push was given none)")
+    draft = draft_dir.rstrip("/")
+    return f"run `{shlex.join(['eaglekit', 'finetune', draft, f'{draft}-tuned', '--target', target])}` first"
+
+
+def _refuse_unfit_draft(spec: DraftSpec, findings: list[Finding], draft_dir: str, force: bool,
+                        target: str | None) -> bool:
     """Refuse a draft that would fail in vLLM, an untrained warm start, or a finetune measured no better than its
     source, unless `force`; whether any of them is being pushed anyway (the card and eaglekit.json then say so)."""
     errors = [f for f in findings if f.severity == "error"]
@@ -179,8 +190,8 @@ def _refuse_unfit_draft(spec: DraftSpec, findings: list[Finding], draft_dir: str
     warm_start = untrained_warm_start(spec.config)
     if warm_start and not force:
         raise EaglekitError(f"refusing to push an untrained warm start ({warm_start}): it accepts fewer tokens than "
-                            "its source; run `eaglekit finetune DRAFT OUT --target TARGET` first, or pass --force "
-                            "(the card then says so)", draft_dir)
+                            f"its source; {_finetune_first(draft_dir, target)}, or pass --force (the card then says "
+                            "so)", draft_dir)
     worse = finetune_without_gain(spec.config)
     if worse and not force:
         raise EaglekitError(f"refusing to push a draft its finetune did not measure better than its source ({worse}); "

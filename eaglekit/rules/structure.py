@@ -534,7 +534,7 @@ def untrained_warm_start(ctx: RuleContext):
     summary = untrained_warm_start(ctx.spec.config)
     if summary:
         yield Hit(f"eaglekit upgrade changed the function without training ({summary}): it accepts fewer "
-                  "tokens than its source until trained; run `eaglekit finetune DRAFT OUT --target TARGET`",
+                  "tokens than its source until trained; fine-tune it against its target with `eaglekit finetune`",
                   key="eaglekit")
 
 

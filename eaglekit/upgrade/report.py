@@ -64,19 +64,38 @@ class UpgradeReport:
 
     @property
     def next_command(self) -> str | None:
-        """What to run next: a function changed untrained needs `finetune` (which trains vLLM-layout drafts); a GGUF
-        is served by llama.cpp."""
-        from eaglekit.engines import RECORDS
-        from eaglekit.upgrade.dialects import get_dialect
+        """What to run next, as a command that runs when pasted: a function changed untrained needs `finetune`
+        (which trains vLLM-layout drafts) against the target; a GGUF is served by llama.cpp with the target's GGUF.
+        None when there is no next step or its target is not known (`next_step` then says so in words)."""
+        import shlex
 
-        dialect = get_dialect(self.output["dialect"])
-        engine = RECORDS[dialect.ENGINE]
+        from eaglekit.engines import RECORDS
+
+        if self.target is None:
+            return None
+        engine = RECORDS[self._dialect().ENGINE]
         if engine.needs_conversion:
-            return engine.serve(self.target or f"TARGET.{engine.loads}", self.output["path"], 3, ())
-        if self.function != "warm-start" or not dialect.FINETUNE_READS:
+            return engine.serve(self.target, self.output["path"], 3, ())
+        if not self._finetune_follows():
             return None
         dst = self.output["path"].rstrip("/")
-        return f"eaglekit finetune {dst} {dst}-tuned --target {self.target or 'TARGET'}"
+        return shlex.join(["eaglekit", "finetune", dst, f"{dst}-tuned", "--target", self.target])
+
+    @property
+    def next_step(self) -> str | None:
+        """The next step in words when it needs what this upgrade was not given (the target); else None."""
+        if self.target is not None or not self._finetune_follows():
+            return None
+        return (f"fine-tune {self.output['path'].rstrip('/')} against its target with `eaglekit finetune`: give the "
+                "target model (its Hub id or folder) as --target, which this upgrade was not given")
+
+    def _dialect(self) -> Any:
+        from eaglekit.upgrade.dialects import get_dialect
+
+        return get_dialect(self.output["dialect"])
+
+    def _finetune_follows(self) -> bool:
+        return self.function == "warm-start" and bool(self._dialect().FINETUNE_READS)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -104,6 +123,7 @@ class UpgradeReport:
             "findings": [f.to_dict() for f in self.findings],
             "warnings": list(self.warnings),
             "next_command": self.next_command,
+            "next_step": self.next_step,
             "timings": dict(self.timings),
         }
 
