@@ -164,5 +164,8 @@ def test_rows_too_wide_for_80_columns_keep_every_header(tmp_path, capsys):
     finally:
         out.width = width
     lines = captured.get().splitlines()
-    assert lines[1] == ("  coding — prompts: 16; τ A: 1.995; τ B: 1.900; B − A: -0.095; 95 % interval: -0.201 – "
-                        "+0.012; verdict: not resolved; per position A: 0.61 0.33 0.12")
+    # every header with its value whole on one line, continued under an indent within 80 columns
+    assert lines[1:] == ["  coding — prompts: 16; τ A: 1.995; τ B: 1.900; B − A: -0.095;",
+                         "    95 % interval: -0.201 – +0.012; verdict: not resolved;",
+                         "    per position A: 0.61 0.33 0.12"]
+    assert all(len(line) <= 80 for line in lines)

@@ -36,15 +36,17 @@ def pasted(command: str) -> tuple[int, str]:
 
 
 def next_line(stdout: str) -> str:
-    lines = [line for line in stdout.splitlines() if line.startswith("next: ")]
+    """The command after `next: `, its ` \\`-continued lines joined as a shell joins them."""
+    joined = stdout.replace(" \\\n", " ")
+    lines = [line for line in joined.splitlines() if line.startswith("next: ")]
     assert len(lines) == 1, stdout
     return lines[0][len("next: "):]
 
 
 def test_a_warm_start_names_the_target_and_output_it_was_given(folders):
     source, target, tmp_path = folders
-    out = tmp_path / "warm start"
-    result = run_cli(["upgrade", source, str(out), "--target", target, "--fc-norm"])
+    out = tmp_path / "warm start"  # upgrade names its output by its absolute path
+    result = run_cli(["upgrade", source, "warm start", "--target", target, "--fc-norm"])
     assert result.exit_code == 0, result.stderr
     command = next_line(result.stdout)
     assert shlex.split(command) == ["eaglekit", "finetune", str(out), f"{out}-tuned", "--target", target]

@@ -275,3 +275,29 @@ def test_a_run_killed_mid_write_leaves_no_output(big_draft, tmp_path, sig):
     assert os.listdir(parent) == ["out"]
     spec = load_draft(dst)
     assert spec.dtype == "F32" and run_rules(spec).errors == 0
+
+
+@pytest.mark.parametrize("extra", [["--no-fc-norm", "--no-norm-output"], ["--dry-run"], ["--fc-norm"]])
+def test_at_80_columns_no_line_is_wider_and_every_path_is_whole(drafts, tmp_path_factory, monkeypatch, extra):
+    """A log or a pipe (not a TTY) at COLUMNS=80: the summary, the tensor plan and the next command are lines within
+    80 characters, and the source, output and target paths each appear whole on a line (nothing folded or cut)."""
+    from eaglekit.cli.output import out
+
+    monkeypatch.setattr(out, "width", 80)  # first: what is restored is the width before COLUMNS=80
+    monkeypatch.setenv("COLUMNS", "80")
+    dst = str(tmp_path_factory.mktemp("u") / "draft-for-vllm")  # a path that fits a line of its own
+    result = run(["upgrade", drafts["modelopt"], dst, "--target", drafts["target"], *extra])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), "\n".join(line for line in lines if len(line) > 80)
+    for path in (drafts["modelopt"], dst):
+        assert any(path in line for line in lines), path
+    if "--dry-run" in extra:  # the whole plan, every tensor name whole
+        assert all(any(f" {name};" in line for line in lines) for name in ("d2t", "fc.weight", "norm.weight"))
+    if "--fc-norm" in extra:  # the command to paste, continued with backslashes: the shell joins it as printed
+        start = next(i for i, line in enumerate(lines) if line.startswith("next: "))
+        command = "\n".join(lines[start:start + 4]).split("\n  (")[0]
+        import shlex
+
+        assert shlex.split(command.replace("\\\n", " "))[1:] == ["eaglekit", "finetune", dst, f"{dst}-tuned",
+                                                                   "--target", drafts["target"]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -247,8 +248,8 @@ def findings_table(findings: list[dict], title: str = "Findings") -> Table:
 
 def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, prose: str | None = None) -> None:
     """Print rows whose cells are names to copy (tensor names, paths): a table when it fits the terminal with
-    every identifier whole, else one line per row naming each column (`first — column: value; …`), so an 80-column
-    log keeps every header; only the `prose` column may wrap."""
+    every identifier whole, else each row as `first — column: value; …` lines within the width (an 80-column log
+    keeps every header and every identifier whole); only the `prose` column may wrap."""
     fixed = [c for c in columns if c != prose]
     widths = {c: max([len(c)] + [len(str(r[columns.index(c)])) for r in rows]) for c in columns}
     needed = sum(widths[c] for c in fixed) + 3 * len(columns) + 1 + (12 if prose else 0)
@@ -262,8 +263,38 @@ def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, p
         return
     out.print(title)
     for r in rows:
-        named = "; ".join(f"{column}: {value}" for column, value in zip(columns[1:], r[1:]) if str(value))
-        out.print(f"  {r[0]} — {named}", soft_wrap=True)
+        named = [f"{column}: {value}" for column, value in zip(columns[1:], r[1:]) if str(value)]
+        for line in packed_lines(f"  {r[0]} —", [f"{n};" for n in named[:-1]] + named[-1:], out.width):
+            out.print(line, soft_wrap=True)
+
+
+def packed_lines(head: str, units: list[str], width: int, indent: str = "    ") -> list[str]:
+    """`head` and `units` joined by spaces into lines of at most `width` characters, continued under `indent`. A
+    unit moves to the next line whole; one wider than a line is wrapped at its spaces, never inside a word (a path
+    or a tensor name wider than the line stays whole on a line of its own)."""
+    lines, line = [], head
+    for unit in units:
+        if len(line) + 1 + len(unit) <= width:
+            line = f"{line} {unit}" if line.strip() else line + unit
+            continue
+        lines.append(line)
+        pieces = textwrap.wrap(unit, width - len(indent), break_long_words=False, break_on_hyphens=False) or [""]
+        lines += [indent + p for p in pieces[:-1]]
+        line = indent + pieces[-1]
+    lines.append(line)
+    return [line.rstrip() for line in lines if line.strip()]
+
+
+def command_lines(label: str, command: str, width: int) -> list[str]:
+    """A shell command after `label`, on one line when it fits `width`, else continued with ` \\` line ends (a shell
+    joins them when the lines are pasted), each argument whole and quoted as in `command`."""
+    if len(label) + len(command) <= width:
+        return [label + command]
+    import shlex
+
+    words = [shlex.quote(w) for w in shlex.split(command)]
+    lines = packed_lines(label.rstrip(), words, width - 2)
+    return [f"{line} \\" for line in lines[:-1]] + lines[-1:]
 
 
 def key_value_table(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
@@ -273,6 +304,28 @@ def key_value_table(rows: list[tuple[str, Any]], title: str | None = None) -> Ta
     for key, value in rows:
         table.add_row(key, "—" if value is None else value if isinstance(value, Text) else str(value))
     return table
+
+
+def key_value_panel(rows: list[tuple[str, Any]], title: Text) -> None:
+    """`rows` in a titled panel when its longest identifier (a path: the longest run without a space) fits beside
+    its key; else as `key: value` lines within the width, so a narrow log shows every path whole."""
+    from rich.panel import Panel
+
+    values = [(key, value.plain if isinstance(value, Text) else "—" if value is None else str(value))
+              for key, value in rows]
+    key_width = max(len(key) for key, _ in values)
+    longest = max(len(word) for _, value in values for word in value.split())
+    if key_width + longest + 8 <= out.width:
+        out.print(Panel(key_value_table(rows), title=title, expand=False))
+        return
+    out.print(title)
+    for key, value in values:
+        first, *more = value.split("\n")
+        for line in packed_lines(f"  {key}:", first.split(), out.width):
+            out.print(line, soft_wrap=True)
+        for extra in more:
+            for line in packed_lines("    ", extra.split(), out.width):
+                out.print(line, soft_wrap=True)
 
 
 def human_bytes(n: int) -> str:

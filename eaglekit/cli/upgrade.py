@@ -7,19 +7,19 @@ import sys
 from contextlib import contextmanager
 
 import click
-from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from eaglekit.cli.output import (
     aux_ids,
+    command_lines,
     emit_json,
     err,
     findings_table,
     format_option,
     human_bytes,
     identifier_table,
-    key_value_table,
+    key_value_panel,
     out,
     quantization_text,
     styled,
@@ -174,7 +174,7 @@ def render(doc: dict) -> None:
         ("norm_before_residual", residual),
     ]
     title = styled(("eaglekit upgrade — dry run" if doc["dry_run"] else "eaglekit upgrade", "bold"))
-    out.print(Panel(key_value_table(rows), title=title, expand=False))
+    key_value_panel(rows, title)
     if doc["changes"]:
         out.print(styled(("What changed in the function:", "bold")))
         for change in doc["changes"]:
@@ -197,10 +197,11 @@ def render(doc: dict) -> None:
                    else f"validated for {engine.label}")
         out.print(styled(("Wrote", "green"), f" {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
                          f"{checked}."))
-    if doc["next_command"] and engine.needs_conversion:
-        out.print(styled("serve: ", (doc["next_command"], "bold")), soft_wrap=True)
-    elif doc["next_command"]:
-        out.print(styled("next: ", (doc["next_command"], "bold")), soft_wrap=True)  # a command to copy: never wrapped
+    if doc["next_command"]:
+        label = "serve: " if engine.needs_conversion else "next: "
+        for line in command_lines(label, doc["next_command"], out.width):  # a command to copy: never wrapped
+            out.print(line, soft_wrap=True)
+    if doc["next_command"] and not engine.needs_conversion:
         out.print("  (trains the new function; until then this draft accepts fewer tokens than its source)")
     elif doc["next_step"]:
         out.print(f"next: {doc['next_step']} (until it is trained, this draft accepts fewer tokens than its source)")
