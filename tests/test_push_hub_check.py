@@ -38,8 +38,10 @@ def dry_run(fake_hub, draft_dir, *extra: str, token: str | None = None, repo: st
 
 def hub_check(fake_hub, draft_dir, token: str | None = None, *extra: str, repo: str = REPO) -> dict:
     code, out, err = dry_run(fake_hub, draft_dir, "--format", "json", *extra, token=token, repo=repo)
-    assert code == 0, err
     doc = json.loads(out)
+    refused = doc["hub_check"]["can_write"] is False  # a dry run that finds the push would fail exits 1, one line
+    assert code == (1 if refused else 0), err
+    assert not refused or (len(err.strip().splitlines()) == 1 and "the push would fail: " in err)
     jsonschema.validate(doc, SCHEMA)
     assert doc["card"].startswith("---\n") and doc["files"] and not fake_hub.repos
     return doc["hub_check"]
@@ -76,7 +78,8 @@ def test_a_read_token_cannot_write(fake_hub, draft_dir):
     assert check["token_role"] == "read" and check["can_write"] is False
     assert "cannot write to eagle-org: the token is read-only" in check["notes"][0]
     code, out, err = dry_run(fake_hub, draft_dir, token=READ_TOKEN)
-    assert code == 0 and "Hub: signed in as fake-user; cannot write to eagle-org: the token is read-only" in out
+    assert code == 1 and "Hub: signed in as fake-user; cannot write to eagle-org: the token is read-only" in out
+    assert err.strip() == f"Error: {REPO}: the push would fail: " + check["notes"][0]
 
 
 @pytest.mark.parametrize("scoped, writes", [
@@ -113,7 +116,7 @@ def test_a_refused_token_is_one_line(fake_hub, draft_dir):
     unknown = "hf_loopbackUnknownToken000000000000000"
     code, out, err = dry_run(fake_hub, draft_dir, token=unknown)
     host = fake_hub.endpoint.split("://", 1)[1]
-    assert code == 0
+    assert code == 1 and f"the push would fail: the token was refused by {host} (401)" in err
     hub_lines = [line for line in out.splitlines() if line.startswith("Hub:")]
     assert hub_lines == [f"Hub: the token was refused by {host} (401)"]
     assert unknown not in out + err

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.model
 DRAFTERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "drafters")
 EAGLE3 = os.path.join(DRAFTERS, "smollm2-135m-eagle3")
 EAGLE31 = os.path.join(DRAFTERS, "smollm2-135m-eagle3.1")
-PROMPTS = 8
+PROMPTS = 4
 NEW = 64
 
 

@@ -106,6 +106,11 @@ def push_command(draft, repo_id, target, target_id, report_path, bench_path, plo
         emit_json(doc)
     else:
         render(doc)
+    check = doc.get("hub_check") or {}
+    if check.get("can_write") is False:  # the preflight a CI job runs: a push that would fail fails here, and
+        why = check["notes"][0] if check["notes"] else "no write access"  # the report above still says why
+        click.echo(f"Error: {repo_id}: the push would fail: {why}", err=True)
+        raise click.exceptions.Exit(1)
 
 
 def local_path(value: str | None) -> str | None:
