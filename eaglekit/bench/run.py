@@ -248,7 +248,7 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
 
     verify_options = VerifyOptions(max_new_tokens=options.max_new_tokens, prompts_file=options.prompts_file,
                                    categories=options.categories, outputs=options.outputs)
-    refuse_clobbered_inputs(verify_options, [("DRAFT", draft)] if os.path.isdir(draft) else [], target)
+    refuse_clobbered_inputs(verify_options, [("DRAFT", draft)] if os.path.isdir(draft) else [], target or "")
     prompts = select_prompts(verify_options) if options.input_len is None else None
     groups, longest = _groups(prompts.prompts if prompts else (), tokenizer, options,
                               prompts.speed_bench if prompts else False)
@@ -301,7 +301,8 @@ def _measure_side(endpoint: Endpoint, side: str, work: str, files: dict[tuple[st
             label = f"C={c}" + (f", {group.category}" if group.category else "")
             say(f"{side}: {label}")
             warmups = c if options.warmups is None else options.warmups
-            warm_prompt = group.texts[0] if group.texts else list(range(1000, 1000 + (options.input_len or 1)))
+            # random prompts: token ids of the same length (ids 1000-1999, within any real vocabulary)
+            warm_prompt = group.texts[0] if group.texts else [1000 + i % 1000 for i in range(options.input_len or 1)]
             endpoint.warm_up(model, warm_prompt, warmups, c, body, timeout_s=engine.timeout_s)
             before = endpoint.counters()
             args = _client_args(model, files[(group.category, c)], c, options, tokenizer=tokenizer)

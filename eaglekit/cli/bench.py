@@ -196,7 +196,7 @@ def render(doc: dict) -> None:
         speed_columns = [*lead, "C", "alone", "draft", "speed-up", "95 %", "τ", "per position"]
     else:
         speed = Table(title="With the draft (no baseline: no speed-up)", title_justify="left")
-        speed_columns = [*lead, "C", "tok/s/user", "total tok/s", "τ", "per position"]
+        speed_columns = [*lead, "C", "tok/s/user", "τ", "per position"]
     latency = Table(title="Latency and per-user output tokens/s" + (" (alone, then with the draft)" if baseline
                                                                        else ""), title_justify="left")
     runs = ["run"] if baseline else []
@@ -218,22 +218,21 @@ def render(doc: dict) -> None:
                           "too few" if r["too_few_samples"] else f"{iv['low']:.2f}–{iv['high']:.2f}" if iv else "—",
                           tau, positions)
         else:
-            speed.add_row(*first, f"{spec['per_user_tokens_per_s']['mean']:.1f}", f"{spec['output_throughput']:.1f}",
-                          tau, positions)
+            speed.add_row(*first, f"{spec['per_user_tokens_per_s']['mean']:.1f}", tau, positions)
         sides = [("alone", base), ("draft", spec)] if baseline else [("draft", spec)]
         shown = [(key, label, decimals) for key, label, decimals in METRICS if key in spec]
-        for i, (key, label, decimals) in enumerate(shown):
+        for i, (key, label, decimals) in enumerate([("output_throughput", "total tok/s", 1), *shown]):
             for j, (run, figures) in enumerate(sides):
+                cells = ([_cell(figures[key], decimals)] + [""] * len(keys) if key == "output_throughput" else
+                         [_cell(figures[key]["mean"], decimals), *(_cell(figures[key].get(q), decimals) for q in keys)])
                 latency.add_row(*(first if i == j == 0 else [""] * len(first)), label if j == 0 else "",
-                                *([run] if baseline else []),
-                                _cell(figures[key]["mean"], decimals),
-                                *(_cell(figures[key].get(q), decimals) for q in keys),
-                                end_section=i == len(shown) - 1 and j == len(sides) - 1)
+                                *([run] if baseline else []), *cells,
+                                end_section=i == len(shown) and j == len(sides) - 1)
     out.print(speed)
     out.print(latency)
     if few_rows:
-        out.print(f"too few: {too_few_text(min(r['samples'] for r in few_rows))} an interval or a percentile above "
-                  "p50 (— in the tables)")
+        out.print(f"too few: {too_few_text(min(r['samples'] for r in few_rows))}: no interval and no percentile "
+                  "above p50 (— in the tables)")
     for v in doc["verdicts"]:
         out.print(styled(("verdict: ", "bold"), v["text"]))
     for note in doc.get("notes") or []:
@@ -247,5 +246,5 @@ def render(doc: dict) -> None:
     elif differing:
         out.print(f"note: with the draft, {sum(r['requests'] - r['identical_outputs'] for r in differing)} of "
                   f"{sum(r['requests'] for r in doc['rows'])} responses differ in text from the target alone: at "
-                  f"{doc['dtype']} the engine's rounding depends on how many tokens one step verifies (verify "
-                  "--engine both checks losslessness in float32)")
+                  f"{doc['dtype'] or 'a reduced precision'} the engine's rounding depends on how many tokens one "
+                  "step verifies (verify --engine both checks losslessness in float32)")
