@@ -59,9 +59,6 @@ class Spread:
     p99: float | None  # None below MIN_SAMPLES requests
     others: tuple[tuple[float, float | None], ...] = ()  # further percentiles asked for; above 50 None below the floor
 
-    def value(self, q: float) -> float | None:
-        return {50.0: self.p50, 99.0: self.p99, **dict(self.others)}.get(float(q))
-
     def to_dict(self) -> dict[str, float | None]:
         shown = sorted([(50.0, self.p50), (99.0, self.p99), *self.others])
         return {"mean": round(self.mean, 4),
@@ -85,10 +82,9 @@ def spread(values: Sequence[float], *, slow_tail_low: bool = False,
     return Spread(sum(values) / len(values), percentile(values, 0.5), at(99.0), others)
 
 
-LATENCIES = (("ttft", "Time to first token."), ("tpot", "Time per output token after the first (vLLM's TPOT)."),
-             ("itl", "Inter-token latency: every gap between output tokens of every request (vLLM's ITL)."),
-             ("e2el", "End-to-end latency of a request (vLLM's E2EL)."))
-"""The latencies vLLM's client measures (--percentile-metrics), each reported as `<name>_ms`."""
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+"""The latencies vLLM's client measures (--percentile-metrics): time to first token, per output token after it,
+between two output tokens, and end to end; each reported as `<name>_ms`."""
 
 
 @dataclass(frozen=True)
@@ -116,11 +112,11 @@ class ServedRun:
         return spread(self.per_user_rates, slow_tail_low=True, percentiles=self.percentiles)
 
     @classmethod
-    def from_vllm(cls, result: dict[str, Any], counters: SpecCounters | None = None,
+    def from_vllm(cls, result: dict[str, Any], counters: SpecCounters = SpecCounters(),
                   percentiles: Sequence[float] = REPORTED_PERCENTILES) -> "ServedRun":
         """From the dict vLLM's `bench serve` returns (with --save-detailed, --percentile-metrics ttft,tpot,itl,e2el
-        and --metric-percentiles holding `percentiles`), and the server's counters over it (`counters`; default:
-        those the client read itself); failed requests are refused upstream."""
+        and --metric-percentiles holding `percentiles`), and the difference of the server's counters over it (none
+        for a server without a draft); failed requests are refused upstream."""
         lens, latencies = result["output_lens"], result["latencies"]
         rates = tuple(n / t if t else 0.0 for n, t in zip(lens, latencies))
         few = too_few(int(result["completed"]))
@@ -135,19 +131,12 @@ class ServedRun:
             return Spread(result[f"mean_{name}_ms"], result[f"p50_{name}_ms"], at(name, 99.0),
                           tuple((q, at(name, q)) for q in chosen if q not in REPORTED_PERCENTILES))
 
-        if counters is None:
-            counters = SpecCounters(int(result.get("spec_decode_num_drafts") or 0),
-                                    int(result.get("spec_decode_draft_tokens") or 0),
-                                    int(result.get("spec_decode_accepted_tokens") or 0))
-            per_position = tuple(float(r) for r in result.get("spec_decode_per_position_acceptance_rates") or ())
-        else:
-            per_position = counters.per_position
         tpot, ttft = metric("tpot"), metric("ttft")
         assert tpot is not None and ttft is not None, "the client is always asked for TPOT and TTFT"
         return cls(int(result["completed"]), float(result["duration"]), int(result["total_output_tokens"]),
                    float(result["output_throughput"]), rates, tpot, ttft,
-                   tuple(str(t) for t in result.get("generated_texts") or ()), counters.drafts,
-                   counters.draft_tokens, counters.accepted, per_position, metric("itl"), metric("e2el"), chosen)
+                   tuple(str(t) for t in result.get("generated_texts") or ()), counters.drafts, counters.draft_tokens,
+                   counters.accepted, counters.per_position, metric("itl"), metric("e2el"), chosen)
 
     def to_dict(self) -> dict[str, Any]:
         latencies = {f"{name}_ms": spread.to_dict() for name, spread in (("itl", self.itl_ms), ("e2el", self.e2el_ms))

@@ -45,7 +45,7 @@ from eaglekit.runtime.server import Server, check_client_available, engine_flags
 DEFAULT_CONCURRENCY = (1, 4, 16)
 MAX_REQUESTS = 100_000  # per concurrency: each is a dataset row written before the client starts
 MAX_CONCURRENCY = 4096  # vLLM's max_num_seqs is the highest one
-PERCENTILE_METRICS = ",".join(name for name, _ in LATENCIES)
+PERCENTILE_METRICS = ",".join(LATENCIES)
 RANDOM_REQUESTS = MIN_SAMPLES  # requests per concurrency of random prompts, at least (enough for a p99)
 SERVER_OPTIONS = ("-k", "--dtype", "--tensor-parallel-size", "--engine-arg")
 """Settings of a server eaglekit starts: meaningless for a running one (--base-url), so refused with it."""
@@ -73,7 +73,7 @@ class BenchOptions:
     percentiles: tuple[float, ...] = REPORTED_PERCENTILES  # asked for besides p50 and p99
     base_url: str | None = None  # a running speculative server: nothing is started
     baseline_url: str | None = None  # its running no-spec twin
-    api_key: str | None = None  # the servers' key (Authorization: Bearer), never shown
+    api_key: str | None = field(default=None, repr=False)  # the servers' key (Authorization: Bearer), never shown
 
     @property
     def sampling(self) -> Sampling:

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -132,7 +132,7 @@ class Endpoint:
 
     url: str
     what: str  # "speculative server", "baseline server", "target + draft"...
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
 
     @property
     def public_url(self) -> str:
