@@ -226,7 +226,7 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
     k = len(counters.accepted_per_position)
     if not k:
         raise EngineError(f"the speculative server at {speculative.public_url} exposes no per-position acceptance "
-                          f"counter ({PER_POSITION}), so its k cannot be told: serve with vLLM 0.10 or later")
+                          f"counter ({PER_POSITION}), so its k cannot be told (a vLLM too old to export it)")
     if baseline is not None:
         twin = baseline.served_model()
         if twin.id != served.id:
