@@ -103,3 +103,36 @@ def test_a_report_path_inside_the_draft_is_refused_before_a_server_starts(upgrad
     result = run_cli(["bench", upgraded, "--target", smollm2_path(), "--concurrency", "1",
                       "--save-report", f"{upgraded}/config.json"])
     assert result.exit_code == 2 and "--save-report" in result.stderr
+
+
+def test_bench_base_url_measures_a_running_server_from_its_counters_and_leaves_it_running(upgraded, tmp_path):
+    """One server, started here as bench starts its own (the target with the draft); bench --base-url measures it
+    through its routes alone and leaves it serving."""
+    from eaglekit.engines.vllm import speculative_config
+    from eaglekit.runtime.server import engine_flags, start_server
+
+    target = smollm2_path()
+    settings = {"tokenizer": target, "dtype": "bfloat16", "max_model_len": 512, "max_num_seqs": 1, "seed": 0,
+                "speculative_config": speculative_config(upgraded, 3)}
+    server = start_server(VLLM_PYTHON or "", str(tmp_path), "target + draft",
+                          argv=["--model", target, *engine_flags(settings)], target=target, dtype="bfloat16",
+                          positions=512, given=[], timeout_s=600)
+    try:
+        result = run_cli(["bench", upgraded, "--base-url", server.url, "--target", target, "--concurrency", "1",
+                          "--limit", "3", "--max-new-tokens", "16", "--format", "json"])
+        assert result.exit_code == 0, result.stderr
+        doc = json.loads(result.stdout)
+        jsonschema.validate(doc, SCHEMA)
+        assert doc["servers"]["started_by_eaglekit"] is False and doc["servers"]["speculative_url"] == server.url
+        assert doc["num_speculative_tokens"] == 3 and doc["verdicts"] == []
+        (row,) = doc["rows"]
+        assert row["baseline"] is None and row["speed_up"] is None and row["speculative"]["completed"] == 3
+        assert row["num_drafts"] > 0
+        assert row["acceptance_length"] == pytest.approx(1 + row["num_accepted_tokens"] / row["num_drafts"])
+        assert row["acceptance_length"] > 1
+        per_position = [r * row["num_drafts"] for r in row["per_position_acceptance"]]
+        assert round(sum(per_position)) == row["num_accepted_tokens"]
+        assert row["speculative"]["itl_ms"]["mean"] > 0 and row["speculative"]["e2el_ms"]["p50"] > 0
+        assert server.healthy()  # eaglekit stopped nothing it did not start
+    finally:
+        server.stop()

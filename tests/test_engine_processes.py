@@ -169,7 +169,8 @@ def test_a_server_that_stops_during_a_concurrency_level_is_named_as_the_cause(tm
         pids = read_pids(fake_engine)
         monkeypatch.setenv("FAKE_CLIENT", "kill-server")
         with pytest.raises(EngineError) as caught:
-            bench_server.run_client(sys.executable, str(tmp_path), server, [], what="C=4", timeout_s=60)
+            bench_server.run_client(sys.executable, str(tmp_path), server.endpoint, [], what="C=4", timeout_s=60,
+                                    server=server)
         message = str(caught.value)
         assert "the server stopped during C=4 (killed by SIGKILL)" in message and "\n" not in message
         assert not any(alive(pid) for pid in pids.values())
@@ -181,7 +182,8 @@ def test_failed_requests_against_a_running_server_stay_the_client_s_error(tmp_pa
     server = _start_server(tmp_path)
     try:
         with pytest.raises(EngineError, match=r"4 of 4 requests failed \(first: Cannot connect"):
-            bench_server.run_client(sys.executable, str(tmp_path), server, [], what="C=4", timeout_s=60)
+            bench_server.run_client(sys.executable, str(tmp_path), server.endpoint, [], what="C=4", timeout_s=60,
+                                    server=server)
         assert server.healthy()
     finally:
         server.stop()

@@ -15,6 +15,8 @@ def plot_bench(report: BenchReport, path: str) -> str:
     """Write the PNG to `path` (atomically); its absolute path."""
     if not report.rows:
         raise OutputError("nothing was measured, nothing to plot", path)
+    if not report.has_baseline:
+        raise OutputError("no baseline was measured, so no speed-up to plot", path)
     return save_figure(bench_figure(report), path, dpi=110)
 
 
@@ -37,8 +39,8 @@ def bench_figure(report: BenchReport) -> Any:
             banded = True
         rates.plot(levels, [r.speculative.per_user.mean for r in rows], color=colour, marker="o",
                    label=f"{label}: with draft")
-        rates.plot(levels, [r.baseline.per_user.mean for r in rows], color=colour, marker="s", linestyle="--",
-                   label=f"{label}: target alone")
+        rates.plot(levels, [r.baseline.per_user.mean if r.baseline else 0.0 for r in rows], color=colour,
+                   marker="s", linestyle="--", label=f"{label}: target alone")
     speed.axhline(PAYS, color="grey", linewidth=1)
     engine = report.engine
     speed.set(xscale="log", xlabel="concurrency", ylabel="speed-up (mean per-user tokens/s)",

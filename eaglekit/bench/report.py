@@ -10,11 +10,17 @@ this module only pairs the two runs and says where speculation stops paying.
   requests, with a paired bootstrap interval over requests.
 - below MIN_SAMPLES requests neither the interval nor any p99 is estimated (`too_few_samples`), and the verdict
   calls the speed-up unresolved.
-- τ and per-position acceptance: the server's counters (vllm:spec_decode_*) over the measured requests only.
+- τ and per-position acceptance: the server's counters (vllm:spec_decode_*), read before and after each
+  measurement (warm-ups outside it): on a server eaglekit started, the measured requests only; on a running one
+  (--base-url), whatever else it served meanwhile too.
+- a running server measured without its no-spec twin (--base-url without --baseline-url) has no baseline: its rows
+  carry τ, latencies and throughput, no speed-up and no verdict.
+- percentiles: p50 and p99 always, and those asked for (--percentiles); none above the median below MIN_SAMPLES.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +35,21 @@ from eaglekit.decode.stats import (
     too_few,
     too_few_text,
 )
+from eaglekit.runtime.endpoint import SpecCounters
 
 SCHEMA_VERSION = "1"
 PAYS = 1.0  # a speed-up above this pays
+REPORTED_PERCENTILES = (50.0, 99.0)  # always in a report (its p50 and p99 keys), whatever else is asked for
+
+
+def percentile_key(q: float) -> str:
+    """A percentile's name as vLLM's client writes it (`p99`, `p99.9`)."""
+    return f"p{int(q) if int(q) == q else q}"
+
+
+def chosen_percentiles(asked: Sequence[float]) -> tuple[float, ...]:
+    """The percentiles a run reports: those asked for, with the median and p99 the report always carries."""
+    return tuple(sorted({*REPORTED_PERCENTILES, *(float(q) for q in asked)}))
 
 
 @dataclass(frozen=True)
@@ -39,18 +57,34 @@ class Spread:
     mean: float
     p50: float
     p99: float | None  # None below MIN_SAMPLES requests
+    others: tuple[tuple[float, float | None], ...] = ()  # further percentiles asked for; above 50 None below the floor
 
     def to_dict(self) -> dict[str, float | None]:
-        return {"mean": round(self.mean, 4), "p50": round(self.p50, 4),
-                "p99": None if self.p99 is None else round(self.p99, 4)}
+        shown = sorted([(50.0, self.p50), (99.0, self.p99), *self.others])
+        return {"mean": round(self.mean, 4),
+                **{percentile_key(q): None if v is None else round(v, 4) for q, v in shown}}
 
 
-def spread(values: Sequence[float], *, slow_tail_low: bool = False) -> Spread:
-    """mean, median and the slow tail: the 99th percentile of times, or the 1st of rates (`slow_tail_low`); no
-    tail below MIN_SAMPLES values."""
-    tail = None if too_few(len(values)) else percentile(list(values), 0.01 if slow_tail_low else 0.99)
+def spread(values: Sequence[float], *, slow_tail_low: bool = False,
+           percentiles: Sequence[float] = REPORTED_PERCENTILES) -> Spread:
+    """mean and percentiles; for rates (`slow_tail_low`) pQ is the rate Q % of values reach or beat (the (100-Q)th
+    percentile), as for times it is the value Q % stay within. No percentile above the median below MIN_SAMPLES
+    values."""
+    few = too_few(len(values))
     values = list(values) or [0.0]
-    return Spread(sum(values) / len(values), percentile(values, 0.5), tail)
+
+    def at(q: float) -> float | None:
+        if q > 50 and few:
+            return None
+        return percentile(values, (100 - q) / 100 if slow_tail_low else q / 100)
+
+    others = tuple((float(q), at(q)) for q in percentiles if float(q) not in REPORTED_PERCENTILES)
+    return Spread(sum(values) / len(values), percentile(values, 0.5), at(99.0), others)
+
+
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+"""The latencies vLLM's client measures (--percentile-metrics): time to first token, per output token after it,
+between two output tokens, and end to end; each reported as `<name>_ms`."""
 
 
 @dataclass(frozen=True)
@@ -69,60 +103,83 @@ class ServedRun:
     draft_tokens: int = 0
     accepted: int = 0
     per_position: tuple[float, ...] = ()
+    itl_ms: Spread | None = None
+    e2el_ms: Spread | None = None
+    percentiles: tuple[float, ...] = REPORTED_PERCENTILES
 
     @property
     def per_user(self) -> Spread:
-        return spread(self.per_user_rates, slow_tail_low=True)
+        return spread(self.per_user_rates, slow_tail_low=True, percentiles=self.percentiles)
 
     @classmethod
-    def from_vllm(cls, result: dict[str, Any]) -> "ServedRun":
-        """From the dict vLLM's `bench serve` returns (with --save-detailed); failed requests are refused upstream."""
+    def from_vllm(cls, result: dict[str, Any], counters: SpecCounters = SpecCounters(),
+                  percentiles: Sequence[float] = REPORTED_PERCENTILES) -> "ServedRun":
+        """From the dict vLLM's `bench serve` returns (with --save-detailed, --percentile-metrics ttft,tpot,itl,e2el
+        and --metric-percentiles holding `percentiles`), and the difference of the server's counters over it (none
+        for a server without a draft); failed requests are refused upstream."""
         lens, latencies = result["output_lens"], result["latencies"]
         rates = tuple(n / t if t else 0.0 for n, t in zip(lens, latencies))
         few = too_few(int(result["completed"]))
+        chosen = chosen_percentiles(percentiles)
 
-        def metric(name: str) -> Spread:
-            return Spread(result[f"mean_{name}_ms"], result[f"p50_{name}_ms"],
-                          None if few else result[f"p99_{name}_ms"])
+        def at(name: str, q: float) -> float | None:
+            return None if q > 50 and few else result[f"{percentile_key(q)}_{name}_ms"]
 
-        drafts = int(result.get("spec_decode_num_drafts") or 0)
+        def metric(name: str) -> Spread | None:
+            if f"mean_{name}_ms" not in result:
+                return None
+            return Spread(result[f"mean_{name}_ms"], result[f"p50_{name}_ms"], at(name, 99.0),
+                          tuple((q, at(name, q)) for q in chosen if q not in REPORTED_PERCENTILES))
+
+        tpot, ttft = metric("tpot"), metric("ttft")
+        assert tpot is not None and ttft is not None, "the client is always asked for TPOT and TTFT"
         return cls(int(result["completed"]), float(result["duration"]), int(result["total_output_tokens"]),
-                   float(result["output_throughput"]), rates, metric("tpot"), metric("ttft"),
-                   tuple(str(t) for t in result.get("generated_texts") or ()), drafts,
-                   int(result.get("spec_decode_draft_tokens") or 0),
-                   int(result.get("spec_decode_accepted_tokens") or 0),
-                   tuple(float(r) for r in result.get("spec_decode_per_position_acceptance_rates") or ()))
+                   float(result["output_throughput"]), rates, tpot, ttft,
+                   tuple(str(t) for t in result.get("generated_texts") or ()), counters.drafts, counters.draft_tokens,
+                   counters.accepted, counters.per_position, metric("itl"), metric("e2el"), chosen)
 
     def to_dict(self) -> dict[str, Any]:
+        latencies = {f"{name}_ms": spread.to_dict() for name, spread in (("itl", self.itl_ms), ("e2el", self.e2el_ms))
+                     if spread is not None}
         return {"completed": self.completed, "duration_s": round(self.duration_s, 3),
                 "output_tokens": self.output_tokens, "output_throughput": round(self.output_throughput, 3),
                 "per_user_tokens_per_s": self.per_user.to_dict(), "tpot_ms": self.tpot_ms.to_dict(),
-                "ttft_ms": self.ttft_ms.to_dict()}
+                "ttft_ms": self.ttft_ms.to_dict(), **latencies}
 
 
 @dataclass(frozen=True)
 class BenchRow:
+    """One concurrency (and category): the target alone (None: a running server measured without its no-spec
+    twin) and with the draft."""
+
     concurrency: int
     category: str | None
-    baseline: ServedRun
+    baseline: ServedRun | None
     speculative: ServedRun
 
     @property
-    def speed_up(self) -> float:
+    def speed_up(self) -> float | None:
+        if self.baseline is None:
+            return None
         base = self.baseline.per_user.mean
         return self.speculative.per_user.mean / base if base else 0.0
 
     @property
     def samples(self) -> int:
-        """The requests the speed-up's interval resamples (each served both ways)."""
-        return min(len(self.speculative.per_user_rates), len(self.baseline.per_user_rates))
+        """The requests the speed-up's interval resamples (each served both ways), or the speculative side's."""
+        spec = len(self.speculative.per_user_rates)
+        return spec if self.baseline is None else min(spec, len(self.baseline.per_user_rates))
 
     @property
     def speed_up_interval(self) -> Interval | None:
+        if self.baseline is None:
+            return None
         return paired_ratio_interval(self.speculative.per_user_rates, self.baseline.per_user_rates)
 
     @property
-    def throughput_speed_up(self) -> float:
+    def throughput_speed_up(self) -> float | None:
+        if self.baseline is None:
+            return None
         base = self.baseline.output_throughput
         return self.speculative.output_throughput / base if base else 0.0
 
@@ -132,23 +189,26 @@ class BenchRow:
         return 1.0 + spec.accepted / spec.drafts if spec.drafts else None
 
     @property
-    def identical_outputs(self) -> int:
+    def identical_outputs(self) -> int | None:
         """Requests whose text is the same with and without the draft (greedy: all, unless batching changed the
         engine's rounding; sampled: only by chance)."""
+        if self.baseline is None:
+            return None
         return sum(a == b for a, b in zip(self.baseline.texts, self.speculative.texts))
 
     def to_dict(self) -> dict[str, Any]:
         interval = self.speed_up_interval
         spec = self.speculative
+        speed_up, throughput = self.speed_up, self.throughput_speed_up
         return {"concurrency": self.concurrency, "category": self.category,
-                "speed_up": round(self.speed_up, 4),
+                "speed_up": None if speed_up is None else round(speed_up, 4),
                 "speed_up_interval": interval.to_dict() if interval else None,
-                "throughput_speed_up": round(self.throughput_speed_up, 4),
+                "throughput_speed_up": None if throughput is None else round(throughput, 4),
                 "acceptance_length": self.acceptance_length, "per_position_acceptance": list(spec.per_position),
                 "num_drafts": spec.drafts, "num_draft_tokens": spec.draft_tokens, "num_accepted_tokens": spec.accepted,
-                "identical_outputs": self.identical_outputs, "requests": len(self.baseline.per_user_rates),
+                "identical_outputs": self.identical_outputs, "requests": len(spec.per_user_rates),
                 **sample_marker(self.samples),
-                "baseline": self.baseline.to_dict(), "speculative": spec.to_dict()}
+                "baseline": None if self.baseline is None else self.baseline.to_dict(), "speculative": spec.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -188,7 +248,7 @@ class RowFigures:
 def outcome(row: BenchRow | RowFigures) -> str:
     """pays, loses or unresolved: the speed-up's side of 1, and whether its interval stays there; unresolved below
     MIN_SAMPLES requests, where no interval is estimated."""
-    if too_few(row.samples):
+    if too_few(row.samples) or row.speed_up is None:
         return "unresolved"
     interval = row.speed_up_interval
     if row.speed_up > PAYS and (interval is None or interval.low > PAYS):
@@ -215,7 +275,7 @@ def verdict(rows: Sequence[BenchRow | RowFigures], category: str | None = None) 
                 iv = r.speed_up_interval
                 spread = (f" {too_few_text(r.samples)}" if too_few(r.samples)
                           else f" [{iv.low:.2f}, {iv.high:.2f}]" if iv else "")
-                shown.append(f"C={r.concurrency} x{r.speed_up:.2f}{spread}")
+                shown.append(f"C={r.concurrency} x{r.speed_up or 0:.2f}{spread}")
         return ", ".join(shown)
 
     held = any(o == "unresolved" and not too_few(r.samples) for r, o in outcomes)
@@ -253,22 +313,32 @@ class BenchReport:
     eagle_version: str | None
     num_speculative_tokens: int
     max_new_tokens: int
-    dtype: str
+    dtype: str | None  # None: a server eaglekit did not start (--base-url)
     prompts: dict[str, Any]
     engine: dict[str, Any]  # name, version, device, server settings of both runs
     speculative_config: dict[str, Any]
-    measured: dict[str, Any]  # the draft files' hashes and the target's identity (push --bench binds to them)
+    measured: dict[str, Any] | None  # the draft files' hashes and the target's identity (push --bench binds to
+    # them); None for a running server (--base-url), whose files eaglekit cannot see
     rows: list[BenchRow] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     sampling: Sampling = Sampling()  # what every request asked the server for
+    request_rate: float = math.inf  # requests/s the client sends (inf: all at once, --max-concurrency bounding them)
+    percentiles: tuple[float, ...] = REPORTED_PERCENTILES
+    servers: dict[str, Any] = field(default_factory=lambda: {"started_by_eaglekit": True})
+    notes: list[str] = field(default_factory=list)
 
     @property
     def categories(self) -> list[str | None]:
         return categories(self.rows)
 
     @property
+    def has_baseline(self) -> bool:
+        return all(r.baseline is not None for r in self.rows)
+
+    @property
     def verdicts(self) -> list[Verdict]:
-        return verdicts(self.rows)
+        """Where speculation pays; none without a baseline to compare with."""
+        return verdicts(self.rows) if self.has_baseline else []
 
     def to_dict(self) -> dict[str, Any]:
         from eaglekit import __version__
@@ -282,4 +352,7 @@ class BenchReport:
                 "prompts": self.prompts, "engine": self.engine, "speculative_config": self.speculative_config,
                 "measured": self.measured, "rows": [r.to_dict() for r in self.rows],
                 "verdicts": [v.to_dict() for v in self.verdicts],
-                "timings": {k: round(v, 3) for k, v in self.timings.items()}}
+                "timings": {k: round(v, 3) for k, v in self.timings.items()},
+                "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
+                "percentiles": [int(q) if int(q) == q else q for q in self.percentiles], "servers": self.servers,
+                "notes": self.notes}

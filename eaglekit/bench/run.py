@@ -5,32 +5,50 @@ the draft under the speculative config the model card prints. vLLM's own benchma
 concurrency (a warm-up first, outside the measurement); acceptance comes from the server's spec-decode counters.
 The draft is read and checked against the target first, so a draft that cannot load costs seconds, not two server
 starts. Targets too big for one device use vLLM's tensor parallelism (--tensor-parallel-size).
+
+A deployment that already runs (--base-url, and --baseline-url for its no-spec twin) is measured as it is: eaglekit
+starts and stops nothing, reads what the server serves from its own routes, and its acceptance from the difference
+of its counters around each measurement.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from eaglekit.bench.report import BenchReport, BenchRow, ServedRun
+from eaglekit.bench.report import (
+    LATENCIES,
+    REPORTED_PERCENTILES,
+    BenchReport,
+    BenchRow,
+    ServedRun,
+    chosen_percentiles,
+    percentile_key,
+)
 from eaglekit.decode.prompts import Prompt, encode, render_text
 from eaglekit.decode.sampling import Sampling
+from eaglekit.decode.stats import MIN_SAMPLES
 from eaglekit.engines.vllm import speculative_config
-from eaglekit.errors import UsageError
+from eaglekit.errors import EngineError, UsageError
 from eaglekit.io.outputs import Role
 from eaglekit.provenance import measured_files
-from eaglekit.redact import public_flags
+from eaglekit.redact import public_flags, public_path
+from eaglekit.runtime.endpoint import PER_POSITION, Endpoint, ServedModel, SpecCounters, check_url
 from eaglekit.runtime.engine import EngineOptions, check_engine_available, fitted_model_len
-from eaglekit.runtime.server import check_client_available, engine_flags, run_client, start_server
+from eaglekit.runtime.server import Server, check_client_available, engine_flags, run_client, start_server
 
 DEFAULT_CONCURRENCY = (1, 4, 16)
 MAX_REQUESTS = 100_000  # per concurrency: each is a dataset row written before the client starts
 MAX_CONCURRENCY = 4096  # vLLM's max_num_seqs is the highest one
-PERCENTILES = "50,99"
+PERCENTILE_METRICS = ",".join(LATENCIES)
+RANDOM_REQUESTS = MIN_SAMPLES  # requests per concurrency of random prompts, at least (enough for a p99)
+SERVER_OPTIONS = ("-k", "--dtype", "--tensor-parallel-size", "--engine-arg")
+"""Settings of a server eaglekit starts: meaningless for a running one (--base-url), so refused with it."""
 
 
 @dataclass(frozen=True)
@@ -50,14 +68,42 @@ class BenchOptions:
     engine_options: EngineOptions = EngineOptions()
     start_timeout_s: float = 1800.0
     outputs: tuple[Role, ...] = field(default=())  # what the caller writes (--save-report, --plot)
+    request_rate: float = math.inf  # requests/s vLLM's client starts (inf: all at once, bounded by the concurrency)
+    input_len: int | None = None  # random prompts of this many tokens (vLLM's random dataset) instead of prompts
+    percentiles: tuple[float, ...] = REPORTED_PERCENTILES  # asked for besides p50 and p99
+    base_url: str | None = None  # a running speculative server: nothing is started
+    baseline_url: str | None = None  # its running no-spec twin
+    api_key: str | None = field(default=None, repr=False)  # the servers' key (Authorization: Bearer), never shown
 
     @property
     def sampling(self) -> Sampling:
         return Sampling(self.temperature, self.top_p)
 
+    @property
+    def chosen_percentiles(self) -> tuple[float, ...]:
+        return chosen_percentiles(self.percentiles)
+
     def check(self) -> None:
         self.engine_options.check()
         self.sampling.check()
+        if self.baseline_url and not self.base_url:
+            raise UsageError("--baseline-url measures the twin of a running speculative server: give that one as "
+                             "--base-url")
+        for option, url in (("--base-url", self.base_url), ("--baseline-url", self.baseline_url)):
+            if url is not None:
+                check_url(url, option)
+        if not (self.request_rate > 0):
+            raise UsageError(f"--request-rate {self.request_rate:g}: expected a positive number of requests/s, or inf")
+        if any(not 0 < q < 100 for q in self.percentiles) or len(set(self.percentiles)) != len(self.percentiles):
+            raise UsageError("--percentiles takes distinct numbers between 0 and 100, e.g. 50,90,99")
+        if self.input_len is not None:
+            if self.input_len < 1:
+                raise UsageError("--input-len must be at least 1")
+            selecting = [name for name, value in (("--prompts", self.prompts_file), ("--category", self.categories),
+                                                  ("--limit", self.limit)) if value]
+            if selecting:
+                raise UsageError(f"--input-len draws random prompts (vLLM's random dataset): {selecting[0]} selects "
+                                 "prompts, use one or the other")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise UsageError("--concurrency takes positive integers, e.g. 1,4,16")
         if len(set(self.concurrency)) != len(self.concurrency):
@@ -81,7 +127,9 @@ class BenchOptions:
             raise UsageError(f"--engine-arg max_model_len={given!r}: expected a positive integer")
 
     def requests(self, prompts: int, concurrency: int) -> int:
-        return self.num_prompts or max(prompts, 2 * concurrency)
+        """Requests per concurrency: --num-prompts, else every prompt and at least 2 x concurrency (random prompts:
+        at least RANDOM_REQUESTS)."""
+        return self.num_prompts or max(prompts or RANDOM_REQUESTS, 2 * concurrency)
 
 
 @dataclass(frozen=True)
@@ -92,14 +140,19 @@ class PromptGroup:
     texts: tuple[str, ...]
 
 
-def run_bench(draft: str, target: str, options: BenchOptions,
+def run_bench(draft: str, target: str | None, options: BenchOptions,
               on_stage: Callable[[str], None] | None = None) -> BenchReport:
-    """Measure `draft` against `target` in vLLM at every concurrency of `options`; see the module docstring."""
+    """Measure `draft` against `target` in vLLM at every concurrency of `options`; see the module docstring. With
+    `options.base_url` the servers are already running (`_bench_running`) and `target` may be None."""
+    options.check()
+    say = on_stage or (lambda _: None)
+    if options.base_url:
+        return _bench_running(draft, target, options, say)
+    if target is None:
+        raise UsageError("--target is required unless --base-url names a running server")
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.decode.setup import decode_setup
 
-    options.check()
-    say = on_stage or (lambda _: None)
     engine = options.engine_options
     check_engine_available(engine)
     check_client_available(engine.interpreter)
@@ -109,13 +162,11 @@ def run_bench(draft: str, target: str, options: BenchOptions,
                                    engine_options=engine, outputs=options.outputs)
     setup = decode_setup([("draft", draft)], target, verify_options, load_model=False)
     (checked,) = setup.drafts
-    groups, longest = _groups(setup.prompts.prompts, setup.tokenizer, options.limit, setup.prompts.speed_bench)
+    groups, longest = _groups(setup.prompts.prompts, setup.tokenizer, options, setup.prompts.speed_bench)
     k = options.num_speculative_tokens
     model_len = engine.engine_args.get("max_model_len") or fitted_model_len(longest, options.max_new_tokens, k,
                                                                             setup.info.max_position_embeddings)
-    if longest + options.max_new_tokens + k > model_len:
-        raise UsageError(f"the longest prompt's {longest:,} tokens, {options.max_new_tokens:,} new ones and {k} drafts "
-                         f"exceed max_model_len {model_len:,}")
+    _refuse_past_model_len(longest, options.max_new_tokens, k, model_len)
     max_seqs = max(options.concurrency)
     target_path = os.path.abspath(target)
     base_settings = {"tokenizer": target_path, "dtype": options.dtype, "max_model_len": model_len,
@@ -124,15 +175,13 @@ def run_bench(draft: str, target: str, options: BenchOptions,
     spec_config = speculative_config(os.path.abspath(checked.path), k)
     report = BenchReport(
         checked.path, target, checked.spec.eagle_version, k, options.max_new_tokens, options.dtype,
-        {"name": setup.prompts.name, "count": sum(len(g.texts) for g in groups),
-         "speed_bench": setup.prompts.speed_bench,
-         "categories": [g.category for g in groups if g.category is not None], "ignore_eos": options.ignore_eos},
-        {}, spec_config, measured_files(checked.spec, setup.info), sampling=options.sampling)
+        _prompts_block(setup.prompts.name, groups, setup.prompts.speed_bench, options), {}, spec_config,
+        measured_files(checked.spec, setup.info), sampling=options.sampling, request_rate=options.request_rate,
+        percentiles=options.chosen_percentiles)
     started = time.perf_counter()
     runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work:
-        files = {(g.category, c): _dataset(work, g, options.requests(len(g.texts), c), options.max_new_tokens)
-                 for g in groups for c in options.concurrency}
+        files = _datasets(work, groups, options)
         for side, settings in (("target alone", base_settings),
                                ("target + draft", {**base_settings, "speculative_config": spec_config})):
             say(f"{side}: starting vLLM")
@@ -141,17 +190,10 @@ def run_bench(draft: str, target: str, options: BenchOptions,
                                   dtype=options.dtype, positions=model_len * max_seqs,
                                   given=list(engine.engine_args), timeout_s=options.start_timeout_s)
             try:
-                measured = {}
-                for group in groups:
-                    for c in options.concurrency:
-                        label = f"C={c}" + (f", {group.category}" if group.category else "")
-                        say(f"{side}: {label}")
-                        args = _client_args(target_path, files[(group.category, c)], c, options)
-                        measured[(group.category, c)] = ServedRun.from_vllm(
-                            run_client(engine.interpreter, work, server, args, what=label, timeout_s=engine.timeout_s))
+                runs[side] = _measure_side(server.endpoint, side, work, files, groups, options, model=target_path,
+                                           tokenizer=target_path, say=say, server=server)
             finally:
                 server.stop()
-            runs[side] = measured
             key = "baseline" if side == "target alone" else "speculative"
             report.timings[f"{key}_start_s"] = server.start_s
             report.engine.setdefault("server_args", {})[key] = public_flags(server.flags)
@@ -169,19 +211,177 @@ def run_bench(draft: str, target: str, options: BenchOptions,
     return report
 
 
-def _groups(prompts: Sequence[Prompt], tokenizer, limit: int | None,
+def _bench_running(draft: str, target: str | None, options: BenchOptions, say: Callable[[str], None]) -> BenchReport:
+    """bench against servers already running (`--base-url`, `--baseline-url`): nothing is started or stopped. The
+    served model and its context come from /v1/models, k from the per-position counters, and acceptance from the
+    differences of /metrics readings around each measurement."""
+    speculative = Endpoint(options.base_url or "", "speculative server", options.api_key)
+    baseline = Endpoint(options.baseline_url, "baseline server", options.api_key) if options.baseline_url else None
+    served = speculative.served_model()
+    counters = speculative.counters()
+    if counters is None:
+        raise EngineError(f"the speculative server at {speculative.public_url} exposes no spec-decode counters at "
+                          "/metrics (vllm:spec_decode_*): it serves without a draft; start it with "
+                          "--speculative-config, or measure it as --baseline-url")
+    k = len(counters.accepted_per_position)
+    if not k:
+        raise EngineError(f"the speculative server at {speculative.public_url} exposes no per-position acceptance "
+                          f"counter ({PER_POSITION}), so its k cannot be told (a vLLM too old to export it)")
+    if baseline is not None:
+        twin = baseline.served_model()
+        if twin.id != served.id:
+            raise EngineError(f"the baseline server at {baseline.public_url} serves {twin.id!r}, the speculative one "
+                              f"{served.id!r}: a speed-up needs the same model both ways")
+        if baseline.counters() is not None:
+            raise EngineError(f"the baseline server at {baseline.public_url} speculates (its /metrics has "
+                              "vllm:spec_decode_* counters): the baseline is the target served without a draft")
+    if target is not None and not _same_model(target, served):
+        raise EngineError(f"the speculative server at {speculative.public_url} serves {served.id!r}, not the "
+                          f"--target {public_path(target)!r}")
+    engine = options.engine_options
+    check_client_available(engine.interpreter)
+    source = _tokenizer_source(target) if target is not None else (served.root or served.id)
+    # random prompts are drawn and counted by vLLM's client alone; named prompts are rendered and bounded here
+    tokenizer = None if options.input_len is not None else _served_tokenizer(source, served.max_model_len)
+    from eaglekit.decode.options import VerifyOptions
+    from eaglekit.decode.setup import refuse_clobbered_inputs, select_prompts
+
+    verify_options = VerifyOptions(max_new_tokens=options.max_new_tokens, prompts_file=options.prompts_file,
+                                   categories=options.categories, outputs=options.outputs)
+    refuse_clobbered_inputs(verify_options, [("DRAFT", draft)] if os.path.isdir(draft) else [], target or "")
+    prompts = select_prompts(verify_options) if options.input_len is None else None
+    groups, longest = _groups(prompts.prompts if prompts else (), tokenizer, options,
+                              prompts.speed_bench if prompts else False)
+    if served.max_model_len:
+        _refuse_past_model_len(longest, options.max_new_tokens, k, served.max_model_len)
+    notes = ["τ and per-position acceptance are the differences of the speculative server's counters read before "
+             "and after each measurement: whatever else it served meanwhile is counted too"]
+    if baseline is None:
+        notes.append("no baseline server (--baseline-url): no speed-up and no verdict, only the speculative "
+                     "server's τ, latencies and throughput")
+    report = BenchReport(
+        draft, target or served.id, None, k, options.max_new_tokens, None,
+        _prompts_block(prompts.name if prompts else "random", groups, bool(prompts and prompts.speed_bench), options),
+        {"name": "vllm", "version": speculative.version(), "device_type": None, "device_name": None,
+         "tensor_parallel_size": None, "max_model_len": served.max_model_len, "max_num_seqs": None,
+         "memory_sizing": None, "cpu_kv_cache_gib": None, "client": "vllm bench serve",
+         "endpoint": "/v1/completions", "server_args": {"baseline": [], "speculative": []}},
+        {"model": draft, "method": "eagle3", "num_speculative_tokens": k}, None, sampling=options.sampling,
+        request_rate=options.request_rate, percentiles=options.chosen_percentiles,
+        servers={"started_by_eaglekit": False, "speculative_url": speculative.public_url,
+                 "baseline_url": baseline.public_url if baseline else None, "served_model": served.id},
+        notes=notes)
+    started = time.perf_counter()
+    runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
+    with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work:
+        files = _datasets(work, groups, options)
+        for side, endpoint in (("target alone", baseline), ("target + draft", speculative)):
+            if endpoint is not None:
+                runs[side] = _measure_side(endpoint, side, work, files, groups, options, model=served.id,
+                                           tokenizer=source, say=say)
+    report.timings["total_s"] = time.perf_counter() - started
+    alone, drafted = runs.get("target alone"), runs["target + draft"]
+    report.rows = [BenchRow(c, g.category, alone[(g.category, c)] if alone else None, drafted[(g.category, c)])
+                   for g in groups for c in options.concurrency]
+    return report
+
+
+def _measure_side(endpoint: Endpoint, side: str, work: str, files: dict[tuple[str | None, int], str | None],
+                  groups: Sequence[PromptGroup], options: BenchOptions, *, model: str, tokenizer: str,
+                  say: Callable[[str], None], server: Server | None = None) -> dict[tuple[str | None, int], ServedRun]:
+    """Every concurrency and group on one server: warm-ups first (outside the measurement), then the server's
+    counters, vLLM's client, the counters again; acceptance is the difference of the two readings."""
+    engine = options.engine_options
+    body = {"max_tokens": options.max_new_tokens, "temperature": options.temperature,
+            **({"top_p": options.top_p} if options.top_p < 1 else {}),
+            **({"ignore_eos": True} if options.ignore_eos else {})}
+    measured = {}
+    for group in groups:
+        for c in options.concurrency:
+            label = f"C={c}" + (f", {group.category}" if group.category else "")
+            say(f"{side}: {label}")
+            warmups = c if options.warmups is None else options.warmups
+            # random prompts: token ids of the same length (ids 1000-1999, within any real vocabulary)
+            warm_prompt = group.texts[0] if group.texts else [1000 + i % 1000 for i in range(options.input_len or 1)]
+            endpoint.warm_up(model, warm_prompt, warmups, c, body, timeout_s=engine.timeout_s)
+            before = endpoint.counters()
+            args = _client_args(model, files[(group.category, c)], c, options, tokenizer=tokenizer)
+            result = run_client(engine.interpreter, work, endpoint, args, what=label, timeout_s=engine.timeout_s,
+                                server=server)
+            after = endpoint.counters()
+            counters = after - before if before is not None and after is not None else SpecCounters()
+            measured[(group.category, c)] = ServedRun.from_vllm(result, counters, options.chosen_percentiles)
+    return measured
+
+
+def _same_model(target: str, served: ServedModel) -> bool:
+    """Whether --target names the model the server serves: the same Hub id, or the same folder name (the server
+    may have loaded it from another path on its own machine)."""
+    mine = {target, str(public_path(_tokenizer_source(target)))}
+    theirs = {name for name in (served.id, served.root) if name}
+    return bool(mine & (theirs | {str(public_path(name)) for name in theirs}))
+
+
+def _tokenizer_source(target: str) -> str:
+    """The folder of a local --target given as its config.json; a folder or Hub id as it is."""
+    return os.path.dirname(target) if os.path.isfile(target) else target
+
+
+def _served_tokenizer(source: str, max_model_len: int | None):
+    """The served model's tokenizer, read here for the chat template and token counts (as vLLM's client reads it):
+    from --target, else from the root /v1/models names (a Hub id through the cache, or a path on this machine)."""
+    from eaglekit.target_model import quiet_transformers
+
+    with quiet_transformers():
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"cannot load the served model's tokenizer from {public_path(source)!r} "
+                             f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}): pass --target "
+                             "with a local copy of the target (its tokenizer files are enough)") from None
+    if max_model_len:
+        tokenizer.model_max_length = max_model_len
+    return tokenizer
+
+
+def _refuse_past_model_len(longest: int, new_tokens: int, k: int, model_len: int) -> None:
+    if longest + new_tokens + k > model_len:
+        raise UsageError(f"the longest prompt's {longest:,} tokens, {new_tokens:,} new ones and {k} drafts "
+                         f"exceed max_model_len {model_len:,}")
+
+
+def _prompts_block(name: str, groups: Sequence[PromptGroup], speed_bench: bool, options: BenchOptions) -> dict:
+    count = sum(len(g.texts) for g in groups) or options.requests(0, max(options.concurrency))
+    return {"name": name, "count": count,
+            "speed_bench": speed_bench, "categories": [g.category for g in groups if g.category is not None],
+            "ignore_eos": options.ignore_eos, "input_len": options.input_len}
+
+
+def _groups(prompts: Sequence[Prompt], tokenizer, options: BenchOptions,
             per_category: bool) -> tuple[list[PromptGroup], int]:
-    """The prompts as the server receives them, grouped (by category for SPEED-Bench), the first `limit` of each;
-    and the longest one in target tokens (checked against the target's context as verify checks it)."""
+    """The prompts as the server receives them, grouped (by category for SPEED-Bench), the first --limit of each;
+    and the longest one in target tokens (checked against the target's context as verify checks it). Random
+    prompts (--input-len) are one group of no texts: vLLM's client draws them."""
+    if options.input_len is not None:
+        return [PromptGroup(None, ())], options.input_len
     order: dict[str | None, list[Prompt]] = {}
     for prompt in prompts:
         order.setdefault(prompt.category if per_category else None, []).append(prompt)
     groups, longest = [], 0
     for category, members in order.items():
-        chosen = members[:limit] if limit else members
+        chosen = members[: options.limit] if options.limit else members
         longest = max([longest, *(len(encode(p, tokenizer)) for p in chosen)])
         groups.append(PromptGroup(category, tuple(render_text(p, tokenizer) for p in chosen)))
     return groups, longest
+
+
+def _datasets(work: str, groups: Sequence[PromptGroup],
+              options: BenchOptions) -> dict[tuple[str | None, int], str | None]:
+    """Each group's dataset file at each concurrency (None: random prompts, drawn by the client)."""
+    return {(g.category, c): _dataset(work, g, options.requests(len(g.texts), c), options.max_new_tokens)
+            if g.texts else None for g in groups for c in options.concurrency}
 
 
 def _dataset(work: str, group: PromptGroup, requests: int, new_tokens: int) -> str:
@@ -194,14 +394,23 @@ def _dataset(work: str, group: PromptGroup, requests: int, new_tokens: int) -> s
     return path
 
 
-def _client_args(model: str, dataset: str, concurrency: int, options: BenchOptions) -> list[str]:
-    requests = sum(1 for _ in open(dataset, encoding="utf-8"))
-    warmups = concurrency if options.warmups is None else options.warmups
-    args = ["--backend", "vllm", "--endpoint", "/v1/completions", "--model", model, "--tokenizer", model,
-            "--dataset-name", "custom", "--dataset-path", dataset, "--skip-chat-template", "--disable-shuffle",
-            "--no-oversample", "--custom-output-len", str(options.max_new_tokens), "--num-prompts", str(requests),
-            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature",
-            f"{options.temperature:g}", "--seed", "0", "--num-warmups", str(warmups), "--save-detailed",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", PERCENTILES, "--disable-tqdm"]
+def _client_args(model: str, dataset: str | None, concurrency: int, options: BenchOptions, *,
+                 tokenizer: str | None = None) -> list[str]:
+    """vLLM's `bench serve` arguments: the dataset file's requests (None: vLLM's random dataset, seeded, so both
+    servers get the same prompts), no warm-up (eaglekit sends it before reading the counters)."""
+    if dataset is None:
+        requests = options.requests(0, concurrency)
+        data = ["--dataset-name", "random", "--random-input-len", str(options.input_len), "--random-output-len",
+                str(options.max_new_tokens), "--random-range-ratio", "0"]
+    else:
+        requests = sum(1 for _ in open(dataset, encoding="utf-8"))
+        data = ["--dataset-name", "custom", "--dataset-path", dataset, "--skip-chat-template", "--disable-shuffle",
+                "--no-oversample", "--custom-output-len", str(options.max_new_tokens)]
+    rate = "inf" if math.isinf(options.request_rate) else f"{options.request_rate:g}"
+    args = ["--backend", "vllm", "--endpoint", "/v1/completions", "--model", model, "--tokenizer", tokenizer or model,
+            *data, "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate", rate,
+            "--temperature", f"{options.temperature:g}", "--seed", "0", "--num-warmups", "0", "--save-detailed",
+            "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles",
+            ",".join(percentile_key(q)[1:] for q in options.chosen_percentiles), "--disable-tqdm"]
     return args + (["--top-p", f"{options.top_p:g}"] if options.top_p < 1 else []) + (
         ["--ignore-eos"] if options.ignore_eos else [])

@@ -27,19 +27,38 @@ Examples:
   eaglekit bench ./draft --target ./Llama-3.1-8B-Instruct --concurrency 1,4,16 --plot speedup.png
   eaglekit bench ./draft --target ./target --prompts speed_bench.jsonl --category coding --limit 80
   eaglekit bench ./draft --target ./big --tensor-parallel-size 8 --save-report bench.json
+  eaglekit bench ./draft --base-url http://gpu-node:8000 --baseline-url http://gpu-node:8001 --concurrency 1,8,32
+  eaglekit bench ./draft --base-url http://gpu-node:8000 --input-len 1024 --output-len 256 --request-rate 4
 """
 
 
 @click.command("bench", epilog=EXAMPLES)
 @click.argument("draft")
-@click.option("--target", required=True, callback=target_path, help="Target model folder (or Hub id) vLLM serves.")
+@click.option("--target", callback=target_path,
+              help="Target model folder (or Hub id) vLLM serves; with --base-url optional: checked against the "
+                   "served model, and its tokenizer read here.")
+@click.option("--base-url", metavar="URL",
+              help="Measure this running vLLM server (with the draft) instead of starting one; nothing is started "
+                   "or stopped.")
+@click.option("--baseline-url", metavar="URL",
+              help="With --base-url: the same target served without a draft, for the speed-up.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", show_envvar=True,
+              help="Bearer token the running servers ask for; never printed or saved.")
 @click.option("--engine", type=click.Choice(["vllm"]), default="vllm", show_default=True,
               help="The serving engine measured.")
 @click.option("--concurrency", default="1,4,16", show_default=True, metavar="C[,C...]",
               help="Concurrent requests (vLLM bench serve --max-concurrency), one measurement each.")
 @click.option("-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
               help="Drafts per round (vLLM's num_speculative_tokens).")
-@click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Output tokens per request (at most).")
+@click.option("--max-new-tokens", "--output-len", "max_new_tokens", type=int, default=256, show_default=True,
+              help="Output tokens per request (at most; exactly with --ignore-eos); --output-len is vLLM's name.")
+@click.option("--input-len", type=int,
+              help="Random prompts of this many tokens (vLLM's random dataset, seeded) instead of --prompts.")
+@click.option("--request-rate", type=float, default=float("inf"), show_default=True,
+              help="Requests per second vLLM's client starts (Poisson arrivals); inf: all at once, bounded by the "
+                   "concurrency.")
+@click.option("--percentiles", default="50,99", show_default=True, metavar="Q[,Q...]",
+              help="Percentiles reported of every latency and of per-user tokens/s (p50 and p99 always).")
 @click.option("--ignore-eos", is_flag=True, help="Every request generates exactly --max-new-tokens.")
 @sampling_options(seed=False)
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
@@ -65,26 +84,42 @@ Examples:
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG of speed-up against concurrency (needs matplotlib: eaglekit[plot]).")
 @format_option
-def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_eos, temperature, top_p, prompts_file,
-                  categories, limit, num_prompts, warmups, dtype, tensor_parallel_size, engine_python, engine_args,
-                  save_report, plot, output_format):
-    """Serve DRAFT's target in vLLM alone and with DRAFT, drive both with vLLM's benchmark client at each
-    concurrency, and report per-user tokens/s, TPOT, TTFT, throughput, speed-up and the engine's τ."""
+@click.pass_context
+def bench_command(ctx, draft, target, base_url, baseline_url, api_key, engine, concurrency, k, max_new_tokens,
+                  input_len, request_rate, percentiles, ignore_eos, temperature, top_p, prompts_file, categories, limit,
+                  num_prompts, warmups, dtype, tensor_parallel_size, engine_python, engine_args, save_report, plot,
+                  output_format):
+    """Serve DRAFT's target in vLLM alone and with DRAFT (or measure servers already running: --base-url), drive
+    both with vLLM's benchmark client at each concurrency, and report per-user tokens/s, TPOT, TTFT, ITL, E2EL,
+    throughput, speed-up and the engine's τ."""
     from eaglekit.bench.plot import plot_bench
-    from eaglekit.bench.run import BenchOptions, run_bench
+    from eaglekit.bench.run import SERVER_OPTIONS, BenchOptions, run_bench
+    from eaglekit.errors import UsageError
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
+    from eaglekit.redact import remember_secret
     from eaglekit.runtime.engine import EngineOptions, parse_engine_args
 
+    remember_secret(api_key)
     options = BenchOptions(
         concurrency=int_list(concurrency, "--concurrency", "1,4,16"), num_speculative_tokens=k,
         max_new_tokens=max_new_tokens, prompts_file=prompts_file, categories=tuple(categories), limit=limit,
         num_prompts=num_prompts, dtype=dtype, ignore_eos=ignore_eos, warmups=warmups, temperature=temperature,
-        top_p=top_p,
+        top_p=top_p, request_rate=request_rate, input_len=input_len,
+        percentiles=_percentiles(percentiles), base_url=base_url, baseline_url=baseline_url, api_key=api_key,
         engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
                                      engine_args=parse_engine_args(engine_args)),
         outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")))
     options.check()
+    if base_url is not None:
+        given = [option for option in SERVER_OPTIONS if _given(ctx, option)]
+        if given:
+            raise UsageError(f"--base-url measures a server already running: {given[0]} is a setting of a server "
+                             "eaglekit starts (set it where that server runs)")
+        if plot and not baseline_url:
+            raise UsageError("--plot draws the speed-up: without --baseline-url there is none")
+    elif target is None:
+        raise UsageError("--target is required unless --base-url names a running server")
     if plot:
         check_plot_path(plot)
     with StageProgress("bench") as progress:
@@ -94,50 +129,116 @@ def bench_command(draft, target, engine, concurrency, k, max_new_tokens, ignore_
                   draw=(lambda: plot_bench(report, plot)) if plot else None)
 
 
+def _given(ctx: click.Context, option: str) -> bool:
+    """Whether `option` (its flag) was set on the command line or from the environment, not left at its default."""
+    from click.core import ParameterSource
+
+    param = next(p for p in ctx.command.params if option in getattr(p, "opts", ()))
+    return ctx.get_parameter_source(param.name or "") in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def _percentiles(value: str) -> tuple[float, ...]:
+    from eaglekit.cli.output import list_items
+    from eaglekit.errors import UsageError
+
+    try:
+        return tuple(float(v) for v in list_items(value))
+    except ValueError:
+        raise UsageError(f"--percentiles {value!r}: expected comma-separated numbers such as 50,90,99") from None
+
+
 def sampling_text(doc: dict) -> str:
     sampling = doc["sampling"]
     return "greedy" if sampling == "greedy" else f"temperature {sampling['temperature']:g}, top-p {sampling['top_p']:g}"
 
 
+METRICS = (("per_user_tokens_per_s", "tok/s/user", 1), ("ttft_ms", "TTFT ms", 0), ("tpot_ms", "TPOT ms", 1),
+           ("itl_ms", "ITL ms", 1), ("e2el_ms", "E2EL ms", 0))
+"""The latency table's rows: a report's key, its label, decimals shown."""
+
+
+def _engine_text(doc: dict) -> str:
+    e, servers = doc["engine"], doc.get("servers") or {"started_by_eaglekit": True}
+    if servers["started_by_eaglekit"]:
+        return (f"vLLM {e['version']} on {e['device_type']} ({e['device_name']}), {doc['dtype']}, tensor parallel "
+                f"{e['tensor_parallel_size']}, max_model_len {e['max_model_len']}")
+    return (f"vLLM {e['version'] or '(version not given)'} running at {servers['speculative_url']} serving "
+            f"{servers['served_model']}, max_model_len {e['max_model_len']}; not started by eaglekit")
+
+
+def _requests_text(doc: dict) -> str:
+    prompts = doc["prompts"]
+    source = (f"random prompts of {prompts['input_len']} tokens" if prompts.get("input_len")
+              else f"{prompts['name']} ({prompts['count']} prompts)")
+    rate = doc.get("request_rate", "inf")
+    return (f"{source}, {sampling_text(doc)}, up to {doc['max_new_tokens']} new tokens"
+            f"{' (EOS ignored)' if prompts['ignore_eos'] else ''}, "
+            f"{'all at once' if rate == 'inf' else f'{rate:g} requests/s'}; client: vLLM bench serve")
+
+
+def _cell(value: float | None, decimals: int) -> str:
+    return "—" if value is None else f"{value:.{decimals}f}"
+
+
 def render(doc: dict) -> None:
-    e = doc["engine"]
+    servers = doc.get("servers") or {}
+    baseline = all(r["baseline"] is not None for r in doc["rows"])
     out.print(key_value_table([
-        ("draft", doc["draft"]), ("target", doc["target"]),
-        ("engine", f"vLLM {e['version']} on {e['device_type']} ({e['device_name']}), {doc['dtype']}, "
-                   f"tensor parallel {e['tensor_parallel_size']}, max_model_len {e['max_model_len']}"),
-        ("speculative config", json.dumps(doc["speculative_config"])),
-        ("requests", f"{doc['prompts']['name']} ({doc['prompts']['count']} prompts), {sampling_text(doc)}, up to "
-                     f"{doc['max_new_tokens']} new tokens{' (EOS ignored)' if doc['prompts']['ignore_eos'] else ''}; "
-                     f"client: vLLM bench serve"),
+        ("draft", doc["draft"]), ("target", doc["target"]), ("engine", _engine_text(doc)),
+        *([("baseline", servers["baseline_url"])] if servers.get("baseline_url") else []),
+        ("speculative config", json.dumps(doc["speculative_config"])), ("requests", _requests_text(doc)),
     ], title="eaglekit bench"))
     per_category = any(r["category"] for r in doc["rows"])
     lead = ["category"] if per_category else []
-    speed = Table(title="Speed-up per concurrency C (mean per-user output tokens/s)", title_justify="left")
-    latency = Table(title="Target alone → with the draft", title_justify="left")
-    for table, columns in ((speed, [*lead, "C", "alone", "draft", "speed-up", "95 %", "τ", "per position"]),
-                           (latency, [*lead, "C", "tok/s p50", "tok/s p99", "TPOT ms", "TTFT ms", "total tok/s"])):
+    keys = [f"p{q:g}" for q in doc.get("percentiles", [50, 99])]
+    if baseline:
+        speed = Table(title="Speed-up per concurrency C (mean per-user output tokens/s)", title_justify="left")
+        speed_columns = [*lead, "C", "alone", "draft", "speed-up", "95 %", "τ", "per position"]
+    else:
+        speed = Table(title="With the draft (no baseline: no speed-up)", title_justify="left")
+        speed_columns = [*lead, "C", "tok/s/user", "τ", "per position"]
+    latency = Table(title="Latency and per-user output tokens/s" + (" (alone, then with the draft)" if baseline
+                                                                       else ""), title_justify="left")
+    runs = ["run"] if baseline else []
+    for table, columns in ((speed, speed_columns), (latency, [*lead, "C", "metric", *runs, "mean", *keys])):
         for column in columns:
-            left = column in ("category", "per position")
+            left = column in ("category", "per position", "metric", "run")
             table.add_column(column, no_wrap=True, justify="left" if left else "right")
+    few_rows = [r for r in doc["rows"] if r["too_few_samples"]]
     for r in doc["rows"]:
         base, spec = r["baseline"], r["speculative"]
-        iv = r["speed_up_interval"]
-        few = r["too_few_samples"]
         first = [*([r["category"] or ""] if per_category else []), str(r["concurrency"])]
-        speed.add_row(*first, f"{base['per_user_tokens_per_s']['mean']:.1f}",
-                      f"{spec['per_user_tokens_per_s']['mean']:.1f}",
-                      styled((f"x{r['speed_up']:.2f}", "green" if r["speed_up"] > 1 else "bold red")),
-                      too_few_text(r["samples"]) if few else f"{iv['low']:.2f}–{iv['high']:.2f}" if iv else "—",
-                      "—" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}",
-                      " ".join(f"{p:.2f}" for p in r["per_position_acceptance"]))
-        latency.add_row(*first, *(too_few_text(r["samples"]) if base[m][q] is None or spec[m][q] is None
-                                  else f"{base[m][q]:.{d}f} → {spec[m][q]:.{d}f}" for m, q, d in (
-            ("per_user_tokens_per_s", "p50", 1), ("per_user_tokens_per_s", "p99", 1), ("tpot_ms", "mean", 1),
-            ("ttft_ms", "mean", 0))), f"{base['output_throughput']:.1f} → {spec['output_throughput']:.1f}")
+        tau = "—" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
+        positions = " ".join(f"{p:.2f}" for p in r["per_position_acceptance"])
+        if baseline:
+            iv = r["speed_up_interval"]
+            speed.add_row(*first, f"{base['per_user_tokens_per_s']['mean']:.1f}",
+                          f"{spec['per_user_tokens_per_s']['mean']:.1f}",
+                          styled((f"x{r['speed_up']:.2f}", "green" if r["speed_up"] > 1 else "bold red")),
+                          "too few" if r["too_few_samples"] else f"{iv['low']:.2f}–{iv['high']:.2f}" if iv else "—",
+                          tau, positions)
+        else:
+            speed.add_row(*first, f"{spec['per_user_tokens_per_s']['mean']:.1f}", tau, positions)
+        sides = [("alone", base), ("draft", spec)] if baseline else [("draft", spec)]
+        shown = [(key, label, decimals) for key, label, decimals in METRICS if key in spec]
+        for i, (key, label, decimals) in enumerate([("output_throughput", "total tok/s", 1), *shown]):
+            for j, (run, figures) in enumerate(sides):
+                cells = ([_cell(figures[key], decimals)] + [""] * len(keys) if key == "output_throughput" else
+                         [_cell(figures[key]["mean"], decimals), *(_cell(figures[key].get(q), decimals) for q in keys)])
+                latency.add_row(*(first if i == j == 0 else [""] * len(first)), label if j == 0 else "",
+                                *([run] if baseline else []), *cells,
+                                end_section=i == len(shown) and j == len(sides) - 1)
     out.print(speed)
     out.print(latency)
+    if few_rows:
+        out.print(f"too few: {too_few_text(min(r['samples'] for r in few_rows))}: no interval and no percentile "
+                  "above p50 (— in the tables)")
     for v in doc["verdicts"]:
         out.print(styled(("verdict: ", "bold"), v["text"]))
+    for note in doc.get("notes") or []:
+        out.print(f"note: {note}")
+    if not baseline:
+        return
     differing = [r for r in doc["rows"] if r["identical_outputs"] < r["requests"]]
     if doc["sampling"] != "greedy":
         out.print(f"note: sampled ({sampling_text(doc)}; requests unseeded, the server seeded 0): speed-up and τ are "
@@ -145,5 +246,5 @@ def render(doc: dict) -> None:
     elif differing:
         out.print(f"note: with the draft, {sum(r['requests'] - r['identical_outputs'] for r in differing)} of "
                   f"{sum(r['requests'] for r in doc['rows'])} responses differ in text from the target alone: at "
-                  f"{doc['dtype']} the engine's rounding depends on how many tokens one step verifies (verify "
-                  "--engine both checks losslessness in float32)")
+                  f"{doc['dtype'] or 'a reduced precision'} the engine's rounding depends on how many tokens one "
+                  "step verifies (verify --engine both checks losslessness in float32)")

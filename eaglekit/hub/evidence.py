@@ -107,6 +107,9 @@ def load_bench_report(path: str) -> VerifyReportFile:
             raise CheckpointError(f"concurrency {level} is measured twice{f' for {category}' if category else ''}",
                                   path)
         seen.add((level, category))
+        if "baseline" in row and row["baseline"] is None and row.get("speed_up") is None:
+            raise CheckpointError(f"concurrency {level}: no baseline was measured (bench --base-url without "
+                                  "--baseline-url), so there is no speed-up to put on a card", path)
         for key in BENCH_FIGURES:
             if not (finite(row.get(key)) and row[key] >= 0):
                 raise CheckpointError(f"concurrency {level}: {key} must be a finite non-negative number, not "
@@ -322,6 +325,10 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTa
 
     measured = report.get("measured")
     if not isinstance(measured, Mapping) or not isinstance(measured.get("draft_files"), Mapping):
+        servers = report.get("servers")
+        if isinstance(servers, Mapping) and servers.get("started_by_eaglekit") is False:
+            return ["the report measured a server eaglekit did not start (bench --base-url), whose files it cannot "
+                    "see"]
         return ["the report does not record which files it measured (it predates report binding)"]
     ours = hash_files(spec.path, source_files(spec))
     theirs = dict(measured["draft_files"])

@@ -23,6 +23,7 @@ from typing import Any
 
 from eaglekit.errors import EngineError, UsageError
 from eaglekit.runtime import processes
+from eaglekit.runtime.endpoint import Endpoint
 from eaglekit.runtime.engine import PROBE_TIMEOUT_S, WORKER, root_cause
 
 HEALTH_POLL_S = 1.0
@@ -76,6 +77,10 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.url, self.what)
 
     @property
     def flags(self) -> list[str]:
@@ -148,16 +153,22 @@ def _wait_healthy(server: Server, timeout_s: float) -> None:
                       f"(last log line: {root_cause(server.log())[:200]})")
 
 
-def run_client(python: str, work: str, server: Server, args: Sequence[str], *, what: str,
-               timeout_s: float) -> dict[str, Any]:
-    """vLLM's `bench serve` against `server`; its result dict. A failed client, or any failed request, is an
-    EngineError naming the cause (the server's log is read when the client says nothing useful)."""
+def run_client(python: str, work: str, endpoint: Endpoint, args: Sequence[str], *, what: str, timeout_s: float,
+               server: Server | None = None) -> dict[str, Any]:
+    """vLLM's `bench serve` against `endpoint`; its result dict. A failed client, or any failed request, is an
+    EngineError naming the cause (the log of `server`, one eaglekit started, is read when the client says nothing
+    useful). The endpoint's API key reaches the client in its environment (OPENAI_API_KEY, which vLLM's client
+    sends as a bearer token), never on its command line."""
     with tempfile.NamedTemporaryFile("w", dir=work, suffix=".json", delete=False) as fh:
         result_path = fh.name
     os.unlink(result_path)
+    env = dict(os.environ)
+    env.pop("OPENAI_API_KEY", None)
+    if endpoint.api_key:
+        env["OPENAI_API_KEY"] = endpoint.api_key
     try:
-        proc = processes.run(python, [WORKER, "bench-client", result_path, "--base-url", server.url, *args],
-                             f"{result_path}.log", timeout_s=timeout_s)
+        proc = processes.run(python, [WORKER, "bench-client", result_path, "--base-url", endpoint.url, *args],
+                             f"{result_path}.log", timeout_s=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         _check_running(server, what)
         raise EngineError(f"vLLM's benchmark client ({what}) did not finish within {timeout_s:.0f} s") from None
@@ -170,15 +181,16 @@ def run_client(python: str, work: str, server: Server, args: Sequence[str], *, w
     if failed or not result.get("completed"):
         _check_running(server, what)
         errors = [e for e in result.get("errors") or [] if e]
-        raise EngineError(f"vLLM ({server.what}, {what}): {failed} of {failed + int(result.get('completed') or 0)} "
+        raise EngineError(f"vLLM ({endpoint.what}, {what}): {failed} of {failed + int(result.get('completed') or 0)} "
                           f"requests failed (first: {str(errors[0]).strip()[:200] if errors else 'no error given'})")
     return result
 
 
-def _check_running(server: Server, what: str) -> None:
+def _check_running(server: Server | None, what: str) -> None:
     """A client that failed because the server stopped under it is reported as the server's failure: the server is
-    stopped for good (with every process it started) and its log says why."""
-    if server.healthy():
+    stopped for good (with every process it started) and its log says why. A server eaglekit did not start (None)
+    is left as it is."""
+    if server is None or server.healthy():
         return
     server.stop()
     raise EngineError(f"vLLM ({server.what}): the server stopped during {what} "
