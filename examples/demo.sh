@@ -33,11 +33,12 @@ step eaglekit push "$OUT/smollm2-eagle3-vllm" --repo-id your-org/SmolLM2-135M-In
 step eaglekit upgrade "$DRAFT" "$OUT/smollm2-eagle3.1-start" --target "$TARGET"
 # finetune trains it: the target's own greedy tokens as labels, its aux states captured once and cached, EAGLE-3's
 # training-time test, the step whose replayed decode τ is best on held-out sequences kept; then paired with its
-# input on held-out prompts, and written only if the gain is resolved. On this small example it usually is not:
+# input on held-out prompts (10: the fewest an interval is estimated from), and written only if the gain is
+# resolved. On this small example it usually is not:
 # finetune then prints what it measured, exits 1 and writes nothing, and the demo goes on with the upgrade.
 TUNED="$OUT/smollm2-eagle3.1"
 step eaglekit finetune "$OUT/smollm2-eagle3.1-start" "$TUNED" --target "$TARGET" \
-    --data-limit 96 --generate 48 --steps 30 --eval-limit 4 --eval-max-new-tokens 48 --eval-context-tokens 0 \
+    --data-limit 96 --generate 48 --steps 30 --eval-limit 10 --eval-max-new-tokens 48 --eval-context-tokens 0 \
     --eval-templates chat --cache-dir "$OUT/finetune-cache" \
     || { echo "finetune exited $? (no resolved gain: nothing written)"; TUNED="$OUT/smollm2-eagle3.1-start"; }
 # The EAGLE-3.1 draft against its EAGLE-3 source, paired on one target pass per prompt, with and without the chat
