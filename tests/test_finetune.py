@@ -430,7 +430,7 @@ def test_a_finetune_resolved_worse_on_smollm2_writes_nothing_and_says_why(tmp_pa
             UpgradeOptions(target=target, fc_norm=False, norm_output=False))
     out = str(tmp_path / "out")
     common = ["--target", target, "--data-limit", "8", "--cache-dir", str(tmp_path / "cache"), "--from-scratch",
-              "--steps", "2", "--validation-fraction", "0", "--eval-limit", "4", "--eval-max-new-tokens", "24",
+              "--steps", "2", "--validation-fraction", "0", "--eval-limit", "10", "--eval-max-new-tokens", "24",
               "--eval-context-tokens", "0", "--eval-templates", "chat", "--no-progress"]
     result = run(["finetune", source, out, *common])
     assert result.exit_code == 1, result.output
@@ -472,7 +472,7 @@ def test_a_finetune_without_a_resolved_gain_is_not_written_and_keep_unresolved_w
     out = str(tmp_path / "out")
     common = ["--target", oracle["target"], "--data", oracle["data"], "--cache-dir", oracle["cache"], "--from-scratch",
               "--steps", "1", "--batch-tokens", "256", "--depth", "3", "--lr", "1.0", "--validation-fraction", "0",
-              "--eval-limit", "6", "--eval-max-new-tokens", "16", "--eval-context-tokens", "0,8", "--no-progress"]
+              "--eval-limit", "10", "--eval-max-new-tokens", "16", "--eval-context-tokens", "0,8", "--no-progress"]
     result = run(["finetune", oracle["draft"], out, *common])
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
