@@ -354,14 +354,15 @@ def test_spec_decode_counters_are_read_from_prometheus_text_summed_over_engines_
 
 
 def test_a_url_is_recorded_without_credentials_query_or_fragment_and_a_bad_one_is_refused_unshown():
-    from eaglekit.runtime.endpoint import check_url, public_url
+    from eaglekit.io.urls import check_http_url
+    from eaglekit.runtime.endpoint import public_url
 
     assert public_url("https://user:s3cret@gpu-node:8000/vllm/") == "https://gpu-node:8000/vllm"
     assert public_url("http://[::1]:8000") == "http://[::1]:8000"
-    assert check_url("http://gpu-node:8000/", "--base-url") == "http://gpu-node:8000"
+    assert check_http_url("http://gpu-node:8000/", "--base-url", "http://gpu-node:8000") == "http://gpu-node:8000"
     for bad in ("ftp://gpu-node", "gpu-node:8000", "http://gpu-node:8000/?token=s3cret", "http://h/#s3cret"):
         with pytest.raises(UsageError) as refused:
-            check_url(bad, "--base-url")
+            check_http_url(bad, "--base-url", "http://gpu-node:8000")
         assert "s3cret" not in str(refused.value) and "--base-url must be an http(s) URL" in str(refused.value)
 
 

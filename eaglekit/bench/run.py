@@ -36,9 +36,10 @@ from eaglekit.decode.stats import MIN_SAMPLES
 from eaglekit.engines.vllm import speculative_config
 from eaglekit.errors import EngineError, UsageError
 from eaglekit.io.outputs import Role
+from eaglekit.io.urls import check_http_url
 from eaglekit.provenance import measured_files
 from eaglekit.redact import public_flags, public_path
-from eaglekit.runtime.endpoint import PER_POSITION, Endpoint, ServedModel, SpecCounters, check_url
+from eaglekit.runtime.endpoint import PER_POSITION, Endpoint, ServedModel, SpecCounters
 from eaglekit.runtime.engine import EngineOptions, check_engine_available, fitted_model_len
 from eaglekit.runtime.server import Server, check_client_available, engine_flags, run_client, start_server
 
@@ -91,7 +92,7 @@ class BenchOptions:
                              "--base-url")
         for option, url in (("--base-url", self.base_url), ("--baseline-url", self.baseline_url)):
             if url is not None:
-                check_url(url, option)
+                check_http_url(url, option, "http://gpu-node:8000")
         if not (self.request_rate > 0):
             raise UsageError(f"--request-rate {self.request_rate:g}: expected a positive number of requests/s, or inf")
         if any(not 0 < q < 100 for q in self.percentiles) or len(set(self.percentiles)) != len(self.percentiles):

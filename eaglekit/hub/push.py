@@ -38,7 +38,8 @@ from eaglekit.hub.upload import (
     resolve_token,
     upload_sources,
 )
-from eaglekit.io.hub_client import check_endpoint, without_credentials
+from eaglekit.io.hub_client import without_credentials
+from eaglekit.io.urls import check_http_url
 from eaglekit.provenance import finetune_without_gain, untrained_warm_start
 from eaglekit.redact import public_report, remember_secret
 from eaglekit.serving import minimum_versions
@@ -125,8 +126,8 @@ def push(
     check_repo_id(repo_id)
     if offline and not dry_run:
         raise UsageError("--offline goes with --dry-run: a push needs the Hub")
-    endpoint = check_endpoint(endpoint, "--endpoint") if endpoint else check_endpoint(constants.ENDPOINT,
-                                                                                      "HF_ENDPOINT")
+    endpoint = check_http_url(endpoint or constants.ENDPOINT, "--endpoint" if endpoint else "HF_ENDPOINT",
+                              "https://huggingface.co")
     if not os.path.isdir(draft_dir):
         raise CheckpointError("not a draft directory", draft_dir)
     spec = load_draft(draft_dir)

@@ -6,7 +6,7 @@ or connect. The client's own retries and backoff stay as they are.
 
 An endpoint may carry credentials (`https://user:password@host`, from --endpoint or HF_ENDPOINT): every URL
 eaglekit prints or returns goes through `without_credentials` first, and an endpoint that is not a plain http(s)
-URL is refused (`check_endpoint`) without being quoted.
+URL is refused (eaglekit.io.urls) without being quoted.
 
 `hub_snapshot` is the one way eaglekit reads files of a Hub repository it does not publish (a target, the config a
 push compares a report with): the local Hugging Face cache first, then a download through the bounded client.
@@ -19,9 +19,6 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from urllib.parse import urlsplit
-
-from eaglekit.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 60.0
 # userinfo: everything up to the LAST '@' of the authority (a password may hold '@'), as urllib splits it
@@ -31,23 +28,6 @@ _USERINFO = re.compile(r"(?<=://)[^\s/?#]*@")
 def without_credentials(text: str) -> str:
     """`text` (a URL, or a message that quotes URLs) with the `user:password@` of every URL in it removed."""
     return _USERINFO.sub("", text)
-
-
-def check_endpoint(endpoint: str, source: str) -> str:
-    """`endpoint` without a trailing slash, if it is an http(s) URL with a host, a valid port and no query or
-    fragment; else a UsageError naming `source` (--endpoint, HF_ENDPOINT) but not the value, which may hold
-    credentials."""
-    try:
-        parts = urlsplit(endpoint)
-        valid = (parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query
-                 and not parts.fragment and "?" not in endpoint and "#" not in endpoint
-                 and not any(c.isspace() for c in endpoint) and (parts.port is None or parts.port > 0))
-    except ValueError:
-        valid = False
-    if not valid:
-        raise UsageError(f"{source} must be an http(s) URL with a host and no query or fragment, like "
-                         "https://huggingface.co (the value is not shown: it may hold credentials)")
-    return endpoint.rstrip("/")
 
 
 @contextmanager

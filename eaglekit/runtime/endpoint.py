@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from eaglekit.errors import EngineError, UsageError
+from eaglekit.errors import EngineError
 
 REQUEST_TIMEOUT_S = 30.0  # /v1/models, /version, /metrics: a server that takes longer is not serving
 DRAFTS = "vllm:spec_decode_num_drafts"
@@ -30,22 +30,6 @@ PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 as `<name>_total`, one sample per engine (data parallelism) and, for the last, per draft position."""
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _POSITION = re.compile(r'(?:^|,)\s*position="(\d+)"')
-
-
-def check_url(url: str, option: str) -> str:
-    """`url` without a trailing slash if it is an http(s) URL with a host and no query or fragment (routes are
-    appended to it); else a UsageError naming `option` but not the value, which may hold credentials."""
-    try:
-        parts = urlsplit(url)
-        valid = (parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query
-                 and not parts.fragment and "?" not in url and "#" not in url
-                 and not any(c.isspace() for c in url) and (parts.port is None or parts.port > 0))
-    except ValueError:
-        valid = False
-    if not valid:
-        raise UsageError(f"{option} must be an http(s) URL with a host and no query or fragment, like "
-                         "http://gpu-node:8000 (the value is not shown: it may hold credentials)")
-    return url.rstrip("/")
 
 
 def public_url(url: str) -> str:
