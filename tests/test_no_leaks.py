@@ -103,8 +103,9 @@ def test_no_token_or_local_path_in_any_report_card_or_upload(target, tmp_path, m
     printed.append(capsys.readouterr().out)
     bench = json.loads(printed[-1])
     common = ["--target", target, "--report", str(tmp_path / "v.json"), "--bench", str(tmp_path / "b.json"),
-              "--force", "--format", "json"]
-    ok(["push", tuned, "--repo-id", "org/draft", "--dry-run", "--card-out", str(tmp_path / "card.md"), *common])
+              "--force", "--allow-few-samples", "--format", "json"]
+    ok(["push", tuned, "--repo-id", "org/draft", "--dry-run", "--offline", "--card-out", str(tmp_path / "card.md"),
+        *common])
     ok(["push", tuned, "--repo-id", "org/draft", "--endpoint", fake_hub.endpoint, "--token", fake_hub.token, *common])
 
     secrets = [PLANTED, SAVED, fake_hub.token, "sk-not-hf-shaped"]
