@@ -7,10 +7,12 @@ Only eaglekit's own core (Python and its required dependencies) decides whether 
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -24,13 +26,43 @@ BUILD_TIMEOUT_S = 10.0  # llama.cpp's --version
 MIN_PYTHON = (3, 10)
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-OPTIONAL_MODULES = {"torch": "torch", "transformers": "torch", "gguf": "gguf",
-                    "triton": "triton", "matplotlib": "plot", "pyarrow": "speedbench"}
-"""Import name -> the eaglekit extra that installs it."""
+IMPORT_NAMES = {"huggingface-hub": "huggingface_hub", "pyyaml": "yaml"}
+"""Distributions whose import name is not their own."""
+GATHERING_EXTRAS = ("demo", "test")  # extras that gather the others (and test tools): no module of their own
 
-CORE_MODULES = {"safetensors": "safetensors", "huggingface_hub": "huggingface-hub", "click": "click", "rich": "rich",
-                "numpy": "numpy", "jsonschema": "jsonschema", "yaml": "pyyaml"}
-"""eaglekit's required dependencies: import name -> distribution."""
+
+@functools.cache
+def requirements() -> tuple[tuple[str, str | None], ...]:
+    """(distribution, extra or None) for every requirement pyproject.toml declares, read from eaglekit's installed
+    metadata so that the list has one home; empty when eaglekit runs from a folder it was never installed from."""
+    try:
+        lines = importlib.metadata.requires("eaglekit") or []
+    except importlib.metadata.PackageNotFoundError:
+        return ()
+    found = []
+    for line in lines:
+        name = re.match(r"[A-Za-z0-9._-]+", line)
+        extra = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", line)
+        dist = name.group(0).lower().replace("_", "-") if name else ""
+        if dist and dist != "eaglekit":
+            found.append((dist, extra.group(1) if extra else None))
+    return tuple(found)
+
+
+def import_name(dist: str) -> str:
+    return IMPORT_NAMES.get(dist, dist.replace("-", "_"))
+
+
+def core_modules() -> dict[str, str]:
+    """eaglekit's required dependencies: import name -> distribution."""
+    return {import_name(dist): dist for dist, extra in requirements() if extra is None}
+
+
+def optional_modules() -> dict[str, str]:
+    """Import name -> the eaglekit extra that installs it."""
+    return {import_name(dist): extra for dist, extra in requirements()
+            if extra is not None and extra not in GATHERING_EXTRAS}
+
 
 TORCH_PROBE = ("import json, torch; print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
                "'cuda_available': torch.cuda.is_available(), 'cpu': torch.backends.cpu.get_cpu_capability()}))")
@@ -94,7 +126,10 @@ def check_core() -> list[Check]:
     rows = [Check("python", OK if sys.version_info[:2] >= MIN_PYTHON else BROKEN, f"{python} ({sys.executable})",
                   None if sys.version_info[:2] >= MIN_PYTHON else "install Python 3.10 or newer", core=True),
             Check("eaglekit", OK, f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})", core=True)]
-    for module, dist in CORE_MODULES.items():
+    if not requirements():
+        rows.append(Check("dependencies", MISSING, "eaglekit's package metadata is missing (run from a folder it was "
+                          "never installed from), so its dependencies cannot be listed", f"{shlex.quote(sys.executable)} -m pip install -e {shlex.quote(CHECKOUT)}"))
+    for module, dist in core_modules().items():
         if importlib.util.find_spec(module) is None:
             rows.append(Check(dist, MISSING, "required by eaglekit, not installed", pip_install(dist), core=True))
         else:
@@ -162,7 +197,7 @@ def check_llamacpp(timeout_s: float = BUILD_TIMEOUT_S) -> Check:
 
 def check_extras() -> list[Check]:
     rows = []
-    for module, extra in OPTIONAL_MODULES.items():
+    for module, extra in optional_modules().items():
         if module == "torch":
             continue  # check_torch reports it
         rows.append(_installed(module, module, f"extra [{extra}]", pip_install(f"eaglekit[{extra}]")))

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from tests.support.cli import run_cli
 
@@ -68,7 +70,8 @@ def test_a_missing_core_dependency_is_the_only_exit_1(monkeypatch, tmp_path):
     from eaglekit import doctor
 
     monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", str(tmp_path / "none"))
-    monkeypatch.setattr(doctor, "CORE_MODULES", {**doctor.CORE_MODULES, "no_such_module_xyz": "no-such-dist"})
+    core = doctor.core_modules()
+    monkeypatch.setattr(doctor, "core_modules", lambda: {**core, "no_such_module_xyz": "no-such-dist"})
     result = run_cli(["doctor", "--format", "json"])
     assert result.exit_code == 1
     found = rows(result)["no-such-dist"]
@@ -84,3 +87,23 @@ def test_doctor_never_imports_torch_itself(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.stderr.strip().splitlines()[-1] == "False", done.stderr
     assert any(c["name"] == "torch" for c in json.loads(done.stdout)["checks"])
+
+
+def test_the_dependencies_checked_are_the_ones_pyproject_declares():
+    """The doctor reads the installed metadata, so a dependency added to pyproject.toml is checked without a second
+    list to keep in step."""
+    tomllib = pytest.importorskip("tomllib")
+    from eaglekit import doctor
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def names(specs):
+        return {re.match(r"[A-Za-z0-9._-]+", s).group(0).lower() for s in specs} - {"eaglekit"}
+
+    assert set(doctor.core_modules().values()) == names(project["dependencies"])
+    extras = {extra: names(specs) for extra, specs in project["optional-dependencies"].items()
+              if extra not in doctor.GATHERING_EXTRAS}
+    assert {(doctor.import_name(d), e) for e, dists in extras.items() for d in dists} == set(
+        doctor.optional_modules().items())
+    doctor_rows = rows(run_cli(["doctor", "--format", "json"]))
+    assert all(dist in doctor_rows for dist in names(project["dependencies"]))

@@ -11,7 +11,7 @@ import warnings
 import click
 
 from eaglekit import __version__
-from eaglekit.doctor import OPTIONAL_MODULES
+from eaglekit.doctor import optional_modules
 
 # name -> (module, attribute, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -206,10 +206,11 @@ def _run(args: list[str], debug: bool) -> None:
               args)
     except ModuleNotFoundError as exc:
         module = (exc.name or "").split(".")[0]
-        if module not in OPTIONAL_MODULES or debug:
+        extra = optional_modules().get(module)
+        if extra is None or debug:
             raise
-        _fail(f"Error: this command needs {module}, which is not installed: "
-              f"pip install 'eaglekit[{OPTIONAL_MODULES[module]}]'", 1, "MissingDependency", args)
+        _fail(f"Error: this command needs {module}, which is not installed: pip install 'eaglekit[{extra}]'", 1,
+              "MissingDependency", args)
     except Exception as exc:  # a bug or an input nothing anticipated: still one line
         if debug:
             raise
