@@ -128,7 +128,8 @@ def check_core() -> list[Check]:
             Check("eaglekit", OK, f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})", core=True)]
     if not requirements():
         rows.append(Check("dependencies", MISSING, "eaglekit's package metadata is missing (run from a folder it was "
-                          "never installed from), so its dependencies cannot be listed", f"{shlex.quote(sys.executable)} -m pip install -e {shlex.quote(CHECKOUT)}"))
+                          "never installed from), so its dependencies cannot be listed",
+                          f"{shlex.quote(sys.executable)} -m pip install -e {shlex.quote(CHECKOUT)}"))
     for module, dist in core_modules().items():
         if importlib.util.find_spec(module) is None:
             rows.append(Check(dist, MISSING, "required by eaglekit, not installed", pip_install(dist), core=True))
