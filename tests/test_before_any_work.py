@@ -29,9 +29,10 @@ def no_work(monkeypatch):
         pytest.fail("the work started before the written paths were checked")
 
     for module, name in ((eaglekit.decode.setup, "load_target"), (eaglekit.decode.setup, "load_tokenizer"),
-                         (eaglekit.bench.run, "start_server"), (eaglekit.finetune.run, "build_data")):
+                         (eaglekit.bench.run, "start_server"), (eaglekit.bench.run, "BenchClient"),
+                         (eaglekit.finetune.run, "build_data")):
         monkeypatch.setattr(module, name, work)
-    for module, name in ((eaglekit.bench.run, "check_engine_available"), (eaglekit.bench.run, "check_client_available"),
+    for module, name in ((eaglekit.bench.run, "check_engine_available"),
                          (eaglekit.verify.run, "check_engine_available")):  # an engine is there (probing is no work)
         monkeypatch.setattr(module, name, lambda *args: "0.0.0")
 

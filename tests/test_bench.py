@@ -451,21 +451,30 @@ def _client_result(args: list[str], rates: list[float]) -> dict:
     return result
 
 
-def _fake_client(monkeypatch, served: list[tuple[str, list[str], dict]], measured: dict):
+def _fake_client(monkeypatch, served: list[tuple[str, list[str], str | None]], measured: dict):
     """vLLM's client replaced by one that serves `measured` drafts/accepted on the server it is pointed at."""
     import eaglekit.bench.run as bench_run
 
-    def run_client(python, work, endpoint, args, *, what, timeout_s, server=None):
-        assert server is None  # a running server is never eaglekit's to stop
-        requests = int(args[args.index("--num-prompts") + 1])
-        served.append((endpoint.url, list(args), dict(os.environ)))
-        fake = measured.get(endpoint.url)
-        if fake is not None:
-            fake.serve(drafts=40, accepted=50)
-        return _client_result(args, [10.0 + i for i in range(requests)])
+    class FakeClient:
+        def __init__(self, python, work, api_key):
+            self.api_key = api_key
 
-    monkeypatch.setattr(bench_run, "run_client", run_client)
-    monkeypatch.setattr(bench_run, "check_client_available", lambda python: None)
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, endpoint, args, *, what, timeout_s, server=None):
+            assert server is None  # a running server is never eaglekit's to stop
+            requests = int(args[args.index("--num-prompts") + 1])
+            served.append((endpoint.url, list(args), self.api_key))
+            fake = measured.get(endpoint.url)
+            if fake is not None:
+                fake.serve(drafts=40, accepted=50)
+            return _client_result(args, [10.0 + i for i in range(requests)])
+
+    monkeypatch.setattr(bench_run, "BenchClient", FakeClient)
 
 
 def test_base_url_measures_the_running_server_from_its_counters_without_a_baseline(fake_vllm, monkeypatch,
@@ -501,7 +510,7 @@ def test_base_url_measures_the_running_server_from_its_counters_without_a_baseli
         assert spec["e2el_ms"]["p90"] == 130.0 and spec["tpot_ms"]["p90"] == 110.0
         rates = spec["per_user_tokens_per_s"]
         assert rates["p90"] < rates["p50"]  # the rate 90 % of requests reach: the slow end
-    url, args, env = calls[0]
+    url, args, _ = calls[0]
     assert url == server.url and args[args.index("--request-rate") + 1] == "2.5"
     assert args[args.index("--dataset-name") + 1] == "random" and args[args.index("--random-input-len") + 1] == "32"
     assert args[args.index("--model") + 1] == "served-target" and args[args.index("--num-warmups") + 1] == "0"
@@ -548,7 +557,7 @@ def test_base_url_with_a_baseline_url_gives_the_speed_up_and_never_shows_the_key
     assert row["acceptance_length"] == pytest.approx(1 + 50 / 40) and row["num_drafts"] == 40
     assert doc["servers"]["speculative_url"] == spec.url and doc["servers"]["baseline_url"] == base.url
     assert [c[0] for c in calls] == [base.url, url]  # the target alone first, as bench measures its own servers
-    assert all(c[2].get("OPENAI_API_KEY") == "sk-loopback-key" for c in calls)  # the client's key, in its env
+    assert all(c[2] == "sk-loopback-key" for c in calls)  # the client's key, given to its process
     for text in (result.output, saved.read_text()):
         assert "sk-loopback-key" not in text and "s3cret" not in text
     assert spec.seen and base.seen  # both were only asked, and both still serve

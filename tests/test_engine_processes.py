@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglekit.errors import EngineError
+from eaglekit.errors import EngineError, UsageError
 from eaglekit.runtime import engine, processes
 from eaglekit.runtime import server as bench_server
 
@@ -168,9 +168,9 @@ def test_a_server_that_stops_during_a_concurrency_level_is_named_as_the_cause(tm
     try:
         pids = read_pids(fake_engine)
         monkeypatch.setenv("FAKE_CLIENT", "kill-server")
-        with pytest.raises(EngineError) as caught:
-            bench_server.run_client(sys.executable, str(tmp_path), server.endpoint, [], what="C=4", timeout_s=60,
-                                    server=server)
+        with pytest.raises(EngineError) as caught, \
+                bench_server.BenchClient(sys.executable, str(tmp_path), None) as client:
+            client.run(server.endpoint, [], what="C=4", timeout_s=60, server=server)
         message = str(caught.value)
         assert "the server stopped during C=4 (killed by SIGKILL)" in message and "\n" not in message
         assert not any(alive(pid) for pid in pids.values())
@@ -181,9 +181,9 @@ def test_a_server_that_stops_during_a_concurrency_level_is_named_as_the_cause(tm
 def test_failed_requests_against_a_running_server_stay_the_client_s_error(tmp_path, fake_engine):
     server = _start_server(tmp_path)
     try:
-        with pytest.raises(EngineError, match=r"4 of 4 requests failed \(first: Cannot connect"):
-            bench_server.run_client(sys.executable, str(tmp_path), server.endpoint, [], what="C=4", timeout_s=60,
-                                    server=server)
+        with pytest.raises(EngineError, match=r"4 of 4 requests failed \(first: Cannot connect"), \
+                bench_server.BenchClient(sys.executable, str(tmp_path), None) as client:
+            client.run(server.endpoint, [], what="C=4", timeout_s=60, server=server)
         assert server.healthy()
     finally:
         server.stop()
@@ -195,3 +195,12 @@ def test_an_engine_core_left_behind_by_a_finished_run_is_stopped(fake_engine, mo
     result, _ = engine._run_worker(engine.EngineOptions(python=sys.executable), {}, "target alone")
     assert result == {"tokens": []}
     assert not any(alive(pid) for pid in read_pids(fake_engine).values())
+
+
+def test_a_benchmark_client_that_cannot_import_is_refused_before_any_measurement(tmp_path, monkeypatch):
+    worker = tmp_path / "worker.py"
+    worker.write_text("import sys\nsys.exit(\"ModuleNotFoundError: No module named 'pandas'\")\n")
+    monkeypatch.setattr(bench_server, "WORKER", str(worker))
+    with pytest.raises(UsageError, match=r"No module named 'pandas'\): install pandas there") as caught:
+        bench_server.BenchClient(sys.executable, str(tmp_path), None)
+    assert "\n" not in str(caught.value)

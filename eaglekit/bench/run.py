@@ -41,7 +41,7 @@ from eaglekit.provenance import measured_files
 from eaglekit.redact import public_flags, public_path
 from eaglekit.runtime.endpoint import PER_POSITION, Endpoint, ServedModel, SpecCounters
 from eaglekit.runtime.engine import EngineOptions, check_engine_available, fitted_model_len
-from eaglekit.runtime.server import Server, check_client_available, engine_flags, run_client, start_server
+from eaglekit.runtime.server import BenchClient, Server, engine_flags, start_server
 
 DEFAULT_CONCURRENCY = (1, 4, 16)
 MAX_REQUESTS = 100_000  # per concurrency: each is a dataset row written before the client starts
@@ -156,7 +156,6 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
 
     engine = options.engine_options
     check_engine_available(engine)
-    check_client_available(engine.interpreter)
     verify_options = VerifyOptions(num_speculative_tokens=options.num_speculative_tokens,
                                    max_new_tokens=options.max_new_tokens, prompts_file=options.prompts_file,
                                    categories=options.categories, dtype=options.dtype, engine="vllm",
@@ -181,7 +180,8 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
         percentiles=options.chosen_percentiles)
     started = time.perf_counter()
     runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
-    with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work:
+    with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \
+            BenchClient(engine.interpreter, work, None) as client:
         files = _datasets(work, groups, options)
         for side, settings in (("target alone", base_settings),
                                ("target + draft", {**base_settings, "speculative_config": spec_config})):
@@ -191,8 +191,8 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
                                   dtype=options.dtype, positions=model_len * max_seqs,
                                   given=list(engine.engine_args), timeout_s=options.start_timeout_s)
             try:
-                runs[side] = _measure_side(server.endpoint, side, work, files, groups, options, model=target_path,
-                                           tokenizer=target_path, say=say, server=server)
+                runs[side] = _measure_side(client, server.endpoint, side, files, groups, options,
+                                           model=target_path, tokenizer=target_path, say=say, server=server)
             finally:
                 server.stop()
             key = "baseline" if side == "target alone" else "speculative"
@@ -240,7 +240,6 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
         raise EngineError(f"the speculative server at {speculative.public_url} serves {served.id!r}, not the "
                           f"--target {public_path(target)!r}")
     engine = options.engine_options
-    check_client_available(engine.interpreter)
     source = _tokenizer_source(target) if target is not None else (served.root or served.id)
     # random prompts are drawn and counted by vLLM's client alone; named prompts are rendered and bounded here
     tokenizer = None if options.input_len is not None else _served_tokenizer(source, served.max_model_len)
@@ -274,11 +273,12 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
         notes=notes)
     started = time.perf_counter()
     runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
-    with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work:
+    with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \
+            BenchClient(engine.interpreter, work, options.api_key) as client:
         files = _datasets(work, groups, options)
         for side, endpoint in (("target alone", baseline), ("target + draft", speculative)):
             if endpoint is not None:
-                runs[side] = _measure_side(endpoint, side, work, files, groups, options, model=served.id,
+                runs[side] = _measure_side(client, endpoint, side, files, groups, options, model=served.id,
                                            tokenizer=source, say=say)
     report.timings["total_s"] = time.perf_counter() - started
     alone, drafted = runs.get("target alone"), runs["target + draft"]
@@ -287,7 +287,7 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
     return report
 
 
-def _measure_side(endpoint: Endpoint, side: str, work: str, files: dict[tuple[str | None, int], str | None],
+def _measure_side(client: BenchClient, endpoint: Endpoint, side: str, files: dict[tuple[str | None, int], str | None],
                   groups: Sequence[PromptGroup], options: BenchOptions, *, model: str, tokenizer: str,
                   say: Callable[[str], None], server: Server | None = None) -> dict[tuple[str | None, int], ServedRun]:
     """Every concurrency and group on one server: warm-ups first (outside the measurement), then the server's
@@ -307,8 +307,7 @@ def _measure_side(endpoint: Endpoint, side: str, work: str, files: dict[tuple[st
             endpoint.warm_up(model, warm_prompt, warmups, c, body, timeout_s=engine.timeout_s)
             before = endpoint.counters()
             args = _client_args(model, files[(group.category, c)], c, options, tokenizer=tokenizer)
-            result = run_client(engine.interpreter, work, endpoint, args, what=label, timeout_s=engine.timeout_s,
-                                server=server)
+            result = client.run(endpoint, args, what=label, timeout_s=engine.timeout_s, server=server)
             after = endpoint.counters()
             counters = after - before if before is not None and after is not None else SpecCounters()
             measured[(group.category, c)] = ServedRun.from_vllm(result, counters, options.chosen_percentiles)

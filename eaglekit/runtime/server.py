@@ -28,6 +28,7 @@ from eaglekit.runtime.engine import PROBE_TIMEOUT_S, WORKER, root_cause
 
 HEALTH_POLL_S = 1.0
 HEALTH_CHECK_S = 5.0  # a server that does not answer /health this soon is not serving
+CLIENT_POLL_S = 0.05  # how often the benchmark client's answer is looked for
 
 
 def engine_flags(settings: dict[str, Any]) -> list[str]:
@@ -43,18 +44,6 @@ def engine_flags(settings: dict[str, Any]) -> list[str]:
         else:
             flags += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
     return flags
-
-
-def check_client_available(python: str) -> None:
-    """vLLM's benchmark client reads its dataset with pandas (vLLM's "bench" extra); without it the client fails
-    with a misleading package-metadata error, so say so before any server starts."""
-    with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work:
-        probe = processes.run(python, ["-c", "import pandas, vllm.benchmarks.serve"], os.path.join(work, "probe.log"),
-                              timeout_s=PROBE_TIMEOUT_S)
-    if probe.returncode != 0:
-        last = (probe.log.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(f"vLLM's benchmark client does not import in {python} ({last[:160]}): install pandas there "
-                         "(pip install pandas, vLLM's bench extra; scripts/vllm-env.sh does)")
 
 
 def free_port() -> int:
@@ -153,37 +142,92 @@ def _wait_healthy(server: Server, timeout_s: float) -> None:
                       f"(last log line: {root_cause(server.log())[:200]})")
 
 
-def run_client(python: str, work: str, endpoint: Endpoint, args: Sequence[str], *, what: str, timeout_s: float,
-               server: Server | None = None) -> dict[str, Any]:
-    """vLLM's `bench serve` against `endpoint`; its result dict. A failed client, or any failed request, is an
-    EngineError naming the cause (the log of `server`, one eaglekit started, is read when the client says nothing
-    useful). The endpoint's API key reaches the client in its environment (OPENAI_API_KEY, which vLLM's client
-    sends as a bearer token), never on its command line."""
-    with tempfile.NamedTemporaryFile("w", dir=work, suffix=".json", delete=False) as fh:
-        result_path = fh.name
-    os.unlink(result_path)
-    env = dict(os.environ)
-    env.pop("OPENAI_API_KEY", None)
-    if endpoint.api_key:
-        env["OPENAI_API_KEY"] = endpoint.api_key
-    try:
-        proc = processes.run(python, [WORKER, "bench-client", result_path, "--base-url", endpoint.url, *args],
-                             f"{result_path}.log", timeout_s=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        _check_running(server, what)
-        raise EngineError(f"vLLM's benchmark client ({what}) did not finish within {timeout_s:.0f} s") from None
-    if proc.returncode != 0 or not os.path.isfile(result_path):
-        _check_running(server, what)
-        raise EngineError(f"vLLM's benchmark client ({what}) failed: {root_cause(proc.log)[:300]}")
-    with open(result_path, encoding="utf-8") as fh:
-        result = json.load(fh)
-    failed = int(result.get("failed") or 0)
-    if failed or not result.get("completed"):
-        _check_running(server, what)
-        errors = [e for e in result.get("errors") or [] if e]
-        raise EngineError(f"vLLM ({endpoint.what}, {what}): {failed} of {failed + int(result.get('completed') or 0)} "
-                          f"requests failed (first: {str(errors[0]).strip()[:200] if errors else 'no error given'})")
-    return result
+class BenchClient:
+    """vLLM's own benchmark client (`vllm bench serve`) in one process for a whole bench: vLLM and pandas are
+    imported once (about 10 s each time on a CPU) instead of once per measurement, and a client that cannot import
+    is found before any server starts.
+
+    Each measurement is a request file in the client's folder, answered by a result file or an error file. The
+    endpoints' API key reaches the client in its environment (OPENAI_API_KEY, which vLLM's client sends as a
+    bearer token), never on a command line or in a file."""
+
+    def __init__(self, python: str, work: str, api_key: str | None, *, timeout_s: float = PROBE_TIMEOUT_S):
+        self.python = python
+        self.folder = tempfile.mkdtemp(prefix="client-", dir=work)
+        self.log_path = os.path.join(self.folder, "client.log")
+        self.sent = 0
+        env = dict(os.environ)
+        env.pop("OPENAI_API_KEY", None)
+        if api_key:
+            env["OPENAI_API_KEY"] = api_key
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            self.process = processes.start(python, [WORKER, "bench-client", self.folder], stdout=log, env=env)
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> BenchClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        processes.stop(self.process)
+
+    def _log(self) -> str:
+        return _read(self.log_path)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(os.path.join(self.folder, "ready")):
+            if self.process.poll() is not None:
+                last = (self._log().strip().splitlines() or ["no output"])[-1]
+                raise UsageError(f"vLLM's benchmark client does not import in {self.python} ({last[:160]}): install "
+                                 "pandas there (pip install pandas, vLLM's bench extra; scripts/vllm-env.sh does)")
+            if time.monotonic() > deadline:
+                raise EngineError(f"vLLM's benchmark client did not start within {timeout_s:.0f} s")
+            time.sleep(CLIENT_POLL_S)
+
+    def run(self, endpoint: Endpoint, args: Sequence[str], *, what: str, timeout_s: float,
+            server: Server | None = None) -> dict[str, Any]:
+        """One `bench serve` run against `endpoint`; its result dict. A failed client, or any failed request, is an
+        EngineError naming the cause (the log of `server`, one eaglekit started, is read when the client says
+        nothing useful)."""
+        number, self.sent = self.sent, self.sent + 1
+        request = os.path.join(self.folder, f"{number}.request.json")
+        with open(f"{request}.part", "w", encoding="utf-8") as fh:
+            json.dump({"args": ["--base-url", endpoint.url, *args]}, fh)
+        os.replace(f"{request}.part", request)
+        result_path, error_path = (os.path.join(self.folder, f"{number}.{end}") for end in ("result.json", "error"))
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(result_path):
+            if os.path.exists(error_path) or self.process.poll() is not None:
+                _check_running(server, what)
+                failure = _read(error_path) if os.path.exists(error_path) else self._log()
+                raise EngineError(f"vLLM's benchmark client ({what}) failed: {root_cause(failure)[:300]}")
+            if time.monotonic() > deadline:
+                self.close()
+                _check_running(server, what)
+                raise EngineError(f"vLLM's benchmark client ({what}) did not finish within {timeout_s:.0f} s")
+            time.sleep(CLIENT_POLL_S)
+        with open(result_path, encoding="utf-8") as fh:
+            result = json.load(fh)
+        failed = int(result.get("failed") or 0)
+        if failed or not result.get("completed"):
+            _check_running(server, what)
+            errors = [e for e in result.get("errors") or [] if e]
+            first = str(errors[0]).strip()[:200] if errors else "no error given"
+            sent = failed + int(result.get("completed") or 0)
+            raise EngineError(f"vLLM ({endpoint.what}, {what}): {failed} of {sent} requests failed (first: {first})")
+        return result
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
 
 
 def _check_running(server: Server | None, what: str) -> None:

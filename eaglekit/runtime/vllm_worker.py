@@ -2,7 +2,7 @@
 
     python vllm_worker.py REQUEST.json RESULT.json        # verify --engine: one offline run
     python vllm_worker.py serve REQUEST.json INFO.json    # bench: vLLM's OpenAI-compatible server, sized for the job
-    python vllm_worker.py bench-client RESULT.json ARGS   # bench: vLLM's own `bench serve` client, its result as JSON
+    python vllm_worker.py bench-client FOLDER             # bench: vLLM's own `bench serve` client, answering requests
 
 It imports only vLLM and the standard library (vLLM pins its own torch and transformers, so it often lives in
 an environment of its own). The offline request names the target, the draft (absent: target alone), token ids of
@@ -206,29 +206,53 @@ def serve(request_path: str, info_path: str) -> None:
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
 
 
-def bench_client(result_path: str, args: list[str]) -> None:
-    """vLLM's own benchmark client (`vllm bench serve`; its console script fails in the CPU wheel), its result
-    dict written as JSON."""
+def bench_client(folder: str) -> None:
+    """vLLM's own benchmark client (`vllm bench serve`; its console script fails in the CPU wheel), kept running for
+    a whole bench: it says "ready" once vLLM and pandas import, then answers request N (its argument list) with
+    N.result.json (the result dict) or N.error (the traceback), until it is stopped."""
     import importlib
+    import traceback
 
     try:
         parsers = importlib.import_module("vllm.utils.argparse_utils")
     except ImportError:  # vLLM before the argparse helpers had a module of their own
         parsers = importlib.import_module("vllm.utils")
+    importlib.import_module("pandas")  # vLLM's client reads its datasets with it; missing, it fails later, misleadingly
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as bench_main
 
-    parser = parsers.FlexibleArgumentParser()
-    add_cli_args(parser)
-    result = bench_main(parser.parse_args(args))
-    with open(result_path, "w", encoding="utf-8") as fh:
-        json.dump(result, fh, default=str)
+    _publish(os.path.join(folder, "ready"), "")
+    number = 0
+    while True:
+        request = os.path.join(folder, f"{number}.request.json")
+        if not os.path.exists(request):
+            time.sleep(0.05)
+            continue
+        with open(request, encoding="utf-8") as fh:
+            args = json.load(fh)["args"]
+        parser = parsers.FlexibleArgumentParser()
+        add_cli_args(parser)
+        try:
+            result = bench_main(parser.parse_args(args))
+        except (Exception, SystemExit):
+            traceback.print_exc()
+            _publish(os.path.join(folder, f"{number}.error"), traceback.format_exc())
+        else:
+            _publish(os.path.join(folder, f"{number}.result.json"), json.dumps(result, default=str))
+        number += 1
+
+
+def _publish(path: str, text: str) -> None:
+    """Write `path` whole or not at all: the reader polls for its name."""
+    with open(f"{path}.part", "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(f"{path}.part", path)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "bench-client":
-        bench_client(sys.argv[2], sys.argv[3:])
+        bench_client(sys.argv[2])
     else:
         main(sys.argv[1], sys.argv[2])

@@ -2,7 +2,7 @@
 "engine core" child in its process group. The engine core ignores SIGTERM, so only a SIGKILL stops it.
 
     python fake_engine.py serve REQUEST INFO          # answers /health on the request's --port
-    python fake_engine.py bench-client RESULT ARGS    # FAKE_CLIENT=kill-server: SIGKILLs the server first
+    python fake_engine.py bench-client FOLDER         # FAKE_CLIENT=kill-server: SIGKILLs the server first
     python fake_engine.py REQUEST RESULT              # FAKE_OFFLINE=finish: writes a result and exits, else sleeps
 
 The pids ({"guard", "main", "engine_core"}) go to the JSON file named by FAKE_ENGINE_PIDS once the engine core has
@@ -51,13 +51,19 @@ def serve(request_path: str, info_path: str) -> None:
     HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Health).serve_forever()
 
 
-def bench_client(result_path: str) -> None:
+def bench_client(folder: str) -> None:
+    """Ready at once; answers its first request as vLLM's client does when the server goes away."""
+    open(os.path.join(folder, "ready"), "w").close()
+    while not os.path.exists(os.path.join(folder, "0.request.json")):
+        time.sleep(0.05)
     if os.environ.get("FAKE_CLIENT") == "kill-server":
         with open(os.environ["FAKE_ENGINE_PIDS"], encoding="utf-8") as fh:
             os.kill(json.load(fh)["main"], signal.SIGKILL)
         time.sleep(0.2)
-    with open(result_path, "w", encoding="utf-8") as fh:  # what vLLM's client reports when the server goes away
+    with open(os.path.join(folder, "0.result.json.part"), "w", encoding="utf-8") as fh:
         json.dump({"completed": 0, "failed": 4, "errors": ["Cannot connect to host 127.0.0.1"]}, fh)
+    os.replace(os.path.join(folder, "0.result.json.part"), os.path.join(folder, "0.result.json"))
+    time.sleep(600)
 
 
 def offline(result_path: str) -> None:
