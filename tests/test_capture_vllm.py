@@ -95,6 +95,39 @@ def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
     assert not torch.allclose(records[0].states[layer_ids[0]], records[0].states[layer_ids[1]])
 
 
+@pytest.mark.slow
+def test_generate_takes_the_targets_answers_from_vllm_and_never_loads_the_target_here(monkeypatch, tmp_path):
+    """`capture --engine vllm --generate`: vLLM answers the prompts (one engine run), then captures prompt + answer
+    (a second); the answers are the reference target's greedy answers, and eaglekit's process never loads the
+    target's decoder."""
+    if VLLM_PYTHON is None:
+        pytest.skip("no vLLM environment (scripts/vllm-env.sh)")
+    import eaglekit.target_model
+    from eaglekit.capture import store as st
+    from eaglekit.capture.run import CaptureOptions, capture_store
+    from eaglekit.finetune.data import DataOptions, generate_answers, plan_sequences
+    from eaglekit.target import read_target
+    from eaglekit.target_model import load_tokenizer
+    from tests.support.capture import write_prompts
+    from tests.support.smollm2 import smollm2_target
+
+    data = DataOptions(data_file=write_prompts(str(tmp_path / "prompts.jsonl"), count=3), generate=16)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # eaglekit sizes vLLM's KV cache itself
+    with monkeypatch.context() as patched:
+        patched.setattr(eaglekit.target_model, "load_target", lambda *a, **k: pytest.fail("the target was loaded"))
+        report = capture_store(str(tmp_path / "store"), CaptureOptions(
+            target=smollm2_path(), data=data, engine="vllm", engine_python=VLLM_PYTHON, dtype="float32",
+            aux_ids=(1, 15)))
+    assert report.complete and report.records == 3 and "target answers up to 16 tokens" in report.data
+    store = str(tmp_path / "store")
+    captured = st.read_plan(store, st.read_manifest(store))
+    target = smollm2_target()
+    plan = plan_sequences(load_tokenizer(smollm2_path(), read_target(smollm2_path())), data)
+    answers = generate_answers(target, plan.prompts, 16)
+    assert captured == [(p + a)[: plan.limit] for p, a in zip(plan.prompts, answers)]
+    assert all(len(c) > len(p) for c, p in zip(captured, plan.prompts))
+
+
 def _stand_in(tmp_path: Path, worker: str) -> str:
     """An interpreter that runs eaglekit's process guard as Python does, answers vLLM's version probe and runs
     `worker` in place of the capture worker."""

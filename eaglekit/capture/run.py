@@ -77,8 +77,6 @@ class CaptureOptions:
                              "files do not record them)")
         if self.draft and self.aux_ids is not None:
             raise UsageError("give --draft or --aux-layer-ids, not both")
-        if self.engine != REFERENCE and self.data.generate:
-            raise UsageError("--generate runs the target's greedy decode with --engine reference only")
         if self.engine != REFERENCE and self.target_quantization:
             raise UsageError("--target-quantization emulates served numerics in the reference engine; vLLM serves "
                              "a quantized checkpoint as it is")
@@ -250,9 +248,24 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
                                  tensor_parallel_size=opts.tensor_parallel_size, engine_args=dict(opts.engine_args),
                                  dtype=opts.dtype, version=engine["version"].removeprefix("vllm "))
 
+    def answer(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """--generate: the target's greedy answers, from the engine that runs the target."""
+        if opts.engine == REFERENCE:
+            from eaglekit.finetune.data import generate_answers
+
+            return generate_answers(target(), prompts, max_new_tokens, on_stage=on_stage)
+        from eaglekit.runtime.engine import EngineOptions, answers_with_vllm
+
+        if on_stage:
+            on_stage("generating answers in vLLM", 0, len(prompts))
+        return answers_with_vllm(opts.target, prompts, max_new_tokens=max_new_tokens, dtype=opts.dtype,
+                                 opts=EngineOptions(python=opts.engine_python,
+                                                    tensor_parallel_size=opts.tensor_parallel_size,
+                                                    engine_args=dict(opts.engine_args)),
+                                 context=info.max_position_embeddings)
+
     engine = _engine_block(opts)
-    return _Source(engine, inputs, list(plan.notes),
-                   lambda: plan.complete(target(), opts.data, on_stage=on_stage), records)
+    return _Source(engine, inputs, list(plan.notes), lambda: plan.complete(opts.data, answer), records)
 
 
 def _imported_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions) -> _Source:

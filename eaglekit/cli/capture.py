@@ -38,7 +38,7 @@ Examples:
 @click.option("--data-limit", type=int, help="Use only the first N records.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), help="Same as --data.")
 @click.option("--generate", type=int, default=0, show_default=True,
-              help="Append the target's own greedy answer (up to N tokens) to each prompt (--engine reference).")
+              help="Append the target's own greedy answer (up to N tokens) to each prompt, decoded by the engine.")
 @click.option("--context-tokens", type=int, default=0, show_default=True,
               help="Prepend this many tokens of standard-library source to every --context-every-th prompt.")
 @click.option("--context-every", type=int, default=4, show_default=True)

@@ -320,12 +320,13 @@ class SequencePlan:
     notes: list[str]
     source: str  # the data in words (for reports)
 
-    def complete(self, target, opts: DataOptions, *, on_stage: Stage | None = None) -> list[list[int]]:
-        """Every sequence to capture: the prompts (each with the target's greedy answer under --generate), then
-        the code chunks."""
+    def complete(self, opts: DataOptions, answer: Callable[[list[list[int]], int], list[list[int]]]
+                 ) -> list[list[int]]:
+        """Every sequence to capture: the prompts (each with the target's greedy answer under --generate, from
+        `answer(prompts, max_new_tokens)`: the reference target's or the serving engine's), then the code chunks."""
         prompts = self.prompts
         if opts.generate:
-            answers = generate_answers(target, prompts, opts.generate, on_stage=on_stage)
+            answers = answer(prompts, opts.generate)
             prompts = [(p + a)[: self.limit] for p, a in zip(prompts, answers)]
         return prompts + self.code
 
@@ -380,7 +381,8 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     cache_path: str | None = path
     reused, notes = data is not None, list(plan.notes)
     if data is None:
-        data = capture(target, plan.complete(target, opts, on_stage=on_stage), aux_ids, on_stage=on_stage)
+        sequences = plan.complete(opts, lambda prompts, n: generate_answers(target, prompts, n, on_stage=on_stage))
+        data = capture(target, sequences, aux_ids, on_stage=on_stage)
         try:
             _save_cached(path, digest, data)
         except (OSError, OutputError) as exc:  # training goes on without a cache

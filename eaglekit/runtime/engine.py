@@ -34,6 +34,7 @@ DEFAULT_ENGINE_ARGS: dict[str, Any] = {"max_num_seqs": 1, "enforce_eager": True}
 """One sequence at a time, as the reference decodes (so batching cannot change float rounding), and no graph
 capture or compilation: on a CPU that warm-up costs minutes and changes no result. max_model_len is fitted to the
 prompts (fitted_model_len) unless given."""
+ANSWER_BATCH = 16  # prompts vLLM answers at once (--generate): batching changes no greedy token beyond rounding
 VERSION_TAG = "vllm-version"  # marks the version among the log lines importing vLLM may print
 PROBE_TIMEOUT_S = 300.0  # importing vLLM the first time compiles its bytecode
 MODEL_LEN_SLACK = 32  # tokens beyond the longest request's: a server tokenises rendered text itself
@@ -201,6 +202,22 @@ def check_model_len(prompts: Sequence[Sequence[int]], max_new_tokens: int, k: in
             raise UsageError(f"{source.label + ': ' if source else ''}the prompt's {len(ids):,} tokens, "
                              f"{max_new_tokens:,} new ones and {k} drafts exceed {limit}",
                              source.file if source else None)
+
+
+def answers_with_vllm(target: str, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, dtype: str,
+                      opts: EngineOptions, context: int | None = None) -> list[list[int]]:
+    """The target's greedy answer to each prompt, decoded by vLLM in batches of up to ANSWER_BATCH, each ending
+    at its first end-of-sequence token, where vLLM stops: what --generate appends when the target is served."""
+    opts.check()
+    fitted = fitted_model_len(max((len(p) for p in prompts), default=0), max_new_tokens, 0, context)
+    engine_args = {**DEFAULT_ENGINE_ARGS, "max_num_seqs": max(1, min(ANSWER_BATCH, len(prompts))),
+                   "max_model_len": fitted, **opts.engine_args}
+    check_model_len(prompts, max_new_tokens, 0, engine_args.get("max_model_len"), "max_model_len" in opts.engine_args)
+    request = {"target": os.path.abspath(target) if os.path.isdir(target) else target,
+               "prompts": [list(p) for p in prompts], "k": 0, "max_new_tokens": max_new_tokens, "dtype": dtype,
+               "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": engine_args}
+    result, _ = _run_worker(opts, request, "the target's answers")
+    return [list(tokens) for tokens in result["tokens"]]
 
 
 def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
