@@ -189,6 +189,28 @@ def test_cli_finetune_and_upgrade_from_a_store(env, tmp_path):
     assert len(stripped.stderr.strip().splitlines()) == 1
 
 
+def test_a_store_run_is_measured_against_its_source_when_its_target_loads_here(env, tmp_path):
+    """Training from a store needs no decoder, but the paired held-out check decodes with the whole target: it runs
+    when the target's folder holds one that fits in memory, and a head-only folder is said to leave the output
+    unmeasured."""
+    from eaglekit.finetune.evaluate import EvalOptions
+
+    check = EvalOptions(limit=4, max_new_tokens=12, context_tokens=(0,), templates=("chat",))
+    opts = train_options(env, store=env["stores"]["bfloat16"], keep_unresolved=True)
+    opts = FinetuneOptions(**{**opts.__dict__, "eval": check, "data": DataOptions()})
+    report = finetune(env["draft"], str(tmp_path / "measured"), opts)
+    (paired,), (before,), (after,) = (report.evaluation[key] for key in ("paired", "before", "after"))
+    assert paired["template"] == "chat" and before["prompts"] == after["prompts"] == 4
+    assert paired["acceptance_length_difference"] == pytest.approx(after["acceptance_length"]
+                                                                   - before["acceptance_length"], abs=1e-3)
+    assert report.evaluation["overall"] is not None and "unmeasured" not in report.written
+    assert not any("held-out evaluation skipped" in n for n in report.notes)
+    unmeasured = finetune(env["draft"], str(tmp_path / "unmeasured"),
+                          FinetuneOptions(**{**opts.__dict__, "target": env["head_only"]}))
+    assert not unmeasured.evaluation and "unmeasured" in unmeasured.written
+    assert any("holds no decoder layers" in n for n in unmeasured.notes)
+
+
 def test_two_gloo_processes_train_from_a_store_as_one_process(env, tmp_path):
     """Two ranks each reading only their own shards (index modulo 2) reach the weights and held-out scores of one
     process holding the same window of shards (twice the resident shards), neither above its RSS + 10 %."""

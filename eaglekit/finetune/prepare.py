@@ -37,12 +37,21 @@ class Run:
     ranks: Any = None
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    unevaluated: str | None = None  # why a run on read states has no held-out paired check (None: it has one)
 
     @property
     def reads_states(self) -> bool:
-        """States read from elsewhere (--hidden-states, --store): the target's decoder is never loaded, so there
-        is no capture and no held-out evaluation."""
+        """States read from elsewhere (--hidden-states, --store): training never loads the target's decoder."""
         return bool(self.opts.data.hidden_states or self.opts.store)
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the output is measured against its source before it is written: always, unless --no-eval, or
+        states read from elsewhere without a target that can be loaded here for the paired check."""
+        return self.opts.eval is not None and self.unevaluated is None
+
+
+LOADABLE_SHARE = 0.8  # of free memory, the most a target loaded for the held-out check may take
 
 
 def prepare(source: str, destination: str, opts: FinetuneOptions) -> Run:
@@ -68,10 +77,50 @@ def prepare(source: str, destination: str, opts: FinetuneOptions) -> Run:
         check_plot_path(opts.plot)
     run = Run(source, destination, opts, info, spec, checkpoint_dir, remove_checkpoint_dir)
     run.device = torch.device(resolve_device(opts.device))
+    if opts.eval is not None and run.reads_states:
+        run.unevaluated = ("--hidden-states: the target is not loaded" if opts.data.hidden_states
+                           else _unloadable(info, opts.target_dtype, run.device))
     run.ranks = init_distributed(run.device)
     if run.ranks.world > 1 and run.device.type == "cuda":
         run.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", run.ranks.rank)))
     return run
+
+
+def _unloadable(info: TargetInfo, dtype: str, device) -> str | None:
+    """Why the held-out paired check of a --store run cannot load the target here (None: it can). The check decodes
+    with the whole target, so its folder must hold the decoder and its weights must fit in the device's free
+    memory; training from the store needs neither."""
+    import math
+    import re
+
+    from eaglekit.target import target_tensors
+    from eaglekit.target_model import resolve_dtype
+
+    entries = target_tensors(os.path.dirname(os.path.abspath(info.path)))
+    layers = {int(m.group(1)) for m in map(re.compile(r"(?:^|\.)layers\.(\d+)\.").search, entries) if m}
+    if not set(range(info.num_layers)) <= layers:
+        return "--store: the target's folder holds no decoder layers, only what the store's reader needs"
+    params = sum(math.prod(entry.shape) for entry in entries.values())
+    needed = params * resolve_dtype(dtype, str(device)).itemsize
+    free = free_memory(device)
+    if free is not None and needed > LOADABLE_SHARE * free:
+        return (f"--store: the target takes about {needed / 2**30:.1f} GiB in {dtype} and {device} has "
+                f"{free / 2**30:.1f} GiB free")
+    return None
+
+
+def free_memory(device) -> int | None:
+    """Bytes free on `device` now (CUDA: the driver's figure; CPU: MemAvailable), None where it cannot be told."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            line = next((row for row in fh if row.startswith("MemAvailable:")), None)
+    except OSError:
+        return None
+    return int(line.split()[1]) * 1024 if line else None
 
 
 def _source_spec(source: str, info: TargetInfo) -> DraftSpec:

@@ -257,9 +257,8 @@ def _set_up_drafter(run: Run, data: TrainingData, target):
         embed = None if spec.has_embed_tokens else _target_tensor(opts.target, ("model.embed_tokens.weight",))
         head = None if spec.has_lm_head else _target_tensor(opts.target, ("lm_head.weight",))
     drafter = Drafter.from_spec(spec, device=run.device, dtype=torch.float32, embed_tokens=embed, lm_head=head)
-    if opts.eval is not None and target is None:
-        why = "--store" if opts.store else "--hidden-states"
-        run.notes.append(f"held-out evaluation skipped ({why}: the target is not loaded); measure with "
+    if run.unevaluated is not None:
+        run.notes.append(f"held-out evaluation skipped ({run.unevaluated}); measure with "
                          f"`eaglekit compare {run.source} {run.destination} --target {opts.target}`")
     if opts.from_scratch:
         run.notes.append(reinitialise(drafter, opts.train.seed))
@@ -306,7 +305,7 @@ def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: Trainin
     from eaglekit.finetune.output import write_output
 
     opts, destination = run.opts, run.destination
-    eval_opts = None if run.reads_states else opts.eval
+    eval_opts = opts.eval if run.evaluates else None
     if eval_opts is not None:
         name, prompts = held_out_prompts(eval_opts)
         report.evaluation_prompts = eval_opts.describe(name, len(prompts))
