@@ -189,7 +189,7 @@ def test_cli_finetune_and_upgrade_from_a_store(env, tmp_path):
     assert len(stripped.stderr.strip().splitlines()) == 1
 
 
-def test_a_store_run_is_measured_against_its_source_when_its_target_loads_here(env, tmp_path):
+def test_a_store_run_is_measured_against_its_source_when_its_target_loads_here(env, tmp_path, monkeypatch):
     """Training from a store needs no decoder, but the paired held-out check decodes with the whole target: it runs
     when the target's folder holds one that fits in memory, and a head-only folder is said to leave the output
     unmeasured."""
@@ -209,6 +209,11 @@ def test_a_store_run_is_measured_against_its_source_when_its_target_loads_here(e
                           FinetuneOptions(**{**opts.__dict__, "target": env["head_only"]}))
     assert not unmeasured.evaluation and "unmeasured" in unmeasured.written
     assert any("holds no decoder layers" in n for n in unmeasured.notes)
+    import eaglekit.finetune.prepare
+
+    monkeypatch.setattr(eaglekit.finetune.prepare, "free_memory", lambda device: 4096)  # 4 KiB free
+    too_large = finetune(env["draft"], str(tmp_path / "too-large"), opts)
+    assert not too_large.evaluation and any("GiB free" in n for n in too_large.notes)
 
 
 def test_two_gloo_processes_train_from_a_store_as_one_process(env, tmp_path):

@@ -77,12 +77,12 @@ def prepare(source: str, destination: str, opts: FinetuneOptions) -> Run:
         check_plot_path(opts.plot)
     run = Run(source, destination, opts, info, spec, checkpoint_dir, remove_checkpoint_dir)
     run.device = torch.device(resolve_device(opts.device))
-    if opts.eval is not None and run.reads_states:
-        run.unevaluated = ("--hidden-states: the target is not loaded" if opts.data.hidden_states
-                           else _unloadable(info, opts.target_dtype, run.device))
     run.ranks = init_distributed(run.device)
     if run.ranks.world > 1 and run.device.type == "cuda":
         run.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", run.ranks.rank)))
+    if opts.eval is not None and run.reads_states:
+        run.unevaluated = ("--hidden-states: the target is not loaded" if opts.data.hidden_states
+                           else _unloadable(info, opts.target_dtype, run.device))
     return run
 
 
