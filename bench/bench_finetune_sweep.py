@@ -1,13 +1,15 @@
 """A small sweep of finetune recipes over seeds on the bundled example: which recipe gains over its source?
 
-    nice python bench/bench_finetune_sweep.py                       # every recipe x seeds 0,1,2
-    nice python bench/bench_finetune_sweep.py --recipes answers,mixed --seeds 0 --limit 8
+    nice python bench/bench_finetune_sweep.py                       # every recipe x seeds 0,1,2, k = 3
+    nice python bench/bench_finetune_sweep.py --recipes answers,mixed --seeds 0 --limit 8 -k 3,5
 
 Each recipe fine-tunes the default upgrade of the bundled EAGLE-3 drafter (written with --keep-unresolved, so
 every result can be measured), then every result is replayed beside the EAGLE-3 source on one target pass per
-prompt and condition (`compare_against`): verify's bundled coding prompts, every template and context setting.
-The table gives, per recipe and condition, the paired τ difference against the source: the mean over seeds and
-min..max. Figures are printed, never asserted.
+prompt and condition (`compare_against`, once per k): verify's bundled coding prompts, every template and
+context setting. The table gives, per recipe and k x condition, the paired τ difference against the source: the
+mean over seeds and min..max. The upgraded draft (what the default `finetune` keeps when no step gains) also gets
+each cell's 95 % paired interval from the compare report, with the cells resolved worse or better named.
+Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import os
 import statistics
 import sys
 import tempfile
+import time
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 EAGLE3 = os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3")
-RECIPES = {  # name: (data options, train options)
+RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {  # name: (data options, train options)
     "default": ({}, {}),
     "answers": ({"generate": 96}, {}),
     "mixed": ({"generate": 96, "templates": ("chat", "system", "raw")}, {}),
@@ -41,13 +45,14 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--templates", default="chat,system,raw")
     p.add_argument("--context-tokens", default="0,1024")
-    p.add_argument("-k", type=int, default=3)
+    p.add_argument("-k", default="3", help="speculative tokens, a comma list: one compare pass per k")
     p.add_argument("--work", help="folder for the drafts (default: a temporary one; drafts already there are reused)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    started = time.perf_counter()
     from eaglekit.decode.compare import compare_against
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.finetune.data import DataOptions
@@ -75,29 +80,46 @@ def main(argv=None) -> None:
                 drafts.setdefault(name, []).append(out)
                 continue
             finetune(start, out, FinetuneOptions(
-                target=target, eval=None, force=True, data=DataOptions(limit=args.data_limit, **data),
+                target=target, eval=None, force=True, keep_unresolved=True,
+                data=DataOptions(limit=args.data_limit, **data),
                 train=TrainOptions(seed=seed, **train)))
             drafts.setdefault(name, []).append(out)
             print(f"# trained {name} seed {seed}", flush=True)
-    options = VerifyOptions(num_speculative_tokens=args.k, max_new_tokens=args.max_new_tokens, limit=args.limit,
-                            context_tokens=tuple(int(c) for c in args.context_tokens.split(",")),
-                            template=tuple(args.templates.split(",")), device="cpu", dtype="float32")
     labels = ["upgraded"] + [name for name in drafts for _ in seeds]
-    sweeps = compare_against(source, [start] + [d for ds in drafts.values() for d in ds], target, options)
-    conditions = [r.settings.condition.label for r in sweeps[0].reports]
-    print(f"\nheld out: {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, k={args.k}; paired "
-          f"τ difference against the EAGLE-3 source, mean over seeds {seeds} [min..max]")
-    print("| recipe | " + " | ".join(conditions) + " |")
-    print("|---|" + "---|" * len(conditions))
+    columns: list[str] = []
+    differences: list[list[dict]] = [[] for _ in labels]  # per draft, per column: the report's b_minus_a
+    for k in (int(k) for k in args.k.split(",")):
+        options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=args.max_new_tokens, limit=args.limit,
+                                context_tokens=tuple(int(c) for c in args.context_tokens.split(",")),
+                                template=tuple(args.templates.split(",")), device="cpu", dtype="float32")
+        sweeps = compare_against(source, [start] + [d for ds in drafts.values() for d in ds], target, options)
+        for condition in sweeps[0].conditions:
+            context = f" +{condition.context_tokens}" if condition.context_tokens else ""
+            columns.append(f"k={k} {condition.template}{context}")
+        for draft_differences, sweep in zip(differences, sweeps):
+            draft_differences.extend(r.rows()["all"]["b_minus_a"] for r in sweep.reports)
+        print(f"# compared at k={k} ({time.perf_counter() - started:.0f} s)", flush=True)
+    print(f"\nheld out: {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens; paired τ difference "
+          f"against the EAGLE-3 source, mean over seeds {seeds} [min..max]")
+    print("| recipe | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
     by_recipe: dict[str, list] = {}
-    for label, sweep in zip(labels, sweeps):
-        by_recipe.setdefault(label, []).append(sweep)
+    for label, draft_differences in zip(labels, differences):
+        by_recipe.setdefault(label, []).append(draft_differences)
     for label, runs in by_recipe.items():
         cells = []
-        for i in range(len(conditions)):
-            diffs = [r.reports[i].rows()["all"]["b_minus_a"]["acceptance_length_difference"] for r in runs]
+        for i in range(len(columns)):
+            diffs = [r[i]["acceptance_length_difference"] for r in runs]
             cells.append(f"{statistics.mean(diffs):+.3f} [{min(diffs):+.3f}..{max(diffs):+.3f}]")
         print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+    print("\nupgraded − source per cell, [95 % paired interval] from the compare report:")
+    named = {"A better": " resolved worse", "B better": " resolved better"}  # the report's verdict, A = the source
+    for column, difference in zip(columns, differences[0]):
+        interval = difference["interval"]
+        bounds = f"[{interval['low']:+.3f}, {interval['high']:+.3f}]" if interval else "(no interval)"
+        print(f"  {column}: {difference['acceptance_length_difference']:+.3f} {bounds}"
+              f"{named.get(difference['verdict'], '')}")
+    print(f"\nwall time {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":
