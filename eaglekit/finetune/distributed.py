@@ -35,9 +35,13 @@ def init_distributed(device: torch.device) -> Ranks:
 def leave_distributed(ranks: Ranks) -> None:
     """Destroy the process group before the interpreter exits: a gloo group torn down by the interpreter's own
     shutdown can abort the rank ("terminate called without an active exception") after its work is done."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     if ranks.world > 1 and dist.is_initialized():
+        if dist.get_backend() == "gloo":  # every rank idle before any tears down: no work left in flight
+            dist.monitored_barrier(timeout=timedelta(days=1))  # rank 0 may still be measuring its output
         dist.destroy_process_group()
 
 
