@@ -269,8 +269,7 @@ def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool 
                               f"target weights hold no {EMBEDDINGS}: eaglekit loads decoder-only models laid out as "
                               "model.embed_tokens / model.layers.N / model.norm", folder)
     prefix = embed[: -len(EMBEDDINGS)]
-    layer = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
-    found = {int(m.group(1)) for m in map(layer.match, entries) if m}
+    found = _layer_ids(entries, prefix)
     extra = extra_layers if isinstance(extra_layers, int) and not isinstance(extra_layers, bool) else 0
     if decoder or found:
         _check_layers(found, info.num_layers, extra, "target weights", folder)
@@ -285,6 +284,20 @@ def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool 
     if integer is not None and not quantized:
         raise CheckpointError(f"target weights: {integer[:100]} is {entries[integer].dtype}, not floating point, and "
                               "the config has no quantization_config to read it by", folder)
+
+
+def _layer_ids(entries, prefix: str) -> set[int]:
+    """The decoder layer ids among tensor names under `prefix` (what precedes embed_tokens.weight)."""
+    layer = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
+    return {int(m.group(1)) for m in map(layer.match, entries) if m}
+
+
+def holds_decoder(info: TargetInfo) -> bool:
+    """Whether the target's folder holds its decoder layers: a store's reader needs only the embedding, final norm
+    and lm_head, but a decode (the reference's or vLLM's) needs the whole target."""
+    entries = target_tensors(os.path.dirname(os.path.abspath(info.path)))
+    embed = next((n for n in entries if n == EMBEDDINGS or n.endswith("." + EMBEDDINGS)), EMBEDDINGS)
+    return set(range(info.num_layers)) <= _layer_ids(entries, embed[: -len(EMBEDDINGS)])
 
 
 def target_tensors(folder: str) -> dict[str, HeaderEntry]:

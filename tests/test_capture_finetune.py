@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -20,8 +21,10 @@ from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.options import FinetuneOptions  # noqa: E402
 from eaglekit.finetune.run import finetune  # noqa: E402
 from eaglekit.finetune.train import TrainOptions  # noqa: E402
+from eaglekit.runtime.engine import EngineOptions  # noqa: E402
 from eaglekit.target import read_target  # noqa: E402
 from tests.support.capture import write_prompts  # noqa: E402
+from tests.support.engines import stand_in_python  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.targets import make_target_with_tokenizer  # noqa: E402
 
@@ -212,8 +215,80 @@ def test_a_store_run_is_measured_against_its_source_when_its_target_loads_here(e
     import eaglekit.finetune.prepare
 
     monkeypatch.setattr(eaglekit.finetune.prepare, "free_memory", lambda device: 4096)  # 4 KiB free
-    too_large = finetune(env["draft"], str(tmp_path / "too-large"), opts)
+    reference_only = dataclasses.replace(check, engine="reference")
+    too_large = finetune(env["draft"], str(tmp_path / "too-large"), dataclasses.replace(opts, eval=reference_only))
     assert not too_large.evaluation and any("GiB free" in n for n in too_large.notes)
+    missing = EngineOptions(python=str(tmp_path / "no-python"))
+    no_engine = finetune(env["draft"], str(tmp_path / "no-engine"), dataclasses.replace(opts, engine=missing))
+    assert not no_engine.evaluation and "unmeasured" in no_engine.written
+    assert any("GiB free, and --engine vllm: cannot run" in n for n in no_engine.notes), no_engine.notes
+
+
+SERVED = r"""
+import json, sys
+request = json.load(open(sys.argv[-2]))
+with open(request["draft"] + ".requests.jsonl", "a") as log:  # beside the draft: what the engine was asked
+    log.write(json.dumps(request) + "\n")
+k, source = request["k"], request["draft"].endswith("/draft")
+json.dump({"vllm_version": "0.32.0", "tokens": [[7] * request["max_new_tokens"] for _ in request["prompts"]],
+           "metrics": {}, "per_request": [histogram(j, k, source) for j in range(len(request["prompts"]))],
+           "init_s": 0.1, "generate_s": 0.1}, open(sys.argv[-1], "w"))
+"""
+HISTOGRAM = """
+def histogram(j, k, source):
+    # rounds per accepted count 0..k of request j: the source accepts less than the output, and request j's share
+    # differs by position, so a condition's figures depend on which requests are its own
+    rounds = [0] * (k + 1)
+    rounds[0], rounds[1 if source else k] = 1 + j % 2, 2 + j % 5
+    return rounds
+"""
+
+
+def test_a_store_run_whose_target_is_too_large_here_is_measured_in_vllm(env, tmp_path, monkeypatch):
+    """auto: a target that does not fit this device is served by vLLM, once per draft over every condition's
+    prompts, and its per-request counters pair source and output prompt by prompt, condition by condition."""
+    import json
+
+    import eaglekit.finetune.prepare
+    from eaglekit.decode.metrics import AcceptanceCounter
+    from eaglekit.finetune.evaluate import EvalOptions
+
+    monkeypatch.setattr(eaglekit.finetune.prepare, "free_memory", lambda device: 4096)
+    namespace: dict = {}
+    exec(HISTOGRAM, namespace)
+    served = EngineOptions(python=stand_in_python(tmp_path, HISTOGRAM + SERVED))
+    check = EvalOptions(limit=10, max_new_tokens=8, context_tokens=(0,), templates=("chat", "raw"))
+    opts = train_options(env, store=env["stores"]["bfloat16"], keep_unresolved=True)
+    opts = dataclasses.replace(opts, eval=check, data=DataOptions(), engine=served)
+    draft = shutil.copytree(env["draft"], str(tmp_path / "draft"))
+    report = finetune(draft, str(tmp_path / "out"), opts)
+    assert report.evaluation["measured_by"].startswith("measured in vLLM 0.32.0, from its per-request")
+    assert any("held-out evaluation in vLLM (--store: the target takes about" in n for n in report.notes)
+    with open(draft + ".requests.jsonl", encoding="utf-8") as fh:
+        (source_run,) = [json.loads(line) for line in fh]
+    assert source_run["k"] == 3 and source_run["max_new_tokens"] == 8 and len(source_run["prompts"]) == 20
+    assert source_run["prompts"][:10] != source_run["prompts"][10:]  # chat, then raw
+    for index, (before, after) in enumerate(zip(report.evaluation["before"], report.evaluation["after"])):
+        assert before["template"] == ("chat", "raw")[index] and before["prompts"] == 10
+        for side, source in ((before, True), (after, False)):
+            pooled = AcceptanceCounter(3)
+            for j in range(10 * index, 10 * index + 10):
+                pooled.merge(AcceptanceCounter.from_histogram(namespace["histogram"](j, 3, source)))
+            assert side["acceptance_length"] == round(pooled.acceptance_length, 4)
+    assert report.evaluation["overall"]["verdict"] == "better" and report.written == "resolved gain"
+
+
+def test_eval_engine_vllm_is_refused_before_training_where_it_cannot_serve(env, tmp_path):
+    from eaglekit.finetune.evaluate import EvalOptions
+
+    opts = train_options(env, store=env["stores"]["bfloat16"])
+    opts = dataclasses.replace(opts, eval=EvalOptions(engine="vllm", context_tokens=(0,)), data=DataOptions())
+    with pytest.raises(UsageError, match="serves the whole target: its folder holds no decoder layers"):
+        finetune(env["draft"], str(tmp_path / "a"), dataclasses.replace(opts, target=env["head_only"]))
+    with pytest.raises(UsageError, match="cannot run"):
+        finetune(env["draft"], str(tmp_path / "b"),
+                 dataclasses.replace(opts, engine=EngineOptions(python=str(tmp_path / "no-python"))))
+    assert not os.path.exists(tmp_path / "a.checkpoint") and not os.path.exists(tmp_path / "b.checkpoint")
 
 
 def test_two_gloo_processes_train_from_a_store_as_one_process(env, tmp_path):
@@ -252,3 +327,28 @@ def test_two_gloo_processes_train_from_a_store_as_one_process(env, tmp_path):
     for name in w1:
         torch.testing.assert_close(w2[name].float(), w1[name].float(), rtol=0,
                                    atol=1e-2 * float(w1[name].float().abs().max() + 1e-6))
+
+
+def test_compare_in_vllm_from_the_command_line_names_the_engine_in_its_report(env, tmp_path):
+    import json
+
+    import jsonschema
+
+    from tests.support.cli import run_cli
+
+    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "compare-report.schema.json")))
+    python = stand_in_python(tmp_path, HISTOGRAM + SERVED)
+    draft = shutil.copytree(env["draft"], str(tmp_path / "draft"))
+    other = shutil.copytree(env["draft"], str(tmp_path / "other"))
+    result = run_cli(["compare", draft, other, "--target", env["target"], "--engine", "vllm", "--engine-python",
+                      python, "--limit", "10", "--max-new-tokens", "8", "--template", "chat,raw", "--no-progress",
+                      "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, schema)
+    assert doc["device"] == "vLLM 0.32.0" and "per-request acceptance counters" in doc["engine"]
+    chat, raw = (c["categories"]["all"] for c in doc["conditions"])
+    assert chat["b_minus_a"]["verdict"] == raw["b_minus_a"]["verdict"] == "B better"
+    refused = run_cli(["compare", draft, other, "--target", env["target"], "--engine", "vllm", "--engine-python",
+                       python, "--temperature", "0.7", "--no-progress"])
+    assert refused.exit_code == 2 and "--temperature 0.7 with --engine vllm" in refused.stderr

@@ -10,8 +10,6 @@ tests stand a small script in for vLLM's Python and run in seconds.
 from __future__ import annotations
 
 import os
-import stat
-import sys
 import tempfile
 from pathlib import Path
 
@@ -21,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from eaglekit.capture.vllm_engine import capture_with_vllm  # noqa: E402
 from eaglekit.errors import EngineError, UsageError  # noqa: E402
-from tests.support.engines import VLLM_PYTHON  # noqa: E402
+from tests.support.engines import VLLM_PYTHON, stand_in_python  # noqa: E402
 from tests.support.factory import make_target_config  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
 
@@ -128,26 +126,13 @@ def test_generate_takes_the_targets_answers_from_vllm_and_never_loads_the_target
     assert all(len(c) > len(p) for c, p in zip(captured, plan.prompts))
 
 
-def _stand_in(tmp_path: Path, worker: str) -> str:
-    """An interpreter that runs eaglekit's process guard as Python does, answers vLLM's version probe and runs
-    `worker` in place of the capture worker."""
-    script = tmp_path / "worker.py"
-    script.write_text(worker, encoding="utf-8")
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nif [ "$1" = "-I" ]; then exec {sys.executable} "$@"; fi\n'
-                      f'if [ "$1" = "-c" ]; then echo vllm-version 0.32.0; exit 0; fi\n'
-                      f'exec {sys.executable} {script} "$@"\n', encoding="utf-8")
-    python.chmod(python.stat().st_mode | stat.S_IEXEC)
-    return str(python)
-
-
 def _spools() -> set[str]:
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("eaglekit-capture-")}
 
 
 def test_an_engine_that_dies_is_one_line_naming_its_error(tmp_path):
     target = make_target_config(str(tmp_path / "target"))
-    python = _stand_in(tmp_path, "import sys\nprint('(EngineCore pid=1) ERROR [core.py:1] ValueError: "
+    python = stand_in_python(tmp_path, "import sys\nprint('(EngineCore pid=1) ERROR [core.py:1] ValueError: "
                                  "the model does not support aux hidden states', file=sys.stderr)\nsys.exit(1)\n")
     before = _spools()
     capture = capture_with_vllm(target, [[1, 2, 3]], [1, 12], python=python)
@@ -170,7 +155,7 @@ for i, seq in enumerate(seqs):
 
 def test_states_of_another_shape_are_refused_and_the_spool_removed(tmp_path):
     target = make_target_config(str(tmp_path / "target"))
-    python = _stand_in(tmp_path, WRONG_STATES)
+    python = stand_in_python(tmp_path, WRONG_STATES)
     before = _spools()
     capture = capture_with_vllm(target, [[5, 6, 7, 8]], [2, 12], python=python)
     with pytest.raises(EngineError, match=r"shape \(4, 3, 64\), expected \(4, 2, 64\)"):
@@ -198,7 +183,7 @@ while not os.path.exists(f"{spool}/close"):
 def test_records_come_in_input_order_with_each_layers_states(tmp_path):
     target = make_target_config(str(tmp_path / "target"))
     sequences = [[3, 1, 4], [1, 5], [9, 2, 6, 5]]
-    capture = capture_with_vllm(target, sequences, [12, 0, 7, 7], python=_stand_in(tmp_path, OUT_OF_ORDER))
+    capture = capture_with_vllm(target, sequences, [12, 0, 7, 7], python=stand_in_python(tmp_path, OUT_OF_ORDER))
     records = list(capture)
     assert [(r.index, list(r.token_ids)) for r in records] == list(enumerate(sequences))
     for r in records:

@@ -77,3 +77,17 @@ def test_the_cpu_kv_cache_is_sized_from_the_target_and_the_positions(tmp_path):
     assert cpu_kv_cache_gib(big, "bfloat16", 32768) == 8
     assert cpu_kv_cache_gib(big, "float32", 32768) == 16
     assert cpu_kv_cache_gib(str(tmp_path / "nowhere"), "float32", 2048) == FALLBACK_KV_CACHE_GIB
+
+
+def test_an_engine_started_from_a_torchrun_rank_is_not_told_it_is_one(monkeypatch):
+    """vLLM reads LOCAL_RANK and friends as its own place in a process group: launched from a fine-tune's rank for
+    the held-out check, its environment carries none of torchrun's variables, and everything else."""
+    from eaglekit.runtime.engine import engine_environment
+
+    for name, value in (("RANK", "3"), ("LOCAL_RANK", "3"), ("WORLD_SIZE", "8"), ("MASTER_PORT", "29500"),
+                        ("TORCHELASTIC_RUN_ID", "x"), ("HF_HOME", "/models")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    env = engine_environment()
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_RUN_ID"} & set(env)
+    assert env["HF_HOME"] == "/models" and env["VLLM_LOGGING_LEVEL"] == "INFO"

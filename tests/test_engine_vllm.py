@@ -36,12 +36,21 @@ def _both(draft: str, *extra: str) -> dict:
     return doc
 
 
-def test_vllm_counts_what_the_reference_counts_on_an_upgraded_draft(tmp_path):
-    out = str(tmp_path / "lossless")
-    upgraded = run_cli(["upgrade", str(DRAFTERS / "smollm2-135m-eagle3"), out, "--target", smollm2_path(),
-                        "--no-fc-norm", "--no-norm-output"])
-    assert upgraded.exit_code == 0, upgraded.stderr
-    doc = _both(out)
+@pytest.fixture(scope="module")
+def upgraded(tmp_path_factory) -> dict[str, str]:
+    """The bundled EAGLE-3 drafter in vLLM's layout, as it is (lossless) and as the default EAGLE-3.1 start."""
+    base = tmp_path_factory.mktemp("upgraded")
+    drafts = {}
+    for name, flags in (("lossless", ["--no-fc-norm", "--no-norm-output"]), ("eagle31", [])):
+        drafts[name] = str(base / name)
+        result = run_cli(["upgrade", str(DRAFTERS / "smollm2-135m-eagle3"), drafts[name], "--target", smollm2_path(),
+                          *flags])
+        assert result.exit_code == 0, result.stderr
+    return drafts
+
+
+def test_vllm_counts_what_the_reference_counts_on_an_upgraded_draft(upgraded):
+    doc = _both(upgraded["lossless"])
     engine, verdict = doc["engine"], doc["engine_comparison"]
     assert engine["lossless"] and doc["lossless"]
     assert verdict["verdict"] == "agree" and verdict["counters_equal"]
@@ -72,3 +81,22 @@ def test_a_draft_vllm_reads_differently_is_reported_with_both_taus():
     assert served["acceptance_length"] == doc["engine"]["acceptance_length"]
     assert served["per_position_acceptance"] == doc["engine"]["per_position_acceptance"]
 
+
+
+def test_a_comparison_in_vllm_pairs_what_the_reference_pairs(upgraded):
+    """Two drafts served by vLLM over two conditions' prompts (one engine start each): its per-request counters,
+    split back by condition, are the reference's compare counters prompt by prompt, so the paired check of a
+    target too large to load here measures what the reference would."""
+    from eaglekit.decode.compare import compare_conditions, compare_in_vllm
+    from eaglekit.decode.options import VerifyOptions
+
+    options = VerifyOptions(limit=3, max_new_tokens=16, template=("chat", "raw"), device="cpu", dtype="float32")
+    a, b = upgraded["lossless"], upgraded["eagle31"]
+    served = compare_in_vllm(a, b, smollm2_path(), options)
+    reference = compare_conditions(a, b, smollm2_path(), options)
+    assert served.engine.startswith("vLLM ") and served.differing_prompts == 0
+    assert [r.settings.condition for r in served.sweep.reports] == [r.settings.condition for r in reference.reports]
+    for engine, ours in zip(served.sweep.reports, reference.reports):
+        assert engine.names == ours.names
+        assert engine.a.counters == ours.a.counters and engine.b.counters == ours.b.counters
+        assert engine.rows() == ours.rows()

@@ -16,6 +16,7 @@ from eaglekit.cli.output import (
     sampling_options,
     styled,
     target_path,
+    vllm_options,
 )
 from eaglekit.cli.progress import StageProgress
 from eaglekit.decode.stats import too_few_text
@@ -73,13 +74,7 @@ Examples:
 @click.option("--warmups", type=int, help="Warm-up requests before each measurement [default: the concurrency].")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
               show_default=True, help="The dtype vLLM serves the target and draft in.")
-@click.option("--tensor-parallel-size", type=int, default=1, show_default=True,
-              help="vLLM tensor parallelism for targets that do not fit one device.")
-@click.option("--engine-python", help="Python of the environment that has vLLM (default: $EAGLEKIT_VLLM_PYTHON, "
-                                      "else .vllm-env/bin/python of the working directory or the eaglekit checkout, "
-                                      "as scripts/vllm-env.sh makes it, else this one).")
-@click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
-              help="Extra vLLM server setting, repeatable (JSON values), e.g. gpu_memory_utilization=0.8.")
+@vllm_options("Servers bench starts")
 @click.option("--save-report", type=click.Path(dir_okay=False), help="Also write the JSON report here (push --bench).")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG of speed-up against concurrency (needs matplotlib: eaglekit[plot]).")
@@ -87,7 +82,7 @@ Examples:
 @click.pass_context
 def bench_command(ctx, draft, target, base_url, baseline_url, api_key, engine, concurrency, k, max_new_tokens,
                   input_len, request_rate, percentiles, ignore_eos, temperature, top_p, prompts_file, categories, limit,
-                  num_prompts, warmups, dtype, tensor_parallel_size, engine_python, engine_args, save_report, plot,
+                  num_prompts, warmups, dtype, engine_options, save_report, plot,
                   output_format):
     """Serve DRAFT's target in vLLM alone and with DRAFT (or measure servers already running: --base-url), drive
     both with vLLM's benchmark client at each concurrency, and report per-user tokens/s, TPOT, TTFT, ITL, E2EL,
@@ -98,7 +93,6 @@ def bench_command(ctx, draft, target, base_url, baseline_url, api_key, engine, c
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
     from eaglekit.redact import remember_secret
-    from eaglekit.runtime.engine import EngineOptions, parse_engine_args
 
     remember_secret(api_key)
     options = BenchOptions(
@@ -107,8 +101,7 @@ def bench_command(ctx, draft, target, base_url, baseline_url, api_key, engine, c
         num_prompts=num_prompts, dtype=dtype, ignore_eos=ignore_eos, warmups=warmups, temperature=temperature,
         top_p=top_p, request_rate=request_rate, input_len=input_len,
         percentiles=_percentiles(percentiles), base_url=base_url, baseline_url=baseline_url, api_key=api_key,
-        engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
-                                     engine_args=parse_engine_args(engine_args)),
+        engine_options=engine_options,
         outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")))
     options.check()
     if base_url is not None:

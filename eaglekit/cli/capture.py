@@ -14,6 +14,7 @@ from eaglekit.cli.output import (
     out,
     target_path,
     target_quantization_option,
+    vllm_options,
 )
 from eaglekit.cli.progress import StageProgress
 from eaglekit.errors import UsageError
@@ -63,13 +64,7 @@ Examples:
 @click.option("--engine", type=click.Choice(["reference", "vllm"]), default="reference", show_default=True,
               help="reference: the target loaded with transformers in this process; vllm: the serving engine "
                    "(tensor parallel, the served checkpoint's numerics).")
-@click.option("--tensor-parallel-size", type=int, default=1, show_default=True, help="--engine vllm: GPUs per "
-                                                                                     "engine.")
-@click.option("--engine-arg", "engine_arg", multiple=True, metavar="KEY=VALUE",
-              help="--engine vllm: an engine argument (repeatable), e.g. max_model_len=8192.")
-@click.option("--engine-python", help="--engine vllm: the Python interpreter that has vLLM [default: "
-                                      "$EAGLEKIT_VLLM_PYTHON, else .vllm-env/bin/python of the working directory or "
-                                      "the eaglekit checkout, else this one].")
+@vllm_options("--engine vllm")
 @click.option("--shard-tokens", type=int, default=16384, show_default=True,
               help="Tokens per shard (whole records; a shard ends at the record that reaches this many).")
 @click.option("--store-dtype", type=click.Choice(["bfloat16", "float32", "fp8"]), default="bfloat16",
@@ -83,10 +78,8 @@ Examples:
 @format_option
 def capture_command(target, store, data_file, data_limit, prompts_file, generate, context_tokens, context_every,
                     max_length, code_tokens, templates, calibration, calibration_file, calibration_tokens, import_dir,
-                    captured_ids, draft,
-                    aux_layer_ids, engine, tensor_parallel_size,
-                    engine_arg, engine_python, shard_tokens, store_dtype, device, dtype, target_quantization, force,
-                    no_progress, output_format):
+                    captured_ids, draft, aux_layer_ids, engine, engine_options, shard_tokens, store_dtype, device,
+                    dtype, target_quantization, force, no_progress, output_format):
     """Capture TARGET's hidden states (the draft's aux ids plus id L) into STORE, shard by shard.
 
     Every shard and the manifest are published atomically; a killed capture rerun with the same command captures
@@ -95,7 +88,6 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
     """
     from eaglekit.capture.run import CaptureOptions, capture_store
     from eaglekit.finetune.data import DataOptions
-    from eaglekit.runtime.engine import parse_engine_args
 
     if data_file and prompts_file:
         raise UsageError("give --data or --prompts, not both")
@@ -104,8 +96,9 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
         data=DataOptions(data_file=data_file or prompts_file, limit=data_limit, generate=generate,
                          context_tokens=context_tokens, context_every=context_every, max_length=max_length,
                          code_tokens=code_tokens, templates=tuple(list_items(templates))),
-        draft=draft, aux_ids=aux_ids(aux_layer_ids), engine=engine, tensor_parallel_size=tensor_parallel_size,
-        engine_args=tuple(sorted(parse_engine_args(engine_arg).items())), engine_python=engine_python,
+        draft=draft, aux_ids=aux_ids(aux_layer_ids), engine=engine,
+        tensor_parallel_size=engine_options.tensor_parallel_size,
+        engine_args=tuple(sorted(engine_options.engine_args.items())), engine_python=engine_options.python,
         shard_tokens=shard_tokens,
         store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force,
         calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens,

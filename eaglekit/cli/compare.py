@@ -14,6 +14,7 @@ from eaglekit.cli.output import (
     out,
     quantization_text,
     sampling_text,
+    vllm_options,
 )
 from eaglekit.cli.progress import StageProgress
 
@@ -23,6 +24,7 @@ Examples:
   eaglekit compare ./eagle3 ./eagle3.1 --target ./SmolLM2-135M-Instruct
   eaglekit compare ./a ./b --target ./target --prompts speed-bench-qualitative.jsonl --category coding --turns all
   eaglekit compare ./eagle3 ./eagle3.1 --target ./target --context-tokens 0,1024,2048 --template chat,raw --plot c.png
+  eaglekit compare ./draft-31 ./draft-31-tuned --target ./Llama-3.3-70B-Instruct --engine vllm --tensor-parallel-size 8
 """
 
 
@@ -32,29 +34,44 @@ Examples:
 @decode_options
 @click.option("--save-report", type=click.Path(dir_okay=False), help="Also write the JSON report here.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@click.option("--engine", type=click.Choice(["reference", "vllm"]), default="reference", show_default=True,
+              help="reference: one target pass per prompt here, both drafts replayed on it; vllm: each draft served "
+                   "by vLLM over every condition's first turns, paired by its per-request counters (any target "
+                   "size).")
+@vllm_options("--engine vllm")
 @format_option
 def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, limit, categories, turns,
                     context_tokens, template, plot, device, dtype, target_quantization, temperature, top_p, seed,
-                    save_report, no_progress, output_format):
+                    save_report, no_progress, engine, engine_options, output_format):
     """Measure DRAFT_A and DRAFT_B on one target pass per prompt: τ of each and the paired difference B − A, under
     each condition (template x context length) asked for."""
-    from eaglekit.decode.compare import compare_conditions
+    from eaglekit.decode.compare import compare_conditions, compare_in_vllm
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
+    from eaglekit.runtime.engine import check_engine_available
     from eaglekit.verify.plot import plot_compare
 
     options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file,
                             limit=limit, categories=tuple(categories), turns=turns,
                             **conditions(context_tokens, template), device=device, dtype=dtype,
                             target_quantization=target_quantization, temperature=temperature, top_p=top_p,
-                            seed=seed, outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")))
+                            seed=seed, outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")),
+                            engine=engine, engine_options=engine_options)
     options.check()
     if plot:
         check_plot_path(plot)
+    if options.engine_only:
+        check_engine_available(engine_options)
     with StageProgress("compare", not no_progress) as progress:
-        sweep = compare_conditions(draft_a, draft_b, target, options, on_prompt=progress.item)
-    finish_report(sweep.to_dict(), output_format, render, save_report=save_report,
+        if options.engine_only:
+            served = compare_in_vllm(draft_a, draft_b, target, options,
+                                     on_draft=lambda done, total: progress.on_stage("drafts served", done, total))
+            sweep, doc = served.sweep, {**served.sweep.to_dict(), "engine": served.describe()}
+        else:
+            sweep = compare_conditions(draft_a, draft_b, target, options, on_prompt=progress.item)
+            doc = sweep.to_dict()
+    finish_report(doc, output_format, render, save_report=save_report,
                   draw=(lambda: plot_compare(sweep, plot)) if plot else None)
 
 
@@ -91,7 +108,8 @@ def render(doc: dict) -> None:
         ("B", f"{b['draft']}  (EAGLE-{b['eagle_version']}, aux ids {b['aux_layer_ids']})"),
         ("target", doc["target"]),
         ("run", f"k={doc['num_speculative_tokens']}, {doc['max_new_tokens']} new tokens, {doc['dtype']} on "
-                f"{doc['device']}; one target pass per prompt, both drafts replayed on it"),
+                f"{doc['device']}; " + (doc["engine"] if doc.get("engine")
+                                        else "one target pass per prompt, both drafts replayed on it")),
         ("prompts", f"{prompts['name']} ({prompts['count']} prompt turns{context})"),
         ("target numerics", quantization_text(doc.get("target_quantization"))),
         ("sampling", sampling_text(doc["sampling"], replay=True)),

@@ -20,6 +20,7 @@ from eaglekit.cli.output import (
     styled,
     target_path,
     target_quantization_option,
+    vllm_options,
 )
 from eaglekit.cli.progress import TrainingProgress
 from eaglekit.finetune.evaluate import DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
@@ -128,6 +129,11 @@ def _freeze(text: str) -> tuple[str, ...]:
               help="Context settings of the held-out evaluation (comma list; 0 = prompts as they are).")
 @click.option("-k", "--eval-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
               help="Draft length of the held-out evaluation and of the kept step's selection: the k you serve.")
+@click.option("--eval-engine", type=click.Choice(["auto", "reference", "vllm"]), default="auto", show_default=True,
+              help="Who decodes the held-out check: reference (the target loaded here), vllm (both drafts served, "
+                   "paired by vLLM's per-request counters; any target size), auto (the reference, or vLLM when a "
+                   "--store run's target is too large for this device).")
+@vllm_options("--eval-engine vllm")
 @click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation.")
 @click.option("--plot", is_flag=False, flag_value="auto", default=None,
               help="Write a PNG of loss and per-depth accuracy (--plot alone: OUT-finetune.png beside OUT).")
@@ -140,7 +146,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
                      depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
                      keep_unresolved, device, target_dtype, target_quantization, checkpoint_every,
                      checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_templates,
-                     eval_context_tokens, k,
+                     eval_context_tokens, k, eval_engine, engine_options,
                      no_eval, plot,
                      force, no_progress, output_format):
     """Fine-tune DRAFT against its target with EAGLE-3's training-time test; write a vLLM-ready draft to OUT.
@@ -162,7 +168,8 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         plot = out_dir.rstrip("/\\") + "-finetune.png"
     evaluation = EvalOptions(prompts_file=eval_prompts, limit=eval_limit, max_new_tokens=eval_max_new_tokens, k=k,
                              templates=_templates(eval_templates),
-                             context_tokens=int_list(eval_context_tokens, "--eval-context-tokens", "0,1024"))
+                             context_tokens=int_list(eval_context_tokens, "--eval-context-tokens", "0,1024"),
+                             engine=eval_engine)
     evaluation.check()  # with --no-eval too: a bad setting is refused, not silently ignored
     opts = FinetuneOptions(
         target=target,
@@ -180,6 +187,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         resume=resume, force=force, plot=plot, warm_start=warm_start, from_scratch=from_scratch,
         validation_fraction=validation_fraction, keep_unresolved=keep_unresolved, store=store,
         max_resident_shards=max_resident_shards, soft_targets=soft_targets,
+        engine=engine_options,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
     with TrainingProgress("finetune", not no_progress and main_rank, steps) as progress:
@@ -238,7 +246,8 @@ def render(doc: dict) -> None:
         from rich.table import Table
 
         out.print()
-        table = Table(title=f"Held-out τ: {evaluation['prompts']}", title_justify="left")
+        table = Table(title=f"Held-out τ: {evaluation['prompts']}, measured by {evaluation['measured_by']}",
+                      title_justify="left")
         table.add_column("template", no_wrap=True)
         table.add_column("context", justify="right", no_wrap=True)
         table.add_column("before", no_wrap=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import textwrap
@@ -111,6 +112,37 @@ def sampling_options(*, seed: bool):
         for option in reversed(options):
             fn = option(fn)
         return fn
+
+    return apply
+
+
+def vllm_options(when: str):
+    """How vLLM runs where a command starts it: its Python, tensor parallelism and engine arguments, passed to the
+    command as one `engine_options` (eaglekit.runtime.engine.EngineOptions). `when` names the setting under which
+    they apply, e.g. "--engine vllm"."""
+    options = [
+        click.option("--engine-python",
+                     help=f"{when}: the Python that has vLLM [default: $EAGLEKIT_VLLM_PYTHON, else "
+                          ".vllm-env/bin/python of the working directory or the eaglekit checkout, as "
+                          "scripts/vllm-env.sh makes it, else this one]."),
+        click.option("--tensor-parallel-size", type=int, default=1, show_default=True,
+                     help=f"{when}: vLLM's tensor parallelism, for a target that does not fit one device."),
+        click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
+                     help=f"{when}: a vLLM engine argument, repeatable (JSON values), e.g. max_model_len=8192."),
+    ]
+
+    def apply(fn):
+        @functools.wraps(fn)
+        def command(*args, engine_python, tensor_parallel_size, engine_args, **kwargs):
+            from eaglekit.runtime.engine import EngineOptions, parse_engine_args
+
+            engine = EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
+                                   engine_args=parse_engine_args(engine_args))
+            return fn(*args, engine_options=engine, **kwargs)
+
+        for option in reversed(options):
+            command = option(command)
+        return command
 
     return apply
 

@@ -21,6 +21,7 @@ from eaglekit.cli.output import (
     quantization_text,
     sampling_text,
     styled,
+    vllm_options,
     write_report,
 )
 from eaglekit.cli.progress import StageProgress
@@ -59,27 +60,20 @@ Examples:
 @click.option("--engine", type=click.Choice(["reference", "vllm", "both"]), default="reference", show_default=True,
               help="reference: eaglekit's own decode; vllm: the same prompts through vLLM's offline API, measured by "
                    "vLLM's counters (any target size); both: the two side by side with a verdict.")
-@click.option("--engine-python", help="Python of the environment that has vLLM (default: $EAGLEKIT_VLLM_PYTHON, "
-                                      "else .vllm-env/bin/python of the working directory or the eaglekit checkout, "
-                                      "as scripts/vllm-env.sh makes it, else this one).")
-@click.option("--tensor-parallel-size", type=int, default=1, show_default=True,
-              help="vLLM tensor parallelism for targets that do not fit one device.")
-@click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
-              help="Extra vLLM LLM(...) argument, repeatable (JSON values), e.g. max_model_len=4096.")
+@vllm_options("--engine vllm or both")
 @format_option
 def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, categories, turns, context_tokens, template,
                    plot, device, dtype, target_quantization, temperature, top_p, seed, aux_layer_ids,
                    as_eaglekit_reads, engine_version,
                    vllm_runner, diagnose,
-                   min_acceptance, save_report, profile_out, no_progress, engine, engine_python, tensor_parallel_size,
-                   engine_args, output_format):
+                   min_acceptance, save_report, profile_out, no_progress, engine, engine_options,
+                   output_format):
     """Run DRAFT against its target: lossless check, acceptance length, speed, drift, optional diagnosis; under
     each condition (template x context length) asked for."""
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.decode.settings import plain_report
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
-    from eaglekit.runtime.engine import EngineOptions, parse_engine_args
     from eaglekit.verify.plot import plot_verify
     from eaglekit.verify.run import verify_conditions, verify_in_engine
 
@@ -89,8 +83,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
         diagnose=diagnose, min_acceptance=min_acceptance, engine=engine, categories=tuple(categories), turns=turns,
         as_eaglekit_reads=as_eaglekit_reads, engine_version=engine_version, vllm_runner=vllm_runner,
         target_quantization=target_quantization, temperature=temperature, top_p=top_p, seed=seed,
-        engine_options=EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
-                                     engine_args=parse_engine_args(engine_args)),
+        engine_options=engine_options,
         outputs=(Role("--save-report", save_report or ""), Role("--profile-out", profile_out or ""),
                  Role("--plot", plot or "")),
     )

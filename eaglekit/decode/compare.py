@@ -8,10 +8,15 @@ both, and the difference per category comes with a paired bootstrap interval ove
 With --temperature the target samples its continuation (seeded) and the drafts are replayed on it with the greedy
 match rule: with argmax drafts that is the same law as vLLM's rejection sampling (eaglekit.decode.sampling), and
 both drafts still meet identical text.
+
+compare_in_vllm measures the same pair through the serving engine instead, for a target too large to load here:
+each draft is served once over every condition's first turns and vLLM's per-request counters are paired prompt by
+prompt (greedy speculative decoding is lossless, so both drafts meet the target's own text there too).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +25,7 @@ from eaglekit import __version__
 from eaglekit.decode.eagle import EagleProposer
 from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.decode.options import VerifyOptions
+from eaglekit.decode.prompts import encode
 from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
 from eaglekit.decode.setup import decode_setup, turns
 from eaglekit.decode.speculative import ReplayVerifier, capture_pass, speculative_decode
@@ -179,3 +185,58 @@ def compare_against(reference: str, drafts: Sequence[str], target: str, options:
         for sweep, m in zip(sweeps, measured[1:]):
             sweep.append(CompareReport(settings, prompt_names, categories, conversations, measured[0], m))
     return [CompareSweep(reports) for reports in sweeps]
+
+
+@dataclass(frozen=True)
+class EngineComparison:
+    """compare_in_vllm's result: the sweep, as compare_conditions reports one, and what the engine did."""
+
+    sweep: CompareSweep
+    engine: str  # "vLLM 0.32.0"
+    differing_prompts: int  # prompt turns whose greedy text differed between the two drafts' runs (numerics)
+
+    def describe(self) -> str:
+        differs = (f"; {self.differing_prompts} prompt(s) decoded to other text under the two drafts (the engine's "
+                   "numerics), paired all the same") if self.differing_prompts else ""
+        return f"measured in {self.engine}, from its per-request acceptance counters{differs}"
+
+
+def compare_in_vllm(draft_a: str, draft_b: str, target: str, options: VerifyOptions, *,
+                    on_draft: Callable[[int, int], None] | None = None) -> EngineComparison:
+    """Both drafts served by vLLM (options.engine_options: its Python, tensor parallelism, engine arguments) on every
+    condition's first turns, one engine start per draft; the tokenizer is the only part of the target loaded here.
+    Its per-request counters pair the drafts prompt by prompt, as compare_conditions pairs the reference's."""
+    from eaglekit.runtime.engine import draft_in_vllm
+
+    options.check()
+    setup = decode_setup([("draft A", draft_a), ("draft B", draft_b)], target, options, load_model=False)
+    prompts = setup.prompts
+    if prompts.turns != len(prompts.prompts):
+        raise UsageError("a comparison in vLLM measures first turns: each later turn follows the target's answer to "
+                         "the one before, which only the reference decodes")
+    encoded = {condition: [encode(p, setup.tokenizer, context_tokens=condition.context_tokens, index=i,
+                                  template=condition.template) for i, p in enumerate(prompts.prompts)]
+               for condition in options.conditions}
+    every = [ids for condition in options.conditions for ids in encoded[condition]]
+    runs = []
+    for done, draft in enumerate(setup.drafts):
+        if on_draft is not None:
+            on_draft(done, len(setup.drafts))
+        runs.append(draft_in_vllm(draft.path, target, every, k=setup.k, max_new_tokens=setup.max_new_tokens,
+                                  dtype=setup.dtype, opts=options.engine_options,
+                                  context=setup.info.max_position_embeddings))
+    if on_draft is not None:
+        on_draft(len(setup.drafts), len(setup.drafts))
+    engine = f"vLLM {runs[0].version}"
+    names = [p.name for p in prompts.prompts]
+    categories = [p.category for p in prompts.prompts]
+    conversations = [p.conversation or p.name for p in prompts.prompts]
+    reports = []
+    for index, condition in enumerate(options.conditions):
+        window = slice(index * len(names), (index + 1) * len(names))
+        a, b = (Measured(d.path, d.spec.eagle_version, list(d.aux_ids), run.per_request[window])
+                for d, run in zip(setup.drafts, runs))
+        settings = dataclasses.replace(setup.settings(condition), device=engine)
+        reports.append(CompareReport(settings, names, categories, conversations, a, b))
+    differing = sum(x != y for x, y in zip(runs[0].tokens, runs[1].tokens))
+    return EngineComparison(CompareSweep(reports), engine, differing)

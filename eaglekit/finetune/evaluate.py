@@ -12,16 +12,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from eaglekit.decode.options import ENGINE_ALONE, REFERENCE
 from eaglekit.decode.prompts import Prompt
 
 if TYPE_CHECKING:
     from eaglekit.decode.compare import CompareSweep
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.decode.settings import Condition
+    from eaglekit.runtime.engine import EngineOptions
 
 
 DEFAULT_TEMPLATES = ("chat", "system", "raw")
 DEFAULT_CONTEXTS = (0, 1024)
+REFERENCE_DECODE = "eaglekit's reference decode (the target loaded here)"
+AUTO = "auto"
+EVAL_ENGINES = (AUTO, REFERENCE, ENGINE_ALONE)
+"""Who decodes the paired check: eaglekit's reference (the target loaded here), vLLM (its per-request counters, any
+target size), or auto: the reference where the target loads here, vLLM where it is too large for this device."""
 
 
 @dataclass(frozen=True)
@@ -35,11 +42,14 @@ class EvalOptions:
     k: int = 3
     context_tokens: tuple[int, ...] = DEFAULT_CONTEXTS  # one setting per entry; 0 = the prompts as they are
     templates: tuple[str, ...] = DEFAULT_TEMPLATES  # verify's --template conditions
+    engine: str = AUTO  # EVAL_ENGINES
 
     def check(self) -> None:
         """Refuse, before any work, settings the evaluation after training would refuse."""
         from eaglekit.errors import UsageError
 
+        if self.engine not in EVAL_ENGINES:
+            raise UsageError(f"--eval-engine {self.engine!r}: use one of {', '.join(EVAL_ENGINES)}")
         if (self.limit is not None and self.limit < 1) or self.max_new_tokens < 1 or self.k < 1:
             raise UsageError("--eval-limit, --eval-max-new-tokens and -k must be at least 1")
         contexts = tuple(self.context_tokens)
@@ -47,15 +57,17 @@ class EvalOptions:
             raise UsageError(f"--eval-context-tokens {','.join(map(str, contexts))!r}: expected distinct "
                              "non-negative integers such as 0,1024")
 
-    def decode_options(self, device: str = "auto", dtype: str = "auto") -> VerifyOptions:
+    def decode_options(self, device: str = "auto", dtype: str = "auto",
+                       engine: EngineOptions | None = None) -> VerifyOptions:
         """The compare run this evaluation is: its prompts, k, new tokens, templates and context settings, on
-        `device` in `dtype` (the target's)."""
+        `device` in `dtype` (the target's); `engine`: how vLLM runs when it decodes."""
         from eaglekit.decode.options import VerifyOptions
+        from eaglekit.runtime.engine import EngineOptions
 
         return VerifyOptions(num_speculative_tokens=self.k, max_new_tokens=self.max_new_tokens,
                              prompts_file=self.prompts_file, limit=self.limit,
                              context_tokens=tuple(self.context_tokens), template=tuple(self.templates),
-                             device=device, dtype=dtype)
+                             device=device, dtype=dtype, engine_options=engine or EngineOptions())
 
     def describe(self, name: str, prompts: int) -> str:
         contexts = "/".join(f"+{c}" for c in self.context_tokens)
@@ -188,11 +200,12 @@ class Evaluation:
 
     paired: list[Paired]
     gain: Gain
+    measured_by: str = REFERENCE_DECODE
 
     @classmethod
-    def of(cls, sweep: CompareSweep) -> Evaluation:
+    def of(cls, sweep: CompareSweep, measured_by: str = REFERENCE_DECODE) -> Evaluation:
         return cls([Paired.of(r.settings.condition, r.rows()["all"], len(r.names)) for r in sweep.reports],
-                   pooled_gain(sweep))
+                   pooled_gain(sweep), measured_by)
 
     @property
     def worse(self) -> str | None:

@@ -8,9 +8,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from eaglekit.decode.options import ENGINE_ALONE
 from eaglekit.errors import UsageError
 from eaglekit.finetune.data import DataOptions
 from eaglekit.finetune.evaluate import EvalOptions
+from eaglekit.runtime.engine import EngineOptions
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class FinetuneOptions:
     store: str | None = None  # a hidden-state store (eaglekit capture): the target's decoder is never loaded
     max_resident_shards: int = 2  # store shards decoded in memory at once
     soft_targets: int = 0  # from a store: train on the target's top-k next-token probabilities (0: greedy labels)
+    engine: EngineOptions = EngineOptions()  # how vLLM runs when it decodes the paired check (eval.engine)
 
 
 def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
@@ -46,6 +49,8 @@ def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
     train_opts = dataclasses.replace(train_opts, precision=resolve_precision(train_opts.precision, opts.device))
     opts = dataclasses.replace(opts, train=train_opts)
     opts.data.check()
+    if opts.eval is not None:
+        opts.eval.check()
     if not 0 <= opts.validation_fraction < 1:
         raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
     if opts.store and opts.data != DataOptions(cache_dir=opts.data.cache_dir):
@@ -54,6 +59,13 @@ def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
     if opts.soft_targets and not opts.store:
         raise UsageError("--soft-targets needs --store: the teacher's probabilities are computed from a store's id-L "
                          "states (eaglekit capture)")
+    if opts.eval is not None and opts.eval.engine == ENGINE_ALONE and opts.target_quantization:
+        raise UsageError(f"--eval-engine vllm with --target-quantization {opts.target_quantization}: vLLM would "
+                         "serve the target in full precision; measure the quantized target with --eval-engine "
+                         "reference")
+    if opts.eval is not None and opts.eval.engine == ENGINE_ALONE and opts.data.hidden_states:
+        raise UsageError("--eval-engine vllm with --hidden-states: import the states into a store (eaglekit capture "
+                         "--import) and fine-tune with --store")
     if opts.soft_targets < 0:
         raise UsageError("--soft-targets must not be negative (0: the target's greedy tokens as labels)")
     if opts.checkpoint_every < 0:

@@ -10,13 +10,14 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from eaglekit.decode.options import ENGINE_ALONE, REFERENCE
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.families import load_draft
-from eaglekit.finetune.evaluate import held_out_prompts
+from eaglekit.finetune.evaluate import AUTO, held_out_prompts
 from eaglekit.finetune.options import FinetuneOptions
 from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
 from eaglekit.spec import DraftSpec
-from eaglekit.target import TargetInfo, read_target
+from eaglekit.target import TargetInfo, holds_decoder, read_target
 
 WRITABLE_DTYPES = ("F32", "BF16", "F16")  # trained tensors are written back in their source dtype
 
@@ -38,6 +39,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     unevaluated: str | None = None  # why a run on read states has no held-out paired check (None: it has one)
+    eval_engine: str = REFERENCE  # who decodes the paired check: the reference (loaded here) or vLLM
+    eval_engine_why: str | None = None  # why auto chose vLLM (the target does not fit here)
 
     @property
     def reads_states(self) -> bool:
@@ -56,7 +59,8 @@ LOADABLE_SHARE = 0.8  # of free memory, the most a target loaded for the held-ou
 
 def prepare(source: str, destination: str, opts: FinetuneOptions) -> Run:
     """Read the source and the target's config and refuse, before any work, what the run would refuse at its end
-    (the evaluation's settings, every written path, the checkpoint folder, the plot); then join the ranks."""
+    (every written path, the checkpoint folder, the plot, who decodes the held-out check and its settings); then
+    join the ranks."""
     import torch
 
     from eaglekit.finetune.checkpoints import Checkpoints
@@ -67,7 +71,6 @@ def prepare(source: str, destination: str, opts: FinetuneOptions) -> Run:
 
     info = read_target(opts.target, decoder=not opts.store)  # a store needs only the target's head tensors
     spec = _source_spec(source, info)
-    _check_evaluation(opts, info)
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     _refuse_clobber(spec, destination, checkpoint_dir, opts)
     check_destination(destination, replace=opts.force)
@@ -77,29 +80,70 @@ def prepare(source: str, destination: str, opts: FinetuneOptions) -> Run:
         check_plot_path(opts.plot)
     run = Run(source, destination, opts, info, spec, checkpoint_dir, remove_checkpoint_dir)
     run.device = torch.device(resolve_device(opts.device))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and run.device.type == "cuda":  # torchrun: one GPU per rank
+        run.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))))
+    if opts.eval is not None:
+        _choose_eval_engine(run)
+    if run.evaluates:
+        _check_evaluation(opts, info)
     run.ranks = init_distributed(run.device)
-    if run.ranks.world > 1 and run.device.type == "cuda":
-        run.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", run.ranks.rank)))
-    if opts.eval is not None and run.reads_states:
-        run.unevaluated = ("--hidden-states: the target is not loaded" if opts.data.hidden_states
-                           else _unloadable(info, opts.target_dtype, run.device))
     return run
 
 
-def _unloadable(info: TargetInfo, dtype: str, device) -> str | None:
-    """Why the held-out paired check of a --store run cannot load the target here (None: it can). The check decodes
-    with the whole target, so its folder must hold the decoder and its weights must fit in the device's free
-    memory; training from the store needs neither."""
+def _choose_eval_engine(run: Run) -> None:
+    """Who decodes the paired check, decided before training: the reference where the target loads here; vLLM where
+    asked (--eval-engine vllm) or, under auto, where a store's target is too large for this device; neither where
+    the folder holds no decoder or the states were read from files (the run says why it is unmeasured). vLLM is
+    probed now: a missing engine is refused (or, under auto, said) before any training."""
+    from eaglekit.runtime.engine import check_engine_available
+
+    opts, info = run.opts, run.info
+    asked = opts.eval.engine if opts.eval is not None else REFERENCE
+    if opts.data.hidden_states:
+        run.unevaluated = "--hidden-states: the target is not loaded"
+        return
+    decoder = holds_decoder(info) if opts.store else True
+    if asked == ENGINE_ALONE:
+        if not decoder:
+            raise UsageError("--eval-engine vllm serves the whole target: its folder holds no decoder layers, only "
+                             "what a store's reader needs", opts.target)
+        if evaluating_rank():
+            check_engine_available(opts.engine)
+        run.eval_engine = ENGINE_ALONE
+        return
+    if not decoder:
+        run.unevaluated = "--store: the target's folder holds no decoder layers, only what the store's reader needs"
+        return
+    too_large = _too_large(info, opts.target_dtype, run.device) if opts.store else None
+    if too_large is None:
+        return
+    if asked == REFERENCE or opts.target_quantization:
+        run.unevaluated = too_large + (" (--target-quantization: vLLM would serve it in full precision)"
+                                       if asked == AUTO else "")
+        return
+    try:
+        if evaluating_rank():
+            check_engine_available(opts.engine)
+    except UsageError as missing:
+        run.unevaluated = f"{too_large}, and {missing}"
+        return
+    run.eval_engine, run.eval_engine_why = ENGINE_ALONE, too_large
+
+
+def evaluating_rank() -> bool:
+    """Under torchrun only rank 0 evaluates (and so probes vLLM); a single process is rank 0."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _too_large(info: TargetInfo, dtype: str, device) -> str | None:
+    """Why the target cannot be loaded here for the paired check (None: it can): its weights, in the evaluation's
+    dtype, must take at most LOADABLE_SHARE of the device's free memory."""
     import math
-    import re
 
     from eaglekit.target import target_tensors
     from eaglekit.target_model import resolve_dtype
 
     entries = target_tensors(os.path.dirname(os.path.abspath(info.path)))
-    layers = {int(m.group(1)) for m in map(re.compile(r"(?:^|\.)layers\.(\d+)\.").search, entries) if m}
-    if not set(range(info.num_layers)) <= layers:
-        return "--store: the target's folder holds no decoder layers, only what the store's reader needs"
     params = sum(math.prod(entry.shape) for entry in entries.values())
     needed = params * resolve_dtype(dtype, str(device)).itemsize
     free = free_memory(device)
@@ -158,12 +202,10 @@ def _refuse_clobber(spec: DraftSpec, destination: str, checkpoint_dir: str, opts
 
 
 def _check_evaluation(opts: FinetuneOptions, info: TargetInfo) -> None:
-    """What the held-out evaluation after training would refuse, refused before it: its settings, its prompts,
-    and its decode against the target's context."""
+    """What the held-out evaluation after training would refuse, refused before it: its prompts and its decode
+    against the target's context (its settings were checked with the options)."""
     from eaglekit.decode.setup import refuse_context_past_target
 
-    if opts.eval is None or opts.data.hidden_states or opts.store:  # states read from elsewhere: not evaluated
-        return
-    opts.eval.check()
+    assert opts.eval is not None
     held_out_prompts(opts.eval)
     refuse_context_past_target(opts.eval.decode_options(), info.max_position_embeddings, "--eval-context-tokens")

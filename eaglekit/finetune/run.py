@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
+from eaglekit.decode.options import ENGINE_ALONE
 from eaglekit.errors import CheckpointError, NoGain
 from eaglekit.finetune.data import TrainingData, build_data, split_validation, target_identity
 from eaglekit.finetune.evaluate import EvalOptions, Evaluation, held_out_prompts
@@ -100,18 +101,25 @@ def _fingerprint(hashes: dict[str, str], data: TrainingData, opts: FinetuneOptio
                             "validation_fraction": opts.validation_fraction})
 
 
-def _paired_evaluation(source: str, output: str, opts: FinetuneOptions, ev: EvalOptions,
-                       on_stage: Stage | None) -> Evaluation:
-    """The output against its source on held-out prompts under every condition, one target pass per prompt and
-    condition for both (compare)."""
+def _paired_evaluation(run: Run, output: str, ev: EvalOptions, on_stage: Stage | None) -> Evaluation:
+    """The output against its source on held-out prompts under every condition: one target pass per prompt and
+    condition for both (compare), or, in vLLM, one engine run per draft over every condition's prompts."""
+    opts = run.opts
+    what = "held-out τ, output vs source (paired)"
+    if run.eval_engine == ENGINE_ALONE:
+        from eaglekit.decode.compare import compare_in_vllm
+
+        drafts = (lambda done, total: on_stage(f"{what}, in vLLM", done, total)) if on_stage else None
+        served = compare_in_vllm(run.spec.path, output, opts.target,
+                                 ev.decode_options(dtype=opts.target_dtype, engine=opts.engine), on_draft=drafts)
+        return Evaluation.of(served.sweep, served.describe())
     from eaglekit.decode.compare import compare_conditions
 
-    progress = (lambda done, total, name: on_stage("held-out τ, output vs source (paired)", done, total)) \
-        if on_stage else None
+    progress = (lambda done, total, name: on_stage(what, done, total)) if on_stage else None
     # a quantized target is evaluated in float64 (quantization.py: its own rounding must not flip the format's)
     dtype = "auto" if opts.target_quantization else opts.target_dtype
     decode = dataclasses.replace(ev.decode_options(opts.device, dtype), target_quantization=opts.target_quantization)
-    return Evaluation.of(compare_conditions(source, output, opts.target, decode, on_prompt=progress))
+    return Evaluation.of(compare_conditions(run.spec.path, output, opts.target, decode, on_prompt=progress))
 
 
 def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: TrainingData, result,
@@ -134,6 +142,7 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "selected_step": result.selected_step, "selected_by": result.selected_by,
         "paired_evaluation": [p.to_dict() for p in evaluation.paired] if evaluation is not None else None,
         "held_out_gain": evaluation.gain.to_dict() if evaluation is not None else None,
+        "evaluation_measured_by": evaluation.measured_by if evaluation is not None else None,
         "written": written,
     })
 
@@ -258,8 +267,13 @@ def _set_up_drafter(run: Run, data: TrainingData, target):
         head = None if spec.has_lm_head else _target_tensor(opts.target, ("lm_head.weight",))
     drafter = Drafter.from_spec(spec, device=run.device, dtype=torch.float32, embed_tokens=embed, lm_head=head)
     if run.unevaluated is not None:
+        served = " --engine vllm" if opts.store else ""  # a store's target is typically too large to load here
         run.notes.append(f"held-out evaluation skipped ({run.unevaluated}); measure with "
-                         f"`eaglekit compare {run.source} {run.destination} --target {opts.target}`")
+                         f"`eaglekit compare {run.source} {run.destination} --target {opts.target}{served}` where "
+                         "the whole target is at hand")
+    elif run.eval_engine_why is not None:
+        run.notes.append(f"held-out evaluation in vLLM ({run.eval_engine_why}): both drafts served on every "
+                         "condition's first turns, paired by vLLM's per-request counters")
     if opts.from_scratch:
         run.notes.append(reinitialise(drafter, opts.train.seed))
         warm = warm_start.WarmStart()
@@ -315,7 +329,7 @@ def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: Trainin
         if eval_opts is None:
             return None
         t = time.perf_counter()
-        evaluation = _paired_evaluation(run.spec.path, staged, opts, eval_opts, on_stage)
+        evaluation = _paired_evaluation(run, staged, eval_opts, on_stage)
         run.timings["eval_s"] = time.perf_counter() - t
         if not evaluation.gained and not opts.keep_unresolved:
             found = "no resolved gain" if evaluation.gain.too_few else "no gain found"
@@ -336,7 +350,7 @@ def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: Trainin
                                                                        provenance, run.info, opts.force, judge)
     report.written = written_because(evaluation)
     if evaluation is not None:
-        report.evaluation = {"before": [p.before for p in evaluation.paired],
+        report.evaluation = {"measured_by": evaluation.measured_by, "before": [p.before for p in evaluation.paired],
                              "after": [p.after for p in evaluation.paired],
                              "paired": [p.to_dict() for p in evaluation.paired], "overall": evaluation.gain.to_dict()}
         if not evaluation.gained:

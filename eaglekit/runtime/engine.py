@@ -143,12 +143,26 @@ def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT
     return found.group(1) if found else ""
 
 
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+def engine_environment() -> dict[str, str]:
+    """The environment an offline vLLM run starts with: ours with its log at INFO (the parent reads the aux layers
+    it captures from it), less torchrun's rank variables: launched from a rank of a fine-tune, vLLM would read
+    them as its own place in a process group it is not part of."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in TORCHRUN_VARIABLES and not name.startswith("TORCHELASTIC_")}
+    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
+    return env
+
+
 def _run_worker(opts: EngineOptions, request: dict[str, Any], what: str) -> tuple[dict[str, Any], str]:
     with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as work:
         req, res = os.path.join(work, "request.json"), os.path.join(work, "result.json")
         with open(req, "w", encoding="utf-8") as fh:
             json.dump(request, fh)
-        env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+        env = engine_environment()
         try:
             proc = processes.run(opts.interpreter, [WORKER, req, res], os.path.join(work, "vllm.log"), env=env,
                                  timeout_s=opts.timeout_s)
@@ -220,18 +234,53 @@ def answers_with_vllm(target: str, prompts: Sequence[Sequence[int]], *, max_new_
     return [list(tokens) for tokens in result["tokens"]]
 
 
+def _decode_request(target: str, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, dtype: str,
+                    opts: EngineOptions, context: int | None) -> dict[str, Any]:
+    """The offline worker's request for a greedy decode of `prompts` (k drafts a round), refused before vLLM starts
+    where a prompt would not fit its max_model_len."""
+    opts.check()
+    fitted = fitted_model_len(max((len(p) for p in prompts), default=0), max_new_tokens, k, context)
+    engine_args = {**DEFAULT_ENGINE_ARGS, "max_model_len": fitted, **opts.engine_args}
+    check_model_len(prompts, max_new_tokens, k, engine_args.get("max_model_len"), "max_model_len" in opts.engine_args)
+    return {"target": os.path.abspath(target), "prompts": [list(p) for p in prompts], "k": k,
+            "max_new_tokens": max_new_tokens, "dtype": dtype, "tensor_parallel_size": opts.tensor_parallel_size,
+            "engine_args": engine_args}
+
+
+def _per_request(result: dict[str, Any]) -> list[AcceptanceCounter] | None:
+    histograms = result.get("per_request")
+    return ([AcceptanceCounter.from_histogram(h) for h in histograms]
+            if histograms and all(h is not None for h in histograms) else None)
+
+
+@dataclass(frozen=True)
+class DraftRun:
+    """One draft served by vLLM over a list of prompts: its greedy tokens and its counters, prompt by prompt."""
+
+    version: str
+    tokens: list[list[int]]
+    per_request: list[AcceptanceCounter]
+
+
+def draft_in_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
+                  dtype: str, opts: EngineOptions, context: int | None = None) -> DraftRun:
+    """Target + draft in vLLM alone (no target-only run): each prompt's tokens and vLLM's own per-request counters,
+    what a paired comparison of two drafts over the same prompts needs."""
+    request = _decode_request(target, prompts, k, max_new_tokens, dtype, opts, context)
+    result, _ = _run_worker(opts, {**request, "draft": os.path.abspath(draft)}, "target + draft")
+    per_request = _per_request(result)
+    if per_request is None:
+        raise EngineError(f"vLLM {result['vllm_version']} reports no per-request acceptance counters (vLLM 0.29 and "
+                          "later do): a paired comparison needs them")
+    return DraftRun(result["vllm_version"], [list(t) for t in result["tokens"]], per_request)
+
+
 def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
              dtype: str, opts: EngineOptions, context: int | None = None) -> EngineRun:
     """Target alone, then target + draft, in vLLM; τ and per-position rates from vLLM's counters. `context`: the
     target's max_position_embeddings, the most max_model_len is fitted to. Callers run check_engine_available
     first, before any work of their own."""
-    opts.check()
-    fitted = fitted_model_len(max((len(p) for p in prompts), default=0), max_new_tokens, k, context)
-    engine_args = {**DEFAULT_ENGINE_ARGS, "max_model_len": fitted, **opts.engine_args}
-    check_model_len(prompts, max_new_tokens, k, engine_args.get("max_model_len"), "max_model_len" in opts.engine_args)
-    request = {"target": os.path.abspath(target), "prompts": [list(p) for p in prompts], "k": k,
-               "max_new_tokens": max_new_tokens, "dtype": dtype, "tensor_parallel_size": opts.tensor_parallel_size,
-               "engine_args": engine_args}
+    request = _decode_request(target, prompts, k, max_new_tokens, dtype, opts, context)
     plain, _ = _run_worker(opts, request, "target alone")
     spec, log = _run_worker(opts, {**request, "draft": os.path.abspath(draft)}, "target + draft")
     metrics = spec["metrics"]
@@ -246,8 +295,5 @@ def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: in
     timings = {"target_init_s": plain["init_s"], "target_generate_s": plain["generate_s"],
                "spec_init_s": spec["init_s"], "spec_generate_s": spec["generate_s"],
                "tokens_per_s_spec": rate(spec), "tokens_per_s_target": rate(plain)}
-    histograms = spec.get("per_request")
-    per_request = ([AcceptanceCounter.from_histogram(h) for h in histograms]
-                   if histograms and all(h is not None for h in histograms) else None)
     return EngineRun("vllm", spec["vllm_version"], counter, not mismatched, mismatched, plain["tokens"],
-                     found[-1].strip() if found else None, timings, per_request)
+                     found[-1].strip() if found else None, timings, _per_request(spec))

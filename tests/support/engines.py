@@ -4,7 +4,9 @@ and the drafters bundled with the examples."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,3 +22,17 @@ def _vllm_python() -> str | None:
 
 
 VLLM_PYTHON = _vllm_python()
+
+
+def stand_in_python(folder: Path, worker: str) -> str:
+    """An interpreter in place of vLLM's: it runs eaglekit's process guard as Python does, answers vLLM's version
+    probe (0.32.0) and runs the script `worker` with eaglekit's worker arguments, so a test of what eaglekit does
+    with an engine's results runs in seconds."""
+    script = folder / "worker.py"
+    script.write_text(worker, encoding="utf-8")
+    python = folder / "python"
+    python.write_text(f'#!/bin/sh\nif [ "$1" = "-I" ]; then exec {sys.executable} "$@"; fi\n'
+                      f'if [ "$1" = "-c" ]; then echo vllm-version 0.32.0; exit 0; fi\n'
+                      f'exec {sys.executable} {script} "$@"\n', encoding="utf-8")
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    return str(python)
