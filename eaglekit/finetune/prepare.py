@@ -98,7 +98,8 @@ def _choose_eval_engine(run: Run) -> None:
     from eaglekit.runtime.engine import check_engine_available
 
     opts, info = run.opts, run.info
-    asked = opts.eval.engine if opts.eval is not None else REFERENCE
+    assert opts.eval is not None
+    asked = opts.eval.engine
     if opts.data.hidden_states:
         run.unevaluated = "--hidden-states: the target is not loaded"
         return
