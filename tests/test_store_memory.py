@@ -43,15 +43,20 @@ sys.exit(code)
 """
 
 
-def run_measured(*args: str) -> tuple[float, str]:
-    """(peak RSS in MB, stdout) of one eaglekit command in a process of its own."""
+def run_measured(*commands: list[str]) -> list[tuple[float, str]]:
+    """(peak RSS in MB, stdout) of each eaglekit command, each in a process of its own on one thread; the commands
+    run side by side (two cores, one thread each), which changes no process's own peak."""
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", DRIVER, *args], capture_output=True, text=True, env=env,
-                          timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = re.search(r"peak_rss_kb (\d+)", done.stderr)
-    assert found, done.stderr[-3000:]
-    return int(found.group(1)) / 1024, done.stdout
+    running = [subprocess.Popen([sys.executable, "-c", DRIVER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env) for args in commands]
+    measured = []
+    for process in running:
+        stdout, stderr = process.communicate(timeout=1200)
+        assert process.returncode == 0, stderr[-3000:]
+        found = re.search(r"peak_rss_kb (\d+)", stderr)
+        assert found, stderr[-3000:]
+        measured.append((int(found.group(1)) / 1024, stdout))
+    return measured
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +67,12 @@ def stores(tmp_path_factory):
     target = make_target_with_tokenizer(str(base / "target"), hidden=512)
     draft = make_draft(str(base / "draft"), "vllm", hidden=512, vocab=384, draft_vocab=384, aux_ids=(1, 2, 3),
                        target_layers=4)
-    paths, peaks = {}, {}
-    for name, tokens in (("small", SHARD_TOKENS // 2), ("big", BIG_TOKENS)):
-        paths[name] = str(base / name)
-        peaks[name], _ = run_measured("capture", target, paths[name], "--data-limit", "1", "--code-tokens",
-                                      str(tokens), "--aux-layer-ids", AUX, "--shard-tokens", str(SHARD_TOKENS),
-                                      "--store-dtype", "bfloat16", "--no-progress")
-    return target, draft, paths, peaks
+    sizes = {"small": SHARD_TOKENS // 2, "big": BIG_TOKENS}
+    paths = {name: str(base / name) for name in sizes}
+    measured = run_measured(*(["capture", target, paths[name], "--data-limit", "1", "--code-tokens", str(tokens),
+                               "--aux-layer-ids", AUX, "--shard-tokens", str(SHARD_TOKENS), "--store-dtype",
+                               "bfloat16", "--no-progress"] for name, tokens in sizes.items()))
+    return target, draft, paths, {name: peak for name, (peak, _) in zip(sizes, measured)}
 
 
 def shard_sizes_mb(store: str) -> list[float]:
@@ -92,12 +96,11 @@ def test_a_capture_of_200k_tokens_peaks_within_two_shards_of_a_one_shard_capture
 
 def test_200_steps_from_a_200k_token_store_peak_within_two_shards_of_a_one_shard_store(stores, tmp_path):
     target, draft, paths, _ = stores
-    peaks = {}
-    for name, store in paths.items():
-        peaks[name], out = run_measured("finetune", draft, str(tmp_path / name), "--target", target, "--store",
-                                        store, "--steps", "200", "--batch-tokens", "512", "--depth", "2",
-                                        "--precision", "fp32", "--no-eval", "--no-progress", "--format", "json")
-        assert json.loads(out)["training"]["steps"] == 200
+    measured = run_measured(*(["finetune", draft, str(tmp_path / name), "--target", target, "--store", store,
+                               "--steps", "200", "--batch-tokens", "512", "--depth", "2", "--precision", "fp32",
+                               "--no-eval", "--no-progress", "--format", "json"] for name, store in paths.items()))
+    peaks = {name: peak for name, (peak, _) in zip(paths, measured)}
+    assert all(json.loads(out)["training"]["steps"] == 200 for _, out in measured)
     big = shard_sizes_mb(paths["big"])
     bound = 2 * max(big) + MARGIN_MB
     print(f"\nfinetune --store peak RSS: one shard {peaks['small']:.0f} MB, {sum(big):.0f} MB store "
