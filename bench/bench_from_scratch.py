@@ -2,14 +2,17 @@
 retrain as EAGLE-3, over several seeds, measured where 3.1 acts.
 
     python bench/bench_from_scratch.py                               # 3 seeds, 300 steps, k=3, 0/1024, chat/raw
-    python bench/bench_from_scratch.py --seeds 0,1,2,3 --steps 500 --k 3,6 --contexts 0,1024,2048
+    python bench/bench_from_scratch.py --seeds 0,1,2 --steps 500 --k 3,6 --contexts 0,1024 --work ./payoff
+    python bench/bench_from_scratch.py --capture-engine vllm ...     # the capture through the serving engine
 
 Both drafters start from the bundled EAGLE-3 SmolLM2 drafter: its lossless upgrade (EAGLE-3 flags) and its default
 upgrade (EAGLE-3.1 flags, the function-preserving start). `finetune --from-scratch` re-initialises every trained
 weight of each (keeping the vocabulary map and the target-shared embedding) and trains it with the same data,
 steps, depth and seed; only the function differs. The data are finetune's own pipeline on the bundled training
 prompts: the target's greedy answers, long context on every fifth prompt, standard-library source, and the
-prompt templates of --train-templates in turn.
+prompt templates of --train-templates in turn. They are captured once, into one store (`eaglekit capture`, in
+WORK/store: a rerun with the same --work resumes it, and reuses it when complete), and every seed and function
+trains from it (`finetune --store`): the capture is paid once, whatever the number of runs.
 
 Every drafter is replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition
 (eaglekit.decode.compare.compare_against). Printed: each drafter minus the source, and per seed the EAGLE-3.1
@@ -51,8 +54,10 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--also", nargs="+", default=[], metavar="NAME=PATH",
                    help="more drafters measured in the same replay (e.g. an upgrade fine-tuned as it is)")
-    p.add_argument("--work", help="folder for the drafts (default: a temporary one)")
-    p.add_argument("--cache-dir", help="captured-data cache (default: finetune's)")
+    p.add_argument("--work", help="folder for the store and the drafts (default: a temporary one)")
+    p.add_argument("--capture-engine", choices=("reference", "vllm"), default="reference",
+                   help="who runs the target for the one capture (vllm: .vllm-env or $EAGLEKIT_VLLM_PYTHON)")
+    p.add_argument("--store-dtype", default="bfloat16", choices=("bfloat16", "float32", "fp8"))
     return p.parse_args(argv)
 
 
@@ -64,6 +69,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
 
+    from eaglekit.capture.run import CaptureOptions, capture_store
     from eaglekit.cli.output import conditions, int_list
     from eaglekit.decode.compare import compare_against
     from eaglekit.decode.options import VerifyOptions
@@ -87,8 +93,14 @@ def main(argv=None) -> None:
     upgrade(SOURCE, starts["EAGLE-3"], UpgradeOptions(target=target, fc_norm=False, norm_output=False, force=True))
     upgrade(SOURCE, starts["EAGLE-3.1"], UpgradeOptions(target=target, force=True))
     data = DataOptions(limit=args.data_limit, generate=args.generate, context_tokens=384, context_every=5,
-                       code_tokens=args.code_tokens, cache_dir=args.cache_dir,
-                       templates=tuple(t for t in args.train_templates.split(",") if t))
+                       code_tokens=args.code_tokens, templates=tuple(t for t in args.train_templates.split(",") if t))
+    store = os.path.join(work, "store")
+    t = time.perf_counter()
+    captured = capture_store(store, CaptureOptions(target=target, data=data, draft=starts["EAGLE-3"],
+                                                   engine=args.capture_engine, store_dtype=args.store_dtype))
+    print(f"store: {captured.records} sequences, {captured.tokens:,} tokens in {captured.shards} shard(s), "
+          f"{captured.bytes / 2**20:.0f} MB as {args.store_dtype}, by the {args.capture_engine} engine; "
+          f"{captured.captured_records} captured in {time.perf_counter() - t:.0f} s by this run", flush=True)
     drafts = {"default upgrade (EAGLE-3.1 flags, EAGLE-3 function)": starts["EAGLE-3.1"]}
     drafts.update(item.split("=", 1) for item in args.also)
     for seed in seeds:
@@ -96,7 +108,7 @@ def main(argv=None) -> None:
             out = os.path.join(work, f"{function.lower().replace('.', '')}-seed{seed}")
             t = time.perf_counter()
             report = finetune(start, out, FinetuneOptions(
-                target=target, data=data, eval=None, force=True, from_scratch=True, keep_unresolved=True,
+                target=target, store=store, eval=None, force=True, from_scratch=True, keep_unresolved=True,
                 train=TrainOptions(steps=args.steps, depth=args.depth, lr=args.lr, seed=seed)))
             last = report.training["history"][-1]
             print(f"{function} from scratch, seed {seed}: {time.perf_counter() - t:.0f} s, kept step "
