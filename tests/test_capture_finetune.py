@@ -230,6 +230,8 @@ request = json.load(open(sys.argv[-2]))
 with open(request["draft"] + ".requests.jsonl", "a") as log:  # beside the draft: what the engine was asked
     log.write(json.dumps(request) + "\n")
 k, source = request["k"], request["draft"].endswith("/draft")
+if request["draft"].endswith("/shifted"):  # vLLM says which layers it captures; here not the draft's own
+    print("INFO [eagle.py:1] Using auxiliary layers from speculative config: (0, 1, 2)", file=sys.stderr)
 json.dump({"vllm_version": "0.32.0", "tokens": [[7] * request["max_new_tokens"] for _ in request["prompts"]],
            "metrics": {}, "per_request": [histogram(j, k, source) for j in range(len(request["prompts"]))],
            "init_s": 0.1, "generate_s": 0.1}, open(sys.argv[-1], "w"))
@@ -349,6 +351,15 @@ def test_compare_in_vllm_from_the_command_line_names_the_engine_in_its_report(en
     assert doc["device"] == "vLLM 0.32.0" and "per-request acceptance counters" in doc["engine"]
     chat, raw = (c["categories"]["all"] for c in doc["conditions"])
     assert chat["b_minus_a"]["verdict"] == raw["b_minus_a"]["verdict"] == "B better"
+    assert doc["drafts"]["b"]["aux_layer_ids"] == list(AUX) and "eaglekit reads" not in doc["engine"]
+    shifted = shutil.copytree(env["draft"], str(tmp_path / "shifted"))
+    read_otherwise = run_cli(["compare", draft, shifted, "--target", env["target"], "--engine", "vllm",
+                              "--engine-python", python, "--limit", "10", "--max-new-tokens", "8", "--no-progress",
+                              "--format", "json"])
+    assert read_otherwise.exit_code == 0, read_otherwise.stderr
+    doc = json.loads(read_otherwise.stdout)
+    assert doc["drafts"]["b"]["aux_layer_ids"] == [0, 1, 2]  # what the engine did, and eaglekit's reading beside it
+    assert "draft B: vLLM captured aux ids [0, 1, 2], eaglekit reads [1, 2, 3]" in doc["engine"]
     refused = run_cli(["compare", draft, other, "--target", env["target"], "--engine", "vllm", "--engine-python",
                        python, "--temperature", "0.7", "--no-progress"])
     assert refused.exit_code == 2 and "--temperature 0.7 with --engine vllm" in refused.stderr

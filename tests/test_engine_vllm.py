@@ -94,7 +94,7 @@ def test_a_comparison_in_vllm_pairs_what_the_reference_pairs(upgraded):
     a, b = upgraded["lossless"], upgraded["eagle31"]
     served = compare_in_vllm(a, b, smollm2_path(), options)
     reference = compare_conditions(a, b, smollm2_path(), options)
-    assert served.engine.startswith("vLLM ") and served.differing_prompts == 0
+    assert served.engine.startswith("vLLM ") and served.differing_prompts == 0 and served.read_otherwise == ()
     assert [r.settings.condition for r in served.sweep.reports] == [r.settings.condition for r in reference.reports]
     for engine, ours in zip(served.sweep.reports, reference.reports):
         assert engine.names == ours.names

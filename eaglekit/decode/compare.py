@@ -194,11 +194,13 @@ class EngineComparison:
     sweep: CompareSweep
     engine: str  # "vLLM 0.32.0"
     differing_prompts: int  # prompt turns whose greedy text differed between the two drafts' runs (numerics)
+    read_otherwise: tuple[str, ...] = ()  # drafts whose aux ids vLLM captured differ from eaglekit's reading
 
     def describe(self) -> str:
         differs = (f"; {self.differing_prompts} prompt(s) decoded to other text under the two drafts (the engine's "
                    "numerics), paired all the same") if self.differing_prompts else ""
-        return f"measured in {self.engine}, from its per-request acceptance counters{differs}"
+        return (f"measured in {self.engine}, from its per-request acceptance counters{differs}"
+                + "".join(f"; {note}" for note in self.read_otherwise))
 
 
 def compare_in_vllm(draft_a: str, draft_b: str, target: str, options: VerifyOptions, *,
@@ -232,11 +234,14 @@ def compare_in_vllm(draft_a: str, draft_b: str, target: str, options: VerifyOpti
     categories = [p.category for p in prompts.prompts]
     conversations = [p.conversation or p.name for p in prompts.prompts]
     reports = []
+    served = [run.aux_ids or d.aux_ids for d, run in zip(setup.drafts, runs)]  # what vLLM captured, as it said
     for index, condition in enumerate(options.conditions):
         window = slice(index * len(names), (index + 1) * len(names))
-        a, b = (Measured(d.path, d.spec.eagle_version, list(d.aux_ids), run.per_request[window])
-                for d, run in zip(setup.drafts, runs))
+        a, b = (Measured(d.path, d.spec.eagle_version, list(ids), run.per_request[window])
+                for d, ids, run in zip(setup.drafts, served, runs))
         settings = dataclasses.replace(setup.settings(condition), device=engine)
         reports.append(CompareReport(settings, names, categories, conversations, a, b))
     differing = sum(x != y for x, y in zip(runs[0].tokens, runs[1].tokens))
-    return EngineComparison(CompareSweep(reports), engine, differing)
+    otherwise = tuple(f"{d.name}: vLLM captured aux ids {list(ids)}, eaglekit reads {list(d.aux_ids)}"
+                      for d, ids in zip(setup.drafts, served) if tuple(ids) != tuple(d.aux_ids))
+    return EngineComparison(CompareSweep(reports), engine, differing, otherwise)

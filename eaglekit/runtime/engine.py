@@ -25,6 +25,7 @@ from eaglekit.runtime import processes
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 AUX_LOG = re.compile(r"[^\n]*auxiliary layers[^\n]*", re.IGNORECASE)
+AUX_IDS_IN_LOG = re.compile(r"\[([\d,\s]+)\]|\(([\d,\s]+)\)")
 EXCEPTION_LINE = re.compile(r"(?:^|[\s\]])(?:[a-z_]\w*\.)*([A-Z]\w*(?:Error|Exception)): (.+)$")
 """`ValueError: why`, also behind the `(EngineCore pid=…) ERROR … [file.py:N]` prefix of an engine process."""
 WRAPPERS = ("Engine core initialization failed", "See root cause above", "Worker failed", "Engine process failed")
@@ -247,6 +248,14 @@ def _decode_request(target: str, prompts: Sequence[Sequence[int]], k: int, max_n
             "engine_args": engine_args}
 
 
+def logged_aux_ids(aux_log: str | None) -> tuple[int, ...] | None:
+    """The layer ids in vLLM's own line naming the aux layers it captures (None: no such line, or no ids in it)."""
+    found = AUX_IDS_IN_LOG.search(aux_log) if aux_log else None
+    if found is None:
+        return None
+    return tuple(sorted(int(v) for v in (found.group(1) or found.group(2)).replace(" ", "").split(",") if v))
+
+
 def _per_request(result: dict[str, Any]) -> list[AcceptanceCounter] | None:
     histograms = result.get("per_request")
     return ([AcceptanceCounter.from_histogram(h) for h in histograms]
@@ -260,6 +269,7 @@ class DraftRun:
     version: str
     tokens: list[list[int]]
     per_request: list[AcceptanceCounter]
+    aux_ids: tuple[int, ...] | None  # the aux layers vLLM said it captures (None: its log did not say)
 
 
 def draft_in_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
@@ -267,12 +277,14 @@ def draft_in_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, 
     """Target + draft in vLLM alone (no target-only run): each prompt's tokens and vLLM's own per-request counters,
     what a paired comparison of two drafts over the same prompts needs."""
     request = _decode_request(target, prompts, k, max_new_tokens, dtype, opts, context)
-    result, _ = _run_worker(opts, {**request, "draft": os.path.abspath(draft)}, "target + draft")
+    result, log = _run_worker(opts, {**request, "draft": os.path.abspath(draft)}, "target + draft")
     per_request = _per_request(result)
     if per_request is None:
         raise EngineError(f"vLLM {result['vllm_version']} reports no per-request acceptance counters (vLLM 0.29 and "
                           "later do): a paired comparison needs them")
-    return DraftRun(result["vllm_version"], [list(t) for t in result["tokens"]], per_request)
+    found = AUX_LOG.findall(log)
+    return DraftRun(result["vllm_version"], [list(t) for t in result["tokens"]], per_request,
+                    logged_aux_ids(found[-1] if found else None))
 
 
 def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 
 from eaglekit.decode.eagle import EagleProposer
@@ -17,7 +16,7 @@ from eaglekit.decode.stats import by_category, sample_marker, tau_interval
 from eaglekit.errors import UsageError
 from eaglekit.provenance import measured_files
 from eaglekit.rules import ValidationReport
-from eaglekit.runtime.engine import EngineRun, check_engine_available, run_vllm
+from eaglekit.runtime.engine import EngineRun, check_engine_available, logged_aux_ids, run_vllm
 from eaglekit.spec import DraftSpec
 from eaglekit.target_model import TargetModel
 from eaglekit.verify.acceptance_profile import speculation_profile
@@ -25,7 +24,6 @@ from eaglekit.verify.diagnose import Sweep, conclude, hypotheses, needed_ids
 from eaglekit.verify.report import PromptOutcome, VerifyReport, VerifySweep
 from eaglekit.verify.served import ServedReading, served_reading
 
-AUX_IDS_IN_LOG = re.compile(r"\[([\d,\s]+)\]|\(([\d,\s]+)\)")
 TIE_TOLERANCE = {"float32": 1e-2, "float16": 0.1, "bfloat16": 0.5}
 """Top-1 minus top-2 logit of the target below which a divergence is a numerical tie: verifying k+1 rows at once
 and decoding one row at a time round differently, and on a near-tie either token is the target's greedy choice."""
@@ -252,10 +250,9 @@ def _acceptance(model: TargetModel, drafter, aux_ids: Sequence[int], encoded, k:
 
 def engine_aux_ids(run: EngineRun, info) -> tuple[int, ...] | None:
     """The layers the engine says it captures (its log line), else the engine default it falls back to silently."""
-    if run.aux_log:
-        m = AUX_IDS_IN_LOG.search(run.aux_log)
-        if m:
-            return tuple(sorted(int(v) for v in (m.group(1) or m.group(2)).replace(" ", "").split(",") if v))
+    logged = logged_aux_ids(run.aux_log)
+    if logged is not None:
+        return logged
     return tuple(info.default_aux_ids)
 
 
