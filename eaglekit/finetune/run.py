@@ -107,7 +107,12 @@ def _paired_evaluation(run: Run, output: str, ev: EvalOptions, on_stage: Stage |
     opts = run.opts
     what = "held-out τ, output vs source (paired)"
     if run.eval_engine == ENGINE_ALONE:
+        import torch
+
         from eaglekit.decode.compare import compare_in_vllm
+
+        if run.device.type == "cuda":  # vLLM sizes itself by the device's free memory: return training's cache
+            torch.cuda.empty_cache()
 
         drafts = (lambda done, total: on_stage(f"{what}, in vLLM", done, total)) if on_stage else None
         served = compare_in_vllm(run.spec.path, output, opts.target,
