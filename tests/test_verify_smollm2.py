@@ -32,6 +32,9 @@ DRAFTERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 EAGLE3 = os.path.join(DRAFTERS, "smollm2-135m-eagle3")
 EAGLE31 = os.path.join(DRAFTERS, "smollm2-135m-eagle3.1")
 PROMPTS = 4  # enough for what each test below resolves; the 3.1 shift needs twice as many
+# The shifted copies are decoded as eaglekit reads them only (as_eaglekit_reads): vLLM serves them with the ids they
+# declare, and the served section's second decode of such a reading is tested in test_verify_served.py and, on
+# SmolLM2 against the real engine, in test_engine_vllm.py.
 NEW = 64
 
 
@@ -99,7 +102,7 @@ def _shifted_copy(source, dst) -> str:
 def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_dir, eagle3_report, tmp_path,
                                                                         monkeypatch):
     true_ids = _shifted_copy(EAGLE3, tmp_path / "shifted")
-    bad = _verify(str(tmp_path / "shifted"), smollm2_dir, diagnose=True)
+    bad = _verify(str(tmp_path / "shifted"), smollm2_dir, diagnose=True, as_eaglekit_reads=True)
     assert bad.lossless
     assert bad.acceptance_length <= eagle3_report.acceptance_length - 0.1
     d = bad.diagnosis
@@ -128,7 +131,8 @@ def test_diagnose_names_a_shift_the_eagle31_drafter_barely_feels(smollm2_dir, tm
     """fc_norm rescales each aux state, so one layer off costs the 3.1 drafter little τ; the paired first-draft
     probabilities still separate the readings."""
     true_ids = _shifted_copy(EAGLE31, tmp_path / "shifted")
-    d = _verify(str(tmp_path / "shifted"), smollm2_dir, diagnose=True, limit=2 * PROMPTS).diagnosis  # a small effect
+    d = _verify(str(tmp_path / "shifted"), smollm2_dir, diagnose=True, limit=2 * PROMPTS,  # a small effect
+                as_eaglekit_reads=True).diagnosis
     assert d.verdict == "mismatch" and d.best == "aux ids -1", [r.to_dict() for r in d.results]
     assert f"--aux-layer-ids {true_ids} " in d.fix
 
