@@ -241,3 +241,19 @@ def test_the_schemas_name_every_engine():
     for path in sorted(root.glob("*.json")):
         collect(json.loads(path.read_text(encoding="utf-8")))
     assert enums and all(enum == list(RECORDS) for enum in enums), enums
+
+
+def test_helpers_live_in_tests_support_and_no_module_imports_a_test_module():
+    """A test module imported by another runs its module-level set-up twice and ties the two together: what tests and
+    benches share lives in tests/support/."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    found = []
+    for path in [*root.joinpath("tests").rglob("*.py"), *root.joinpath("bench").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith("tests.test_")]
+    assert found == []

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.cli import run_cli
 from tests.support.factory import make_draft
-from tests.test_push import TARGET, measured, write_bench, write_report
+from tests.support.reports import TARGET, measured, write_bench, write_report
 
 REPO = "eagle-org/llama-eagle3-draft"
 SECRET = "hf_" + "S3cr3t" * 5 + "abcd"  # token-shaped: 34 letters or digits after hf_
