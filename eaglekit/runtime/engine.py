@@ -223,27 +223,23 @@ def answers_with_vllm(target: str, prompts: Sequence[Sequence[int]], *, max_new_
                       opts: EngineOptions, context: int | None = None) -> list[list[int]]:
     """The target's greedy answer to each prompt, decoded by vLLM in batches of up to ANSWER_BATCH, each ending
     at its first end-of-sequence token, where vLLM stops: what --generate appends when the target is served."""
-    opts.check()
-    fitted = fitted_model_len(max((len(p) for p in prompts), default=0), max_new_tokens, 0, context)
-    engine_args = {**DEFAULT_ENGINE_ARGS, "max_num_seqs": max(1, min(ANSWER_BATCH, len(prompts))),
-                   "max_model_len": fitted, **opts.engine_args}
-    check_model_len(prompts, max_new_tokens, 0, engine_args.get("max_model_len"), "max_model_len" in opts.engine_args)
-    request = {"target": os.path.abspath(target) if os.path.isdir(target) else target,
-               "prompts": [list(p) for p in prompts], "k": 0, "max_new_tokens": max_new_tokens, "dtype": dtype,
-               "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": engine_args}
+    request = _decode_request(target, prompts, 0, max_new_tokens, dtype, opts, context,
+                              batch=min(ANSWER_BATCH, len(prompts)))
     result, _ = _run_worker(opts, request, "the target's answers")
     return [list(tokens) for tokens in result["tokens"]]
 
 
 def _decode_request(target: str, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, dtype: str,
-                    opts: EngineOptions, context: int | None) -> dict[str, Any]:
-    """The offline worker's request for a greedy decode of `prompts` (k drafts a round), refused before vLLM starts
-    where a prompt would not fit its max_model_len."""
+                    opts: EngineOptions, context: int | None, batch: int = 1) -> dict[str, Any]:
+    """The offline worker's request for a greedy decode of `prompts` (k drafts a round, `batch` sequences at once),
+    refused before vLLM starts where a prompt would not fit its max_model_len. A target folder is passed as an
+    absolute path, a Hub id as it is."""
     opts.check()
     fitted = fitted_model_len(max((len(p) for p in prompts), default=0), max_new_tokens, k, context)
-    engine_args = {**DEFAULT_ENGINE_ARGS, "max_model_len": fitted, **opts.engine_args}
+    engine_args = {**DEFAULT_ENGINE_ARGS, "max_num_seqs": max(1, batch), "max_model_len": fitted, **opts.engine_args}
     check_model_len(prompts, max_new_tokens, k, engine_args.get("max_model_len"), "max_model_len" in opts.engine_args)
-    return {"target": os.path.abspath(target), "prompts": [list(p) for p in prompts], "k": k,
+    return {"target": os.path.abspath(target) if os.path.isdir(target) else target,
+            "prompts": [list(p) for p in prompts], "k": k,
             "max_new_tokens": max_new_tokens, "dtype": dtype, "tensor_parallel_size": opts.tensor_parallel_size,
             "engine_args": engine_args}
 
