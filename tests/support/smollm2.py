@@ -6,6 +6,7 @@ pays the GGUF load. The fixtures `smollm2_dir` and `smollm2` are registered for 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 from pathlib import Path
 
@@ -16,10 +17,14 @@ CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "smollm2"
 
 @functools.cache
 def smollm2_path() -> str:
+    """The cached copy, materialised by one process at a time (pytest-xdist workers ask at once)."""
     pytest.importorskip("gguf")
     from examples.smollm2 import materialize_smollm2
 
-    return materialize_smollm2(str(CACHE_DIR))
+    CACHE_DIR.parent.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR.parent / "smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return materialize_smollm2(str(CACHE_DIR))
 
 
 @functools.cache
