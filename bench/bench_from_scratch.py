@@ -12,7 +12,9 @@ steps, depth and seed; only the function differs. The data are finetune's own pi
 prompts: the target's greedy answers, long context on every fifth prompt, standard-library source, and the
 prompt templates of --train-templates in turn. They are captured once, into one store (`eaglekit capture`, in
 WORK/store: a rerun with the same --work resumes it, and reuses it when complete), and every seed and function
-trains from it (`finetune --store`): the capture is paid once, whatever the number of runs.
+trains from it (`finetune --store`): the capture is paid once, whatever the number of runs. A rerun with the same
+--work and settings also reuses every training run that finished (WORK/runs.json), so the runs can be paid over
+several sittings.
 
 Every drafter is replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition
 (eaglekit.decode.compare.compare_against). Printed: each drafter minus the source, and per seed the EAGLE-3.1
@@ -23,6 +25,8 @@ gain is read against what the seed alone moves. Figures are printed, never asser
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import platform
 import statistics
@@ -59,6 +63,31 @@ def parse_args(argv=None):
                    help="who runs the target for the one capture (vllm: .vllm-env or $EAGLEKIT_VLLM_PYTHON)")
     p.add_argument("--store-dtype", default="bfloat16", choices=("bfloat16", "float32", "fp8"))
     return p.parse_args(argv)
+
+
+class FinishedRuns:
+    """The training runs a --work folder already holds (WORK/runs.json, written after each run): a rerun with the
+    same settings and store reuses them, so the six 500-step runs can be paid over several sittings."""
+
+    def __init__(self, work: str, settings: dict) -> None:
+        self.path, self.settings = os.path.join(work, "runs.json"), settings
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                self.runs = json.load(fh)
+        except (OSError, ValueError):
+            self.runs = {}
+
+    def get(self, out: str) -> str | None:
+        run = self.runs.get(os.path.basename(out))
+        if run and run["settings"] == self.settings and os.path.isfile(os.path.join(out, "config.json")):
+            return run["summary"]
+        return None
+
+    def add(self, out: str, summary: str) -> None:
+        self.runs[os.path.basename(out)] = {"settings": self.settings, "summary": summary}
+        with open(self.path + ".partial", "w", encoding="utf-8") as fh:
+            json.dump(self.runs, fh, indent=1)
+        os.replace(self.path + ".partial", self.path)
 
 
 def cell(point: float, interval) -> str:
@@ -103,17 +132,25 @@ def main(argv=None) -> None:
           f"{captured.captured_records} captured in {time.perf_counter() - t:.0f} s by this run", flush=True)
     drafts = {"default upgrade (EAGLE-3.1 flags, EAGLE-3 function)": starts["EAGLE-3.1"]}
     drafts.update(item.split("=", 1) for item in args.also)
+    with open(os.path.join(store, "manifest.json"), "rb") as fh:  # names every shard by its sha256
+        manifest = hashlib.sha256(fh.read()).hexdigest()
+    finished = FinishedRuns(work, {"steps": args.steps, "depth": args.depth, "lr": args.lr, "store": manifest})
     for seed in seeds:
         for function, start in starts.items():
             out = os.path.join(work, f"{function.lower().replace('.', '')}-seed{seed}")
-            t = time.perf_counter()
-            report = finetune(start, out, FinetuneOptions(
-                target=target, store=store, eval=None, force=True, from_scratch=True, keep_unresolved=True,
-                train=TrainOptions(steps=args.steps, depth=args.depth, lr=args.lr, seed=seed)))
-            last = report.training["history"][-1]
-            print(f"{function} from scratch, seed {seed}: {time.perf_counter() - t:.0f} s, kept step "
-                  f"{report.training['selected_step']}, final loss {last['loss']:.3f}, top-1 by depth "
-                  + " ".join(f"{a:.2f}" for a in last["accuracy"]), flush=True)
+            summary = finished.get(out)
+            if summary is None:
+                t = time.perf_counter()
+                report = finetune(start, out, FinetuneOptions(
+                    target=target, store=store, eval=None, force=True, from_scratch=True, keep_unresolved=True,
+                    train=TrainOptions(steps=args.steps, depth=args.depth, lr=args.lr, seed=seed)))
+                last = report.training["history"][-1]
+                summary = (f"{time.perf_counter() - t:.0f} s, kept step {report.training['selected_step']}, final "
+                           f"loss {last['loss']:.3f}, top-1 by depth " + " ".join(f"{a:.2f}" for a in last["accuracy"]))
+                finished.add(out, summary)
+            else:
+                summary += " (trained by an earlier run with these settings)"
+            print(f"{function} from scratch, seed {seed}: {summary}", flush=True)
             drafts[f"{function} from scratch, seed {seed}"] = out
 
     print(f"held out: the first {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, float32; "
