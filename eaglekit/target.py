@@ -292,10 +292,9 @@ def _layer_ids(entries, prefix: str) -> set[int]:
     return {int(m.group(1)) for m in map(layer.match, entries) if m}
 
 
-def holds_decoder(info: TargetInfo) -> bool:
-    """Whether the target's folder holds its decoder layers: a store's reader needs only the embedding, final norm
-    and lm_head, but a decode (the reference's or vLLM's) needs the whole target."""
-    entries = target_tensors(os.path.dirname(os.path.abspath(info.path)))
+def holds_decoder(info: TargetInfo, entries: dict[str, HeaderEntry]) -> bool:
+    """Whether the target's folder (its `target_tensors`) holds its decoder layers: a store's reader needs only the
+    embedding, final norm and lm_head, but a decode (the reference's or vLLM's) needs the whole target."""
     embed = next((n for n in entries if n == EMBEDDINGS or n.endswith("." + EMBEDDINGS)), EMBEDDINGS)
     return set(range(info.num_layers)) <= _layer_ids(entries, embed[: -len(EMBEDDINGS)])
 

@@ -15,9 +15,10 @@ from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.finetune.evaluate import AUTO, held_out_prompts
 from eaglekit.finetune.options import FinetuneOptions
+from eaglekit.io.header import HeaderEntry
 from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
 from eaglekit.spec import DraftSpec
-from eaglekit.target import TargetInfo, holds_decoder, read_target
+from eaglekit.target import TargetInfo, holds_decoder, read_target, target_tensors
 
 WRITABLE_DTYPES = ("F32", "BF16", "F16")  # trained tensors are written back in their source dtype
 
@@ -103,7 +104,8 @@ def _choose_eval_engine(run: Run) -> None:
     if opts.data.hidden_states:
         run.unevaluated = "--hidden-states: the target is not loaded"
         return
-    decoder = holds_decoder(info) if opts.store else True
+    entries = target_tensors(os.path.dirname(os.path.abspath(info.path))) if opts.store else {}
+    decoder = holds_decoder(info, entries) if opts.store else True
     if asked == ENGINE_ALONE:
         if not decoder:
             raise UsageError("--eval-engine vllm serves the whole target: its folder holds no decoder layers, only "
@@ -115,7 +117,7 @@ def _choose_eval_engine(run: Run) -> None:
     if not decoder:
         run.unevaluated = "--store: the target's folder holds no decoder layers, only what the store's reader needs"
         return
-    too_large = _too_large(info, opts.target_dtype, run.device) if opts.store else None
+    too_large = _too_large(entries, opts.target_dtype, run.device) if opts.store else None
     if too_large is None:
         return
     if asked == REFERENCE or opts.target_quantization:
@@ -136,15 +138,13 @@ def evaluating_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _too_large(info: TargetInfo, dtype: str, device) -> str | None:
-    """Why the target cannot be loaded here for the paired check (None: it can): its weights, in the evaluation's
-    dtype, must take at most LOADABLE_SHARE of the device's free memory."""
+def _too_large(entries: dict[str, HeaderEntry], dtype: str, device) -> str | None:
+    """Why the target (its tensors' header entries) cannot be loaded here for the paired check (None: it can): its
+    weights, in the evaluation's dtype, must take at most LOADABLE_SHARE of the device's free memory."""
     import math
 
-    from eaglekit.target import target_tensors
     from eaglekit.target_model import resolve_dtype
 
-    entries = target_tensors(os.path.dirname(os.path.abspath(info.path)))
     params = sum(math.prod(entry.shape) for entry in entries.values())
     needed = params * resolve_dtype(dtype, str(device)).itemsize
     free = free_memory(device)
