@@ -122,7 +122,8 @@ def test_a_second_ctrl_c_does_not_cut_the_stop_short(tmp_path, fake_engine):
         time.sleep(grace_s / 8)
         assert alive(pids["engine_core"])  # still in the stop's grace period
         driver.send_signal(signal.SIGINT)
-        _, err = driver.communicate(timeout=grace_s + GONE_WITHIN_S)
+        # the stop takes about grace_s; the bound only catches a hang (a loaded CI worker shares its core)
+        _, err = driver.communicate(timeout=grace_s + 4 * GONE_WITHIN_S)
         assert not [name for name, pid in pids.items() if alive(pid)]
         assert err.strip().endswith("KeyboardInterrupt")  # the interrupt still ends the program, after the stop
     finally:
