@@ -84,10 +84,10 @@ class FinishedRuns:
         return None
 
     def add(self, out: str, summary: str) -> None:
+        from eaglekit.cli.output import write_text_atomically
+
         self.runs[os.path.basename(out)] = {"settings": self.settings, "summary": summary}
-        with open(self.path + ".partial", "w", encoding="utf-8") as fh:
-            json.dump(self.runs, fh, indent=1)
-        os.replace(self.path + ".partial", self.path)
+        write_text_atomically(self.path, json.dumps(self.runs, indent=1))
 
 
 def cell(point: float, interval) -> str:

@@ -71,4 +71,3 @@ def _isolated_env(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("EAGLEKIT_DEBUG", raising=False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
-

@@ -104,8 +104,8 @@ def _choose_eval_engine(run: Run) -> None:
     if opts.data.hidden_states:
         run.unevaluated = "--hidden-states: the target is not loaded"
         return
-    entries = target_tensors(os.path.dirname(os.path.abspath(info.path))) if opts.store else {}
-    decoder = holds_decoder(info, entries) if opts.store else True
+    entries = target_tensors(os.path.dirname(os.path.abspath(info.path))) if opts.store else None
+    decoder = entries is None or holds_decoder(info, entries)
     if asked == ENGINE_ALONE:
         if not decoder:
             raise UsageError("--eval-engine vllm serves the whole target: its folder holds no decoder layers, only "
@@ -117,7 +117,7 @@ def _choose_eval_engine(run: Run) -> None:
     if not decoder:
         run.unevaluated = "--store: the target's folder holds no decoder layers, only what the store's reader needs"
         return
-    too_large = _too_large(entries, opts.target_dtype, run.device) if opts.store else None
+    too_large = None if entries is None else _too_large(entries, opts.target_dtype, run.device)
     if too_large is None:
         return
     if asked == REFERENCE or opts.target_quantization:
