@@ -14,7 +14,9 @@ prompt templates of --train-templates in turn. They are captured once, into one 
 WORK/store: a rerun with the same --work resumes it, and reuses it when complete), and every seed and function
 trains from it (`finetune --store`): the capture is paid once, whatever the number of runs. A rerun with the same
 --work and settings also reuses every training run that finished (WORK/runs.json), so the runs can be paid over
-several sittings.
+several sittings, or shared between processes or machines: `--functions` and `--train-only` train a share of
+the runs, and a last run over every seed (with the finished run folders and WORK/runs.json entries gathered into
+one --work) replays them.
 
 Every drafter is replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition
 (eaglekit.decode.compare.compare_against). Printed: each drafter minus the source, and per seed the EAGLE-3.1
@@ -38,6 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 SOURCE = os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3")
+FUNCTIONS = {"EAGLE-3": "eagle3", "EAGLE-3.1": "eagle31-start"}  # each retrain's start, a folder in --work
 
 
 def parse_args(argv=None):
@@ -62,6 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--capture-engine", choices=("reference", "vllm"), default="reference",
                    help="who runs the target for the one capture (vllm: .vllm-env or $EAGLEKIT_VLLM_PYTHON)")
     p.add_argument("--store-dtype", default="bfloat16", choices=("bfloat16", "float32", "fp8"))
+    p.add_argument("--functions", default="EAGLE-3,EAGLE-3.1", help="which retrains this process trains")
+    p.add_argument("--train-only", action="store_true", help="stop after training (a share of the runs)")
     return p.parse_args(argv)
 
 
@@ -112,13 +117,18 @@ def main(argv=None) -> None:
 
     seeds, ks = int_list(args.seeds, "--seeds", "0,1,2"), int_list(args.k, "--k", "3")
     sweep = conditions(args.contexts, args.templates)
+    functions = [f for f in args.functions.split(",") if f]
+    if unknown := set(functions) - set(FUNCTIONS):
+        sys.exit(f"--functions: {', '.join(sorted(unknown))} is not one of {', '.join(FUNCTIONS)}")
+    if set(functions) != set(FUNCTIONS) and not args.train_only:
+        sys.exit("--functions needs --train-only: the replay pairs both retrains of every seed")
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     work = args.work or tempfile.mkdtemp(prefix="bench-from-scratch-")
     os.makedirs(work, exist_ok=True)
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}; drafts in {work}")
 
-    starts = {"EAGLE-3": os.path.join(work, "eagle3"), "EAGLE-3.1": os.path.join(work, "eagle31-start")}
+    starts = {function: os.path.join(work, folder) for function, folder in FUNCTIONS.items()}
     upgrade(SOURCE, starts["EAGLE-3"], UpgradeOptions(target=target, fc_norm=False, norm_output=False, force=True))
     upgrade(SOURCE, starts["EAGLE-3.1"], UpgradeOptions(target=target, force=True))
     data = DataOptions(limit=args.data_limit, generate=args.generate, context_tokens=384, context_every=5,
@@ -137,6 +147,8 @@ def main(argv=None) -> None:
     finished = FinishedRuns(work, {"steps": args.steps, "depth": args.depth, "lr": args.lr, "store": manifest})
     for seed in seeds:
         for function, start in starts.items():
+            if function not in functions:
+                continue
             out = os.path.join(work, f"{function.lower().replace('.', '')}-seed{seed}")
             summary = finished.get(out)
             if summary is None:
@@ -152,6 +164,8 @@ def main(argv=None) -> None:
                 summary += " (trained by an earlier run with these settings)"
             print(f"{function} from scratch, seed {seed}: {summary}", flush=True)
             drafts[f"{function} from scratch, seed {seed}"] = out
+    if args.train_only:
+        return
 
     print(f"held out: the first {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, float32; "
           "every drafter replayed beside the bundled EAGLE-3 source on one target decode per prompt, paired 95 % "
