@@ -13,10 +13,10 @@ prompts: the target's greedy answers, long context on every fifth prompt, standa
 prompt templates of --train-templates in turn. They are captured once, into one store (`eaglekit capture`, in
 WORK/store: a rerun with the same --work resumes it, and reuses it when complete), and every seed and function
 trains from it (`finetune --store`): the capture is paid once, whatever the number of runs. A rerun with the same
---work and settings also reuses every training run that finished (WORK/runs.json), so the runs can be paid over
-several sittings, or shared between processes or machines: `--functions` and `--train-only` train a share of
-the runs, and a last run over every seed (with the finished run folders and WORK/runs.json entries gathered into
-one --work) replays them.
+--work and settings also reuses every training run that finished (WORK/runs.json) and continues a killed one
+from its last checkpoint (--checkpoint-every), so the runs can be paid over several sittings. They can also be
+shared between processes or machines: `--functions` and `--train-only` train a share of the runs, and a last run
+over every seed (with the finished run folders and WORK/runs.json entries gathered into one --work) replays them.
 
 Every drafter is replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition
 (eaglekit.decode.compare.compare_against). Printed: each drafter minus the source, and per seed the EAGLE-3.1
@@ -67,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--store-dtype", default="bfloat16", choices=("bfloat16", "float32", "fp8"))
     p.add_argument("--functions", default="EAGLE-3,EAGLE-3.1", help="which retrains this process trains")
     p.add_argument("--train-only", action="store_true", help="stop after training (a share of the runs)")
+    p.add_argument("--checkpoint-every", type=int, default=25,
+                   help="steps between checkpoints: a run killed mid-way continues from its last one on a rerun")
     return p.parse_args(argv)
 
 
@@ -155,9 +157,12 @@ def main(argv=None) -> None:
                 t = time.perf_counter()
                 report = finetune(start, out, FinetuneOptions(
                     target=target, store=store, eval=None, force=True, from_scratch=True, keep_unresolved=True,
+                    checkpoint_every=args.checkpoint_every, resume=os.path.isdir(f"{out}.checkpoint"),
                     train=TrainOptions(steps=args.steps, depth=args.depth, lr=args.lr, seed=seed)))
                 last = report.training["history"][-1]
-                summary = (f"{time.perf_counter() - t:.0f} s, kept step {report.training['selected_step']}, final "
+                resumed = report.training["resumed_from"]
+                summary = (f"{time.perf_counter() - t:.0f} s{f' after resuming at step {resumed}' if resumed else ''}, "
+                           f"kept step {report.training['selected_step']}, final "
                            f"loss {last['loss']:.3f}, top-1 by depth " + " ".join(f"{a:.2f}" for a in last["accuracy"]))
                 finished.add(out, summary)
             else:
