@@ -17,6 +17,7 @@ import pytest
 from eaglekit.errors import EngineError, UsageError
 from eaglekit.runtime import engine, processes
 from eaglekit.runtime import server as bench_server
+from tests.support.cli import ctrl_c_reaches_it
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc")
 
@@ -86,7 +87,7 @@ def _driver(tmp_path: Path, mode: str, pids: Path, grace_s: float = GRACE_S) -> 
     code = DRIVER.format(grace=grace_s, fake=FAKE, work=str(tmp_path))
     env = dict(os.environ, PYTHONPATH=str(REPO), FAKE_ENGINE_PIDS=str(pids))
     return subprocess.Popen([sys.executable, "-c", code, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, text=True, cwd=REPO)
+                            env=env, text=True, cwd=REPO, preexec_fn=ctrl_c_reaches_it)
 
 
 def _start_server(tmp_path: Path) -> bench_server.Server:

@@ -33,6 +33,7 @@ pytest.importorskip("gguf")
 from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
 from eaglekit.finetune.checkpoints import Checkpoints, load_checkpoint, save_checkpoint  # noqa: E402
 from eaglekit.finetune.train import TrainOptions  # noqa: E402
+from tests.support.cli import ctrl_c_reaches_it  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.hostile import clean, refused  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
@@ -466,7 +467,7 @@ def test_upgrade_under_ctrl_c_exits_130_in_one_line_and_leaves_nothing(tmp_path)
     parent.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "eaglekit", "upgrade", src, str(parent / "out"), "--dtype", "fp32",
                              "--no-fc-norm", "--no-norm-output"], cwd=REPO, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C reaches it
+                            preexec_fn=ctrl_c_reaches_it)
     end = time.monotonic() + 60
     while time.monotonic() < end and proc.poll() is None and not any(".eaglekit-partial-" in n
                                                                       for n in os.listdir(parent)):

@@ -1,5 +1,7 @@
 """Drive the CLI exactly as the console script does, so tests see its one-line errors and exit codes."""
 
+import signal
+
 import click
 from click.testing import CliRunner, Result
 
@@ -15,3 +17,10 @@ def _console_script(ctx):
 def run_cli(args: list[str]) -> Result:
     """`eaglekit ARGS...` in-process; `result.stdout` / `result.stderr` / `result.exit_code`."""
     return CliRunner().invoke(_console_script, list(args), catch_exceptions=False)
+
+
+def ctrl_c_reaches_it() -> None:
+    """`preexec_fn` for a process a test interrupts with SIGINT. A shell starts a background job with SIGINT
+    ignored, so a suite run from one (and every process it starts: an ignored signal stays ignored across exec)
+    would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
