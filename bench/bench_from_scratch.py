@@ -101,34 +101,11 @@ def cell(point: float, interval) -> str:
     return f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" if interval else f"{point:+.3f}"
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    import torch
-
+def prepare(args, target: str, work: str) -> tuple[dict[str, str], str]:
+    """Both starts (upgrades of the bundled source) and the one store every run trains from; (starts, store)."""
     from eaglekit.capture.run import CaptureOptions, capture_store
-    from eaglekit.cli.output import conditions, int_list
-    from eaglekit.decode.compare import compare_against
-    from eaglekit.decode.options import VerifyOptions
-    from eaglekit.decode.stats import paired_difference
     from eaglekit.finetune.data import DataOptions
-    from eaglekit.finetune.options import FinetuneOptions
-    from eaglekit.finetune.run import finetune
-    from eaglekit.finetune.train import TrainOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
-    from examples.smollm2 import materialize_smollm2
-
-    seeds, ks = int_list(args.seeds, "--seeds", "0,1,2"), int_list(args.k, "--k", "3")
-    sweep = conditions(args.contexts, args.templates)
-    functions = [f for f in args.functions.split(",") if f]
-    if unknown := set(functions) - set(FUNCTIONS):
-        sys.exit(f"--functions: {', '.join(sorted(unknown))} is not one of {', '.join(FUNCTIONS)}")
-    if set(functions) != set(FUNCTIONS) and not args.train_only:
-        sys.exit("--functions needs --train-only: the replay pairs both retrains of every seed")
-    target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
-    work = args.work or tempfile.mkdtemp(prefix="bench-from-scratch-")
-    os.makedirs(work, exist_ok=True)
-    print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}; drafts in {work}")
 
     starts = {function: os.path.join(work, folder) for function, folder in FUNCTIONS.items()}
     upgrade(SOURCE, starts["EAGLE-3"], UpgradeOptions(target=target, fc_norm=False, norm_output=False, force=True))
@@ -142,35 +119,47 @@ def main(argv=None) -> None:
     print(f"store: {captured.records} sequences, {captured.tokens:,} tokens in {captured.shards} shard(s), "
           f"{captured.bytes / 2**20:.0f} MB as {args.store_dtype}, by the {args.capture_engine} engine; "
           f"{captured.captured_records} captured in {time.perf_counter() - t:.0f} s by this run", flush=True)
-    drafts = {"default upgrade (EAGLE-3.1 flags, EAGLE-3 function)": starts["EAGLE-3.1"]}
-    drafts.update(item.split("=", 1) for item in args.also)
+    return starts, store
+
+
+def train_runs(args, seeds: list[int], functions: list[str], starts: dict[str, str], store: str, target: str,
+               work: str) -> dict[str, str]:
+    """Each seed's retrain of each function (reused when WORK/runs.json has it); {name: folder}."""
+    from eaglekit.finetune.options import FinetuneOptions
+    from eaglekit.finetune.run import finetune
+    from eaglekit.finetune.train import TrainOptions
+
     with open(os.path.join(store, "manifest.json"), "rb") as fh:  # names every shard by its sha256
         manifest = hashlib.sha256(fh.read()).hexdigest()
     finished = FinishedRuns(work, {"steps": args.steps, "depth": args.depth, "lr": args.lr, "store": manifest})
+    drafts = {}
     for seed in seeds:
-        for function, start in starts.items():
-            if function not in functions:
-                continue
+        for function in functions:
             out = os.path.join(work, f"{function.lower().replace('.', '')}-seed{seed}")
             summary = finished.get(out)
             if summary is None:
                 t = time.perf_counter()
-                report = finetune(start, out, FinetuneOptions(
+                report = finetune(starts[function], out, FinetuneOptions(
                     target=target, store=store, eval=None, force=True, from_scratch=True, keep_unresolved=True,
                     checkpoint_every=args.checkpoint_every, resume=os.path.isdir(f"{out}.checkpoint"),
                     train=TrainOptions(steps=args.steps, depth=args.depth, lr=args.lr, seed=seed)))
-                last = report.training["history"][-1]
-                resumed = report.training["resumed_from"]
+                last, resumed = report.training["history"][-1], report.training["resumed_from"]
                 summary = (f"{time.perf_counter() - t:.0f} s{f' after resuming at step {resumed}' if resumed else ''}, "
-                           f"kept step {report.training['selected_step']}, final "
-                           f"loss {last['loss']:.3f}, top-1 by depth " + " ".join(f"{a:.2f}" for a in last["accuracy"]))
+                           f"kept step {report.training['selected_step']}, final loss {last['loss']:.3f}, "
+                           "top-1 by depth " + " ".join(f"{a:.2f}" for a in last["accuracy"]))
                 finished.add(out, summary)
             else:
                 summary += " (trained by an earlier run with these settings)"
             print(f"{function} from scratch, seed {seed}: {summary}", flush=True)
             drafts[f"{function} from scratch, seed {seed}"] = out
-    if args.train_only:
-        return
+    return drafts
+
+
+def replay(args, drafts: dict[str, str], seeds: list[int], ks: list[int], sweep: dict, target: str) -> None:
+    """Every drafter beside the bundled source, per k and condition; prints both tables."""
+    from eaglekit.decode.compare import compare_against
+    from eaglekit.decode.options import VerifyOptions
+    from eaglekit.decode.stats import paired_difference
 
     print(f"held out: the first {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, float32; "
           "every drafter replayed beside the bundled EAGLE-3 source on one target decode per prompt, paired 95 % "
@@ -208,6 +197,33 @@ def main(argv=None) -> None:
     spreads = [(min(gains[s][c][0] for s in seeds), max(gains[s][c][0] for s in seeds)) for c in range(len(columns))]
     print(f"| mean over {len(seeds)} seeds (min .. max) | "
           + " | ".join(f"{m:+.3f} ({lo:+.3f} .. {hi:+.3f})" for m, (lo, hi) in zip(means, spreads)) + " |")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    import torch
+
+    from eaglekit.cli.output import conditions, int_list
+    from examples.smollm2 import materialize_smollm2
+
+    seeds, ks = int_list(args.seeds, "--seeds", "0,1,2"), int_list(args.k, "--k", "3")
+    sweep = conditions(args.contexts, args.templates)
+    functions = [f for f in args.functions.split(",") if f]
+    if unknown := set(functions) - set(FUNCTIONS):
+        sys.exit(f"--functions: {', '.join(sorted(unknown))} is not one of {', '.join(FUNCTIONS)}")
+    if set(functions) != set(FUNCTIONS) and not args.train_only:
+        sys.exit("--functions needs --train-only: the replay pairs both retrains of every seed")
+    target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
+    work = args.work or tempfile.mkdtemp(prefix="bench-from-scratch-")
+    os.makedirs(work, exist_ok=True)
+    print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+          f"torch {torch.__version__}; drafts in {work}")
+    starts, store = prepare(args, target, work)
+    drafts = {"default upgrade (EAGLE-3.1 flags, EAGLE-3 function)": starts["EAGLE-3.1"]}
+    drafts.update(item.split("=", 1) for item in args.also)
+    drafts.update(train_runs(args, seeds, [f for f in FUNCTIONS if f in functions], starts, store, target, work))
+    if not args.train_only:
+        replay(args, drafts, seeds, ks, sweep, target)
 
 
 if __name__ == "__main__":
