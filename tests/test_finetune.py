@@ -382,20 +382,19 @@ def oracle_options(oracle, **changes) -> FinetuneOptions:
     return FinetuneOptions(target=oracle["target"], data=data, train=TrainOptions(**train), **changes)
 
 
-def test_selection_keeps_the_start_when_training_only_hurts_the_held_out_sequences(env):
-    """Held-out labels that the untrained drafter predicts exactly (its own first-step top-1) and training labels
-    that are the target's: every step of training moves away from the held-out part, so step 0 is kept."""
+def _held_out_that_favours_the_start(env):
+    """(target, training data, held-out data): held-out labels that the untrained drafter predicts exactly (its own
+    first-step top-1), training labels that are the target's, so every step of training moves away from the
+    held-out part."""
     import dataclasses
 
-    from eaglekit.drafter.model import Drafter
     from eaglekit.drafter.unroll import unrolled_steps
     from eaglekit.finetune.data import build_data
-    from eaglekit.finetune.train import train
     from eaglekit.target_model import load_target
 
     target = load_target(env["target"])
     data = build_data(target, env["target"], (1, 2, 4), DataOptions(data_file=env["data"], cache_dir=env["cache"]))
-    drafter = Drafter.from_spec(load_draft(env["draft"]), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    drafter = _drafter(env, target)
     own = data.labels.clone()
     offsets = data.offsets.tolist()
     with torch.no_grad():
@@ -403,14 +402,53 @@ def test_selection_keeps_the_start_when_training_only_hurts_the_held_out_sequenc
             ids, aux = data.tokens[lo + 1:hi][None], data.aux[lo:hi - 1].float()[None]
             first = next(unrolled_steps(drafter, ids, drafter.combine(aux), 1))
             own[lo + 1:hi] = first.logits[0].argmax(-1)
-    held_out = dataclasses.replace(data, labels=own)
+    return target, data, dataclasses.replace(data, labels=own)
+
+
+def _drafter(env, target):
+    from eaglekit.drafter.model import Drafter
+
+    return Drafter.from_spec(load_draft(env["draft"]), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+
+
+SELECTING = TrainOptions(steps=6, batch_tokens=256, depth=3, lr=3e-3, select_every=2)
+
+
+def test_selection_keeps_the_start_when_training_only_hurts_the_held_out_sequences(env):
+    from eaglekit.finetune.train import train
+
+    target, data, held_out = _held_out_that_favours_the_start(env)
+    drafter = _drafter(env, target)
     start = {n: p.detach().clone() for n, p in drafter.named_parameters()}
-    result = train(drafter, data, TrainOptions(steps=6, batch_tokens=256, depth=3, lr=3e-3, select_every=2),
-                   validation=held_out)
+    result = train(drafter, data, SELECTING, validation=held_out)
     scores = result.validation
     assert [v.step for v in scores] == [0, 2, 4, 6] and scores[0].accuracy[0] > 0.95  # bf16 autocast: near-ties
     assert result.selected_step == 0 and scores[0].score > max(v.score for v in scores[1:])
     assert all(torch.equal(p, start[n]) for n, p in drafter.named_parameters())  # the start, bit for bit
+
+
+def test_a_resumed_run_keeps_the_step_an_uninterrupted_run_keeps(env, tmp_path):
+    """Interrupted at step 3, after the start scored best: the checkpoint carries every held-out score and the best
+    weights, so the resumed run still returns the start, bit for bit, with the uninterrupted run's scores."""
+    from eaglekit.finetune.checkpoints import Checkpoints
+    from eaglekit.finetune.train import train
+
+    target, data, held_out = _held_out_that_favours_the_start(env)
+    whole = train(_drafter(env, target), data, SELECTING, validation=held_out)
+    checkpoints = Checkpoints(str(tmp_path / "ckpt"), 0, "run")
+
+    def interrupt(done, record, live):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(TrainingInterrupted, match="after step 3/6; checkpoint saved"):
+        train(_drafter(env, target), data, SELECTING, validation=held_out, checkpoints=checkpoints, on_step=interrupt)
+    drafter = _drafter(env, target)
+    start = {n: p.detach().clone() for n, p in drafter.named_parameters()}
+    resumed = train(drafter, data, SELECTING, validation=held_out, checkpoints=checkpoints, resume=True)
+    assert resumed.resumed_from == 3 and resumed.selected_step == whole.selected_step == 0
+    assert resumed.validation == whole.validation
+    assert all(torch.equal(p, start[n]) for n, p in drafter.named_parameters())
 
 
 def _eval(**kw):

@@ -35,9 +35,11 @@ def checkpoint(tmp_path):
     params, optimizer = run_state()
     ck = Checkpoints(str(tmp_path / "ckpt"), 1, "run")
     history = [{"step": 2, "loss": 3.5, "accuracy": [0.5, 0.25], "lr": 1e-3, "tokens_per_s": 10.0, "seconds": 1.0}]
-    from eaglekit.finetune.checkpoints import StepRecord
+    from eaglekit.finetune.checkpoints import HeldOut, StepRecord, Validation
 
-    path = save_checkpoint(ck, 3, params, optimizer, [StepRecord(**r) for r in history])
+    held_out = HeldOut([Validation.of(0, 4.0, [0.25, 0.125]), Validation(2, 3.5, [0.5, 0.25], 1.625, 1.5, 4)],
+                       {n: p.detach().clone() + 1 for n, p in params.items()})
+    path = save_checkpoint(ck, 3, params, optimizer, [StepRecord(**r) for r in history], held_out)
     return ck, path
 
 
@@ -54,10 +56,22 @@ def resume(ck):
 def test_an_untouched_checkpoint_resumes(checkpoint):
     ck, path = checkpoint
     params, optimizer = run_state()
-    step, history = load_checkpoint(ck, params, optimizer, steps=OPTS.steps, depth=OPTS.depth)
+    step, history, held_out = load_checkpoint(ck, params, optimizer, steps=OPTS.steps, depth=OPTS.depth)
     assert step == 3 and [r.step for r in history] == [2]
     saved = load_file(os.path.join(path, "weights.safetensors"))
     assert all(torch.equal(saved[n], p) for n, p in params.items())
+    assert held_out is not None and [(v.step, v.decode_tau, v.decode_rounds) for v in held_out.scores] == \
+        [(0, None, 0), (2, 1.5, 4)] and held_out.scores[0].score == 1.28125
+    assert all(torch.equal(held_out.best[n], saved[n] + 1) for n in saved)
+
+
+def test_a_checkpoint_without_held_out_state_resumes_with_none(tmp_path):
+    """A run without held-out data (and a checkpoint written before the selection was kept) has none to restore."""
+    params, optimizer = run_state()
+    ck = Checkpoints(str(tmp_path / "ckpt"), 1, "run")
+    path = save_checkpoint(ck, 3, params, optimizer, [])
+    assert sorted(os.listdir(path)) == ["optimizer.safetensors", "state.json", "weights.safetensors"]
+    assert load_checkpoint(ck, *run_state(), steps=OPTS.steps, depth=OPTS.depth).held_out is None
 
 
 def edit_tensors(path: str, name: str, edit) -> None:
@@ -93,6 +107,15 @@ def edit_state(path: str, edit) -> None:
     ("state.json", lambda s: s["history"][0].update(accuracy=[0.5]), "accuracy must list 2 rates"),
     ("state.json", lambda s: s["history"][0].update(step=7), "step 7 does not follow 0 up to 3"),
     ("state.json", lambda s: s.update(history={"a": 1}), "history must be a list"),
+    ("state.json", lambda s: s.update(held_out=[]), "held_out must list 1 to 4 scores"),
+    ("state.json", lambda s: s["held_out"][1].update(step=0), "held-out score 1 step 0 does not follow 0 up to 3"),
+    ("state.json", lambda s: s["held_out"][0].update(accuracy=[0.5, 2.0]), "accuracy must list 2 rates in [0, 1]"),
+    ("state.json", lambda s: s["held_out"][1].update(decode_tau=0.5), "decode_tau must be a number of at least 1"),
+    ("state.json", lambda s: s["held_out"][1].update(decode_rounds=1.5), "decode_rounds must be a whole number"),
+    ("state.json", lambda s: s["held_out"][0].pop("score"), "held-out score 0 has other fields"),
+    ("best.safetensors", lambda t: t.update({"fc.weight": torch.zeros(1)}), "fc.weight is F32[1], this run trains"),
+    ("best.safetensors", lambda t: t.pop("norm.weight"), "lacks 'norm.weight'"),
+    ("best.safetensors", lambda t: t["norm.weight"].__setitem__(0, float("inf")), "not finite"),
 ])
 def test_a_tampered_checkpoint_is_one_line_naming_the_file(checkpoint, file, edit, message):
     ck, path = checkpoint

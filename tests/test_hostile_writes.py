@@ -347,7 +347,7 @@ def test_runs_sharing_a_checkpoint_folder_never_take_or_remove_each_others(saves
             params, optimizer = _tiny_training_state()
             if name in newest:
                 assert run.own() == [newest[name]]
-                step, _ = load_checkpoint(run, params, optimizer, steps=20, depth=TrainOptions().depth)
+                step = load_checkpoint(run, params, optimizer, steps=20, depth=TrainOptions().depth).step
                 assert step == int(newest[name][-7:])
             else:
                 with pytest.raises(UsageError, match="every checkpoint in the folder belongs to another run"):

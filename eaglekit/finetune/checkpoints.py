@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -30,6 +30,49 @@ class StepRecord:
     lr: float
     tokens_per_s: float
     seconds: float
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The held-out part of the data, scored at one step."""
+
+    step: int
+    loss: float
+    accuracy: list[float]  # teacher-forced top-1 per depth
+    score: float  # expected accepted length of a chain drafted with these accuracies: 1 + Σ_j Π_{i≤j} acc_i
+    decode_tau: float | None = None  # chain decode τ replayed on the held-out greedy text (finetune.replay)
+    decode_rounds: int = 0
+
+    @classmethod
+    def of(cls, step: int, loss: float, accuracy: list[float], replay=None) -> Validation:
+        chain, score = 1.0, 1.0
+        for a in accuracy:
+            chain *= a
+            score += chain
+        if replay is None:
+            return cls(step, loss, accuracy, score)
+        return cls(step, loss, accuracy, score, replay.acceptance_length, replay.rounds)
+
+    @property
+    def selection_score(self) -> float:
+        """What the kept step is chosen by: the replayed decode τ where the held-out data has greedy text to
+        replay, else the teacher-forced chain score."""
+        return self.score if self.decode_tau is None else self.decode_tau
+
+    @property
+    def rank(self) -> tuple[float, float]:
+        """How steps are ordered: the selection score, and between equal scores the lower held-out loss (a decode
+        τ ties often on few held-out rounds, where the loss still tells a trained step from the start)."""
+        return self.selection_score, -self.loss
+
+
+@dataclass
+class HeldOut:
+    """The held-out selection as of a checkpoint: every score so far and the weights of the best, so a resumed run
+    keeps the step an uninterrupted one would (the source weights included, where no step beat them)."""
+
+    scores: list[Validation]
+    best: dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -99,9 +142,10 @@ def _state(path: str) -> dict[str, Any]:
 
 
 def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
-                    history: list[StepRecord]) -> str:
-    """step-N/ with trainable weights, AdamW moments and state.json, published atomically (the folder is made with
-    its parents if missing); this run's older checkpoints are removed once it is in place."""
+                    history: list[StepRecord], held_out: HeldOut | None = None) -> str:
+    """step-N/ with trainable weights, AdamW moments, the held-out selection (its scores in state.json, the best
+    weights in best.safetensors) and state.json, published atomically (the folder is made with its parents if
+    missing); this run's older checkpoints are removed once it is in place."""
     from eaglekit.io.publish import Staged, publish
     from eaglekit.io.writer import save_tensors
 
@@ -115,12 +159,17 @@ def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter],
     for name, p in params.items():
         for key, value in optimizer.state.get(p, {}).items():
             moments[f"{name}::{key}"] = value.detach().reshape(value.shape).to("cpu").contiguous()
-    state = {"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": ck.fingerprint,
-             "history": [asdict(r) for r in history]}
+    state: dict[str, Any] = {"format": CHECKPOINT_FORMAT, "step": step, "fingerprint": ck.fingerprint,
+                             "history": [asdict(r) for r in history]}
+    if held_out is not None:
+        state["held_out"] = [asdict(v) for v in held_out.scores]
 
     def write(stage: Staged) -> None:
         save_tensors(weights, os.path.join(stage.path, "weights.safetensors"))
         save_tensors(moments, os.path.join(stage.path, "optimizer.safetensors"))
+        if held_out is not None:
+            save_tensors({n: t.contiguous() for n, t in held_out.best.items()},
+                         os.path.join(stage.path, BEST))
         with open(os.path.join(stage.path, "state.json"), "w", encoding="utf-8") as fh:
             json.dump(state, fh, indent=1)
 
@@ -129,7 +178,9 @@ def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter],
         read, keys = _state(stage.path), ("format", "step", "fingerprint")
         if {k: read.get(k) for k in keys} != {k: state[k] for k in keys} or \
                 set(_tensor_names(os.path.join(stage.path, "weights.safetensors"))) != set(weights) or \
-                set(_tensor_names(os.path.join(stage.path, "optimizer.safetensors"))) != set(moments):
+                set(_tensor_names(os.path.join(stage.path, "optimizer.safetensors"))) != set(moments) or \
+                read.get("held_out") != state.get("held_out") or (held_out is not None and set(
+                    _tensor_names(os.path.join(stage.path, BEST))) != set(held_out.best)):
             raise CheckpointError("the checkpoint does not read back as written, nothing was written", final)
 
     publish(final, write, read_back=read_back, folder=True, replace=True, what="the checkpoint", make_parents=True)
@@ -139,16 +190,23 @@ def save_checkpoint(ck: Checkpoints, step: int, params: dict[str, nn.Parameter],
     return final
 
 
+BEST = "best.safetensors"
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
 """What AdamW keeps per parameter once it has stepped it (none before): a checkpoint's moments hold exactly these."""
 
 
+class Resumed(NamedTuple):
+    step: int
+    history: list[StepRecord]
+    held_out: HeldOut | None  # None: the run had no held-out data, or the checkpoint predates held-out state
+
+
 def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer, *,
-                    steps: int, depth: int) -> tuple[int, list[StepRecord]]:
-    """Restore this run's newest checkpoint in place; (step, history). Another run's is never taken, and everything
-    read is checked against this run (`steps` long, unrolled `depth` deep) before anything is restored (one
-    CheckpointError naming the file otherwise): the step and history in state.json, every weight's name, dtype,
-    shape and values, every AdamW moment's."""
+                    steps: int, depth: int) -> Resumed:
+    """Restore this run's newest checkpoint in place; its step, history and held-out selection. Another run's is
+    never taken, and everything read is checked against this run (`steps` long, unrolled `depth` deep) before
+    anything is restored (one CheckpointError naming the file otherwise): the step, history and held-out scores in
+    state.json, every weight's name, dtype, shape and values (the best ones too), every AdamW moment's."""
     found = ck.own()
     if not found:
         raise UsageError("--resume: every checkpoint in the folder belongs to another run (different source "
@@ -162,8 +220,12 @@ def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer:
         raise CheckpointError(f"step {quoted(step)} is not a step of this run (0 to --steps {steps})",
                               state_path)
     history = _checked_history(state.get("history"), step, depth, state_path)
-    weights = _checked_tensors(os.path.join(path, "weights.safetensors"),
-                               {name: (p.dtype, tuple(p.shape)) for name, p in params.items()})
+    shapes = {name: (p.dtype, tuple(p.shape)) for name, p in params.items()}
+    weights = _checked_tensors(os.path.join(path, "weights.safetensors"), shapes)
+    held_out = None
+    if "held_out" in state:
+        held_out = HeldOut(_checked_scores(state["held_out"], step, depth, state_path),
+                           _checked_tensors(os.path.join(path, BEST), shapes))
     moments_path = os.path.join(path, "optimizer.safetensors")
     expected: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
     trained = {name.split("::", 1)[0] for name in _tensor_names(moments_path)}
@@ -182,7 +244,7 @@ def load_checkpoint(ck: Checkpoints, params: dict[str, nn.Parameter], optimizer:
             p.copy_(weights[name])
             if name in trained:
                 optimizer.state[p] = {key: moments[f"{name}::{key}"].to(p.device) for key in ADAM_STATE}
-    return step, history
+    return Resumed(step, history, held_out)
 
 
 def _tensor_names(path: str) -> list[str]:
@@ -247,4 +309,37 @@ def _checked_history(history: Any, step: int, depth: int, path: str) -> list[Ste
         records.append(StepRecord(step=r["step"], loss=float(r["loss"]), accuracy=[float(a) for a in r["accuracy"]],
                                   lr=float(r["lr"]), tokens_per_s=float(r["tokens_per_s"]),
                                   seconds=float(r["seconds"])))
+    return records
+
+
+SCORE_FIELDS = tuple(f.name for f in fields(Validation))
+
+
+def _checked_scores(scores: Any, step: int, depth: int, path: str) -> list[Validation]:
+    """state.json's held-out scores: records of Validation's fields at ascending steps from 0 up to `step`, finite
+    numbers, one accuracy in [0, 1] per depth, a decode τ of at least 1 (or none) over a whole number of rounds."""
+    if not isinstance(scores, list) or not scores or len(scores) > step + 1:
+        raise CheckpointError(f"held_out must list 1 to {step + 1} scores", path)
+    records, last = [], -1
+    for i, v in enumerate(scores):
+        problem = None
+        if not isinstance(v, dict) or set(v) != set(SCORE_FIELDS):
+            problem = f"has other fields than {', '.join(SCORE_FIELDS)}"
+        elif type(v["step"]) is not int or not last < v["step"] <= step:
+            problem = f"step {quoted(v['step'])} does not follow {last} up to {step}"
+        elif not (finite(v["loss"]) and finite(v["score"])):
+            problem = "loss and score must be finite numbers"
+        elif not isinstance(v["accuracy"], list) or len(v["accuracy"]) != depth or \
+                not all(finite(a) and 0 <= a <= 1 for a in v["accuracy"]):
+            problem = f"accuracy must list {depth} rates in [0, 1], one per depth"
+        elif v["decode_tau"] is not None and not (finite(v["decode_tau"]) and v["decode_tau"] >= 1):
+            problem = "decode_tau must be a number of at least 1, or null"
+        elif type(v["decode_rounds"]) is not int or v["decode_rounds"] < 0:
+            problem = "decode_rounds must be a whole number"
+        if problem:
+            raise CheckpointError(f"held-out score {i} {problem}", path)
+        last = v["step"]
+        records.append(Validation(step=v["step"], loss=float(v["loss"]), accuracy=[float(a) for a in v["accuracy"]],
+                                  score=float(v["score"]), decode_tau=None if v["decode_tau"] is None
+                                  else float(v["decode_tau"]), decode_rounds=v["decode_rounds"]))
     return records

@@ -31,7 +31,14 @@ from eaglekit.finetune.batches import (
     make_batch,
     soft_batch,
 )
-from eaglekit.finetune.checkpoints import Checkpoints, StepRecord, load_checkpoint, save_checkpoint
+from eaglekit.finetune.checkpoints import (
+    Checkpoints,
+    HeldOut,
+    StepRecord,
+    Validation,
+    load_checkpoint,
+    save_checkpoint,
+)
 from eaglekit.finetune.distributed import Ranks, all_reduce, owned_sequences, reading_per_rank
 from eaglekit.finetune.objective import UnrolledObjective, validate
 
@@ -109,6 +116,10 @@ class TrainOptions:
     def selection_interval(self) -> int:
         return max(1, self.steps // 10) if self.select_every is None else self.select_every
 
+    def scored_at(self, done: int) -> bool:
+        """Whether held-out selection scores the weights after `done` steps (the start and the end always)."""
+        return done % self.selection_interval == 0 or done == self.steps
+
     @property
     def warmup(self) -> int:
         return max(1, self.steps // 20) if self.warmup_steps is None else max(1, self.warmup_steps)
@@ -119,40 +130,6 @@ class TrainOptions:
             return (step + 1) / self.warmup
         progress = (step - self.warmup) / max(1, self.steps - self.warmup)
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-@dataclass(frozen=True)
-class Validation:
-    """The held-out part of the data, scored at one step."""
-
-    step: int
-    loss: float
-    accuracy: list[float]  # teacher-forced top-1 per depth
-    score: float  # expected accepted length of a chain drafted with these accuracies: 1 + Σ_j Π_{i≤j} acc_i
-    decode_tau: float | None = None  # chain decode τ replayed on the held-out greedy text (finetune.replay)
-    decode_rounds: int = 0
-
-    @classmethod
-    def of(cls, step: int, loss: float, accuracy: list[float], replay=None) -> Validation:
-        chain, score = 1.0, 1.0
-        for a in accuracy:
-            chain *= a
-            score += chain
-        if replay is None:
-            return cls(step, loss, accuracy, score)
-        return cls(step, loss, accuracy, score, replay.acceptance_length, replay.rounds)
-
-    @property
-    def selection_score(self) -> float:
-        """What the kept step is chosen by: the replayed decode τ where the held-out data has greedy text to
-        replay, else the teacher-forced chain score."""
-        return self.score if self.decode_tau is None else self.decode_tau
-
-    @property
-    def rank(self) -> tuple[float, float]:
-        """How steps are ordered: the selection score, and between equal scores the lower held-out loss (a decode
-        τ ties often on few held-out rounds, where the loss still tells a trained step from the start)."""
-        return self.selection_score, -self.loss
 
 
 @dataclass
@@ -318,6 +295,19 @@ class _Selection:
         if self.best is None or self.scores[-1].rank > max(v.rank for v in self.scores[:-1]):
             self.best = {n: p.detach().to("cpu", copy=True) for n, p in loop.params.items()}
 
+    def held_out(self) -> HeldOut | None:
+        """What a checkpoint keeps of the selection (None without held-out data)."""
+        return None if self.best is None else HeldOut(list(self.scores), self.best)
+
+    def resume(self, kept: HeldOut | None, at: int) -> None:
+        """Take up the selection a checkpoint kept at step `at`, and score `at` itself where the run would have and
+        the checkpoint lacks it (without held-out state: always, so the resumed weights are a candidate)."""
+        if kept is not None and self.validation is not None:
+            self.scores, self.best = list(kept.scores), kept.best
+            if not self.loop.opts.scored_at(at) or any(v.step == at for v in self.scores):
+                return
+        self.score(at)
+
     def keep_best(self) -> tuple[int | None, str | None]:
         """Put the best-scoring weights back; (their step, what chose them), or (None, None) without held-out data."""
         if self.best is None:
@@ -351,9 +341,10 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     owned = owned_sequences(data, ranks)
     stream = loop.batches(rng)
     history: list[StepRecord] = []
-    start, resumed_from = 0, None
+    start, resumed_from, kept = 0, None, None
     if resume:
-        start, history = load_checkpoint(checkpoints, loop.params, loop.optimizer, steps=opts.steps, depth=opts.depth)
+        start, history, kept = load_checkpoint(checkpoints, loop.params, loop.optimizer, steps=opts.steps,
+                                               depth=opts.depth)
         resumed_from = start
         for _ in range(start):  # the batch order of the steps already done
             next(stream)
@@ -361,7 +352,7 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     window = _Window(opts.depth)
     done, positions = start, 0
     selection = _Selection(loop, validation, select_k)
-    selection.score(start)
+    selection.resume(kept, start)
     try:
         for step in range(start, opts.steps):
             live, rows = loop.step(step, next(stream), owned, window)
@@ -371,15 +362,15 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
                 record = window.record(done, opts.lr * opts.lr_factor(step), time.perf_counter() - began)
                 history.append(record)
                 window = _Window(opts.depth)
+            if opts.scored_at(done):
+                selection.score(done)
             if ranks.main and checkpoints.directory and checkpoints.every and done % checkpoints.every == 0 \
                     and done < opts.steps:
-                save_checkpoint(checkpoints, done, loop.params, loop.optimizer, history)
-            if done % opts.selection_interval == 0 or done == opts.steps:
-                selection.score(done)
+                save_checkpoint(checkpoints, done, loop.params, loop.optimizer, history, selection.held_out())
             if on_step is not None:
                 on_step(done, record, live)
     except KeyboardInterrupt:
-        raise _interrupted(loop, checkpoints, done, start, history) from None
+        raise _interrupted(loop, checkpoints, done, start, history, selection.held_out()) from None
     selected, selected_by = selection.keep_best()
     return TrainResult(history=history, steps=done, resumed_from=resumed_from, trained=list(loop.params),
                        world_size=ranks.world, seconds=time.perf_counter() - began, positions_seen=positions,
@@ -387,13 +378,13 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
                        selected_by=selected_by, reading=reading_per_rank(data, ranks))
 
 
-def _interrupted(loop: _Loop, checkpoints: Checkpoints, done: int, start: int,
-                 history: list[StepRecord]) -> TrainingInterrupted:
+def _interrupted(loop: _Loop, checkpoints: Checkpoints, done: int, start: int, history: list[StepRecord],
+                 held_out: HeldOut | None) -> TrainingInterrupted:
     """Ctrl-C or SIGTERM mid-run: the main rank saves what it has (if it got past where it started) so the same
     command with --resume continues; the one line says which."""
     steps = loop.opts.steps
     if loop.ranks.main and checkpoints.directory and done > start:
-        path = save_checkpoint(checkpoints, done, loop.params, loop.optimizer, history)
+        path = save_checkpoint(checkpoints, done, loop.params, loop.optimizer, history, held_out)
         return TrainingInterrupted(f"interrupted after step {done}/{steps}; checkpoint saved; rerun the same "
                                    "command with --resume to continue", path)
     return TrainingInterrupted(f"interrupted after step {done}/{steps}; nothing was saved")
