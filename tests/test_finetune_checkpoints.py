@@ -113,6 +113,8 @@ def edit_state(path: str, edit) -> None:
     ("state.json", lambda s: s["held_out"][1].update(decode_tau=0.5), "decode_tau must be a number of at least 1"),
     ("state.json", lambda s: s["held_out"][1].update(decode_rounds=1.5), "decode_rounds must be a whole number"),
     ("state.json", lambda s: s["held_out"][0].pop("score"), "held-out score 0 has other fields"),
+    ("state.json", lambda s: s["held_out"][0].update(score="2"), "held-out score 0 loss and score must be finite"),
+    ("state.json", lambda s: s["history"][0].update(lr=None), "loss, lr, tokens_per_s and seconds must be finite"),
     ("best.safetensors", lambda t: t.update({"fc.weight": torch.zeros(1)}), "fc.weight is F32[1], this run trains"),
     ("best.safetensors", lambda t: t.pop("norm.weight"), "lacks 'norm.weight'"),
     ("best.safetensors", lambda t: t["norm.weight"].__setitem__(0, float("inf")), "not finite"),

@@ -284,6 +284,23 @@ def _checked_tensors(path: str, expected: dict[str, tuple[torch.dtype, tuple[int
 
 
 HISTORY_FIELDS = tuple(f.name for f in fields(StepRecord))
+SCORE_FIELDS = tuple(f.name for f in fields(Validation))
+
+
+def _record_problem(r: Any, names: tuple[str, ...], numbers: tuple[str, ...], last: int, step: int,
+                    depth: int) -> str | None:
+    """What is wrong with one of state.json's records (a StepRecord or a Validation): other fields than `names`,
+    a step not after `last` or past `step`, `numbers` not finite, not one accuracy in [0, 1] per depth."""
+    if not isinstance(r, dict) or set(r) != set(names):
+        return f"has other fields than {', '.join(names)}"
+    if type(r["step"]) is not int or not last < r["step"] <= step:
+        return f"step {quoted(r['step'])} does not follow {last} up to {step}"
+    if not all(finite(r[k]) for k in numbers):
+        return f"{', '.join(numbers[:-1])} and {numbers[-1]} must be finite numbers"
+    if not isinstance(r["accuracy"], list) or len(r["accuracy"]) != depth or \
+            not all(finite(a) and 0 <= a <= 1 for a in r["accuracy"]):
+        return f"accuracy must list {depth} rates in [0, 1], one per depth"
+    return None
 
 
 def _checked_history(history: Any, step: int, depth: int, path: str) -> list[StepRecord]:
@@ -293,26 +310,14 @@ def _checked_history(history: Any, step: int, depth: int, path: str) -> list[Ste
         raise CheckpointError(f"history must be a list of at most {step} records", path)
     records, last = [], 0
     for i, r in enumerate(history):
-        problem = None
-        if not isinstance(r, dict) or set(r) != set(HISTORY_FIELDS):
-            problem = f"has other fields than {', '.join(HISTORY_FIELDS)}"
-        elif type(r["step"]) is not int or not last < r["step"] <= step:
-            problem = f"step {quoted(r['step'])} does not follow {last} up to {step}"
-        elif not all(finite(r[k]) for k in ("loss", "lr", "tokens_per_s", "seconds")):
-            problem = "loss, lr, tokens_per_s and seconds must be finite numbers"
-        elif not isinstance(r["accuracy"], list) or len(r["accuracy"]) != depth or \
-                not all(finite(a) and 0 <= a <= 1 for a in r["accuracy"]):
-            problem = f"accuracy must list {depth} rates in [0, 1], one per depth"
-        if problem:
+        if problem := _record_problem(r, HISTORY_FIELDS, ("loss", "lr", "tokens_per_s", "seconds"), last, step,
+                                      depth):
             raise CheckpointError(f"history record {i} {problem}", path)
         last = r["step"]
         records.append(StepRecord(step=r["step"], loss=float(r["loss"]), accuracy=[float(a) for a in r["accuracy"]],
                                   lr=float(r["lr"]), tokens_per_s=float(r["tokens_per_s"]),
                                   seconds=float(r["seconds"])))
     return records
-
-
-SCORE_FIELDS = tuple(f.name for f in fields(Validation))
 
 
 def _checked_scores(scores: Any, step: int, depth: int, path: str) -> list[Validation]:
@@ -322,19 +327,10 @@ def _checked_scores(scores: Any, step: int, depth: int, path: str) -> list[Valid
         raise CheckpointError(f"held_out must list 1 to {step + 1} scores", path)
     records, last = [], -1
     for i, v in enumerate(scores):
-        problem = None
-        if not isinstance(v, dict) or set(v) != set(SCORE_FIELDS):
-            problem = f"has other fields than {', '.join(SCORE_FIELDS)}"
-        elif type(v["step"]) is not int or not last < v["step"] <= step:
-            problem = f"step {quoted(v['step'])} does not follow {last} up to {step}"
-        elif not (finite(v["loss"]) and finite(v["score"])):
-            problem = "loss and score must be finite numbers"
-        elif not isinstance(v["accuracy"], list) or len(v["accuracy"]) != depth or \
-                not all(finite(a) and 0 <= a <= 1 for a in v["accuracy"]):
-            problem = f"accuracy must list {depth} rates in [0, 1], one per depth"
-        elif v["decode_tau"] is not None and not (finite(v["decode_tau"]) and v["decode_tau"] >= 1):
+        problem = _record_problem(v, SCORE_FIELDS, ("loss", "score"), last, step, depth)
+        if problem is None and v["decode_tau"] is not None and not (finite(v["decode_tau"]) and v["decode_tau"] >= 1):
             problem = "decode_tau must be a number of at least 1, or null"
-        elif type(v["decode_rounds"]) is not int or v["decode_rounds"] < 0:
+        elif problem is None and (type(v["decode_rounds"]) is not int or v["decode_rounds"] < 0):
             problem = "decode_rounds must be a whole number"
         if problem:
             raise CheckpointError(f"held-out score {i} {problem}", path)
