@@ -299,9 +299,10 @@ class _Selection:
         """What a checkpoint keeps of the selection (None without held-out data)."""
         return None if self.best is None else HeldOut(list(self.scores), self.best)
 
-    def resume(self, kept: HeldOut | None, at: int) -> None:
-        """Take up the selection a checkpoint kept at step `at`, and score `at` itself where the run would have and
-        the checkpoint lacks it (without held-out state: always, so the resumed weights are a candidate)."""
+    def begin(self, kept: HeldOut | None, at: int) -> None:
+        """Score the start of this run, step `at`. A resumed run first takes up the selection its checkpoint kept and
+        scores `at` only where an uninterrupted run would have and the checkpoint lacks it (without held-out state:
+        always, so the resumed weights are a candidate)."""
         if kept is not None and self.validation is not None:
             self.scores, self.best = list(kept.scores), kept.best
             if not self.loop.opts.scored_at(at) or any(v.step == at for v in self.scores):
@@ -352,7 +353,7 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     window = _Window(opts.depth)
     done, positions = start, 0
     selection = _Selection(loop, validation, select_k)
-    selection.resume(kept, start)
+    selection.begin(kept, start)
     try:
         for step in range(start, opts.steps):
             live, rows = loop.step(step, next(stream), owned, window)
