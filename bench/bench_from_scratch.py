@@ -78,14 +78,17 @@ class FinishedRuns:
 
     def __init__(self, work: str, settings: dict) -> None:
         self.path, self.settings = os.path.join(work, "runs.json"), settings
+
+    def _read(self) -> dict:
+        """Read afresh each time: another process training a share of the runs may have added its own."""
         try:
             with open(self.path, encoding="utf-8") as fh:
-                self.runs = json.load(fh)
+                return json.load(fh)
         except (OSError, ValueError):
-            self.runs = {}
+            return {}
 
     def get(self, out: str) -> str | None:
-        run = self.runs.get(os.path.basename(out))
+        run = self._read().get(os.path.basename(out))
         if run and run["settings"] == self.settings and os.path.isfile(os.path.join(out, "config.json")):
             return run["summary"]
         return None
@@ -93,8 +96,8 @@ class FinishedRuns:
     def add(self, out: str, summary: str) -> None:
         from eaglekit.cli.output import write_text_atomically
 
-        self.runs[os.path.basename(out)] = {"settings": self.settings, "summary": summary}
-        write_text_atomically(self.path, json.dumps(self.runs, indent=1))
+        runs = self._read() | {os.path.basename(out): {"settings": self.settings, "summary": summary}}
+        write_text_atomically(self.path, json.dumps(runs, indent=1))
 
 
 def cell(point: float, interval) -> str:
