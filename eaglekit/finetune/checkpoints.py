@@ -1,5 +1,6 @@
-"""Training checkpoints: step-N/ folders of trainable weights, AdamW moments (safetensors) and state.json, each
-published atomically through eaglekit.io.publish. Runs may share a folder: a checkpoint carries its run's
+"""Training checkpoints: step-N/ folders of trainable weights, AdamW moments, the held-out selection's best weights
+(safetensors) and state.json (step, history, held-out scores), each published atomically through
+eaglekit.io.publish. Runs may share a folder: a checkpoint carries its run's
 fingerprint, and a run never takes, replaces or removes another's. Everything a resume reads is checked against
 this run before anything is restored. Nothing is pickled.
 """
