@@ -17,6 +17,10 @@ trains from it (`finetune --store`): the capture is paid once, whatever the numb
 from its last checkpoint (--checkpoint-every), so the runs can be paid over several sittings. They can also be
 shared between processes or machines: `--functions` and `--train-only` train a share of the runs, and a last run
 over every seed (with the finished run folders and WORK/runs.json entries gathered into one --work) replays them.
+The replayed counters go to a ledger (--ledger, a JSON file): a drafter in it is never trained or replayed again,
+so sittings on different machines each add some seeds (`--seeds 1`), and a last run over every seed prints the
+tables from the ledger alone. The bundled source is replayed in every sitting and must give the ledger's counters
+prompt for prompt, else that sitting's target decoded otherwise and the ledger refuses to mix them.
 
 Every drafter is replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition
 (eaglekit.decode.compare.compare_against). Printed: each drafter minus the source, and per seed the EAGLE-3.1
@@ -67,6 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--store-dtype", default="bfloat16", choices=("bfloat16", "float32", "fp8"))
     p.add_argument("--functions", default="EAGLE-3,EAGLE-3.1", help="which retrains this process trains")
     p.add_argument("--train-only", action="store_true", help="stop after training (a share of the runs)")
+    p.add_argument("--ledger", help="JSON file of the replayed counters, added to by each sitting "
+                   "(default: WORK/ledger.json)")
     p.add_argument("--checkpoint-every", type=int, default=25,
                    help="steps between checkpoints: a run killed mid-way continues from its last one on a rerun")
     return p.parse_args(argv)
@@ -100,8 +106,91 @@ class FinishedRuns:
         write_text_atomically(self.path, json.dumps(runs, indent=1))
 
 
-def cell(point: float, interval) -> str:
-    return f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" if interval else f"{point:+.3f}"
+class Ledger:
+    """Every replayed drafter's counters, prompt by prompt, per k and condition, beside the bundled source's and
+    under the settings they were measured with (the --ledger file). Counters are kept, not τ, so the paired
+    intervals of any two drafters can be drawn from it later."""
+
+    def __init__(self, path: str, settings: dict, columns: list[str]) -> None:
+        self.path, self.columns = path, columns
+        self.data: dict = {"settings": settings | {"columns": columns}, "source": {}, "conversations": {},
+                           "drafters": {}}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                held = json.load(fh)
+            differ = sorted(k for k, v in self.data["settings"].items() if held["settings"].get(k) != v)
+            if differ:
+                sys.exit(f"{path}: measured with other {', '.join(differ)} than this run; give another --ledger")
+            self.data = held
+
+    def has(self, name: str) -> bool:
+        return set(self.columns) <= set(self.data["drafters"].get(name, {}).get("counters", {}))
+
+    def check_store(self, data_sha: str) -> None:
+        held = self.data["settings"].setdefault("store", data_sha)
+        if held != data_sha:
+            sys.exit(f"{self.path}: measured on a store of other data ({held[:12]}, this run's {data_sha[:12]}); "
+                     "give another --ledger")
+
+    def add(self, column: str, source: list, conversations: list[str], drafters: dict[str, list],
+            trained: dict[str, str]) -> None:
+        """One column's counters; the source's must equal what the ledger holds (one target decode for all)."""
+        encoded = [[c.drafts, c.accepted, c.accepted_at] for c in source]
+        if self.data["source"].setdefault(column, encoded) != encoded or \
+                self.data["conversations"].setdefault(column, conversations) != conversations:
+            sys.exit(f"{self.path}: the bundled source replayed to other counters under {column} than the ledger "
+                     "holds: this sitting's target decoded otherwise (hardware, threads or torch); give another "
+                     "--ledger")
+        for name, counters in drafters.items():
+            entry = self.data["drafters"].setdefault(name, {"counters": {}})
+            entry["counters"][column] = [[c.drafts, c.accepted, c.accepted_at] for c in counters]
+            if name in trained:
+                entry["trained"] = trained[name]
+
+    def save(self) -> None:
+        from eaglekit.cli.output import write_text_atomically
+
+        write_text_atomically(self.path, json.dumps(self.data, indent=1))
+
+    def counters(self, name: str | None, column: str):
+        from eaglekit.decode.metrics import AcceptanceCounter
+
+        held = self.data["source"][column] if name is None else self.data["drafters"][name]["counters"][column]
+        k = int(column.split()[0].removeprefix("k="))
+        return [AcceptanceCounter(k, drafts, accepted, list(at)) for drafts, accepted, at in held]
+
+    def difference(self, a: str | None, b: str, column: str) -> str:
+        """τ(b) − τ(a) (a None: the bundled source) with its paired 95 % interval over the ledger's prompts."""
+        from eaglekit.decode.stats import paired_difference
+
+        point, interval = paired_difference(self.counters(a, column), self.counters(b, column),
+                                            self.data["conversations"][column])
+        return f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" if interval else f"{point:+.3f}"
+
+    def print_tables(self, names: list[str], seeds: list[int]) -> None:
+        print(f"\nfrom {self.path}: the training of each retrain, then the tables")
+        for name in names:
+            if trained := self.data["drafters"][name].get("trained"):
+                print(f"{name}: {trained}")
+        print("\n| drafter − bundled EAGLE-3 | " + " | ".join(self.columns) + " |")
+        print("|---|" + "---|" * len(self.columns))
+        for name in names:
+            print(f"| {name} | {' | '.join(self.difference(None, name, c) for c in self.columns)} |")
+        print("\n| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired) | " + " | ".join(self.columns) + " |")
+        print("|---|" + "---|" * len(self.columns))
+        for seed in seeds:
+            pair = (f"EAGLE-3 from scratch, seed {seed}", f"EAGLE-3.1 from scratch, seed {seed}")
+            print(f"| seed {seed} | {' | '.join(self.difference(*pair, c) for c in self.columns)} |")
+        if len(seeds) > 1:
+            from eaglekit.decode.stats import paired_difference
+
+            cells = []
+            for c in self.columns:
+                gains = [paired_difference(self.counters(f"EAGLE-3 from scratch, seed {s}", c),
+                                           self.counters(f"EAGLE-3.1 from scratch, seed {s}", c),
+                                           self.data["conversations"][c])[0] for s in seeds]
+                cells.append(f"{statistics.mean(gains):+.3f} ({min(gains):+.3f} .. {max(gains):+.3f})")
+            print(f"| mean over {len(seeds)} seeds (min .. max) | {' | '.join(cells)} |")
 
 
 def prepare(args, target: str, work: str) -> tuple[dict[str, str], str]:
@@ -125,50 +214,55 @@ def prepare(args, target: str, work: str) -> tuple[dict[str, str], str]:
     return starts, store
 
 
-def train_runs(args, seeds: list[int], functions: list[str], starts: dict[str, str], store: str, target: str,
-               work: str) -> dict[str, str]:
-    """Each seed's retrain of each function (reused when WORK/runs.json has it); {name: folder}."""
+def store_data_sha(store: str) -> str:
+    """What the runs trained on: the plan, the ids, the dtype and every shard's sha256, not the versions of the
+    libraries that captured it (a later sitting's capture with a newer transformers gives the same bytes)."""
+    from eaglekit.capture.store import read_manifest
+
+    manifest = read_manifest(store)
+    data = [manifest["plan"], manifest["layer_ids"], manifest["store"], [s["sha256"] for s in manifest["shards"]]]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def train_runs(args, names: list[tuple[int, str]], starts: dict[str, str], store: str, target: str,
+               work: str) -> dict[str, tuple[str, str]]:
+    """Each (seed, function)'s retrain (reused when WORK/runs.json has it); {name: (folder, what its training did)}."""
     from eaglekit.finetune.options import FinetuneOptions
     from eaglekit.finetune.run import finetune
     from eaglekit.finetune.train import TrainOptions
 
-    with open(os.path.join(store, "manifest.json"), "rb") as fh:  # names every shard by its sha256
-        manifest = hashlib.sha256(fh.read()).hexdigest()
-    finished = FinishedRuns(work, {"steps": args.steps, "depth": args.depth, "lr": args.lr, "store": manifest})
+    finished = FinishedRuns(work, {"steps": args.steps, "depth": args.depth, "lr": args.lr,
+                                   "store": store_data_sha(store)})
     drafts = {}
-    for seed in seeds:
-        for function in functions:
-            out = os.path.join(work, f"{function.lower().replace('.', '')}-seed{seed}")
-            summary = finished.get(out)
-            if summary is None:
-                t = time.perf_counter()
-                report = finetune(starts[function], out, FinetuneOptions(
-                    target=target, store=store, eval=None, force=True, from_scratch=True, keep_unresolved=True,
-                    checkpoint_every=args.checkpoint_every, resume=os.path.isdir(f"{out}.checkpoint"),
-                    train=TrainOptions(steps=args.steps, depth=args.depth, lr=args.lr, seed=seed)))
-                last, resumed = report.training["history"][-1], report.training["resumed_from"]
-                summary = (f"{time.perf_counter() - t:.0f} s{f' after resuming at step {resumed}' if resumed else ''}, "
-                           f"kept step {report.training['selected_step']}, final loss {last['loss']:.3f}, "
-                           "top-1 by depth " + " ".join(f"{a:.2f}" for a in last["accuracy"]))
-                finished.add(out, summary)
-            else:
-                summary += " (trained by an earlier run with these settings)"
-            print(f"{function} from scratch, seed {seed}: {summary}", flush=True)
-            drafts[f"{function} from scratch, seed {seed}"] = out
+    for seed, function in names:
+        out = os.path.join(work, f"{function.lower().replace('.', '')}-seed{seed}")
+        summary = finished.get(out)
+        if summary is None:
+            t = time.perf_counter()
+            report = finetune(starts[function], out, FinetuneOptions(
+                target=target, store=store, eval=None, force=True, from_scratch=True, keep_unresolved=True,
+                checkpoint_every=args.checkpoint_every, resume=os.path.isdir(f"{out}.checkpoint"),
+                train=TrainOptions(steps=args.steps, depth=args.depth, lr=args.lr, seed=seed)))
+            last, resumed = report.training["history"][-1], report.training["resumed_from"]
+            summary = (f"{time.perf_counter() - t:.0f} s{f' after resuming at step {resumed}' if resumed else ''}, "
+                       f"kept step {report.training['selected_step']}, final loss {last['loss']:.3f}, "
+                       "top-1 by depth " + " ".join(f"{a:.2f}" for a in last["accuracy"]))
+            finished.add(out, summary)
+        print(f"{function} from scratch, seed {seed}: {summary}", flush=True)
+        drafts[f"{function} from scratch, seed {seed}"] = (out, summary)
     return drafts
 
 
-def replay(args, drafts: dict[str, str], seeds: list[int], ks: list[int], sweep: dict, target: str) -> None:
-    """Every drafter beside the bundled source, per k and condition; prints both tables."""
+def replay(args, drafts: dict[str, str], ks: list[int], sweep: dict, target: str, ledger: Ledger,
+           trained: dict[str, str]) -> None:
+    """Every drafter not yet in the ledger beside the bundled source, per k and condition, into the ledger."""
     from eaglekit.decode.compare import compare_against
     from eaglekit.decode.options import VerifyOptions
-    from eaglekit.decode.stats import paired_difference
 
     print(f"held out: the first {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, float32; "
           "every drafter replayed beside the bundled EAGLE-3 source on one target decode per prompt, paired 95 % "
-          "bootstrap over prompts")
+          "bootstrap over prompts", flush=True)
     names = list(drafts)
-    columns, rows, gains = [], {n: [] for n in names}, {s: [] for s in seeds}
     for k in ks:
         options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=args.max_new_tokens, limit=args.limit,
                                 device="cpu", dtype="float32", **sweep)
@@ -176,30 +270,10 @@ def replay(args, drafts: dict[str, str], seeds: list[int], ks: list[int], sweep:
         sweeps = compare_against(SOURCE, [drafts[n] for n in names], target, options)
         print(f"<!-- k={k}: {len(names)} drafters in {time.perf_counter() - t:.0f} s -->", flush=True)
         for index, condition in enumerate(options.conditions):
-            columns.append(f"k={k} {condition.label}")
-            reports = {n: s.reports[index] for n, s in zip(names, sweeps)}
-            for n, report in reports.items():
-                diff = report.rows()["all"]["b_minus_a"]
-                rows[n].append(f"{diff['acceptance_length_difference']:+.3f}"
-                               + (f" [{diff['interval']['low']:+.3f}, {diff['interval']['high']:+.3f}]"
-                                  if diff["interval"] else ""))
-            for seed in seeds:
-                e3 = reports[f"EAGLE-3 from scratch, seed {seed}"]
-                e31 = reports[f"EAGLE-3.1 from scratch, seed {seed}"]
-                point, interval = paired_difference(e3.b.counters, e31.b.counters, e3.conversations)
-                gains[seed].append((point, interval))
-    print("\n| drafter − bundled EAGLE-3 | " + " | ".join(columns) + " |")
-    print("|---|" + "---|" * len(columns))
-    for n in names:
-        print(f"| {n} | {' | '.join(rows[n])} |")
-    print("\n| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired) | " + " | ".join(columns) + " |")
-    print("|---|" + "---|" * len(columns))
-    for seed in seeds:
-        print(f"| seed {seed} | {' | '.join(cell(p, i) for p, i in gains[seed])} |")
-    means = [statistics.mean(gains[s][c][0] for s in seeds) for c in range(len(columns))]
-    spreads = [(min(gains[s][c][0] for s in seeds), max(gains[s][c][0] for s in seeds)) for c in range(len(columns))]
-    print(f"| mean over {len(seeds)} seeds (min .. max) | "
-          + " | ".join(f"{m:+.3f} ({lo:+.3f} .. {hi:+.3f})" for m, (lo, hi) in zip(means, spreads)) + " |")
+            first = sweeps[0].reports[index]
+            ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
+                       {n: s.reports[index].b.counters for n, s in zip(names, sweeps)}, trained)
+        ledger.save()
 
 
 def main(argv=None) -> None:
@@ -207,6 +281,7 @@ def main(argv=None) -> None:
     import torch
 
     from eaglekit.cli.output import conditions, int_list
+    from eaglekit.decode.options import VerifyOptions
     from examples.smollm2 import materialize_smollm2
 
     seeds, ks = int_list(args.seeds, "--seeds", "0,1,2"), int_list(args.k, "--k", "3")
@@ -216,17 +291,34 @@ def main(argv=None) -> None:
         sys.exit(f"--functions: {', '.join(sorted(unknown))} is not one of {', '.join(FUNCTIONS)}")
     if set(functions) != set(FUNCTIONS) and not args.train_only:
         sys.exit("--functions needs --train-only: the replay pairs both retrains of every seed")
-    target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     work = args.work or tempfile.mkdtemp(prefix="bench-from-scratch-")
     os.makedirs(work, exist_ok=True)
+    columns = [f"k={k} {c.label}" for k in ks for c in VerifyOptions(**sweep).conditions]
+    ledger = Ledger(args.ledger or os.path.join(work, "ledger.json"), {
+        "steps": args.steps, "depth": args.depth, "lr": args.lr, "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens, "data_limit": args.data_limit, "generate": args.generate,
+        "code_tokens": args.code_tokens, "train_templates": args.train_templates}, columns)
+    runs = [(seed, f) for seed in seeds for f in FUNCTIONS if f in functions]
+    names = ["default upgrade (EAGLE-3.1 flags, EAGLE-3 function)", *(a.split("=", 1)[0] for a in args.also),
+             *(f"{f} from scratch, seed {seed}" for seed, f in runs)]
+    if all(ledger.has(n) for n in names) and not args.train_only:
+        print(f"every drafter is in {ledger.path}; nothing to train or replay")
+        ledger.print_tables(names, seeds)
+        return
+    target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}; drafts in {work}")
     starts, store = prepare(args, target, work)
-    drafts = {"default upgrade (EAGLE-3.1 flags, EAGLE-3 function)": starts["EAGLE-3.1"]}
-    drafts.update(item.split("=", 1) for item in args.also)
-    drafts.update(train_runs(args, seeds, [f for f in FUNCTIONS if f in functions], starts, store, target, work))
-    if not args.train_only:
-        replay(args, drafts, seeds, ks, sweep, target)
+    ledger.check_store(store_data_sha(store))
+    drafts = {names[0]: starts["EAGLE-3.1"], **dict(a.split("=", 1) for a in args.also)}
+    todo = [(seed, f) for seed, f in runs if not ledger.has(f"{f} from scratch, seed {seed}")]
+    trained = train_runs(args, todo, starts, store, target, work)
+    if args.train_only:
+        return
+    drafts.update((name, folder) for name, (folder, _) in trained.items())
+    replay(args, {n: d for n, d in drafts.items() if not ledger.has(n)}, ks, sweep, target, ledger,
+           {name: summary for name, (_, summary) in trained.items()})
+    ledger.print_tables(names, seeds)
 
 
 if __name__ == "__main__":

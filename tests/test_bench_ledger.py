@@ -1,0 +1,84 @@
+"""The from-scratch payoff's ledger (bench/bench_from_scratch.py): sittings add drafters' counters to one file, the
+tables are drawn from it alone, and it refuses to mix counters measured on another target decode, other settings
+or other data."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from bench.bench_from_scratch import Ledger
+from eaglekit.decode.metrics import AcceptanceCounter
+from eaglekit.decode.stats import paired_difference
+
+SETTINGS = {"steps": 500, "depth": 4, "lr": 0.002}
+COLUMNS = ["k=3 chat", "k=3 raw"]
+CONVERSATIONS = [f"prompt {i}" for i in range(12)]
+
+
+def _counters(k: int, seed: int) -> list[AcceptanceCounter]:
+    rng = random.Random(seed)
+    counters = []
+    for _ in CONVERSATIONS:
+        counter = AcceptanceCounter(k)
+        for _ in range(20):
+            counter.record(rng.randint(0, k))
+        counters.append(counter)
+    return counters
+
+
+def _sitting(path, names: dict[str, int], source_seed: int = 0) -> Ledger:
+    """One sitting's replay: the source and each named drafter (its counters drawn from its seed) in every column."""
+    ledger = Ledger(str(path), SETTINGS, COLUMNS)
+    ledger.check_store("a" * 64)
+    for column in COLUMNS:
+        ledger.add(column, _counters(3, source_seed), CONVERSATIONS,
+                   {name: _counters(3, seed) for name, seed in names.items()}, {name: f"trained {seed}"
+                                                                             for name, seed in names.items()})
+    ledger.save()
+    return ledger
+
+
+def test_two_sittings_add_up_to_the_tables_of_one_and_every_cell_is_the_paired_difference(tmp_path, capsys):
+    path = tmp_path / "ledger.json"
+    _sitting(path, {"EAGLE-3 from scratch, seed 0": 1, "EAGLE-3.1 from scratch, seed 0": 2})
+    ledger = _sitting(path, {"EAGLE-3 from scratch, seed 1": 3, "EAGLE-3.1 from scratch, seed 1": 4})
+    names = [f"{f} from scratch, seed {s}" for s in (0, 1) for f in ("EAGLE-3", "EAGLE-3.1")]
+    assert all(Ledger(str(path), SETTINGS, COLUMNS).has(n) for n in names)
+    assert not ledger.has("EAGLE-3 from scratch, seed 2")
+    ledger.print_tables(names, [0, 1])
+    out = capsys.readouterr().out
+    gains = [paired_difference(_counters(3, 1 + 2 * s), _counters(3, 2 + 2 * s), CONVERSATIONS) for s in (0, 1)]
+    for seed, (point, interval) in enumerate(gains):
+        assert f"| seed {seed} | {point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}] |" in out
+    mean = (gains[0][0] + gains[1][0]) / 2
+    assert f"{mean:+.3f} ({min(g[0] for g in gains):+.3f} .. {max(g[0] for g in gains):+.3f})" in out
+    point, interval = paired_difference(_counters(3, 0), _counters(3, 3), CONVERSATIONS)
+    assert f"| EAGLE-3 from scratch, seed 1 | {point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" in out
+    assert "EAGLE-3.1 from scratch, seed 1: trained 4" in out
+
+
+def test_a_sitting_whose_source_decoded_otherwise_is_refused_and_the_ledger_is_kept(tmp_path):
+    path = tmp_path / "ledger.json"
+    _sitting(path, {"EAGLE-3 from scratch, seed 0": 1})
+    before = path.read_bytes()
+    with pytest.raises(SystemExit, match="the bundled source replayed to other counters under k=3 chat"):
+        _sitting(path, {"EAGLE-3 from scratch, seed 1": 3}, source_seed=9)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("change", [{"lr": 0.001}, {"columns": ["k=3 chat"]}, {"store": "b" * 64}])
+def test_a_ledger_of_other_settings_columns_or_data_is_refused(tmp_path, change):
+    path = tmp_path / "ledger.json"
+    _sitting(path, {"EAGLE-3 from scratch, seed 0": 1})
+    if "store" in change:
+        with pytest.raises(SystemExit, match="a store of other data"):
+            Ledger(str(path), SETTINGS, COLUMNS).check_store(change["store"])
+        return
+    held = json.loads(path.read_text())
+    columns = change.get("columns", COLUMNS)
+    with pytest.raises(SystemExit, match="measured with other"):
+        Ledger(str(path), SETTINGS | {k: v for k, v in change.items() if k != "columns"}, columns)
+    assert json.loads(path.read_text()) == held
