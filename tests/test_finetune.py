@@ -84,6 +84,32 @@ def test_loss_decreases_and_the_output_reads_back_as_the_source_did(env, tmp_pat
     assert not os.path.exists(out + ".checkpoint")  # the implicit checkpoint folder goes with success
 
 
+def test_the_output_holds_every_trained_tensor_as_trained_fused_projections_included(env, tmp_path, monkeypatch):
+    """The drafter computes q|k|v and gate|up as one fused GEMM each, the checkpoint keeps them as separate tensors:
+    every tensor the run trained is written from the drafter's state, split back into the file's tensors, never
+    copied from the source."""
+    from eaglekit.finetune import output
+
+    written = {}
+    real = output.out_tensors
+
+    def remembering(spec, drafter, trained):
+        written.update(drafter.state_dict())
+        return real(spec, drafter, trained)
+
+    monkeypatch.setattr(output, "out_tensors", remembering)
+    out = str(tmp_path / "out")
+    report = finetune(env["draft"], out, options(env, train={"steps": 4}))
+    trained = set(report.training["trained_tensors"])
+    before, after = weights(env["draft"]), weights(out)
+    parts = {f"layers.0.self_attn.{p}_proj.weight" for p in "qkv"} | {f"layers.0.mlp.{p}_proj.weight"
+                                                                      for p in ("gate", "up")}
+    assert parts <= trained <= set(after)
+    for name in trained:
+        assert torch.equal(after[name], written[name].to(after[name].dtype)), name
+        assert not torch.equal(before[name], after[name]), name
+
+
 def test_auto_precision_is_bf16_only_where_the_device_computes_it_natively(env, tmp_path, monkeypatch):
     from eaglekit.finetune.train import resolve_precision
 

@@ -238,6 +238,16 @@ class Drafter(nn.Module):
             more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
             raise CheckpointError(f"draft lacks tensor(s) {', '.join(missing[:6])}{more}", self.config.source)
 
+    def canonical_names(self, parameter: str) -> list[str]:
+        """The checkpoint tensors a parameter holds: a fused q|k|v or gate|up parameter is several (state_dict's
+        names), any other is itself."""
+        path, _, suffix = parameter.rpartition(".")
+        module = self.get_submodule(path) if path else self
+        if not isinstance(module, FusedLinear):
+            return [parameter]
+        parent = path[: -len(module.name)]
+        return [f"{parent}{part}.{suffix}" for part in module.parts]
+
     def reset_parameters(self, std: float = 0.02) -> None:
         """Fresh weights: matrices ~ N(0, std), norms 1, biases 0 (HF's Llama initialisation)."""
         with torch.no_grad():

@@ -19,16 +19,18 @@ from eaglekit.target import TargetInfo
 
 
 def out_tensors(spec: DraftSpec, drafter, trained: set[str]):
-    """Every source tensor under its source name: trained ones from the drafter, the rest copied verbatim."""
+    """Every source tensor under its source name: trained ones (canonical names) from the drafter's canonical state,
+    where fused q|k|v and gate|up parameters are split back into the checkpoint's tensors; the rest copied
+    verbatim."""
     import torch
 
     from eaglekit.io.writer import ByteRange, OutTensor
 
-    params = dict(drafter.named_parameters())
+    state = drafter.state_dict()
     tensors = []
     for name, ref in sorted(spec.tensors.items(), key=lambda kv: kv[1].source_name):
         if name in trained:
-            value = params[name].detach().to("cpu", torch_dtype(ref.dtype))
+            value = state[name].detach().to("cpu", torch_dtype(ref.dtype))
             if not bool(torch.isfinite(value).all()):
                 raise OutputError(f"trained {name} has values that overflow {ref.dtype} (or are not finite): "
                                   "lower --lr or train in fp32", spec.path)

@@ -373,7 +373,8 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     except KeyboardInterrupt:
         raise _interrupted(loop, checkpoints, done, start, history, selection.held_out()) from None
     selected, selected_by = selection.keep_best()
-    return TrainResult(history=history, steps=done, resumed_from=resumed_from, trained=list(loop.params),
+    trained = [c for name in loop.params for c in loop.drafter.canonical_names(name)]
+    return TrainResult(history=history, steps=done, resumed_from=resumed_from, trained=trained,
                        world_size=ranks.world, seconds=time.perf_counter() - began, positions_seen=positions,
                        label_coverage=loop.coverage, validation=selection.scores, selected_step=selected,
                        selected_by=selected_by, reading=reading_per_rank(data, ranks))
