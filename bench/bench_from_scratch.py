@@ -2,7 +2,8 @@
 retrain as EAGLE-3, over several seeds, measured where 3.1 acts.
 
     python bench/bench_from_scratch.py                               # 3 seeds, 300 steps, k=3, 0/1024, chat/raw
-    python bench/bench_from_scratch.py --seeds 0,1,2 --steps 500 --k 3,6 --contexts 0,1024 --work ./payoff
+    python bench/bench_from_scratch.py --steps 500 --k 3,6 --contexts 0,1024 --limit 16 --max-new-tokens 64 \
+        --work ./payoff --ledger bench/results/from-scratch-payoff.json    # the payoff (docs/benchmarks.md)
     python bench/bench_from_scratch.py --capture-engine vllm ...     # the capture through the serving engine
 
 Both drafters start from the bundled EAGLE-3 SmolLM2 drafter: its lossless upgrade (EAGLE-3 flags) and its default
