@@ -117,9 +117,12 @@ class Ledger:
         self.data: dict = {"settings": settings | {"columns": columns}, "source": {}, "conversations": {},
                            "drafters": {}}
         if os.path.exists(path):
-            with open(path, encoding="utf-8") as fh:
-                held = json.load(fh)
-            differ = sorted(k for k, v in self.data["settings"].items() if held["settings"].get(k) != v)
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    held = json.load(fh)
+                differ = sorted(k for k, v in self.data["settings"].items() if held["settings"].get(k) != v)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                sys.exit(f"{path}: not a ledger this bench wrote ({type(e).__name__}); give another --ledger")
             if differ:
                 sys.exit(f"{path}: measured with other {', '.join(differ)} than this run; give another --ledger")
             self.data = held
@@ -136,7 +139,7 @@ class Ledger:
     def add(self, column: str, source: list, conversations: list[str], drafters: dict[str, list],
             trained: dict[str, str]) -> None:
         """One column's counters; the source's must equal what the ledger holds (one target decode for all)."""
-        encoded = [[c.drafts, c.accepted, c.accepted_at] for c in source]
+        encoded = _encoded(source)
         if self.data["source"].setdefault(column, encoded) != encoded or \
                 self.data["conversations"].setdefault(column, conversations) != conversations:
             sys.exit(f"{self.path}: the bundled source replayed to other counters under {column} than the ledger "
@@ -144,7 +147,7 @@ class Ledger:
                      "--ledger")
         for name, counters in drafters.items():
             entry = self.data["drafters"].setdefault(name, {"counters": {}})
-            entry["counters"][column] = [[c.drafts, c.accepted, c.accepted_at] for c in counters]
+            entry["counters"][column] = _encoded(counters)
             if name in trained:
                 entry["trained"] = trained[name]
 
@@ -160,13 +163,12 @@ class Ledger:
         k = int(column.split()[0].removeprefix("k="))
         return [AcceptanceCounter(k, drafts, accepted, list(at)) for drafts, accepted, at in held]
 
-    def difference(self, a: str | None, b: str, column: str) -> str:
-        """τ(b) − τ(a) (a None: the bundled source) with its paired 95 % interval over the ledger's prompts."""
+    def difference(self, a: str | None, b: str, column: str):
+        """τ(b) − τ(a) (a None: the bundled source) and its paired 95 % interval over the ledger's prompts."""
         from eaglekit.decode.stats import paired_difference
 
-        point, interval = paired_difference(self.counters(a, column), self.counters(b, column),
-                                            self.data["conversations"][column])
-        return f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" if interval else f"{point:+.3f}"
+        return paired_difference(self.counters(a, column), self.counters(b, column),
+                                 self.data["conversations"][column])
 
     def print_tables(self, names: list[str], seeds: list[int]) -> None:
         print(f"\nfrom {self.path}: the training of each retrain, then the tables")
@@ -176,22 +178,25 @@ class Ledger:
         print("\n| drafter − bundled EAGLE-3 | " + " | ".join(self.columns) + " |")
         print("|---|" + "---|" * len(self.columns))
         for name in names:
-            print(f"| {name} | {' | '.join(self.difference(None, name, c) for c in self.columns)} |")
+            print(f"| {name} | {' | '.join(_cell(*self.difference(None, name, c)) for c in self.columns)} |")
         print("\n| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired) | " + " | ".join(self.columns) + " |")
         print("|---|" + "---|" * len(self.columns))
+        gains = {seed: [self.difference(f"EAGLE-3 from scratch, seed {seed}", f"EAGLE-3.1 from scratch, seed {seed}",
+                                        c) for c in self.columns] for seed in seeds}
         for seed in seeds:
-            pair = (f"EAGLE-3 from scratch, seed {seed}", f"EAGLE-3.1 from scratch, seed {seed}")
-            print(f"| seed {seed} | {' | '.join(self.difference(*pair, c) for c in self.columns)} |")
+            print(f"| seed {seed} | {' | '.join(_cell(*g) for g in gains[seed])} |")
         if len(seeds) > 1:
-            from eaglekit.decode.stats import paired_difference
+            points = [[gains[s][i][0] for s in seeds] for i in range(len(self.columns))]
+            print(f"| mean over {len(seeds)} seeds (min .. max) | "
+                  + " | ".join(f"{statistics.mean(p):+.3f} ({min(p):+.3f} .. {max(p):+.3f})" for p in points) + " |")
 
-            cells = []
-            for c in self.columns:
-                gains = [paired_difference(self.counters(f"EAGLE-3 from scratch, seed {s}", c),
-                                           self.counters(f"EAGLE-3.1 from scratch, seed {s}", c),
-                                           self.data["conversations"][c])[0] for s in seeds]
-                cells.append(f"{statistics.mean(gains):+.3f} ({min(gains):+.3f} .. {max(gains):+.3f})")
-            print(f"| mean over {len(seeds)} seeds (min .. max) | {' | '.join(cells)} |")
+
+def _encoded(counters) -> list:
+    return [[c.drafts, c.accepted, c.accepted_at] for c in counters]
+
+
+def _cell(point: float, interval) -> str:
+    return f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" if interval else f"{point:+.3f}"
 
 
 def prepare(args, target: str, work: str) -> tuple[dict[str, str], str]:

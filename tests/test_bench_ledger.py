@@ -82,3 +82,12 @@ def test_a_ledger_of_other_settings_columns_or_data_is_refused(tmp_path, change)
     with pytest.raises(SystemExit, match="measured with other"):
         Ledger(str(path), SETTINGS | {k: v for k, v in change.items() if k != "columns"}, columns)
     assert json.loads(path.read_text()) == held
+
+
+@pytest.mark.parametrize("content", ["{", "[]", '{"source": {}}'])
+def test_a_file_that_is_not_a_ledger_is_one_line_and_left_as_it_is(tmp_path, content):
+    path = tmp_path / "ledger.json"
+    path.write_text(content)
+    with pytest.raises(SystemExit, match="not a ledger this bench wrote"):
+        Ledger(str(path), SETTINGS, COLUMNS)
+    assert path.read_text() == content
