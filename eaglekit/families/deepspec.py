@@ -7,6 +7,7 @@
 model's own state dict (`save_pretrained`): `embed_tokens`, `fc` (5·H in), `layers.{i}.` with per-head
 `q_norm`/`k_norm` and a `hidden_norm` in every layer, `norm`, and a full-vocabulary `lm_head` (no d2t). The residual
 is taken before `hidden_norm` (vLLM's norm_before_residual false). No engine registers either architecture.
+Tried before AngelSlim: the Gemma4 config carries `target_model_type`, AngelSlim's marker.
 """
 
 from eaglekit.families.base import Observed, Traits, family
@@ -15,7 +16,7 @@ ARCHITECTURES = ("Qwen3Eagle3Model", "Gemma4Eagle3Model")
 TRAINING_KEYS = ("target_layer_ids", "ttt_length", "step_loss_decay")  # the fields Qwen3Eagle3Model asserts
 
 
-@family("deepspec", priority=85,
+@family("deepspec", priority=45,
         traits=Traits("DeepSpec", "output", ("top-level",), False, aux_ids_key="target_layer_ids"))
 class DeepSpec:
     @staticmethod

@@ -6,6 +6,7 @@ import re
 
 import shlex
 
+from eaglekit.catalogue import carried
 from eaglekit.config_view import REPO_ID, as_ids, nested
 from eaglekit.engines.base import TOP_IDS, format_version, parse_version, target_folder
 from eaglekit.engines.vllm import (
@@ -28,6 +29,7 @@ from eaglekit.rules.facts import (
     layer_key,
     names_in_source,
 )
+from eaglekit.rules.expected import tolerated_extra
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 _MIDLAYER_MULTI = re.compile(r"^(model\.)?midlayer\.\d+\.")
@@ -386,5 +388,9 @@ def ids_under_own_key(ctx: RuleContext):
         parts.append(f"no eagle3 class takes K from it (K={view.k} from {view.k_source}, fc.weight holds K={K})")
     if view.problem:
         parts.append(f"and {view.problem} (EK301)")
-    yield Hit("; ".join(parts) + f": {_upgrade_command(ctx)} writes a registered architecture with these ids as "
-              f"eagle_aux_hidden_state_layer_ids (top level and eagle_config) and num_aux_hidden_states", key=key)
+    strangers = sorted(ref.source_name for name, ref in spec.tensors.items()
+                       if not carried(name) and not tolerated_extra(spec, name))
+    fix = (f"no upgrade serves it: {examples(strangers)} have no place in any eagle3 class (EK104)" if strangers
+           else f"{_upgrade_command(ctx)} writes a registered architecture with these ids as "
+                "eagle_aux_hidden_state_layer_ids (top level and eagle_config) and num_aux_hidden_states")
+    yield Hit("; ".join(parts) + ": " + fix, key=key)
