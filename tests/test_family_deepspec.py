@@ -222,8 +222,8 @@ for draft in drafts:
             parts.setdefault(f"model.{parent}.{fused}.{leaf}", {})[slot] = tensor
         else:
             parts[where] = {0: tensor}
-    differ = [n for n, chunks in parts.items()
-              if n not in params or not torch.equal(params[n].detach(), torch.cat([chunks[i] for i in sorted(chunks)]).float())]
+    joined = {n: torch.cat([chunks[i] for i in sorted(chunks)]).float() for n, chunks in parts.items()}
+    differ = [n for n, value in joined.items() if n not in params or not torch.equal(params[n].detach(), value)]
     v1 = GPUModelRunner._get_eagle3_aux_layers_from_config(types.SimpleNamespace(speculative_config=sc))
     report[draft] = {"class": cls.__name__, "k": model.model.num_aux_layers, "fc_in": model.model.fc_input_size,
                      "unloaded": sorted(n for n, p in params.items() if torch.isnan(p).any()),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-
 import shlex
 
 from eaglekit.catalogue import carried
@@ -21,6 +20,7 @@ from eaglekit.engines.vllm import (
 )
 from eaglekit.errors import MAX_QUOTED_CHARS, quoted
 from eaglekit.families.names import legacy_pattern
+from eaglekit.rules.expected import tolerated_extra
 from eaglekit.rules.facts import (
     eagle_config,
     examples,
@@ -29,7 +29,6 @@ from eaglekit.rules.facts import (
     layer_key,
     names_in_source,
 )
-from eaglekit.rules.expected import tolerated_extra
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 _MIDLAYER_MULTI = re.compile(r"^(model\.)?midlayer\.\d+\.")
