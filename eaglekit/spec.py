@@ -124,6 +124,7 @@ class SourceFacts:
     norm_output_meaning_versioned: bool = False  # norm_output's meaning changed between producer releases (P35)
     vllm_layout: bool = False  # vLLM's own flat layout (what upgrade writes)
     config_problems: tuple[ConfigProblem, ...] = ()  # written values of the wrong type or range (never defaulted)
+    aux_ids_key: str = "eagle_aux_hidden_state_layer_ids"  # the top-level key the producer writes its aux ids under
 
 
 def aux_count(fc_in_features: int | None, target_hidden: int) -> int | None:

@@ -44,6 +44,12 @@ VLLM_OTHER_DRAFT_METHODS: dict[str, str] = {
     "MuseGlimmer": "MuseGlimmer",
 }
 VLLM_D2T_OPTIONAL = (0, 30, 0)  # from here draft_id_to_target_id exists only when Vd < V
+# The V2 runner's fallback when no top-level eagle_aux_hidden_state_layer_ids is written: a top-level
+# `target_layer_ids` (DSpark's and DeepSpec's key, output-of-layer) plus 1 (v1/worker/gpu/spec_decode/eagle/
+# eagle3_utils.py get_eagle3_aux_layers_from_config, read in 0.25.0, 0.29.0, 0.32.0 and 0.33.0; absent in 0.24.0).
+# The V1 runner (gpu_model_runner._get_eagle3_aux_layers_from_config) never reads it.
+V2_FALLBACK_IDS = "target_layer_ids"
+VLLM_V2_READS_TARGET_LAYER_IDS = (0, 25, 0)
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,7 @@ class VllmView:
     k_source: str
     top_level_ids: tuple[int, ...] | None  # what the V2 runner captures (None: the default)
     v1_ids: tuple[int, ...] | None  # what the V1 runner captures (None: the default)
+    v2_key: str | None = TOP_IDS  # the key the V2 runner took its ids from (None: the default)
 
 
 def _speculators_mapping(cfg: dict[str, Any], version: Version) -> tuple[dict[str, Any], str | None, str | None]:
@@ -198,13 +205,25 @@ def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
     inner = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
     k, k_source = _vllm_k(resolved, ec, top, inner, model_class, version)
     v1 = top if top else (inner if new else None)
+    v2, v2_key = _v2_ids(resolved, top, version)
     return VllmView(
         version=version, layout="speculators" if speculators else "flat", architecture=arch,
         model_class=model_class, problem=problem, config=resolved, fc_norm=fc_norm, norm_output=norm_output,
         norm_before_fc=bool(nbf), norm_before_residual=nbr,
         use_aux_hidden_state=bool(ec.get("use_aux_hidden_state", True)),
-        k=k, k_source=k_source, top_level_ids=top, v1_ids=v1,
+        k=k, k_source=k_source, top_level_ids=v2, v1_ids=v1, v2_key=v2_key,
     )
+
+
+def _v2_ids(resolved: dict[str, Any], top: tuple[int, ...] | None, version: Version
+            ) -> tuple[tuple[int, ...] | None, str | None]:
+    """What the V2 runner captures and the key it read: the top-level list, else `target_layer_ids` + 1."""
+    if top:
+        return top, TOP_IDS
+    fallback = as_ids(resolved.get(V2_FALLBACK_IDS)) if version >= VLLM_V2_READS_TARGET_LAYER_IDS else None
+    if fallback:
+        return tuple(i + 1 for i in fallback), V2_FALLBACK_IDS
+    return None, None
 
 
 def _vllm_k(resolved: dict[str, Any], ec: dict[str, Any], top: tuple[int, ...] | None,
@@ -261,8 +280,9 @@ def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:
     view = vllm_view(spec)
     runner = vllm_default_runner(view.version, target.architectures[0] if target and target.architectures else None)
     read = vllm_runner_ids(view, runner)
-    key = None if read is None else TOP_IDS if view.top_level_ids else NESTED_IDS
-    return IdReading(VLLM, key, 0, read or (target.default_aux_ids if target is not None else None), None)
+    key = None if read is None else view.v2_key if runner == "v2" else TOP_IDS if view.v2_key == TOP_IDS else NESTED_IDS
+    shift = 1 if key == V2_FALLBACK_IDS else 0
+    return IdReading(VLLM, key, shift, read or (target.default_aux_ids if target is not None else None), None)
 
 
 RECORD = Engine(

@@ -11,6 +11,7 @@ import numpy as np
 
 from eaglekit.rules import all_rules
 from tests.support.factory import (
+    DEEPSPEC,
     Recipe,
     canonical_tensors,
     edit_config,
@@ -275,6 +276,7 @@ CASES = [
     Case("EK327", lambda p: draft(p, config_patch={"rms_norm_eps": 0.5}), lambda p: draft(p)),
     Case("EK328", lambda p: draft(p, config_patch={"hidden_act": "gelu"}),
          lambda p: draft(p, config_patch={"hidden_act": "silu"})),
+    Case("EK329", lambda p: draft(p, "deepspec", **DEEPSPEC), lambda p: draft(p, **DEEPSPEC)),
     Case("EK157", lambda p: draft(p, config_patch={"torch_dtype": "banana"}),
          lambda p: draft(p, config_patch={"torch_dtype": "bfloat16"}),
          label="torch-dtype-name"),
