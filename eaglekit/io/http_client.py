@@ -69,7 +69,7 @@ class Origin:
             scheme = parts.scheme.lower()
             return cls(scheme, (parts.hostname or "").lower(), parts.port or DEFAULT_PORTS.get(scheme, 0))
         except ValueError:
-            raise RedirectRefused("redirected to a malformed URL") from None
+            raise RedirectRefused("it redirects to a malformed URL") from None
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -105,12 +105,12 @@ def request(url: str, *, deadline_s: float, max_bytes: int, authorization: str |
         target = urljoin(url, location)
         there = Origin.of(target)
         if there.scheme not in DEFAULT_PORTS or not there.may_receive_credentials_of(first):
-            raise RedirectRefused(f"redirected to another origin ({there}); eaglekit talks only to the server given "
-                                  "and sends its credentials nowhere else")
+            raise RedirectRefused(f"it redirects to another origin ({there}), where eaglekit neither follows nor sends "
+                                  "credentials: give the URL of the server itself")
         if method != "GET" and status not in (307, 308):
-            raise RedirectRefused(f"answered a {method} with HTTP {status} (a redirect that drops the request body)")
+            raise RedirectRefused(f"it answers a {method} with HTTP {status} (a redirect that drops the request body)")
         url = target
-    raise RedirectRefused(f"more than {MAX_REDIRECTS} redirects")
+    raise RedirectRefused(f"it redirects more than {MAX_REDIRECTS} times")
 
 
 class _Watchdog:
@@ -149,7 +149,10 @@ def _exchange(method: str, url: str, headers: dict[str, str], body: bytes | None
         response = connection.getresponse()
         if response.status in REDIRECTS:
             return response.status, response.getheader("Location"), b""
-        return response.status, None, _bounded_body(response, max_bytes)
+        data = _bounded_body(response, max_bytes)
+        if watchdog.fired:  # the cut socket ends the body early rather than failing the read
+            raise DeadlineExceeded(f"no complete answer within {deadline_s:g} s")
+        return response.status, None, data
     except (OSError, http.client.HTTPException) as exc:
         if watchdog.fired or time.monotonic() >= deadline:
             raise DeadlineExceeded(f"no complete answer within {deadline_s:g} s") from None
@@ -169,29 +172,36 @@ def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, s
     https = parts.scheme == "https"
     proxy = None if urllib.request.proxy_bypass(host) else urllib.request.getproxies().get(parts.scheme)
     if not proxy:
-        kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
-        return kind(host, port, timeout=timeout), path, {}
+        if https:
+            return http.client.HTTPSConnection(host, port, timeout=timeout), path, {}
+        return http.client.HTTPConnection(host, port, timeout=timeout), path, {}
     via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     credentials = {}
     if via.username is not None:
         pair = f"{unquote(via.username)}:{unquote(via.password or '')}".encode()
         credentials = {"Proxy-Authorization": f"Basic {base64.b64encode(pair).decode()}"}
     if https:
-        connection = http.client.HTTPSConnection(via.hostname or "", via.port or 80, timeout=timeout)
-        connection.set_tunnel(host, port, headers=credentials)
-        return connection, path, {}
+        tunnel = http.client.HTTPSConnection(via.hostname or "", via.port or 80, timeout=timeout)
+        tunnel.set_tunnel(host, port, headers=credentials)
+        return tunnel, path, {}
     connection = http.client.HTTPConnection(via.hostname or "", via.port or 80, timeout=timeout)
     return connection, f"http://{parts.netloc.rpartition('@')[2]}{path}", credentials
 
 
 def _bounded_body(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
-    declared = response.getheader("Content-Length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
-        raise AnswerTooLarge(f"an answer of {int(declared):,} bytes declared, more than the {max_bytes:,} allowed")
-    chunks, total = [], 0
+    """The answer's body, read in chunks and refused as soon as it is known to pass `max_bytes`."""
+    text = (response.getheader("Content-Length") or "").strip()
+    declared = int(text) if text.isdigit() and len(text) <= 18 else None  # longer: past any cap, not worth parsing
+    if text.isdigit() and (declared is None or declared > max_bytes):
+        size = f"{declared:,}" if declared is not None else f"a {len(text)}-digit number of"
+        raise AnswerTooLarge(f"an answer of {size} bytes declared, more than the {max_bytes:,} allowed")
+    chunks: list[bytes] = []
+    total = 0
     while True:
         chunk = response.read(CHUNK_BYTES)
         if not chunk:
+            if declared is not None and total < declared:
+                raise http.client.IncompleteRead(b"", declared - total)
             return b"".join(chunks)
         total += len(chunk)
         if total > max_bytes:
@@ -205,6 +215,8 @@ def _reason(exc: BaseException) -> str:
         return "unknown host"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
+    if isinstance(exc, http.client.IncompleteRead):
+        return "the answer ended before its declared length"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return f"{type(exc).__name__}: the answer breaks the HTTP protocol"
