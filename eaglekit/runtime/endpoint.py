@@ -4,6 +4,11 @@ bench asks a server only what vLLM's own routes say: the model it serves (/v1/mo
 its spec-decode counters (Prometheus text at /metrics), read before and after each measurement so that acceptance
 covers exactly the requests between the two readings. An API key goes in an `Authorization: Bearer` header and
 nowhere else: `public_url` is the URL a report may record (no credentials, query or fragment).
+
+Every request goes through eaglekit.io.http_client (a deadline per request, a byte cap per route, credentials to
+this server's origin only), and every number an answer holds is checked before use: counters are whole numbers
+from 0 to 2^53, draft positions below MAX_DRAFT_POSITIONS, max_model_len a token count; anything else is one
+EngineError naming the server and the route.
 """
 
 from __future__ import annotations
