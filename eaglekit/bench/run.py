@@ -39,7 +39,7 @@ from eaglekit.io.outputs import Role
 from eaglekit.io.urls import check_http_url
 from eaglekit.provenance import measured_files
 from eaglekit.redact import public_flags, public_path
-from eaglekit.runtime.endpoint import PER_POSITION, Endpoint, ServedModel, SpecCounters
+from eaglekit.runtime.endpoint import PER_POSITION, Endpoint, ServedModel, counted_between
 from eaglekit.runtime.engine import EngineOptions, check_engine_available, fitted_model_len
 from eaglekit.runtime.server import BenchClient, Server, engine_flags, start_server
 
@@ -192,7 +192,8 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
                                   given=list(engine.engine_args), timeout_s=options.start_timeout_s)
             try:
                 runs[side] = _measure_side(client, server.endpoint, side, files, groups, options,
-                                           model=target_path, tokenizer=target_path, say=say, server=server)
+                                           model=target_path, tokenizer=target_path, say=say, notes=report.notes,
+                                           server=server)
             finally:
                 server.stop()
             key = "baseline" if side == "target alone" else "speculative"
@@ -279,7 +280,7 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
         for side, endpoint in (("target alone", baseline), ("target + draft", speculative)):
             if endpoint is not None:
                 runs[side] = _measure_side(client, endpoint, side, files, groups, options, model=served.id,
-                                           tokenizer=source, say=say)
+                                           tokenizer=source, say=say, notes=report.notes)
     report.timings["total_s"] = time.perf_counter() - started
     alone, drafted = runs.get("target alone"), runs["target + draft"]
     report.rows = [BenchRow(c, g.category, alone[(g.category, c)] if alone else None, drafted[(g.category, c)])
@@ -289,10 +290,13 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
 
 def _measure_side(client: BenchClient, endpoint: Endpoint, side: str, files: dict[tuple[str | None, int], str | None],
                   groups: Sequence[PromptGroup], options: BenchOptions, *, model: str, tokenizer: str,
-                  say: Callable[[str], None], server: Server | None = None) -> dict[tuple[str | None, int], ServedRun]:
+                  say: Callable[[str], None], notes: list[str],
+                  server: Server | None = None) -> dict[tuple[str | None, int], ServedRun]:
     """Every concurrency and group on one server: warm-ups first (outside the measurement), then the server's
-    counters, vLLM's client, the counters again; acceptance is the difference of the two readings."""
+    counters, vLLM's client, the counters again; acceptance is the difference of the two readings. Where that
+    difference is unknown (counters absent or reset), a note in `notes` says so and those rows carry no τ."""
     engine = options.engine_options
+    unknown_at: dict[str, list[str]] = {}
     body = {"max_tokens": options.max_new_tokens, "temperature": options.temperature,
             **({"top_p": options.top_p} if options.top_p < 1 else {}),
             **({"ignore_eos": True} if options.ignore_eos else {})}
@@ -308,9 +312,12 @@ def _measure_side(client: BenchClient, endpoint: Endpoint, side: str, files: dic
             before = endpoint.counters()
             args = _client_args(model, files[(group.category, c)], c, options, tokenizer=tokenizer)
             result = client.run(endpoint, args, what=label, timeout_s=engine.timeout_s, server=server)
-            after = endpoint.counters()
-            counters = after - before if before is not None and after is not None else SpecCounters()
+            counters, unknown = counted_between(before, endpoint.counters())
+            if unknown and side == "target + draft":
+                unknown_at.setdefault(unknown, []).append(label)
             measured[(group.category, c)] = ServedRun.from_vllm(result, counters, options.chosen_percentiles)
+    notes.extend(f"τ unknown at {', '.join(labels)}: the speculative server's spec-decode counters were {reason}"
+                 for reason, labels in unknown_at.items())
     return measured
 
 

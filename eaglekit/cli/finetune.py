@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from eaglekit.cli.output import (
+    SEED,
     aux_ids,
     emit_json,
     findings_table,
@@ -96,7 +97,7 @@ def _freeze(text: str) -> tuple[str, ...]:
               help="bf16: autocast compute with fp32 master weights; auto: bf16 where the device computes it natively "
                    "(CUDA, CPUs with AVX512-BF16 or AMX), fp32 elsewhere (emulated bf16 is slower); the report "
                    "names what ran.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--warm-start", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: before training, set up what upgrade switched on untrained (norm_output: rescale the "
                    "final norm into lm_head; unit fc_norm: least-squares fit).")

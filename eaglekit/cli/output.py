@@ -91,6 +91,25 @@ def sampling_text(sampling: dict, *, replay: bool = False) -> str:
             f"seed {sampling['seed']}")
 
 
+class SeedType(click.ParamType):
+    """A --seed: an integer torch's generator takes, refused while the command line is read (one line, exit 2)
+    rather than once the model has loaded."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        from eaglekit.decode.sampling import SEED_RANGE, SEED_RANGE_TEXT
+        from eaglekit.errors import UsageError
+
+        seed = click.INT.convert(value, param, ctx)
+        if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            raise UsageError(f"{param.opts[0] if param else '--seed'} {seed}: {SEED_RANGE_TEXT}")
+        return seed
+
+
+SEED = SeedType()
+
+
 def sampling_options(*, seed: bool):
     """--temperature and --top-p (verify, compare, bench) and, where eaglekit draws the samples, --seed."""
     from eaglekit.decode.sampling import DEFAULT_SEED
@@ -104,7 +123,7 @@ def sampling_options(*, seed: bool):
                           "applied after the temperature); 1: all."),
     ]
     if seed:
-        options.append(click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True,
+        options.append(click.option("--seed", type=SEED, default=DEFAULT_SEED, show_default=True,
                                     help="Seed of the sampled decode's generator (with --temperature): the same "
                                          "seed gives the same tokens and counters."))
 

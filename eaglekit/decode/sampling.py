@@ -26,6 +26,8 @@ from eaglekit.errors import UsageError
 GREEDY_BELOW = 1e-5
 """vLLM samples greedily below this temperature (vllm/sampling_params.py `_SAMPLING_EPS`)."""
 DEFAULT_SEED = 0
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes (both ends included)
+SEED_RANGE_TEXT = "torch takes seeds from -2^63 to 2^64 - 1"
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from eaglekit.decode.sampling import SEED_RANGE, SEED_RANGE_TEXT
 from eaglekit.drafter.model import Drafter
 from eaglekit.errors import CheckpointError, TrainingInterrupted, UsageError
 from eaglekit.finetune.batches import (
@@ -100,8 +101,8 @@ class TrainOptions:
         if self.depth_decay ** (self.depth - 1) < torch.finfo(torch.float32).tiny:
             raise UsageError(f"--depth-decay {self.depth_decay} with --depth {self.depth}: the deepest step's loss "
                              f"weight decay^{self.depth - 1} vanishes in float32; raise --depth-decay")
-        if not -(2**63) <= self.seed < 2**64:
-            raise UsageError(f"--seed {self.seed}: torch takes seeds from -2^63 to 2^64 - 1")
+        if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise UsageError(f"--seed {self.seed}: {SEED_RANGE_TEXT}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         unknown = sorted(set(self.freeze) - set(FREEZE_GROUPS))

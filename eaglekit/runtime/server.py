@@ -15,19 +15,19 @@ import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.errors import EngineError, UsageError
+from eaglekit.io import http_client
 from eaglekit.runtime import processes
 from eaglekit.runtime.endpoint import Endpoint
 from eaglekit.runtime.engine import PROBE_TIMEOUT_S, WORKER, root_cause
 
 HEALTH_POLL_S = 1.0
 HEALTH_CHECK_S = 5.0  # a server that does not answer /health this soon is not serving
+HEALTH_BYTES = 64 * 1024  # vLLM's /health answers with an empty body
 CLIENT_POLL_S = 0.05  # how often the benchmark client's answer is looked for
 
 
@@ -93,10 +93,10 @@ class Server:
         if self.process.poll() is not None:
             return False
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
+            http_client.request(f"{self.url}/health", deadline_s=timeout_s, max_bytes=HEALTH_BYTES)
+        except http_client.HttpFailure:
             return False
+        return True
 
     def stop(self) -> None:
         """Stop the server and every process it started (SIGTERM, SIGKILL after a grace period)."""
