@@ -267,3 +267,14 @@ def test_a_hostile_import_is_refused_in_one_line_and_writes_nothing(case, target
     assert result.stderr.startswith(f"Error: {folder}{os.sep}") and re.search(problem, result.stderr), result.stderr
     assert not store.exists()
     assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == before
+
+
+def test_captured_ids_naming_a_layer_twice_are_refused_before_anything_is_written(target, tmp_path):
+    folder = tmp_path / "files"
+    folder.mkdir()
+    save_file(good(), str(folder / "hs_0.safetensors"))
+    store = tmp_path / "store"
+    result = run_cli(["capture", target, str(store), "--import", str(folder), "--captured-ids", "1,2,2,4",
+                      "--no-progress"])
+    assert result.exit_code == 2 and "names a layer twice" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not store.exists()
