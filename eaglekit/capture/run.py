@@ -6,6 +6,7 @@ back from the store, intact shards are kept, and capture resumes at the first re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -19,7 +20,7 @@ from eaglekit import __version__
 from eaglekit.capture import store as st
 from eaglekit.capture import store_writer
 from eaglekit.capture.sequence import CapturedSequence
-from eaglekit.errors import CaptureInterrupted, CheckpointError, UsageError
+from eaglekit.errors import CaptureInterrupted, CheckpointError, EaglekitError, UsageError
 from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.quantization import scheme
@@ -72,6 +73,9 @@ class CaptureOptions:
         if self.import_dir and (self.data != DataOptions() or self.calibration or self.engine != REFERENCE):
             raise UsageError("--import brings its own sequences and states: it cannot be combined with --data, "
                              "--generate, --templates, --calibration or --engine")
+        if self.captured_ids is not None and len(set(self.captured_ids)) != len(self.captured_ids):
+            raise UsageError(f"--captured-ids {list(self.captured_ids)} names a layer twice: vLLM writes one slot per "
+                             "distinct id")
         if self.import_dir and not self.captured_ids:
             raise UsageError("--import needs --captured-ids: the eagle_aux_hidden_state_layer_ids vLLM ran with (its "
                              "files do not record them)")
@@ -269,36 +273,53 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
 
 
 def _imported_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions) -> _Source:
-    """vLLM extract_hidden_states files (one per request, natural name order) read as records."""
-    import torch
-    from safetensors import safe_open
-
-    from eaglekit.finetune.hidden_states import TOKENS, capture_files, read_capture_file
+    """vLLM extract_hidden_states or hs-connectors FP8 files (one per request, natural name order) read as records,
+    every one checked against the target first."""
+    from eaglekit.capture.imported import check_import, imported_records
 
     assert opts.import_dir is not None and opts.captured_ids is not None
-    files = capture_files(opts.import_dir)
     captured = tuple(sorted(opts.captured_ids))
+    files = check_import(opts.import_dir, info, captured)
     layer_ids = tuple(sorted(set(aux_ids) | {info.num_layers}))
-
-    def sequences() -> list[list[int]]:
-        out = []
-        for path in files:
-            with safe_open(path, "pt") as fh:
-                out.append(fh.get_tensor(TOKENS).tolist() if TOKENS in fh.keys() else [])
-        return out
-
-    def records(planned: Sequence[Sequence[int]]) -> Iterator[CapturedSequence]:
-        for index, path in enumerate(files[len(files) - len(planned):]):
-            token_ids, states = read_capture_file(path, layer_ids, captured)
-            yield CapturedSequence(index=index, token_ids=tuple(token_ids.tolist()),
-                                   states={i: states[:, k].to(torch.float32) for k, i in enumerate(layer_ids)})
-
-    listing = [(os.path.basename(p), os.path.getsize(p)) for p in files]
+    listing = [(os.path.basename(p), os.path.getsize(p)) for p in files.files]
     inputs = {"sha256": content_address({"files": listing, "captured_ids": list(captured)}),
-              "source": f"{os.path.abspath(opts.import_dir)} ({len(files)} vLLM extract_hidden_states files)"}
-    engine: dict[str, Any] = {"name": "import", "version": None, "dtype": None, "quantization": "as served",
-              "tensor_parallel_size": 1, "engine_args": {}}
-    return _Source(engine, inputs, [], sequences, records)
+              "source": files.describe()}
+    engine: dict[str, Any] = {"name": "import", "version": None, "dtype": files.dtype(), "quantization": "as served",
+                              "tensor_parallel_size": 1, "engine_args": {}}
+    notes = []
+    if files.quantized and opts.store_dtype == "fp8":
+        notes.append("the E4M3 states are kept bit for bit; each token's one scale is the scale of every aux id")
+    elif files.quantized:
+        notes.append(f"the files' E4M3 states are stored dequantized (float32 products) as {opts.store_dtype}; "
+                     "--store-dtype fp8 keeps their bits")
+    return _Source(engine, inputs, notes, lambda: files.sequences,
+                   lambda planned: imported_records(files, planned, layer_ids, captured))
+
+
+def _write_records(store: str, writer: store_writer.StoreWriter, source: _Source, sequences: list[list[int]],
+                   on_stage: Stage | None) -> None:
+    """Capture the records the store does not hold yet, then mark it complete."""
+    start = writer.next_record
+    if start < len(sequences):
+        for record in source.records(sequences[start:]):
+            writer.add(dataclasses.replace(record, index=record.index + start))
+            if on_stage:
+                on_stage("capturing target states", writer.next_record, len(sequences))
+        writer.flush()
+    if writer.next_record != len(sequences):
+        raise CheckpointError(f"the capture backend returned {writer.next_record - start} of "
+                              f"{len(sequences) - start} records", store)
+    writer.write_manifest(complete=True)
+
+
+def _discard(store: str, created: bool) -> None:
+    """Remove what this run wrote into a store it started: its own files, its lock, the folder it made."""
+    for name in [*st.own_files(store), st.LOCK]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(store, name))
+    if created:
+        with contextlib.suppress(OSError):
+            os.rmdir(store)
 
 
 def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = None) -> CaptureReport:
@@ -314,8 +335,9 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
                                              *read_roles("--import", opts.import_dir)])
     source = _imported_source(info, aux_ids, opts) if opts.import_dir else _engine_source(info, aux_ids, opts,
                                                                                          on_stage)
+    identity = store_identity(info, aux_ids, source.engine, source.inputs, opts)
+    created = not os.path.lexists(store)
     with st.store_lock(store):
-        identity = store_identity(info, aux_ids, source.engine, source.inputs, opts)
         manifest, done = st.open_store(store, identity, force=opts.force)
         resumed_from = None
         if manifest is None:
@@ -331,20 +353,15 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
                                 shard_tokens=opts.shard_tokens, store_dtype=opts.store_dtype)
         start = writer.next_record
         try:
-            if start < len(sequences):
-                for record in source.records(sequences[start:]):
-                    writer.add(dataclasses.replace(record, index=record.index + start))
-                    if on_stage:
-                        on_stage("capturing target states", writer.next_record, len(sequences))
-                writer.flush()
-            if writer.next_record != len(sequences):
-                raise CheckpointError(f"the capture backend returned {writer.next_record - start} of "
-                                      f"{len(sequences) - start} records", store)
-            writer.write_manifest(complete=True)
+            _write_records(store, writer, source, sequences, on_stage)
         except KeyboardInterrupt:
             kept = writer.done[-1].end_record if writer.done else 0
             raise CaptureInterrupted(f"interrupted after {kept} of {len(sequences)} records ({len(writer.done)} "
                                      "shard(s) kept); rerun the same command to resume", store) from None
+        except EaglekitError:
+            if opts.import_dir and resumed_from is None:  # a file that failed once fails again: no half store
+                _discard(store, created)
+            raise
     notes = [f"aux ids from {ids_from}; id {info.num_layers} (L) is always captured", *source.notes]
     return CaptureReport(
         store=os.path.abspath(store), target=opts.target, engine=source.engine,

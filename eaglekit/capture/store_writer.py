@@ -85,18 +85,14 @@ class StoreWriter:
             return None
         first = self.done[-1].end_record if self.done else 0
         lengths = [len(r.token_ids) for r in self.pending]
-        aux = torch.cat([torch.stack([r.states[i].float() for i in self.aux_ids], dim=1) for r in self.pending])
-        last = torch.cat([r.states[self.last_id].float() for r in self.pending])
+        last = torch.cat([r.float_state(self.last_id) for r in self.pending])
         tensors: dict[str, torch.Tensor] = {
             "token_ids": torch.tensor([t for r in self.pending for t in r.token_ids], dtype=torch.int64),
             "offsets": torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0),
             "loss_mask": torch.ones(sum(lengths), dtype=torch.uint8),
         }
         tensors["last"] = last
-        if self.store_dtype == "fp8":
-            tensors["aux"], tensors["aux_scale"] = quantize_fp8(aux)
-        else:
-            tensors["aux"] = aux.to(torch.float32 if self.store_dtype == "float32" else torch.bfloat16)
+        tensors.update(self._aux())
         data = _safetensors_bytes(tensors, {"format": FORMAT, "first_record": str(first)})
         shard = Shard(shard_name(len(self.done)), len(data), sha256_bytes(data), first, first + len(lengths),
                       sum(lengths))
@@ -105,6 +101,26 @@ class StoreWriter:
         self.pending, self.pending_tokens = [], 0
         self.write_manifest()
         return shard
+
+    def _aux(self) -> dict[str, torch.Tensor]:
+        """The pending records' aux states in the store dtype. An fp8 store keeps the E4M3 values and scales of a
+        record that brings them bit for bit (its token's one scale becomes the scale of each id); other records are
+        quantized here. Quantizing is per row, so record by record gives the bytes of the whole shard at once."""
+        import torch
+
+        if self.store_dtype != "fp8":
+            aux = torch.cat([torch.stack([r.float_state(i) for i in self.aux_ids], dim=1) for r in self.pending])
+            return {"aux": aux.to(torch.float32 if self.store_dtype == "float32" else torch.bfloat16)}
+        values, scales = [], []
+        for r in self.pending:
+            if r.scale is not None:
+                values.append(torch.stack([r.states[i] for i in self.aux_ids], dim=1))
+                scales.append(r.scale.to(torch.float32)[:, None].expand(-1, len(self.aux_ids)))
+            else:
+                value, scale = quantize_fp8(torch.stack([r.float_state(i) for i in self.aux_ids], dim=1))
+                values.append(value)
+                scales.append(scale)
+        return {"aux": torch.cat(values), "aux_scale": torch.cat(scales).contiguous()}
 
     def write_manifest(self, *, complete: bool = False) -> None:
         self.manifest.update({

@@ -55,7 +55,8 @@ Examples:
 @click.option("--calibration-tokens", type=int, default=2048, show_default=True,
               help="--calibration: tokens of the text to capture.")
 @click.option("--import", "import_dir", type=click.Path(file_okay=False),
-              help="Import vLLM extract_hidden_states files (one per request) instead of running the target.")
+              help="Import vLLM extract_hidden_states files or hs-connectors FP8 files (one per request) instead "
+                   "of running the target.")
 @click.option("--captured-ids", help="--import: the eagle_aux_hidden_state_layer_ids vLLM ran with (must include "
                                      "id L, which the labels come from).")
 @click.option("--draft", help="Capture the aux layer ids this draft reads.")
