@@ -262,6 +262,25 @@ def _speculators_config(r: Recipe, arch: str, version: str, ids: list[int] | Non
     return cfg
 
 
+MASK_TOKEN_ID = 3  # the mask-slot token of the P-EAGLE layouts
+
+
+def _peagle_files(r: Recipe, t: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """speculators 0.9.0's P-EAGLE checkpoint (models/peagle/config.py PEagleSpeculatorConfig, models/peagle/core.py
+    PEagleDraftModel, as save_pretrained writes it): the eagle3 fields plus mask_token_id and
+    embed_requires_grad, architectures the model class, the trained embedding, and mask_hidden [1, 1, K·T]."""
+    cfg = _speculators_config(r, "PEagleDraftModel", "0.9.0", list(r.aux_ids))
+    cfg["speculators_model_type"] = "peagle"
+    cfg["speculators_config"]["algorithm"] = "peagle"
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 8
+    cfg.update(mask_token_id=MASK_TOKEN_ID, embed_requires_grad=True, auto_map={"": "config.PEagleSpeculatorConfig"})
+    rng = np.random.default_rng(r.seed + 1)
+    t = dict(t)
+    t.setdefault("embed_tokens.weight", (rng.standard_normal((r.vocab, r.hidden)) * 0.05).astype(np.float32))
+    t["mask_hidden"] = (rng.standard_normal((1, 1, r.k * r.T)) * 0.05).astype(np.float32)
+    return cfg, t
+
+
 def _rename(names: dict[str, np.ndarray], style: str) -> dict[str, np.ndarray]:
     out = {}
     for name, arr in names.items():
@@ -294,6 +313,9 @@ def layout_files(layout: str, r: Recipe) -> tuple[dict, dict[str, np.ndarray], d
     if layout in ("speculators", "speculators-train"):
         arch = "Eagle3DraftModel" if layout == "speculators-train" else "Eagle3Speculator"
         cfg = _speculators_config(r, arch, "0.9.0", list(r.aux_ids))
+        return cfg, t, meta
+    if layout == "peagle":
+        cfg, t = _peagle_files(r, t)
         return cfg, t, meta
     if layout == "modelopt-vllm":
         cfg = _speculators_config(r, "Eagle3Speculator", "0.1.0.dev14", None)
