@@ -142,7 +142,7 @@ def test_the_same_flags_through_the_eagle3_speculators_path_are_silent(tmp_path)
 
 def test_peagle_serve_command_switches_parallel_drafting_on(tmp_path):
     report = run_rules(load_draft(peagle(tmp_path)), engine="vllm")
-    assert report.settings["vllm"] == ("parallel_drafting: true",)
+    assert report.settings["vllm"] == ('"parallel_drafting": true',)
     command = serve_command("vllm", "org/target", "./draft", 3, report.settings["vllm"])
     config = json.loads(command.split("--speculative-config ", 1)[1].strip("'"))
     assert config == {"model": "./draft", "method": "eagle3", "num_speculative_tokens": 3, "parallel_drafting": True}
@@ -162,7 +162,7 @@ def test_inspect_says_parallel_drafting_and_both_flag_readings(tmp_path):
     assert doc["family"] == "peagle" and doc["fc_norm"] and doc["norm_output"]
     parallel = doc["parallel_drafting"]
     assert parallel["mask_token_id"] == MASK_TOKEN_ID and parallel["mask_hidden_shape"] == [1, 1, 192]
-    assert parallel["vllm"]["settings"] == ["parallel_drafting: true"]
+    assert parallel["vllm"]["settings"] == ['"parallel_drafting": true']
     assert (parallel["vllm"]["fc_norm"], parallel["vllm"]["norm_output"]) == (False, False)
     assert parallel["vllm"]["not_carried"] == ["fc_norm", "norm_output"]
     human = run_cli(["inspect", path]).stdout
@@ -180,7 +180,7 @@ def test_validate_fails_the_31_draft_with_the_upgrade_as_its_fix(tmp_path):
     assert {"EK329", "EK330"} <= {f["code"] for f in doc["findings"]}
     assert doc["fix"] == "eaglekit upgrade draft31 draft31-vllm"  # JSON names a folder by its name
     plain = run_cli(["validate", peagle(tmp_path, "plain")])
-    assert plain.exit_code == 0 and "serves it with parallel_drafting: true" in plain.stdout
+    assert plain.exit_code == 0 and 'serves it with "parallel_drafting": true' in plain.stdout
 
 
 # ---------------------------------------------------------------- upgrade

@@ -320,7 +320,7 @@ def speculative_config(draft: str, k: int) -> dict[str, Any]:
     return {"model": draft, "method": "eagle3", "num_speculative_tokens": k}
 
 
-PARALLEL_DRAFTING_SETTING = "parallel_drafting: true"
+PARALLEL_DRAFTING_SETTING = '"parallel_drafting": true'  # a member of the --speculative-config object
 
 
 def settings(spec: DraftSpec, target: TargetInfo | None = None) -> tuple[str, ...]:
@@ -331,9 +331,8 @@ def settings(spec: DraftSpec, target: TargetInfo | None = None) -> tuple[str, ..
 
 def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = ()) -> str:
     config = speculative_config(draft, k)
-    for setting in settings:  # "key: JSON value" lines, as `settings` writes them
-        key, value = setting.split(": ", 1)
-        config[key] = json.loads(value)
+    for setting in settings:  # members of the JSON object, as `settings` writes them
+        config.update(json.loads("{" + setting + "}"))
     return f"vllm serve {target} --speculative-config '{json.dumps(config)}'"
 
 
