@@ -240,6 +240,15 @@ def test_decodes_refuse_a_peagle_draft_naming_what_is_missing(tmp_path):
     assert "P-EAGLE" in result.stderr and "parallel_drafting" in result.stderr
 
 
+def test_finetune_refuses_a_peagle_draft_before_any_work(tmp_path):
+    target = make_target_config(str(tmp_path / "target"))
+    flat = str(tmp_path / "flat")
+    upgrade(peagle(tmp_path), flat, UpgradeOptions())
+    result = run_cli(["finetune", flat, str(tmp_path / "tuned"), "--target", target])
+    assert result.exit_code == 2 and "P-EAGLE" in result.stderr and "sequential" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "tuned")
+
+
 # ---------------------------------------------------------------- vLLM's own class on CPU
 
 VLLM_LOAD = r"""
