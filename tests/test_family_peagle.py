@@ -216,6 +216,12 @@ def test_upgrade_adds_no_31_flag_to_a_peagle_draft(tmp_path):
     assert not any(name.startswith("fc_norm.") for name in header(out))
 
 
+def test_upgrade_refuses_a_peagle_draft_without_its_mask_slots(tmp_path):
+    result = run_cli(["upgrade", peagle(tmp_path, drop=("mask_hidden",)), str(tmp_path / "out")])
+    assert result.exit_code == 1 and "without mask_hidden" in result.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
 @pytest.mark.parametrize("dialect", ["sglang", "speculators", "trtllm"])
 def test_other_dialects_refuse_a_peagle_draft_in_one_line(tmp_path, dialect):
     target = make_target_config(str(tmp_path / "target"))

@@ -204,6 +204,14 @@ def _parallel_drafting_flags(spec: DraftSpec, opts: UpgradeOptions, warnings: li
     return False, False
 
 
+def _refuse_without_mask_slots(spec: DraftSpec) -> None:
+    missing = [what for what, absent in (("mask_token_id", spec.facts.mask_token_id is None),
+                                         ("mask_hidden", "mask_hidden" not in spec.tensors)) if absent]
+    if missing:
+        raise CheckpointError(f"a P-EAGLE draft without {' and '.join(missing)}: vLLM cannot draft it in parallel, "
+                              "and eaglekit does not invent the mask slots", spec.path)
+
+
 def _fc_norm_init(opts: UpgradeOptions, target: TargetInfo | None, added: bool, warnings: list[str]) -> str | None:
     if not added:
         if opts.fc_norm_init is not None:
@@ -323,11 +331,7 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
                               "EAGLE-3/3.1", spec.path)
     if spec.facts.parallel_drafting:
         cannot_write("parallel_drafting")
-        missing = [what for what, absent in (("mask_token_id", spec.facts.mask_token_id is None),
-                                             ("mask_hidden", "mask_hidden" not in spec.tensors)) if absent]
-        if missing:
-            raise CheckpointError(f"a P-EAGLE draft without {' and '.join(missing)}: vLLM cannot draft it in "
-                                  "parallel, and eaglekit does not invent the mask slots", spec.path)
+        _refuse_without_mask_slots(spec)
     k = spec.num_aux_hidden_states
     t = spec.geometry.target_hidden_size
     if not k or not t:

@@ -296,6 +296,13 @@ def _rename(names: dict[str, np.ndarray], style: str) -> dict[str, np.ndarray]:
 
 def layout_files(layout: str, r: Recipe) -> tuple[dict, dict[str, np.ndarray], dict]:
     """(config, source-named arrays, safetensors metadata) for one published layout."""
+    if layout == "peagle":
+        return (*_peagle_files(r, canonical_tensors(r)), {"format": "pt"})
+    return _eagle3_layout_files(layout, r)
+
+
+def _eagle3_layout_files(layout: str, r: Recipe) -> tuple[dict, dict[str, np.ndarray], dict]:
+    """The EAGLE-3 layouts of `layout_files`."""
     t = canonical_tensors(r)
     meta = {"format": "pt"}
     if layout == "eagle":
@@ -313,9 +320,6 @@ def layout_files(layout: str, r: Recipe) -> tuple[dict, dict[str, np.ndarray], d
     if layout in ("speculators", "speculators-train"):
         arch = "Eagle3DraftModel" if layout == "speculators-train" else "Eagle3Speculator"
         cfg = _speculators_config(r, arch, "0.9.0", list(r.aux_ids))
-        return cfg, t, meta
-    if layout == "peagle":
-        cfg, t = _peagle_files(r, t)
         return cfg, t, meta
     if layout == "modelopt-vllm":
         cfg = _speculators_config(r, "Eagle3Speculator", "0.1.0.dev14", None)
