@@ -110,10 +110,7 @@ def value_problem(key: str, value: Any) -> str | None:
     if key in BOOL_KEYS:
         return None if isinstance(value, bool) else f"must be true or false, not {type(value).__name__}"
     if key in ID_LIST_KEYS:
-        if not isinstance(value, list) or not value:
-            return "must be a non-empty list of layer ids"
-        if as_ids(value) is None:
-            return "must hold only non-negative integer layer ids (an integral float such as 2.0 counts as 2)"
+        return id_list_problem(value)
     if key in OBJECT_KEYS and not isinstance(value, dict):
         return f"must be an object, not {type(value).__name__}"
     if key in DTYPE_KEYS and not (isinstance(value, str) and value in TORCH_DTYPE_NAMES):
@@ -121,11 +118,21 @@ def value_problem(key: str, value: Any) -> str | None:
     return None
 
 
+def id_list_problem(value: Any) -> str | None:
+    """Why a written aux-id list is not one (None: it is)."""
+    if not isinstance(value, list) or not value:
+        return "must be a non-empty list of layer ids"
+    if as_ids(value) is None:
+        return "must hold only non-negative integer layer ids (an integral float such as 2.0 counts as 2)"
+    return None
+
+
 def config_problems(cfg: dict[str, Any], layer_cfg: dict[str, Any] | None = None, *,
-                    empty_ids_allowed: bool = False) -> tuple[ConfigProblem, ...]:
+                    empty_ids_allowed: bool = False, own_id_key: str | None = None) -> tuple[ConfigProblem, ...]:
     """Every typed key written with a wrong value: at the top level, in the nested objects engines read, and in
     the speculators transformer_layer_config (`layer_cfg`, when it is not the top level). `empty_ids_allowed`: the
-    producer writes an empty id list for "my default ids", which engines read as not written."""
+    producer writes an empty id list for "my default ids", which engines read as not written. `own_id_key`: a
+    top-level key under which the producer writes its aux ids instead (checked as an id list too)."""
     places: list[tuple[str, dict[str, Any]]] = [("", cfg)] + [(f"{p}.", nested(cfg, p)) for p in NESTED_PLACES]
     if layer_cfg is not None and layer_cfg is not cfg:
         places.append(("transformer_layer_config.", layer_cfg))
@@ -135,7 +142,12 @@ def config_problems(cfg: dict[str, Any], layer_cfg: dict[str, Any] | None = None
             if empty_ids_allowed and key in ID_LIST_KEYS and place.get(key) == []:
                 continue
             if key in place and (why := value_problem(key, place[key])):
-                shown = repr(place[key])
-                shown = shown if len(shown) <= 40 else shown[:37] + "..."
-                found.append(ConfigProblem(prefix + key, f"{prefix}{key} = {shown} {why}"))
+                found.append(ConfigProblem(prefix + key, f"{prefix}{key} = {_shown(place[key])} {why}"))
+    if own_id_key and own_id_key not in TYPED_KEYS and own_id_key in cfg and (why := id_list_problem(cfg[own_id_key])):
+        found.append(ConfigProblem(own_id_key, f"{own_id_key} = {_shown(cfg[own_id_key])} {why}"))
     return tuple(found)
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."

@@ -86,7 +86,7 @@ class InspectReport:
 
 def parallel_drafting(spec: DraftSpec) -> dict[str, Any] | None:
     """For a P-EAGLE draft (None otherwise): its mask slots, and its flags as written beside vLLM's reading of them
-    at the latest release modelled (the speculators path drops the 3.1 flags, EK329/EK330)."""
+    at the latest release modelled (the speculators path drops the 3.1 flags, EK330/EK331)."""
     from eaglekit.engines import RECORDS, VLLM, vllm_view
 
     if not spec.facts.parallel_drafting:

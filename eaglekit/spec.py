@@ -126,6 +126,7 @@ class SourceFacts:
     parallel_drafting: bool = False  # P-EAGLE: trained to propose all k tokens in one forward (mask_hidden slots)
     mask_token_id: int | None = None  # the token id of those slots (speculators' mask_token_id, vLLM's pard_token)
     config_problems: tuple[ConfigProblem, ...] = ()  # written values of the wrong type or range (never defaulted)
+    aux_ids_key: str = "eagle_aux_hidden_state_layer_ids"  # the top-level key the producer writes its aux ids under
 
 
 def aux_count(fc_in_features: int | None, target_hidden: int) -> int | None:

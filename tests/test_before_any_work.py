@@ -94,3 +94,33 @@ def test_a_k_past_the_targets_context_is_one_line_before_any_decode(pair, monkey
     assert result.stderr.strip() == ("Error: --context-tokens 0, 64 new tokens and -k 100,000,000 (the drafts of the "
                                      "last round and its bonus token) leave no room for a prompt in the target's "
                                      "4,096-token context (max_position_embeddings)")
+
+
+@pytest.mark.parametrize("given, expected", [
+    (["--eval-limit", "2"], "Error: --eval-limit 2 held-out prompts: an interval needs 10"),
+    (["--eval-prompts", "FEW"], "Error: --eval-prompts FEW has 3 held-out prompts: an interval needs 10"),
+])
+def test_an_evaluation_too_small_to_resolve_a_gain_is_refused_before_training(pair, tmp_path, monkeypatch, given,
+                                                                               expected):
+    """Below the interval floor finetune could never write its result: it says so before capturing or training,
+    and names both ways out."""
+    few = tmp_path / "few.jsonl"
+    few.write_text("".join(f'{{"prompt": "write function {i}"}}\n' for i in range(3)))
+    given = [str(few) if a == "FEW" else a for a in given]
+    draft, target = pair
+    no_work(monkeypatch)
+    result = run_cli(["finetune", draft, str(tmp_path / "out"), "--target", target, *given])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip().replace(str(few), "FEW")
+    assert line.startswith(expected) and line.endswith(
+        "give --eval-limit 10 or more, or --keep-unresolved to write the result without a resolved gain"), line
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_keep_unresolved_takes_an_evaluation_below_the_interval_floor(pair, tmp_path, monkeypatch):
+    """With --keep-unresolved the figures are wanted without an interval: the run goes on to its target."""
+    draft, target = pair
+    no_work(monkeypatch)
+    result = run_cli(["finetune", draft, str(tmp_path / "out"), "--target", target, "--eval-limit", "2",
+                      "--keep-unresolved"])
+    assert result.exit_code == 1 and "cannot load the target model" in result.stderr, result.output

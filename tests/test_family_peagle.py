@@ -6,7 +6,7 @@ eagle3 tensors plus embed_tokens and mask_hidden [1, 1, K·T]; tests/support/fac
 reading is its update_peagle (vllm/transformers_utils/configs/speculators/algos.py, 0.22..0.33): fc_norm and
 norm_output are not carried, norm_before_residual defaults to false. The engine test loads the upgraded flat output
 with vLLM's own eagle3 class on CPU, every parameter from the file, and the speculators source to the error
-EK329 predicts.
+EK330 predicts.
 """
 
 from __future__ import annotations
@@ -125,19 +125,19 @@ def test_vllm_before_022_has_no_peagle_type(tmp_path):
 
 def test_31_flags_fire_on_speculators_peagle_and_not_on_plain(tmp_path):
     found = codes(peagle31(tmp_path))
-    (dropped_norms,) = found["EK329"]
+    (dropped_norms,) = found["EK330"]
     assert dropped_norms.severity == "error" and dropped_norms.refuses_load and dropped_norms.key == "fc_norm"
     assert "update_peagle" in dropped_norms.message and "3 fc_norm" in dropped_norms.message
-    (dropped_output,) = found["EK330"]
+    (dropped_output,) = found["EK331"]
     assert dropped_output.key == "norm_output" and not dropped_output.refuses_load
     plain = codes(peagle(tmp_path, "plain"))
-    assert not {"EK329", "EK330", "EK320", "EK311"} & set(plain)
+    assert not {"EK330", "EK331", "EK320", "EK311"} & set(plain)
     assert not [f for fs in plain.values() for f in fs if f.severity == "error"]
 
 
 def test_the_same_flags_through_the_eagle3_speculators_path_are_silent(tmp_path):
     found = codes(make_draft(str(tmp_path / "eagle3"), "speculators", fc_norm=True, norm_output=True))
-    assert not {"EK329", "EK330"} & set(found)
+    assert not {"EK330", "EK331"} & set(found)
 
 
 def test_peagle_serve_command_switches_parallel_drafting_on(tmp_path):
@@ -177,7 +177,7 @@ def test_validate_fails_the_31_draft_with_the_upgrade_as_its_fix(tmp_path):
     result = run_cli(["validate", path, "--format", "json"])
     assert result.exit_code == 1
     doc = json.loads(result.stdout)
-    assert {"EK329", "EK330"} <= {f["code"] for f in doc["findings"]}
+    assert {"EK330", "EK331"} <= {f["code"] for f in doc["findings"]}
     assert doc["fix"] == "eaglekit upgrade draft31 draft31-vllm"  # JSON names a folder by its name
     plain = run_cli(["validate", peagle(tmp_path, "plain")])
     assert plain.exit_code == 0 and 'serves it with "parallel_drafting": true' in plain.stdout
@@ -337,10 +337,10 @@ def test_vllm_loads_the_upgraded_peagle_with_every_parameter_and_refuses_the_sou
     assert served["unloaded"] == [] and served["not_held"] == [] and served["differ"] == []
     assert {"mask_hidden", "model.fc_norm.2.weight", "draft_id_to_target_id"} <= set(served["checked"])
 
-    refused = _load_in_vllm(target, source)  # EK329: the P-EAGLE path leaves fc_norm out
+    refused = _load_in_vllm(target, source)  # EK330: the P-EAGLE path leaves fc_norm out
     assert refused["read"]["fc_norm"] is None and refused["read"]["pard_token"] == MASK_TOKEN_ID
     assert refused["error"] == "There is no module or parameter named 'fc_norm' in LlamaModel"
     assert load_draft(source).facts.fc_norm_tensor_ids == (0, 1, 2)
 
-    plain = make_draft(str(tmp_path / "plain"), "peagle", dtype="F32")  # EK329 silent: it loads
+    plain = make_draft(str(tmp_path / "plain"), "peagle", dtype="F32")  # EK330 silent: it loads
     assert "error" not in _load_in_vllm(target, plain)

@@ -616,7 +616,7 @@ def test_a_finetune_that_cannot_beat_its_source_is_refused_from_the_held_out_sco
     out = str(tmp_path / "out")
     result = run(["finetune", oracle["draft"], out, "--target", oracle["target"], "--data", oracle["data"],
                   "--cache-dir", oracle["cache"], "--steps", "6", "--batch-tokens", "256", "--depth", "3", "--lr",
-                  "1.0", "--validation-fraction", "0.25", "--select-every", "2", "--eval-limit", "6",
+                  "1.0", "--validation-fraction", "0.25", "--select-every", "2", "--eval-limit", "10",
                   "--eval-max-new-tokens", "16", "--eval-context-tokens", "0", "--no-progress"])
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()

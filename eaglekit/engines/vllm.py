@@ -44,6 +44,12 @@ VLLM_OTHER_DRAFT_METHODS: dict[str, str] = {
     "MuseGlimmer": "MuseGlimmer",
 }
 VLLM_D2T_OPTIONAL = (0, 30, 0)  # from here draft_id_to_target_id exists only when Vd < V
+# The V2 runner's fallback when no top-level eagle_aux_hidden_state_layer_ids is written: a top-level
+# `target_layer_ids` (DSpark's and DeepSpec's key, output-of-layer) plus 1 (v1/worker/gpu/spec_decode/eagle/
+# eagle3_utils.py get_eagle3_aux_layers_from_config, read in 0.25.0, 0.29.0, 0.32.0 and 0.33.0; absent in 0.24.0).
+# The V1 runner (gpu_model_runner._get_eagle3_aux_layers_from_config) never reads it.
+V2_FALLBACK_IDS = "target_layer_ids"
+VLLM_V2_READS_TARGET_LAYER_IDS = (0, 25, 0)
 
 # P-EAGLE through vLLM's speculators path: update_peagle (vllm/transformers_utils/configs/speculators/algos.py, read at
 # 0.22.0, 0.23.0, 0.25.0, 0.26.0, 0.29.0, 0.32.0 and 0.33.0; 0.21.0 has no "peagle" type and refuses the config)
@@ -157,6 +163,7 @@ class VllmView:
     k_source: str
     top_level_ids: tuple[int, ...] | None  # what the V2 runner captures (None: the default)
     v1_ids: tuple[int, ...] | None  # what the V1 runner captures (None: the default)
+    v2_key: str | None = TOP_IDS  # the key the V2 runner took its ids from (None: the default)
     parallel_drafting: bool = False  # a P-EAGLE draft: served with parallel_drafting: true
     parallel_token: int | None = None  # the mask-slot token vLLM reads from the resolved config
     not_carried: tuple[str, ...] = ()  # 3.1 flags the config sets true top-level that this vLLM does not read
@@ -260,14 +267,26 @@ def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
     parallel = spec.facts.parallel_drafting
     not_carried = tuple(key for key in PEAGLE_NOT_CARRIED
                         if cfg.get(key) is True and not (fc_norm if key == "fc_norm" else norm_output))
+    v2, v2_key = _v2_ids(resolved, top, version)
     return VllmView(
         version=version, layout="speculators" if speculators else "flat", architecture=arch,
         model_class=model_class, problem=problem, config=resolved, fc_norm=fc_norm, norm_output=norm_output,
         norm_before_fc=bool(nbf), norm_before_residual=nbr,
         use_aux_hidden_state=bool(ec.get("use_aux_hidden_state", True)),
-        k=k, k_source=k_source, top_level_ids=top, v1_ids=v1, parallel_drafting=parallel,
+        k=k, k_source=k_source, top_level_ids=v2, v1_ids=v1, v2_key=v2_key, parallel_drafting=parallel,
         parallel_token=_parallel_token(resolved) if parallel else None, not_carried=not_carried,
     )
+
+
+def _v2_ids(resolved: dict[str, Any], top: tuple[int, ...] | None, version: Version
+            ) -> tuple[tuple[int, ...] | None, str | None]:
+    """What the V2 runner captures and the key it read: the top-level list, else `target_layer_ids` + 1."""
+    if top:
+        return top, TOP_IDS
+    fallback = as_ids(resolved.get(V2_FALLBACK_IDS)) if version >= VLLM_V2_READS_TARGET_LAYER_IDS else None
+    if fallback:
+        return tuple(i + 1 for i in fallback), V2_FALLBACK_IDS
+    return None, None
 
 
 def _vllm_k(resolved: dict[str, Any], ec: dict[str, Any], top: tuple[int, ...] | None,
@@ -295,7 +314,7 @@ def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
     needs: list[tuple[Version, str]] = []
     flags31 = [k for k in ("fc_norm", "norm_output") if cfg.get(k)]
     peagle_speculators = spec.facts.parallel_drafting and spec.config_layout == "speculators"
-    if peagle_speculators:  # its 3.1 flags are never passed (EK329, EK330): no release to wait for
+    if peagle_speculators:  # its 3.1 flags are never passed (EK330, EK331): no release to wait for
         needs.append((VLLM_PEAGLE_SPECULATORS, "speculators_model_type peagle (algos.update_peagle)"))
         if spec.attention == "qwen3":
             needs.append((VLLM_PEAGLE_ARCH_MAP, "a Qwen3 P-EAGLE in the speculators layout (PeagleQwen3ForCausalLM)"))
@@ -341,8 +360,9 @@ def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:
     view = vllm_view(spec)
     runner = vllm_default_runner(view.version, target.architectures[0] if target and target.architectures else None)
     read = vllm_runner_ids(view, runner)
-    key = None if read is None else TOP_IDS if view.top_level_ids else NESTED_IDS
-    return IdReading(VLLM, key, 0, read or (target.default_aux_ids if target is not None else None), None)
+    key = None if read is None else view.v2_key if runner == "v2" else TOP_IDS if view.v2_key == TOP_IDS else NESTED_IDS
+    shift = 1 if key == V2_FALLBACK_IDS else 0
+    return IdReading(VLLM, key, shift, read or (target.default_aux_ids if target is not None else None), None)
 
 
 RECORD = Engine(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit.config_view import as_ids, as_int, config_problems, flag_at, int_at, nested, number_at
+from eaglekit.engines.base import TOP_IDS
 from eaglekit.errors import CheckpointError
 from eaglekit.families.names import FC_NORM, canonical_name, layer_index, name_forms
 from eaglekit.io.checkpoint import CheckpointFiles
@@ -99,6 +100,7 @@ class Traits:
     hidden_norm_is_input_norm: bool = False  # layers >= 1 store their input norm as hidden_norm (P32)
     vllm_layout: bool = False  # vLLM's own flat layout, as upgrade writes it: trained tensors can be written back as is
     parallel_drafting: bool = False  # P-EAGLE: trained for parallel drafting (served with parallel_drafting: true)
+    aux_ids_key: str = TOP_IDS  # the top-level key the producer writes its aux ids under (eagle_config: always TOP_IDS)
     family: str = ""  # filled in from the registered name by detection
 
 
@@ -130,7 +132,8 @@ def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
     places = {"top-level": obs.config, "eagle_config": obs.eagle_config}
     if traits.empty_ids_mean_default:  # "use the defaults", as the producer's export template writes it
         places = {p: _without_empty_ids(cfg) for p, cfg in places.items()}
-    top, nested = (as_ids(places[p].get("eagle_aux_hidden_state_layer_ids")) for p in ("top-level", "eagle_config"))
+    keys = {"top-level": traits.aux_ids_key, "eagle_config": TOP_IDS}
+    top, nested = (as_ids(places[p].get(keys[p])) for p in ("top-level", "eagle_config"))
     written = None
     location: IdLocation | None = None
     for key in traits.aux_keys:
@@ -140,8 +143,9 @@ def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
             break
     if written is not None and top is not None and nested is not None:
         location = "both"
+    where = f"top-level {traits.aux_ids_key}" if traits.aux_ids_key != TOP_IDS and location == "top-level" else location
     if written is None:
-        unreadable = [p for p in traits.aux_keys if places[p].get("eagle_aux_hidden_state_layer_ids") is not None]
+        unreadable = [p for p in traits.aux_keys if places[p].get(keys[p]) is not None]
         if unreadable:  # written, but not as layer ids: reported (EK157), never read as "not recorded"
             return AuxLayers(None, None, None, False, unreadable[0], f"{unreadable[0]}, not a list of layer ids")
         return AuxLayers(None, None, None, False, None, "not recorded in the checkpoint")
@@ -153,10 +157,10 @@ def read_aux(obs: Observed, traits: Traits) -> AuxLayers:
         elif written[0] == 2:
             convention = "input"
     if convention is None:
-        return AuxLayers(None, written, None, False, location, f"{location} (convention unknown)")
+        return AuxLayers(None, written, None, False, location, f"{where} (convention unknown)")
     ids = tuple(i + 1 for i in written) if convention == "output" else written
     how = f"{traits.producer} convention" if known else "heuristic: first id " + str(written[0])
-    return AuxLayers(ids, written, convention, known, location, f"{location}, {convention}-of-layer ({how})")
+    return AuxLayers(ids, written, convention, known, location, f"{where}, {convention}-of-layer ({how})")
 
 
 def _without_empty_ids(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -376,7 +380,9 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         vllm_layout=traits.vllm_layout,
         parallel_drafting=traits.parallel_drafting,
         mask_token_id=parallel_token_id(cfg) if traits.parallel_drafting else None,
-        config_problems=config_problems(cfg, obs.layer_config, empty_ids_allowed=traits.empty_ids_mean_default),
+        config_problems=config_problems(cfg, obs.layer_config, empty_ids_allowed=traits.empty_ids_mean_default,
+                                        own_id_key=traits.aux_ids_key),
+        aux_ids_key=traits.aux_ids_key,
     )
     dtypes = Counter(t.dtype for t in tensors.values() if t.dtype in FLOAT_DTYPES)
     return DraftSpec(

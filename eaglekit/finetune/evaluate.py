@@ -57,6 +57,28 @@ class EvalOptions:
             raise UsageError(f"--eval-context-tokens {','.join(map(str, contexts))!r}: expected distinct "
                              "non-negative integers such as 0,1024")
 
+    def prompt_count(self) -> int:
+        """How many prompts the evaluation will pair: the file's (or the bundled set's), capped by --eval-limit."""
+        from eaglekit.decode.prompts import bundled_prompts, read_prompts
+
+        prompts = read_prompts(self.prompts_file) if self.prompts_file else bundled_prompts()
+        count = len(prompts.prompts)
+        return count if self.limit is None else min(count, self.limit)
+
+    def check_resolvable(self) -> None:
+        """Refuse, before any work, an evaluation that can never resolve a gain: below MIN_SAMPLES prompts no
+        interval is estimated, so nothing would be written after the whole run."""
+        from eaglekit.decode.stats import MIN_SAMPLES, too_few
+        from eaglekit.errors import UsageError
+
+        count = self.prompt_count()
+        if too_few(count):
+            given = f"--eval-prompts {self.prompts_file} has {count}" if self.prompts_file and (
+                self.limit is None or count < self.limit) else f"--eval-limit {count}"
+            raise UsageError(f"{given} held-out prompts: an interval needs {MIN_SAMPLES}, so no gain could be "
+                             f"resolved and nothing would be written; give --eval-limit {MIN_SAMPLES} or more, or "
+                             "--keep-unresolved to write the result without a resolved gain")
+
     def decode_options(self, device: str = "auto", dtype: str = "auto",
                        engine: EngineOptions | None = None) -> VerifyOptions:
         """The compare run this evaluation is: its prompts, k, new tokens, templates and context settings, on

@@ -51,6 +51,8 @@ def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
     opts.data.check()
     if opts.eval is not None:
         opts.eval.check()
+        if not opts.keep_unresolved:
+            opts.eval.check_resolvable()
     if not 0 <= opts.validation_fraction < 1:
         raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
     if opts.store and opts.data != DataOptions(cache_dir=opts.data.cache_dir):

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import re
+import shlex
 
-from eaglekit.config_view import REPO_ID, nested
-from eaglekit.engines.base import format_version, parse_version
+from eaglekit.catalogue import carried
+from eaglekit.config_view import REPO_ID, as_ids, nested
+from eaglekit.engines.base import TOP_IDS, format_version, parse_version, target_folder
 from eaglekit.engines.vllm import (
     CLASS_ATTENTION,
     EAGLE3_NORM_BEFORE_RESIDUAL_DEFAULT,
     PEAGLE_NORM_BEFORE_RESIDUAL_DEFAULT,
+    RECORD,
     VLLM,
     VLLM_ACCEPTS,
     VLLM_D2T_OPTIONAL,
     VLLM_OLDEST_KNOWN,
     VLLM_QWEN3_MASK_HIDDEN,
+    vllm_default_runner,
     vllm_requirements,
 )
-from eaglekit.errors import quoted
+from eaglekit.errors import MAX_QUOTED_CHARS, quoted
 from eaglekit.families.names import legacy_pattern
+from eaglekit.rules.expected import tolerated_extra
 from eaglekit.rules.facts import (
     eagle_config,
     examples,
@@ -270,7 +275,7 @@ def mask_hidden_other(ctx: RuleContext):
                   tensor="mask_hidden")
 
 
-@rule("EK329", "error", "engine", "P51", "a P-EAGLE draft vLLM cannot load as written", engine=VLLM,
+@rule("EK330", "error", "engine", "P52", "a P-EAGLE draft vLLM cannot load as written", engine=VLLM,
       refuses_load=True)
 def peagle_unloadable(ctx: RuleContext):
     view, spec = ctx.vllm, ctx.spec
@@ -293,7 +298,7 @@ def peagle_unloadable(ctx: RuleContext):
                   "(eaglekit upgrade)", key="fc_norm", refuses_load=count > 0)
 
 
-@rule("EK330", "warning", "engine", "P51", "a P-EAGLE config vLLM reads otherwise than written", engine=VLLM)
+@rule("EK331", "warning", "engine", "P52", "a P-EAGLE config vLLM reads otherwise than written", engine=VLLM)
 def peagle_reread(ctx: RuleContext):
     view, cfg = ctx.vllm, ctx.spec.config
     if not view.parallel_drafting or view.layout != "speculators" or view.model_class is None:
@@ -393,3 +398,47 @@ def large_norm_eps(ctx: RuleContext):
         yield Hit(f"rms_norm_eps is {eps:g}, above {LARGE_EPS:g}: {_v(ctx)} runs it, but eps then outweighs the mean "
                   "square of the states it normalises; check it is the eps the draft was trained with",
                   key=layer_key(ctx.spec, "rms_norm_eps"))
+
+
+def _upgrade_command(ctx: RuleContext) -> str:
+    """The upgrade that writes the vLLM-ready layout (as validate's fix prints it), or its name where a long path
+    would be cut in the message."""
+    spec = ctx.spec
+    words = ["eaglekit", "upgrade", spec.path, RECORD.upgrade_output(spec.path)]
+    if ctx.target is not None:
+        words += ["--target", target_folder(ctx.target.path)]
+    if spec.eagle_version == "3":
+        words += ["--no-fc-norm", "--no-norm-output"]
+    if any(len(word) > MAX_QUOTED_CHARS for word in words):
+        return "`eaglekit upgrade` (validate's fix line gives the command)"
+    return f"`{shlex.join(words)}`"
+
+
+@rule("EK329", "error", "engine", "P51", "aux ids written only under the producer's own key (target_layer_ids)",
+      engine=VLLM)
+def ids_under_own_key(ctx: RuleContext):
+    """DeepSpec writes its ids as `target_layer_ids`: what each vLLM runner and class makes of that key."""
+    spec, view = ctx.spec, ctx.vllm
+    key = spec.facts.aux_ids_key
+    written = as_ids(spec.config.get(key))
+    if key == TOP_IDS or written is None or spec.config_layout != "flat" or as_ids(spec.config.get(TOP_IDS)):
+        return
+    default = _default_ids(ctx)
+    v2 = (f"the V2 runner reads {key} plus 1 and captures {fmt_ids(view.top_level_ids or ())}" if view.v2_key == key
+          else f"the V2 runner ignores {key} and captures {default}")
+    v1 = f"the V1 runner ignores it and captures {fmt_ids(view.v1_ids) if view.v1_ids else default}"
+    target_arch = ctx.target.architectures[0] if ctx.target is not None and ctx.target.architectures else None
+    runner = vllm_default_runner(ctx.checked_version, target_arch).upper()
+    parts = [f"aux ids {fmt_ids(written)} are written only as {key} ({spec.producer}: vLLM ids "
+             f"{fmt_ids(spec.aux.ids or ())}); in {_v(ctx)} {v2}, {v1} ({runner} is the default here)"]
+    K = spec.num_aux_hidden_states
+    if K is not None and spec.facts.fc_in_features and view.k != K:
+        parts.append(f"no eagle3 class takes K from it (K={view.k} from {view.k_source}, fc.weight holds K={K})")
+    if view.problem:
+        parts.append(f"and {view.problem} (EK301)")
+    strangers = sorted(ref.source_name for name, ref in spec.tensors.items()
+                       if not carried(name) and not tolerated_extra(spec, name))
+    fix = (f"no upgrade serves it: {examples(strangers)} have no place in any eagle3 class (EK104)" if strangers
+           else f"{_upgrade_command(ctx)} writes a registered architecture with these ids as "
+                "eagle_aux_hidden_state_layer_ids (top level and eagle_config) and num_aux_hidden_states")
+    yield Hit("; ".join(parts) + ": " + fix, key=key)

@@ -24,11 +24,12 @@ def eagle_config(spec: DraftSpec) -> dict[str, Any]:
 
 
 def written_id_lists(spec: DraftSpec) -> list[tuple[str, list[int]]]:
-    """Every aux-id list the config writes, with its key."""
+    """Every aux-id list the config writes, with its key (the producer's own top-level key included)."""
     out = []
-    top = as_ids(spec.config.get("eagle_aux_hidden_state_layer_ids"))
-    if top is not None:
-        out.append(("eagle_aux_hidden_state_layer_ids", list(top)))
+    for key in dict.fromkeys(("eagle_aux_hidden_state_layer_ids", spec.facts.aux_ids_key)):
+        top = as_ids(spec.config.get(key))
+        if top is not None:
+            out.append((key, list(top)))
     inner = as_ids(eagle_config(spec).get("eagle_aux_hidden_state_layer_ids"))
     if inner is not None:
         out.append(("eagle_config.eagle_aux_hidden_state_layer_ids", list(inner)))

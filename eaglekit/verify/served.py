@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eaglekit.engines import RECORDS, VLLM, parse_version, vllm_default_runner, vllm_runner_ids, vllm_view
+from eaglekit.engines.vllm import V2_FALLBACK_IDS
 from eaglekit.rules import ValidationReport
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
@@ -47,7 +48,7 @@ def served_reading(spec: DraftSpec, target: TargetInfo, report: ValidationReport
     if not ids:
         source = "its default (2, L//2, L-3)"
     elif runner == "v2":
-        source = "top-level eagle_aux_hidden_state_layer_ids"
+        source = f"top-level {view.v2_key}" + (" + 1" if view.v2_key == V2_FALLBACK_IDS else "")
     else:
         source = "eagle_aux_hidden_state_layer_ids (top level, else eagle_config)"
     flags = {"fc_norm": view.fc_norm, "norm_output": view.norm_output, "norm_before_fc": view.norm_before_fc,

@@ -281,6 +281,41 @@ def _peagle_files(r: Recipe, t: dict[str, np.ndarray]) -> tuple[dict, dict[str, 
     return cfg, t
 
 
+# DeepSpec Eagle3 (deepseek-ai/DeepSpec afdfa7c9382a3341a3e6f17756dd816da79f132c): deepspec/modeling/eagle3/qwen3/
+# config.py `build_draft_config` deep-copies the target's Qwen3Config (transformers 5: `dtype`, `rope_parameters`) and
+# adds the keys below; qwen3/modeling.py `Qwen3Eagle3Model` has q_norm/k_norm and, in every layer, a 2·H attention
+# input and a hidden_norm; trainer/ckpt_manager.py saves that state dict as it is (full-vocabulary lm_head, no d2t).
+DEEPSPEC = {"k": 5, "aux_ids": (2, 4, 6, 8, 10), "attention": "qwen3", "draft_vocab": None, "embed": True}
+
+
+def _deepspec_files(r: Recipe) -> tuple[dict, dict[str, np.ndarray]]:
+    t = canonical_tensors(r)
+    for name in ("d2t", "t2d"):
+        t.pop(name, None)
+    rng = np.random.default_rng(r.seed + 1)
+    for layer in range(1, r.layers):  # every DeepSpec layer concatenates the embeddings with its normed input
+        p = f"layers.{layer}."
+        for proj, rows in (("q", r.heads), ("k", r.kv_heads), ("v", r.kv_heads)):
+            t[p + f"self_attn.{proj}_proj.weight"] = (rng.standard_normal((rows * r.head_dim, 2 * r.hidden))
+                                                      * 0.05).astype(np.float32)
+        t[p + "hidden_norm.weight"] = (1.0 + rng.standard_normal(r.hidden) * 0.05).astype(np.float32)
+    cfg = {
+        "architectures": ["Qwen3Eagle3Model"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "draft_num_hidden_layers": r.layers,
+        "dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[r.dtype], "eos_token_id": 151645,
+        "head_dim": r.head_dim, "hidden_act": "silu", "hidden_size": r.hidden, "initializer_range": 0.02,
+        "intermediate_size": r.intermediate, "layer_types": ["full_attention"] * r.layers,
+        "max_position_embeddings": 2048, "max_window_layers": r.target_layers, "model_type": "qwen3",
+        "num_attention_heads": r.heads, "num_hidden_layers": r.layers, "num_key_value_heads": r.kv_heads,
+        "num_target_layers": r.target_layers, "pad_token_id": None, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "sliding_window": None,
+        "step_loss_decay": 0.8, "target_layer_ids": _output_ids(r), "target_model_name_or_path": "Qwen/Qwen3-8B",
+        "tie_word_embeddings": False, "transformers_version": "5.10.2", "ttt_length": 7, "use_cache": True,
+        "use_sliding_window": False, "vocab_size": r.vocab,
+    }
+    return cfg, t
+
+
 def _rename(names: dict[str, np.ndarray], style: str) -> dict[str, np.ndarray]:
     out = {}
     for name, arr in names.items():
@@ -298,6 +333,8 @@ def layout_files(layout: str, r: Recipe) -> tuple[dict, dict[str, np.ndarray], d
     """(config, source-named arrays, safetensors metadata) for one published layout."""
     if layout == "peagle":
         return (*_peagle_files(r, canonical_tensors(r)), {"format": "pt"})
+    if layout == "deepspec":  # not in LAYOUTS: its recipe is DEEPSPEC (K=5, Qwen3, full vocabulary), not the default
+        return (*_deepspec_files(r), {"format": "pt"})
     return _eagle3_layout_files(layout, r)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from eaglekit.rules import all_rules
 from tests.support.factory import (
+    DEEPSPEC,
     Recipe,
     canonical_tensors,
     edit_config,
@@ -275,6 +276,7 @@ CASES = [
     Case("EK327", lambda p: draft(p, config_patch={"rms_norm_eps": 0.5}), lambda p: draft(p)),
     Case("EK328", lambda p: draft(p, config_patch={"hidden_act": "gelu"}),
          lambda p: draft(p, config_patch={"hidden_act": "silu"})),
+    Case("EK329", lambda p: draft(p, "deepspec", **DEEPSPEC), lambda p: draft(p, **DEEPSPEC)),
     Case("EK157", lambda p: draft(p, config_patch={"torch_dtype": "banana"}),
          lambda p: draft(p, config_patch={"torch_dtype": "bfloat16"}),
          label="torch-dtype-name"),
@@ -322,11 +324,11 @@ CASES = [
     Case("EK321", lambda p: draft(p, attention="qwen3", add={"mask_hidden": np.ones((1, 192), np.float32)}),
          lambda p: draft(p, attention="qwen3"), version="0.24"),
     Case("EK322", lambda p: draft(p, "specforge"), lambda p: draft(p)),
-    Case("EK329", lambda p: draft(p, "peagle", fc_norm=True), lambda p: draft(p, "peagle"), label="fc_norm"),
-    Case("EK329", lambda p: draft(p, "peagle", drop=("mask_hidden",)), lambda p: draft(p, "peagle"),
+    Case("EK330", lambda p: draft(p, "peagle", fc_norm=True), lambda p: draft(p, "peagle"), label="fc_norm"),
+    Case("EK330", lambda p: draft(p, "peagle", drop=("mask_hidden",)), lambda p: draft(p, "peagle"),
          label="no-mask_hidden"),
-    Case("EK330", lambda p: draft(p, "peagle", norm_output=True), lambda p: draft(p, "peagle"), label="norm_output"),
-    Case("EK330", lambda p: draft(p, "peagle", norm_before_residual=None), lambda p: draft(p, "peagle"),
+    Case("EK331", lambda p: draft(p, "peagle", norm_output=True), lambda p: draft(p, "peagle"), label="norm_output"),
+    Case("EK331", lambda p: draft(p, "peagle", norm_before_residual=None), lambda p: draft(p, "peagle"),
          label="norm_before_residual-default"),
     # ---------------------------------------------------------------- SGLang
     Case("EK351", lambda p: draft(p), lambda p: draft(p, "specforge"), label="vllm-ids-on-llama-target"),

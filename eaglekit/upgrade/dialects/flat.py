@@ -39,7 +39,10 @@ def source_layer_config(spec: DraftSpec) -> dict[str, Any]:
 
 
 def carried_keys(spec: DraftSpec) -> dict[str, Any]:
-    return {k: v for k, v in source_layer_config(spec).items() if k not in NOT_CARRIED}
+    """The source's keys the output keeps: not the dialect's own, nor the key the producer wrote its aux ids under
+    (the output writes them itself, in vLLM's convention)."""
+    own_ids = spec.facts.aux_ids_key
+    return {k: v for k, v in source_layer_config(spec).items() if k not in NOT_CARRIED and k != own_ids}
 
 
 def model_type(spec: DraftSpec) -> str:
