@@ -148,6 +148,7 @@ class Entry:
     reported_by: str | None = None  # the rule that reports it missing or unexpected instead of EK103/EK104
     carried: bool = True  # False: a tensor of another draft kind that no EAGLE-3 output has a place for
     dropped: str | None = None  # why upgrade leaves it out of every output (no engine's EAGLE-3 draft uses it)
+    kept_when: Callable[[DraftSpec], bool] | None = None  # the drafts whose outputs keep it although it is `dropped`
     why_mla: str | None = None  # `why` in an MLA draft, where the same name has another shape
 
     def reason(self, spec: DraftSpec) -> str:
@@ -241,7 +242,8 @@ FOREIGN = (
           reported_by="EK314", carried=False),
     Entry("mask_hidden", lambda g, i: (None, None), "the mask of parallel drafting (P-EAGLE)",
           holds=lambda spec: False, reported_by="EK320",
-          dropped="parallel-drafting mask: EAGLE-3 drafting never reads it (vLLM's Llama class skips it)"),
+          dropped="parallel-drafting mask: EAGLE-3 drafting never reads it (vLLM's Llama class skips it)",
+          kept_when=lambda spec: spec.facts.parallel_drafting),
 )
 ENTRIES: dict[str, Entry] = {e.pattern: e for e in (*HEAD, *LAYERS, *TAIL, *FOREIGN)}
 
@@ -278,12 +280,17 @@ def is_rotary_buffer(name: str) -> bool:
     return bool(ROTARY_BUFFER.search(name))
 
 
-def dropped(canonical: str) -> str | None:
-    """Why upgrade leaves this tensor out of every output (None: it is written)."""
+def dropped(canonical: str, spec: DraftSpec | None = None) -> str | None:
+    """Why upgrade leaves this tensor out of every output (None: it is written), `spec`'s own where given."""
     if is_rotary_buffer(canonical):
         return "rotary buffer: recomputed by every engine"
     found = lookup(canonical)
-    return found[0].dropped if found else None
+    if found is None:
+        return None
+    entry = found[0]
+    if spec is not None and entry.kept_when is not None and entry.kept_when(spec):
+        return None
+    return entry.dropped
 
 
 @dataclass(frozen=True)

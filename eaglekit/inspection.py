@@ -67,6 +67,7 @@ class InspectReport:
             "num_parameters": s.num_parameters,
             "total_bytes": s.total_bytes,
             "files": s.files,
+            "parallel_drafting": parallel_drafting(s),
             "serving": [dataclasses.asdict(support) for support in self.serving],
             "findings": [f.to_dict() for f in self.findings],
             "target": None if self.target is None else {
@@ -81,6 +82,33 @@ class InspectReport:
                 for t in s.tensors.values()
             ]
         return doc
+
+
+def parallel_drafting(spec: DraftSpec) -> dict[str, Any] | None:
+    """For a P-EAGLE draft (None otherwise): its mask slots, and its flags as written beside vLLM's reading of them
+    at the latest release modelled (the speculators path drops the 3.1 flags, EK330/EK331)."""
+    from eaglekit.engines import RECORDS, VLLM, vllm_view
+
+    if not spec.facts.parallel_drafting:
+        return None
+    view = vllm_view(spec)
+    mask = spec.tensors.get("mask_hidden")
+    return {
+        "method": "P-EAGLE",
+        "mask_token_id": spec.facts.mask_token_id,
+        "mask_hidden_shape": list(mask.shape) if mask is not None else None,
+        "vllm": {
+            "version": RECORDS[VLLM].latest,
+            "settings": list(RECORDS[VLLM].settings(spec, spec.target)),
+            "architecture": view.architecture,
+            "parallel_token": view.parallel_token,
+            "fc_norm": view.fc_norm,
+            "norm_output": view.norm_output,
+            "norm_before_fc": view.norm_before_fc,
+            "norm_before_residual": view.norm_before_residual,
+            "not_carried": list(view.not_carried),
+        },
+    }
 
 
 def inspect_draft(

@@ -123,6 +123,8 @@ class SourceFacts:
     norm_before_residual_forced: bool = False  # true written by a converter, not by training (ModelOpt, P12)
     norm_output_meaning_versioned: bool = False  # norm_output's meaning changed between producer releases (P35)
     vllm_layout: bool = False  # vLLM's own flat layout (what upgrade writes)
+    parallel_drafting: bool = False  # P-EAGLE: trained to propose all k tokens in one forward (mask_hidden slots)
+    mask_token_id: int | None = None  # the token id of those slots (speculators' mask_token_id, vLLM's pard_token)
     config_problems: tuple[ConfigProblem, ...] = ()  # written values of the wrong type or range (never defaulted)
     aux_ids_key: str = "eagle_aux_hidden_state_layer_ids"  # the top-level key the producer writes its aux ids under
 

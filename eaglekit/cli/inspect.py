@@ -72,6 +72,21 @@ def _ids(doc: dict) -> Text:
     return styled(text, (certainty, "yellow"), "\n", (doc["aux_layer_ids_source"], "dim"))
 
 
+def _parallel_rows(parallel: dict | None) -> list[tuple[str, str]]:
+    """A P-EAGLE draft: how it drafts, and its flags as vLLM reads them beside those written above."""
+    if parallel is None:
+        return []
+    mask = parallel["mask_hidden_shape"]
+    vllm = parallel["vllm"]
+    drafting = (f"{parallel['method']}: parallel drafting (one forward proposes all k tokens), mask token "
+                f"{parallel['mask_token_id']}, mask_hidden {mask if mask is not None else 'missing'}; vLLM needs "
+                f"{', '.join(vllm['settings'])}")
+    read = ", ".join(f"{k}={vllm[k]}" for k in ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual"))
+    if vllm["not_carried"]:
+        read += f" ({' and '.join(vllm['not_carried'])} written but dropped)"
+    return [("drafting", drafting), (f"flags in vLLM {vllm['version']}", read)]
+
+
 def render(doc: dict) -> None:
     flags = ", ".join(f"{k}={doc[k]}" for k in ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual"))
     geometry = (f"H={doc['hidden_size']}  T={doc['target_hidden_size']}  I={doc['intermediate_size']}  "
@@ -102,6 +117,7 @@ def render(doc: dict) -> None:
         ("vocabulary", vocab),
         ("embed / head", ", ".join(shared) or "both stored in the draft"),
         ("flags", flags),
+        *_parallel_rows(doc["parallel_drafting"]),
         ("dtype / size", f"{doc['dtype']}, {doc['num_parameters']:,} params, {human_bytes(doc['total_bytes'])} in "
                          f"{len(doc['files'])} file(s)"),
     ]

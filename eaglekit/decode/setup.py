@@ -116,7 +116,16 @@ def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: Verify
                        device, str(dtype).replace("torch.", ""), tokenizer, model, options.sampling)
 
 
+PARALLEL_DRAFTING_REFUSAL = (
+    "a P-EAGLE draft (parallel drafting): every decode here, the reference loop and its vLLM runs alike, drafts one "
+    "token at a time as EAGLE-3 does, which is neither how it is trained nor how vLLM serves it; missing: a "
+    "parallel-drafting decode (one forward over mask_token_id slots fed mask_hidden). Serve it in vLLM with "
+    "\"parallel_drafting\": true in --speculative-config (validate names the setting)")
+
+
 def _checked(name: str, spec: DraftSpec, info: TargetInfo, options: VerifyOptions) -> DecodeDraft:
+    if spec.facts.parallel_drafting:
+        raise IncompatibleDraftError(PARALLEL_DRAFTING_REFUSAL, spec.path)
     aux_ids, aux_source = resolve_aux_ids(spec, options.aux_layer_ids)
     rules = vllm_rules(spec, info, options.engine_version)
     checks = decode_findings(spec, info, aux_ids, aux_source, rules)

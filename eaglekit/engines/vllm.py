@@ -51,6 +51,26 @@ VLLM_D2T_OPTIONAL = (0, 30, 0)  # from here draft_id_to_target_id exists only wh
 V2_FALLBACK_IDS = "target_layer_ids"
 VLLM_V2_READS_TARGET_LAYER_IDS = (0, 25, 0)
 
+# P-EAGLE through vLLM's speculators path: update_peagle (vllm/transformers_utils/configs/speculators/algos.py, read at
+# 0.22.0, 0.23.0, 0.25.0, 0.26.0, 0.29.0, 0.32.0 and 0.33.0; 0.21.0 has no "peagle" type and refuses the config)
+# starts from transformer_layer_config and copies draft_vocab_size, target_hidden_size, norm_before_residual (default
+# False, where update_eagle3 defaults it to True), norm_before_fc, the aux ids, and mask_token_id as pard_token
+# (KeyError without it). It copies neither fc_norm nor norm_output at any of those versions: the class then builds no
+# fc_norm norms (AutoWeightsLoader fails on the fc_norm.{k}.weight tensors) and feeds back the pre-norm state.
+VLLM_PEAGLE_SPECULATORS = (0, 22, 0)
+VLLM_PEAGLE_ARCH_MAP = (0, 25, 0)  # before: PeagleLlamaForCausalLM whatever the model_type
+PEAGLE_SPECULATORS_ARCHITECTURES = {"llama": "PeagleLlamaForCausalLM", "qwen3": "PeagleQwen3ForCausalLM"}
+PEAGLE_NOT_CARRIED = ("fc_norm", "norm_output")
+PEAGLE_NORM_BEFORE_RESIDUAL_DEFAULT = False
+EAGLE3_NORM_BEFORE_RESIDUAL_DEFAULT = True  # update_eagle3, same file
+# The parallel-drafting token: LLMBaseProposer._init_parallel_drafting_params (v1/spec_decode/llm_base_proposer.py,
+# 0.32.0 and 0.33.0) takes the first of these the draft config has (after dflash_config.mask_token_id), and raises
+# without one. The eagle3 classes load mask_hidden only with parallel_drafting (llama_eagle3.py, qwen3_eagle3.py
+# load_weights: skipped with a warning otherwise, and a ValueError when parallel_drafting finds none), which the
+# speculative config must set: only `vllm serve <draft>` derives it from speculators_model_type (speculators/base.py).
+VLLM_PARALLEL_TOKEN_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
+VLLM_QWEN3_MASK_HIDDEN = (0, 25, 0)  # qwen3_eagle3.py loads mask_hidden (read at 0.25.0, 0.26.0, 0.32.0, 0.33.0)
+
 
 @dataclass(frozen=True)
 class ConfigAcceptance:
@@ -144,6 +164,9 @@ class VllmView:
     top_level_ids: tuple[int, ...] | None  # what the V2 runner captures (None: the default)
     v1_ids: tuple[int, ...] | None  # what the V1 runner captures (None: the default)
     v2_key: str | None = TOP_IDS  # the key the V2 runner took its ids from (None: the default)
+    parallel_drafting: bool = False  # a P-EAGLE draft: served with parallel_drafting: true
+    parallel_token: int | None = None  # the mask-slot token vLLM reads from the resolved config
+    not_carried: tuple[str, ...] = ()  # 3.1 flags the config sets true top-level that this vLLM does not read
 
 
 def _speculators_mapping(cfg: dict[str, Any], version: Version) -> tuple[dict[str, Any], str | None, str | None]:
@@ -151,6 +174,8 @@ def _speculators_mapping(cfg: dict[str, Any], version: Version) -> tuple[dict[st
     tlc = cfg.get("transformer_layer_config")
     if not isinstance(tlc, dict):
         return {}, None, "speculators layout without a transformer_layer_config dict"
+    if cfg.get("speculators_model_type") == "peagle":
+        return _peagle_mapping(cfg, tlc, version)
     out = dict(tlc)
     for key in ("draft_vocab_size", "norm_before_fc"):
         if key in cfg:
@@ -169,6 +194,40 @@ def _speculators_mapping(cfg: dict[str, Any], version: Version) -> tuple[dict[st
         return out, None, (f"vLLM's speculators path maps only transformer_layer_config.model_type llama/qwen3, "
                            f"not {model_type!r} (MLA drafts need the flat layout)")
     return out, arch, None
+
+
+def _peagle_mapping(cfg: dict[str, Any], tlc: dict[str, Any], version: Version
+                    ) -> tuple[dict[str, Any], str | None, str | None]:
+    """algos.update_peagle: the keys it copies, its norm_before_residual default, mask_token_id as pard_token."""
+    if version < VLLM_PEAGLE_SPECULATORS:
+        return dict(tlc), None, (f"speculators_model_type 'peagle' is a type vLLM's speculators path knows only from "
+                                 f"{'.'.join(map(str, VLLM_PEAGLE_SPECULATORS))}")
+    out = dict(tlc)
+    out["draft_vocab_size"] = cfg.get("draft_vocab_size")
+    out["norm_before_fc"] = cfg.get("norm_before_fc", False)
+    if cfg.get("target_hidden_size") is not None:
+        out["target_hidden_size"] = cfg["target_hidden_size"]
+    out["norm_before_residual"] = cfg.get("norm_before_residual", PEAGLE_NORM_BEFORE_RESIDUAL_DEFAULT)
+    if "mask_token_id" in cfg:
+        out["pard_token"] = cfg["mask_token_id"]
+    if cfg.get("eagle_aux_hidden_state_layer_ids"):
+        out["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
+    model_type = tlc.get("model_type", "llama")
+    if version < VLLM_PEAGLE_ARCH_MAP:
+        return out, PEAGLE_SPECULATORS_ARCHITECTURES["llama"], None
+    arch = PEAGLE_SPECULATORS_ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
+    if arch is None:
+        return out, None, (f"vLLM's P-EAGLE speculators path maps only transformer_layer_config.model_type "
+                           f"llama/qwen3, not {model_type!r}")
+    return out, arch, None
+
+
+def _parallel_token(resolved: dict[str, Any]) -> int | None:
+    for key in VLLM_PARALLEL_TOKEN_KEYS:
+        value = as_int(resolved.get(key))
+        if value is not None:
+            return value
+    return None
 
 
 def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
@@ -205,13 +264,17 @@ def vllm_view(spec: DraftSpec, version: Version | None = None) -> VllmView:
     inner = as_ids(ec.get("eagle_aux_hidden_state_layer_ids"))
     k, k_source = _vllm_k(resolved, ec, top, inner, model_class, version)
     v1 = top if top else (inner if new else None)
+    parallel = spec.facts.parallel_drafting
+    not_carried = tuple(key for key in PEAGLE_NOT_CARRIED
+                        if cfg.get(key) is True and not (fc_norm if key == "fc_norm" else norm_output))
     v2, v2_key = _v2_ids(resolved, top, version)
     return VllmView(
         version=version, layout="speculators" if speculators else "flat", architecture=arch,
         model_class=model_class, problem=problem, config=resolved, fc_norm=fc_norm, norm_output=norm_output,
         norm_before_fc=bool(nbf), norm_before_residual=nbr,
         use_aux_hidden_state=bool(ec.get("use_aux_hidden_state", True)),
-        k=k, k_source=k_source, top_level_ids=v2, v1_ids=v1, v2_key=v2_key,
+        k=k, k_source=k_source, top_level_ids=v2, v1_ids=v1, v2_key=v2_key, parallel_drafting=parallel,
+        parallel_token=_parallel_token(resolved) if parallel else None, not_carried=not_carried,
     )
 
 
@@ -250,11 +313,16 @@ def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
     cfg = spec.config
     needs: list[tuple[Version, str]] = []
     flags31 = [k for k in ("fc_norm", "norm_output") if cfg.get(k)]
-    if flags31:
+    peagle_speculators = spec.facts.parallel_drafting and spec.config_layout == "speculators"
+    if peagle_speculators:  # its 3.1 flags are never passed (EK330, EK331): no release to wait for
+        needs.append((VLLM_PEAGLE_SPECULATORS, "speculators_model_type peagle (algos.update_peagle)"))
+        if spec.attention == "qwen3":
+            needs.append((VLLM_PEAGLE_ARCH_MAP, "a Qwen3 P-EAGLE in the speculators layout (PeagleQwen3ForCausalLM)"))
+    elif flags31:
         needs.append(((0, 22, 0), f"EAGLE-3.1 {' + '.join(flags31)} (vLLM PR #42764)"))
     if cfg.get("fc_norm") and spec.attention == "mla":
         needs.append(((0, 23, 0), "MLA fc_norm is applied only from 0.23.0 (vLLM PR #43482)"))
-    if flags31 and spec.config_layout == "speculators":
+    if flags31 and spec.config_layout == "speculators" and not peagle_speculators:
         needs.append(((0, 25, 0),
                       "the speculators layout passes fc_norm/norm_output only from 0.25.0 (vLLM PR #46488)"))
     if spec.num_aux_hidden_states not in (None, 3):
@@ -271,8 +339,20 @@ def speculative_config(draft: str, k: int) -> dict[str, Any]:
     return {"model": draft, "method": "eagle3", "num_speculative_tokens": k}
 
 
+PARALLEL_DRAFTING_SETTING = '"parallel_drafting": true'  # a member of the --speculative-config object
+
+
+def settings(spec: DraftSpec, target: TargetInfo | None = None) -> tuple[str, ...]:
+    """A P-EAGLE draft is proposed in one forward only when the speculative config says so: the draft's own config
+    cannot switch it on (VLLM_PARALLEL_TOKEN_KEYS' note)."""
+    return (PARALLEL_DRAFTING_SETTING,) if spec.facts.parallel_drafting else ()
+
+
 def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = ()) -> str:
-    return f"vllm serve {target} --speculative-config '{json.dumps(speculative_config(draft, k))}'"
+    config = speculative_config(draft, k)
+    for setting in settings:  # members of the JSON object, as `settings` writes them
+        config.update(json.loads("{" + setting + "}"))
+    return f"vllm serve {target} --speculative-config '{json.dumps(config)}'"
 
 
 def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:
@@ -288,5 +368,5 @@ def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:
 RECORD = Engine(
     name=VLLM, label="vLLM", latest=LATEST, oldest=VLLM_OLDEST_KNOWN, loads="safetensors", dialect="vllm",
     rules_module="eaglekit.rules.engine_vllm", requirements=vllm_requirements, serve=serve_command,
-    read_ids=read_ids,
+    settings=settings, read_ids=read_ids,
 )

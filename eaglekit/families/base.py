@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglekit.config_view import as_ids, config_problems, flag_at, int_at, nested, number_at
+from eaglekit.config_view import as_ids, as_int, config_problems, flag_at, int_at, nested, number_at
 from eaglekit.engines.base import TOP_IDS
 from eaglekit.errors import CheckpointError
 from eaglekit.families.names import FC_NORM, canonical_name, layer_index, name_forms
@@ -99,6 +99,7 @@ class Traits:
     norm_output_meaning_versioned: bool = False  # norm_output meant another recurrence in older releases (P35)
     hidden_norm_is_input_norm: bool = False  # layers >= 1 store their input norm as hidden_norm (P32)
     vllm_layout: bool = False  # vLLM's own flat layout, as upgrade writes it: trained tensors can be written back as is
+    parallel_drafting: bool = False  # P-EAGLE: trained for parallel drafting (served with parallel_drafting: true)
     aux_ids_key: str = TOP_IDS  # the top-level key the producer writes its aux ids under (eagle_config: always TOP_IDS)
     family: str = ""  # filled in from the registered name by detection
 
@@ -339,6 +340,19 @@ def read_flags(obs: Observed) -> Flags:
     )
 
 
+PARALLEL_TOKEN_KEYS = ("mask_token_id", "pard_token")
+"""Where a parallel-drafting draft names the token of its mask slots: speculators writes mask_token_id, vLLM's
+speculators mapping turns it into pard_token (the flat layout may hold either; vLLM reads mask_token_id first)."""
+
+
+def parallel_token_id(cfg: dict[str, Any]) -> int | None:
+    for key in PARALLEL_TOKEN_KEYS:
+        value = as_int(cfg.get(key))
+        if value is not None:
+            return value
+    return None
+
+
 def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
     """The canonical description, from the small readers above and the family's traits."""
     files, cfg = obs.files, obs.config
@@ -364,6 +378,8 @@ def build_spec(obs: Observed, traits: Traits) -> DraftSpec:
         norm_before_residual_forced=traits.norm_before_residual_forced,
         norm_output_meaning_versioned=traits.norm_output_meaning_versioned,
         vllm_layout=traits.vllm_layout,
+        parallel_drafting=traits.parallel_drafting,
+        mask_token_id=parallel_token_id(cfg) if traits.parallel_drafting else None,
         config_problems=config_problems(cfg, obs.layer_config, empty_ids_allowed=traits.empty_ids_mean_default,
                                         own_id_key=traits.aux_ids_key),
         aux_ids_key=traits.aux_ids_key,

@@ -170,6 +170,9 @@ def free_memory(device) -> int | None:
 
 def _source_spec(source: str, info: TargetInfo) -> DraftSpec:
     spec = load_draft(source, target=info)
+    if spec.facts.parallel_drafting:
+        raise UsageError("a P-EAGLE draft (parallel drafting): finetune trains EAGLE-3's sequential training-time "
+                         "test, not the mask-slot objective it was trained with, and would unlearn it", spec.path)
     if not spec.facts.vllm_layout:
         converted = f"{source.rstrip('/')}-vllm"
         keep = ["--no-fc-norm", "--no-norm-output"] if spec.eagle_version == "3" else []  # its function, as it is

@@ -270,8 +270,8 @@ def _serving(spec: DraftSpec, repo_id: str, target: str | None, rules: Validatio
                             f"writes the draft's own target layers and vocabulary map), then serve it.\n\n"
                             f"```bash\n{commands}\n```\n\n{_requirement(needs[engine])}\n")
         else:
-            pinned = (f" The setting pins the target layers the draft was trained on: {label} does not take them "
-                      "from the config as written." if s.settings else "")
+            pinned = (f" {label} needs the setting beside the files (the target layers the draft was trained on, or "
+                      "parallel drafting): it does not take it from the config as written." if s.settings else "")
             sections.append(f"## Use with {label}\n\n```bash\n{serve_command(engine, shown, repo_id, k, s.settings)}"
                             f"\n```\n\n{_requirement(needs[engine])}{pinned}\n")
     if refused:

@@ -10,11 +10,14 @@ from eaglekit.config_view import REPO_ID, as_ids, nested
 from eaglekit.engines.base import TOP_IDS, format_version, parse_version, target_folder
 from eaglekit.engines.vllm import (
     CLASS_ATTENTION,
+    EAGLE3_NORM_BEFORE_RESIDUAL_DEFAULT,
+    PEAGLE_NORM_BEFORE_RESIDUAL_DEFAULT,
     RECORD,
     VLLM,
     VLLM_ACCEPTS,
     VLLM_D2T_OPTIONAL,
     VLLM_OLDEST_KNOWN,
+    VLLM_QWEN3_MASK_HIDDEN,
     vllm_default_runner,
     vllm_requirements,
 )
@@ -251,9 +254,15 @@ def flags_unread(ctx: RuleContext):
                       f"write it top-level", key=f"eagle_config.{key}")
 
 
+def _loads_mask_hidden(ctx: RuleContext) -> bool:
+    """Whether the class vLLM picks has the parallel-drafting mask (and skips it without parallel drafting)."""
+    return ctx.vllm.model_class == "llama" or (ctx.vllm.model_class == "qwen3"
+                                               and ctx.checked_version >= VLLM_QWEN3_MASK_HIDDEN)
+
+
 @rule("EK320", "warning", "engine", "P30", "mask_hidden outside parallel drafting", engine=VLLM)
 def mask_hidden_llama(ctx: RuleContext):
-    if "mask_hidden" in ctx.spec.tensors and ctx.vllm.model_class == "llama":
+    if "mask_hidden" in ctx.spec.tensors and not ctx.vllm.parallel_drafting and _loads_mask_hidden(ctx):
         yield Hit("mask_hidden is used only by parallel drafting (P-EAGLE); otherwise vLLM skips it with a warning",
                   tensor="mask_hidden")
 
@@ -261,9 +270,49 @@ def mask_hidden_llama(ctx: RuleContext):
 @rule("EK321", "error", "engine", "P30", "mask_hidden in a class without parallel drafting", engine=VLLM,
       refuses_load=True)
 def mask_hidden_other(ctx: RuleContext):
-    if "mask_hidden" in ctx.spec.tensors and ctx.vllm.model_class in ("qwen3", "deepseek"):
-        yield Hit(f"mask_hidden is an unknown name to the {ctx.vllm.model_class} eagle3 class; remove it",
+    if "mask_hidden" in ctx.spec.tensors and ctx.vllm.model_class is not None and not _loads_mask_hidden(ctx):
+        yield Hit(f"mask_hidden is an unknown name to {_v(ctx)}'s {ctx.vllm.model_class} eagle3 class; remove it",
                   tensor="mask_hidden")
+
+
+@rule("EK330", "error", "engine", "P52", "a P-EAGLE draft vLLM cannot load as written", engine=VLLM,
+      refuses_load=True)
+def peagle_unloadable(ctx: RuleContext):
+    view, spec = ctx.vllm, ctx.spec
+    if not view.parallel_drafting:
+        return
+    if "mask_hidden" not in spec.tensors:
+        yield Hit("a P-EAGLE draft without mask_hidden: with parallel_drafting vLLM's eagle3 class raises "
+                  "\"mask_hidden not found in weights\"; restore the trained mask state", tensor="mask_hidden")
+    if view.layout != "speculators" or view.model_class is None:
+        return
+    if spec.facts.mask_token_id is None:
+        yield Hit(f"a speculators P-EAGLE config without an integer mask_token_id: {_v(ctx)}'s update_peagle reads it "
+                  "unconditionally (as pard_token) and fails; write the mask token the draft was trained with",
+                  key="mask_token_id")
+    if "fc_norm" in view.not_carried:
+        count = len(spec.facts.fc_norm_tensor_ids)
+        yield Hit(f"fc_norm: true in a speculators P-EAGLE config: {_v(ctx)}'s P-EAGLE path (update_peagle) does not "
+                  f"carry fc_norm, so its class builds no fc_norm norms and fails on the {count} fc_norm.{{k}}.weight "
+                  "tensor(s) (no module or parameter named 'fc_norm'); write the flat layout, which carries it "
+                  "(eaglekit upgrade)", key="fc_norm", refuses_load=count > 0)
+
+
+@rule("EK331", "warning", "engine", "P52", "a P-EAGLE config vLLM reads otherwise than written", engine=VLLM)
+def peagle_reread(ctx: RuleContext):
+    view, cfg = ctx.vllm, ctx.spec.config
+    if not view.parallel_drafting or view.layout != "speculators" or view.model_class is None:
+        return
+    if "norm_output" in view.not_carried:
+        yield Hit(f"norm_output: true in a speculators P-EAGLE config: {_v(ctx)}'s P-EAGLE path does not carry it and "
+                  "serves norm_output false without a message; parallel drafting never feeds the draft's state back "
+                  "(one forward proposes every token), so only the claim of EAGLE-3.1 is lost; the flat layout "
+                  "keeps the flag (eaglekit upgrade)", key="norm_output")
+    if "norm_before_residual" not in cfg:
+        yield Hit(f"norm_before_residual is not written: {_v(ctx)}'s P-EAGLE path takes "
+                  f"{str(PEAGLE_NORM_BEFORE_RESIDUAL_DEFAULT).lower()} where its EAGLE-3 path takes "
+                  f"{str(EAGLE3_NORM_BEFORE_RESIDUAL_DEFAULT).lower()} (P12); write the value the draft was trained "
+                  "with", key="norm_before_residual")
 
 
 @rule("EK322", "info", "engine", None, "vLLM-ready keys left implicit", engine=VLLM)

@@ -169,6 +169,8 @@ def _switched_on(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | Non
     """(fc_norm, norm_output) to switch on (UpgradeOptions.eagle31_flags): a flag the caller leaves unset is on only
     where the target's weights let the upgrade keep the EAGLE-3 function. One left off for want of them is said so,
     with how to get EAGLE-3.1, unless the source is trained with it (then it is kept as trained)."""
+    if spec.facts.parallel_drafting:
+        return _parallel_drafting_flags(spec, opts, warnings)
     calibratable = target is not None and target_has_weights(target)
     fc_norm, norm_output = opts.eagle31_flags(calibratable)
     if calibratable or opts.eagle31_asked or not writes_eagle31(opts.to):
@@ -184,6 +186,30 @@ def _switched_on(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | Non
         warnings.append(f"{what}: switching {' and '.join(kept)} on without losing {function} needs the target's "
                         f"weights ({where}); {anyway} writes the untrained EAGLE-3.1 start anyway")
     return fc_norm, norm_output
+
+
+def _parallel_drafting_flags(spec: DraftSpec, opts: UpgradeOptions, warnings: list[str]) -> tuple[bool, bool]:
+    """A P-EAGLE draft keeps the flags it was trained with and gets none added (returned off: the trained ones are
+    kept by `_trained_flags`): an added fc_norm would also renormalise mask_hidden's slots, and norm_output does
+    nothing where one forward proposes every token."""
+    trained = {"fc_norm": bool(spec.facts.fc_norm_tensor_ids), "norm_output": spec.flags.norm_output}
+    asked = {"fc_norm": opts.fc_norm is True or opts.fc_norm_init is not None, "norm_output": opts.norm_output is True}
+    added = [name for name in trained if asked[name] and not trained[name]]
+    if added:
+        raise UsageError(f"the source is a P-EAGLE draft (parallel drafting): switching {added[0]} on is not "
+                         "supported (an added fc_norm would renormalise mask_hidden too, norm_output is never fed "
+                         "back in one forward); it keeps the flags it was trained with")
+    warnings.append("a P-EAGLE draft: vLLM drafts it in parallel only with \"parallel_drafting\": true in "
+                    "--speculative-config (without it, it skips mask_hidden and drafts one token at a time)")
+    return False, False
+
+
+def _refuse_without_mask_slots(spec: DraftSpec) -> None:
+    missing = [what for what, absent in (("mask_token_id", spec.facts.mask_token_id is None),
+                                         ("mask_hidden", "mask_hidden" not in spec.tensors)) if absent]
+    if missing:
+        raise CheckpointError(f"a P-EAGLE draft without {' and '.join(missing)}: vLLM cannot draft it in parallel, "
+                              "and eaglekit does not invent the mask slots", spec.path)
 
 
 def _fc_norm_init(opts: UpgradeOptions, target: TargetInfo | None, added: bool, warnings: list[str]) -> str | None:
@@ -303,6 +329,9 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
     if "fc.weight" not in spec.tensors:
         raise CheckpointError("no fc.weight: an EAGLE-1-style draft without aux hidden states cannot become "
                               "EAGLE-3/3.1", spec.path)
+    if spec.facts.parallel_drafting:
+        cannot_write("parallel_drafting")
+        _refuse_without_mask_slots(spec)
     k = spec.num_aux_hidden_states
     t = spec.geometry.target_hidden_size
     if not k or not t:

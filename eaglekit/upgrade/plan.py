@@ -143,7 +143,7 @@ def _plan_source_tensor(plan: _PlanBuilder, name: str, d: Decisions, vocab: Voca
     norm_output (d2t and t2d are planned from the vocabulary plan instead)."""
     spec = plan.spec
     ref = spec.tensors[name]
-    why_dropped = dropped(name)
+    why_dropped = dropped(name, spec)
     if why_dropped:
         plan.drop(name, why_dropped)
         return

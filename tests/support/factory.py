@@ -262,6 +262,25 @@ def _speculators_config(r: Recipe, arch: str, version: str, ids: list[int] | Non
     return cfg
 
 
+MASK_TOKEN_ID = 3  # the mask-slot token of the P-EAGLE layouts
+
+
+def _peagle_files(r: Recipe, t: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """speculators 0.9.0's P-EAGLE checkpoint (models/peagle/config.py PEagleSpeculatorConfig, models/peagle/core.py
+    PEagleDraftModel, as save_pretrained writes it): the eagle3 fields plus mask_token_id and
+    embed_requires_grad, architectures the model class, the trained embedding, and mask_hidden [1, 1, K·T]."""
+    cfg = _speculators_config(r, "PEagleDraftModel", "0.9.0", list(r.aux_ids))
+    cfg["speculators_model_type"] = "peagle"
+    cfg["speculators_config"]["algorithm"] = "peagle"
+    cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 8
+    cfg.update(mask_token_id=MASK_TOKEN_ID, embed_requires_grad=True, auto_map={"": "config.PEagleSpeculatorConfig"})
+    rng = np.random.default_rng(r.seed + 1)
+    t = dict(t)
+    t.setdefault("embed_tokens.weight", (rng.standard_normal((r.vocab, r.hidden)) * 0.05).astype(np.float32))
+    t["mask_hidden"] = (rng.standard_normal((1, 1, r.k * r.T)) * 0.05).astype(np.float32)
+    return cfg, t
+
+
 # DeepSpec Eagle3 (deepseek-ai/DeepSpec afdfa7c9382a3341a3e6f17756dd816da79f132c): deepspec/modeling/eagle3/qwen3/
 # config.py `build_draft_config` deep-copies the target's Qwen3Config (transformers 5: `dtype`, `rope_parameters`) and
 # adds the keys below; qwen3/modeling.py `Qwen3Eagle3Model` has q_norm/k_norm and, in every layer, a 2·H attention
@@ -312,6 +331,15 @@ def _rename(names: dict[str, np.ndarray], style: str) -> dict[str, np.ndarray]:
 
 def layout_files(layout: str, r: Recipe) -> tuple[dict, dict[str, np.ndarray], dict]:
     """(config, source-named arrays, safetensors metadata) for one published layout."""
+    if layout == "peagle":
+        return (*_peagle_files(r, canonical_tensors(r)), {"format": "pt"})
+    if layout == "deepspec":  # not in LAYOUTS: its recipe is DEEPSPEC (K=5, Qwen3, full vocabulary), not the default
+        return (*_deepspec_files(r), {"format": "pt"})
+    return _eagle3_layout_files(layout, r)
+
+
+def _eagle3_layout_files(layout: str, r: Recipe) -> tuple[dict, dict[str, np.ndarray], dict]:
+    """The EAGLE-3 layouts of `layout_files`."""
     t = canonical_tensors(r)
     meta = {"format": "pt"}
     if layout == "eagle":
@@ -372,9 +400,6 @@ def layout_files(layout: str, r: Recipe) -> tuple[dict, dict[str, np.ndarray], d
         return cfg, _rename(t, "midlayer"), meta
     if layout == "kimi":
         return _mla_config(r), t, meta
-    if layout == "deepspec":  # not in LAYOUTS: its recipe is DEEPSPEC (K=5, Qwen3, full vocabulary), not the default
-        cfg, t = _deepspec_files(r)
-        return cfg, t, meta
     if layout == "vllm":
         if r.attention == "mla":
             cfg = _mla_config(r)

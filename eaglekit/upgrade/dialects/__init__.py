@@ -1,10 +1,10 @@
 """Output dialects: each writes a config (and names tensors) out of the canonical description, never reads one.
 
 A dialect module provides NAME, ENGINE (what `eaglekit validate --engine` checks it against), FINETUNE_READS
-(whether `eaglekit finetune` trains drafts in this layout), CANNOT_WRITE
-(feature -> why this output cannot carry it: "mla", "qwen3", "eagle31" (trained or added fc_norm / norm_output),
-"norm_before_residual"), CAVEATS (feature -> a warning when the output carries it), `read_family(spec, decisions)`
-(the family that reads its output back), `config(spec, decisions, vocab)`, `tensor_name(canonical, spec)` (from
+(whether `eaglekit finetune` trains drafts in this layout), CANNOT_WRITE (feature -> why this output cannot carry
+it: "mla", "qwen3", "eagle31" (trained or added fc_norm / norm_output), "norm_before_residual", "parallel_drafting"
+(a P-EAGLE draft)), CAVEATS (feature -> a warning when the output carries it), `read_family(spec, decisions)` (the
+family that reads its output back), `config(spec, decisions, vocab)`, `tensor_name(canonical, spec)` (from
 eaglekit.catalogue; None: the output has no such tensor), `refusal(spec, decisions, target)` (what else it cannot
 write of this draft) and WRITER, the module that writes it (`check_destination`, `contents`, `write`).
 """
@@ -18,6 +18,9 @@ from eaglekit.errors import UsageError
 
 NAMES = ("vllm", "sglang", "speculators", "trtllm", "gguf")
 NO_QWEN3_CLASS = "that engine has no EAGLE-3 draft class with Qwen3 q/k norms; use --to vllm or --to speculators"
+NO_PARALLEL_DRAFTING = ("the source is a P-EAGLE draft (parallel drafting: its later slots were trained on a mask "
+                        "token and mask_hidden, not on fed-back states), which eaglekit models in vLLM only: write "
+                        "--to vllm")
 
 
 def get_dialect(name: str) -> ModuleType:

@@ -16,7 +16,7 @@ from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 from eaglekit.upgrade import gguf as gguf_file
 from eaglekit.upgrade.decide import Decisions
-from eaglekit.upgrade.dialects import NO_QWEN3_CLASS
+from eaglekit.upgrade.dialects import NO_PARALLEL_DRAFTING, NO_QWEN3_CLASS
 from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "gguf"
@@ -24,6 +24,7 @@ ENGINE = LLAMACPP
 FINETUNE_READS = False
 CANNOT_WRITE: dict[str, str] = {
     "qwen3": NO_QWEN3_CLASS,
+    "parallel_drafting": NO_PARALLEL_DRAFTING,
     "eagle31": "the source is an EAGLE-3.1 draft (trained fc_norm / norm_output), which llama.cpp cannot run; serve "
                "it with vLLM, SGLang, TensorRT-LLM or tokenspeed",
 }

@@ -17,7 +17,7 @@ from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 from eaglekit.upgrade import folder
 from eaglekit.upgrade.decide import Decisions
-from eaglekit.upgrade.dialects import NO_QWEN3_CLASS
+from eaglekit.upgrade.dialects import NO_PARALLEL_DRAFTING, NO_QWEN3_CLASS
 from eaglekit.upgrade.dialects.flat import flat_config
 from eaglekit.upgrade.vocab import VocabPlan
 
@@ -26,6 +26,7 @@ ENGINE = "sglang"
 FINETUNE_READS = False
 CANNOT_WRITE: dict[str, str] = {
     "qwen3": NO_QWEN3_CLASS,
+    "parallel_drafting": NO_PARALLEL_DRAFTING,
     "norm_before_residual": "this draft uses norm_before_residual true, and SGLang has no such switch (it always "
                             "behaves as false): it cannot be served faithfully there (P12)",
 }

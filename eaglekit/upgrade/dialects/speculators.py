@@ -21,6 +21,9 @@ NAME = "speculators"
 ENGINE = "vllm"
 FINETUNE_READS = False
 CANNOT_WRITE: dict[str, str] = {
+    "parallel_drafting": "the source is a P-EAGLE draft: this dialect writes speculators' eagle3 layout, and vLLM's "
+                         "reading of speculators' own P-EAGLE layout drops fc_norm and norm_output (EK330, EK331): "
+                         "write --to vllm",
     "mla": "MLA drafts cannot be written in the speculators layout (vLLM maps only llama and qwen3 there, P31): use "
            "--to vllm or --to sglang",
 }

@@ -13,13 +13,13 @@ from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 from eaglekit.upgrade import folder
 from eaglekit.upgrade.decide import Decisions
-from eaglekit.upgrade.dialects import NO_QWEN3_CLASS, vllm
+from eaglekit.upgrade.dialects import NO_PARALLEL_DRAFTING, NO_QWEN3_CLASS, vllm
 from eaglekit.upgrade.vocab import VocabPlan
 
 NAME = "trtllm"
 ENGINE = "trtllm"
 FINETUNE_READS = False
-CANNOT_WRITE: dict[str, str] = {"qwen3": NO_QWEN3_CLASS}
+CANNOT_WRITE: dict[str, str] = {"qwen3": NO_QWEN3_CLASS, "parallel_drafting": NO_PARALLEL_DRAFTING}
 CAVEATS: dict[str, str] = {}
 WRITER = folder
 

@@ -23,7 +23,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLMEagle3", "qwen3": "Eagle3Qwen3ForCaus
 
 
 def read_family(spec: DraftSpec, d: Decisions) -> str:
-    return "vllm"
+    return "peagle" if spec.facts.parallel_drafting else "vllm"
 
 
 def config(spec: DraftSpec, d: Decisions, vocab: VocabPlan) -> dict[str, Any]:
@@ -34,6 +34,9 @@ def config(spec: DraftSpec, d: Decisions, vocab: VocabPlan) -> dict[str, Any]:
     if d.norm_before_fc:
         eagle["norm_before_fc"] = True
     cfg["eagle_config"] = eagle
+    if spec.facts.parallel_drafting:  # the mask-slot token under the name vLLM's own P-EAGLE mapping gives it
+        cfg.pop("mask_token_id", None)
+        cfg["pard_token"] = spec.facts.mask_token_id
     return cfg
 
 
