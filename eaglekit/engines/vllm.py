@@ -77,8 +77,10 @@ SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3
 # Read from vLLM 0.33.0: vllm/config/speculative.py (SpeculativeMethod, SpeculativeConfig.__post_init__ and
 # hf_config_override), vllm/model_executor/models/registry.py (_SPECULATIVE_DECODING_MODELS),
 # vllm/transformers_utils/configs/speculators/algos.py and base.py, vllm/v1/worker/gpu/spec_decode/__init__.py and
-# eagle/eagle3_utils.py. "since": the first release whose SpeculativeConfig serves these drafts under that method
-# (the 0.10.0 .. 0.33.0 wheels read one by one).
+# eagle/eagle3_utils.py. "since": the first release whose SpeculativeConfig and registry serve these drafts under
+# that method, read in the 0.10.0, 0.10.2, 0.11.0 .. 0.33.0 wheels: "mtp" replaced the per-model *_mtp methods in
+# 0.11.0; parallel_drafting (reading pard_token) came in 0.16.0; dflash in 0.20.0; dspark in 0.25.0;
+# DFlash2DraftModel in 0.28.0 (speculators dflash2 in 0.29.0); LiLiCorr in 0.31.0; XPress in 0.33.0.
 VLLM_OTHER_METHODS_READ_AT = "0.33.0"
 
 
@@ -95,17 +97,17 @@ class VllmDraftMethod:
 VLLM_DRAFT_METHODS: dict[str, VllmDraftMethod] = {
     # qwen3_dflash.py; EAGLEConfig (configs/eagle.py) prefixes DFlash to other names, so LiLiCorr, MuseGlimmer and
     # Laguna drafts are served by the DFlash runtime too (spec_decode/__init__.py picks the speculator)
-    "dflash": VllmDraftMethod("dflash", "0.17.0", frozenset({
+    "dflash": VllmDraftMethod("dflash", "0.20.0", frozenset({
         "DFlashDraftModel", "LiLiCorrDraftModel", "MuseGlimmerAssistantModel", "DFlashMuseGlimmerAssistantModel",
         "DFlashLagunaForCausalLM"})),
     # qwen3_dflash2.py, models/beam: algos.update_dflash2 and build_vllm_speculative_config map dflash2 -> dflash
-    "dflash2": VllmDraftMethod("dflash", "0.30.0", frozenset({"DFlash2DraftModel", "DFlash2BeamDraftModel"})),
+    "dflash2": VllmDraftMethod("dflash", "0.28.0", frozenset({"DFlash2DraftModel", "DFlash2BeamDraftModel"})),
     # qwen3_dspark.py, gemma4_dspark.py, deepseek_v4(1)/*/dspark.py, kimi_k3 dspark_mla.py, muse_spark dspark.py
-    "dspark": VllmDraftMethod("dspark", "0.27.0", frozenset({
+    "dspark": VllmDraftMethod("dspark", "0.25.0", frozenset({
         "Qwen3DSparkModel", "Qwen3OmniDSparkModel", "DSparkDraftModel", "DSparkV41DraftModel", "K3DSparkModel",
         "MuseSparkDSparkModel", "Gemma4DSparkModel"})),
     # qwen3_xpress.py: XPress "serves under method=dflash" (SpeculativeConfig.is_xpress, XPRESS_ARCHITECTURES)
-    "xpress": VllmDraftMethod("dflash", "0.32.0", frozenset({"Qwen3XPressModel", "DFlashQwen3XPressModel"})),
+    "xpress": VllmDraftMethod("dflash", "0.33.0", frozenset({"Qwen3XPressModel", "DFlashQwen3XPressModel"})),
     # deepseek_mtp.py, qwen3_next_mtp.py, ...: every <model>_mtp method was folded into "mtp" (a deprecation warning
     # rewrites the old names); with no draft model vLLM reads the MTP layers from the target checkpoint itself
     "mtp": VllmDraftMethod("mtp", "0.11.0", frozenset({
