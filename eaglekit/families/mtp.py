@@ -16,6 +16,7 @@ from eaglekit.engines.vllm import (
     vllm_method_of,
     vllm_serves_mtp_of,
 )
+from eaglekit.errors import quoted
 from eaglekit.families.base import Observed, family
 from eaglekit.families.dflash import producer
 from eaglekit.families.methods import Reading, architectures, describe, speculators_type
@@ -103,7 +104,7 @@ def _problem(obs: Observed, form: Form, found: set[str], declared: int | None) -
         return None
     if not vllm_serves_mtp_of(obs.config.get("model_type"), obs.config.get("architectures")):
         return (f"vLLM {VLLM_OTHER_METHODS_READ_AT} builds no MTP draft for model_type "
-                f"{obs.config.get('model_type')!r} (SpeculativeConfig.hf_config_override)")
+                f"{quoted(obs.config.get('model_type'))} (SpeculativeConfig.hf_config_override)")
     if declared and not found:
         return (f"the config declares {declared} MTP layer(s) but the checkpoint holds none of their tensors: vLLM's "
                 "mtp method finds no weights to load")
