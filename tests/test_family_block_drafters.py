@@ -201,6 +201,23 @@ def test_eagle3_drafts_that_carry_method_keys_stay_eagle3(tmp_path, layout):
     assert load_draft(path).family == before and FAMILIES[before].is_eagle3
 
 
+@pytest.mark.parametrize("kind, edit", [
+    ("dflash-flat", {"dflash_config": [1, 2], "block_size": "16"}),
+    ("dflash-flat", {"dflash_config": {"target_layer_ids": [True, -1, "x"], "mask_token_id": 1e300}}),
+    ("dspark-flat", {"architectures": ["DSpark" + "x" * 100_000, 5, None]}),
+    ("mtp-deepseek", {"model_type": "m" * 5000, "num_nextn_predict_layers": True}),
+    ("xpress-speculators", {"speculators_version": "v" * 1000, "transformer_layer_config": []}),
+])
+def test_odd_config_values_still_give_a_report_and_one_line(tmp_path, kind, edit):
+    path = edit_config(write_method_draft(str(tmp_path / "d"), kind), lambda c: c.update(edit))
+    result = run_cli(["inspect", path, "--format", "json"])
+    assert result.exit_code == 0
+    jsonschema.validate(json.loads(result.stdout), INSPECT)
+    refused = run_cli(["upgrade", path, str(tmp_path / "out")])
+    line = refused.stderr.strip()
+    assert refused.exit_code == 1 and "\n" not in line and len(line) <= 420 and "not an EAGLE-3 draft" in line
+
+
 def test_inspect_of_another_method_never_imports_torch(drafts):
     code = (
         "import sys\n"

@@ -94,8 +94,8 @@ def _producer(obs: Observed, form: Form) -> str:
     if form != "target checkpoint":
         return producer(obs, "mtp")
     model_type = obs.config.get("model_type")
-    kind = model_type if isinstance(model_type, str) and len(model_type) <= 40 else "model"
-    return f"MTP layers inside a {kind} target checkpoint"
+    named = f"a {model_type} " if isinstance(model_type, str) and len(model_type) <= 40 else "a "
+    return f"MTP layers inside {named}target checkpoint"
 
 
 def _problem(obs: Observed, form: Form, found: set[str], declared: int | None) -> str | None:
