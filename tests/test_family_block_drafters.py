@@ -124,6 +124,11 @@ def test_no_command_reads_one_as_eagle3(drafts, tmp_path, command):
     assert "a DFlash block drafter" in result.stderr and "not an EAGLE-3 draft" in result.stderr
 
 
+def test_upgrade_from_another_method_is_a_usage_error(drafts, tmp_path):
+    result = run_cli(["upgrade", "--from", "dflash", drafts["dflash-flat"], str(tmp_path / "out")])
+    assert result.exit_code == 2 and "expected eagle3 or one of" in result.stderr and "dflash," not in result.stderr
+
+
 def test_a_forced_eagle3_family_still_refuses_it(drafts):
     with pytest.raises(NotEagle3DraftError) as info:
         load_draft(drafts["dflash2-flat"], family="vllm")

@@ -22,6 +22,11 @@ def family_names() -> list[str]:
     return sorted(FAMILIES)
 
 
+def eagle3_family_names() -> list[str]:
+    """The families read as EAGLE-3 drafts (the others are drafts of other speculative methods)."""
+    return sorted(name for name, f in FAMILIES.items() if f.is_eagle3)
+
+
 def detect(files: CheckpointFiles, family: str | None = None) -> tuple[Observed, Traits]:
     obs = Observed.from_files(files)
     if family is not None and family not in FAMILIES:
