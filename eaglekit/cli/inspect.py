@@ -142,8 +142,8 @@ def render_other_method(doc: dict) -> None:
     layers = m["target_layer_ids"]
     rows = [
         ("family", f"{m['family']} — {m['producer']} ({m['form']} form)"),
-        ("vLLM", f"--speculative-config '{json.dumps(vllm['speculative_config'])}' (method since {vllm['since']}, "
-                 f"read at {vllm['version']})"),
+        ("vLLM", f"method '{vllm['method']}' (since {vllm['since']}; read at {vllm['version']}): "
+                 f"--speculative-config '{_serve_config(doc)}'"),
         ("architecture", f"{', '.join(m['architectures']) or '—'} (model_type {m['model_type']})"),
         ("block size", "—" if m["block_size"] is None else m["block_size"]),
         ("layers", "—" if m["num_layers"] is None else m["num_layers"]),
@@ -161,6 +161,14 @@ def render_other_method(doc: dict) -> None:
     for note in m["notes"]:
         out.print(styled(("note: ", "dim"), note), soft_wrap=True)
     out.print("eaglekit validates, upgrades and verifies EAGLE-3 drafts only; none of its commands reads this one.")
+
+
+def _serve_config(doc: dict) -> str:
+    """The speculative config to pass, with K left to choose; MTP inside a target needs no draft model."""
+    m = doc["speculative_method"]
+    model = {} if m["form"] == "target checkpoint" else {"model": doc["path"]}
+    text = json.dumps({**model, **m["vllm"]["speculative_config"]})
+    return text[:-1] + ', "num_speculative_tokens": K}'
 
 
 def render_store(doc: dict) -> None:
