@@ -18,6 +18,7 @@ from eaglekit.errors import NotEagle3DraftError
 from eaglekit.families import FAMILIES, load_draft
 from eaglekit.io.checkpoint import INDEX_NAME, MAX_DRAFT_TENSORS
 from tests.support.cli import run_cli
+from tests.support.engines import VLLM_PYTHON
 from tests.support.factory import edit_config, make_draft, make_target_config
 from tests.support.method_drafts import BUILDERS, write_method_draft
 
@@ -236,6 +237,45 @@ def test_inspect_of_another_method_never_imports_torch(drafts):
     )
     proc = subprocess.run([sys.executable, "-c", code, drafts["dspark-speculators"]], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+PROBE = """
+import json, typing
+import vllm
+from vllm.config.speculative import SpeculativeMethod
+from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS
+from vllm.transformers_utils.configs.speculators.algos import SUPPORTED_SPECULATORS_TYPES
+
+def flat(t):
+    return [x for a in typing.get_args(t) for x in (flat(a) if typing.get_args(a) else [a])]
+
+print(json.dumps({"version": vllm.__version__, "methods": flat(SpeculativeMethod),
+                  "speculators": sorted(SUPPORTED_SPECULATORS_TYPES),
+                  "registry": sorted(_SPECULATIVE_DECODING_MODELS)}))
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")
+def test_the_vllm_facts_hold_in_the_installed_vllm():
+    """In the vLLM installed beside eaglekit: each method whose 'since' it reaches is one of its methods and has
+    registered draft architectures; a method it predates has none; its speculators path reads exactly the
+    speculators_model_type values eaglekit says."""
+    from eaglekit.engines.base import parse_version
+
+    proc = subprocess.run([VLLM_PYTHON, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    version = parse_version(found["version"])
+    for key, method in VLLM_DRAFT_METHODS.items():
+        registered = method.architectures & set(found["registry"])
+        if parse_version(method.since) <= version:
+            assert method.method in found["methods"], key
+            assert registered or not method.architectures, key
+        else:
+            assert not registered, key
+    if version >= (0, 29, 0):
+        assert set(found["speculators"]) == VLLM_SPECULATORS_MODEL_TYPES
 
 
 def _tensor_names(path: str) -> list[str]:
