@@ -125,6 +125,16 @@ def test_no_command_reads_one_as_eagle3(drafts, tmp_path, command):
     assert "a DFlash block drafter" in result.stderr and "not an EAGLE-3 draft" in result.stderr
 
 
+@pytest.mark.parametrize("kind", ["dflash-flat", "dflash2-flat", "dspark-flat", "xpress-flat", "mtp-qwen3-next"])
+@pytest.mark.parametrize("architectures", [["Qwen3ForCausalLM"], None])
+def test_flat_forms_are_recognised_without_their_architecture(drafts, tmp_path, kind, architectures):
+    """An HF export that writes the base model's architecture, or none: the method's own keys and tensors tell."""
+    path = edit_config(write_method_draft(str(tmp_path / "d"), kind), lambda c: c.update(architectures=architectures))
+    with pytest.raises(NotEagle3DraftError) as info:
+        load_draft(path)
+    assert info.value.draft.family == EXPECTED[kind][0]
+
+
 def test_upgrade_from_another_method_is_a_usage_error(drafts, tmp_path):
     result = run_cli(["upgrade", "--from", "dflash", drafts["dflash-flat"], str(tmp_path / "out")])
     assert result.exit_code == 2 and "expected eagle3 or one of" in result.stderr and "dflash," not in result.stderr
