@@ -169,6 +169,14 @@ def test_mtp_in_a_target_counts_its_layers_and_says_where_they_sit(drafts):
         assert any(where in note for note in method["notes"]) and method["vllm"]["problem"] is None
 
 
+def test_deepseek_v41_mtp_tensors_are_dspark_stages(tmp_path):
+    """vLLM 0.33.0 (speculative.py): V4.1 ships DSpark stages under mtp.* and has no classic-MTP draft."""
+    path = edit_config(write_method_draft(str(tmp_path / "d"), "mtp-qwen3-next"),
+                       lambda c: c.update(model_type="deepseek_v41", architectures=["DeepseekV41ForCausalLM"]))
+    method = json.loads(run_cli(["inspect", path, "--format", "json"]).stdout)["speculative_method"]
+    assert (method["family"], method["form"], method["vllm"]["method"]) == ("dspark", "target checkpoint", "dspark")
+
+
 def test_mtp_of_a_model_type_vllm_has_no_mtp_draft_for_is_a_problem(drafts, tmp_path):
     path = write_method_draft(str(tmp_path / "m"), "mtp-deepseek")
     edit_config(path, lambda c: c.update(model_type="my_moe", architectures=["MyMoeForCausalLM"]))
