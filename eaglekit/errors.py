@@ -22,6 +22,15 @@ class UnknownLayoutError(CheckpointError):
     """No known layout matches: the message lists what was observed."""
 
 
+class NotEagle3DraftError(CheckpointError):
+    """A recognised draft of another speculative method (a block drafter, an MTP head, a parallel draft model):
+    `draft` says what it is and which vLLM method serves it (eaglekit.other_drafts.OtherDraft)."""
+
+    def __init__(self, draft, path: str | None = None):
+        self.draft = draft
+        super().__init__(draft.summary(), path)
+
+
 class UsageError(EaglekitError):
     """Arguments that contradict each other or the input."""
 

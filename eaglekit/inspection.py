@@ -6,7 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from eaglekit.errors import NotEagle3DraftError
 from eaglekit.findings import Finding
+from eaglekit.other_drafts import OtherDraft
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
@@ -111,6 +113,18 @@ def parallel_drafting(spec: DraftSpec) -> dict[str, Any] | None:
     }
 
 
+@dataclass
+class OtherDraftReport:
+    """inspect's report for a draft of another speculative method: what it is and which vLLM method serves it."""
+
+    path: str
+    draft: OtherDraft
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "family": self.draft.family, "eagle3_draft": False,
+                "speculative_method": self.draft.to_dict()}
+
+
 def inspect_draft(
     source: str,
     *,
@@ -120,17 +134,21 @@ def inspect_draft(
     allow_pickle: bool = False,
     family: str | None = None,
     include_tensors: bool = False,
-) -> InspectReport:
+) -> InspectReport | OtherDraftReport:
     """Read a draft (headers only), run the rules once over every engine, and show two views of that run: the
-    file-level findings (no engine's own) and which engines can serve it as is."""
+    file-level findings (no engine's own) and which engines can serve it as is. A draft of another speculative
+    method is described instead (no EAGLE-3 rule applies to it)."""
     from eaglekit.families import load_draft
     from eaglekit.rules import all_rules, run_rules
     from eaglekit.serving import serving_support
     from eaglekit.target import read_target
 
     target_info = read_target(target) if target else None
-    spec = load_draft(source, subfolder=subfolder, revision=revision, allow_pickle=allow_pickle,
-                      family=family, target=target_info)
+    try:
+        spec = load_draft(source, subfolder=subfolder, revision=revision, allow_pickle=allow_pickle,
+                          family=family, target=target_info)
+    except NotEagle3DraftError as exc:
+        return OtherDraftReport(exc.path or source, exc.draft)
     report = run_rules(spec, target=target_info, engine="all", groups=("structure", "target", "engine"))
     engine_neutral = {r.code for r in all_rules() if r.engine is None}
     findings = [f for f in report.findings if f.code in engine_neutral]

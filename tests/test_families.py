@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from eaglekit import load_draft
-from eaglekit.errors import CheckpointError, UnknownLayoutError, UsageError
+from eaglekit.errors import CheckpointError, NotEagle3DraftError, UnknownLayoutError, UsageError
 from eaglekit.target import read_target
 from tests.support.cli import run_cli
 from tests.support.factory import Recipe, edit_config, make_draft, make_target_config, pickle_checkpoint
@@ -228,14 +228,16 @@ def test_unknown_layout_lists_what_was_found(tmp_path):
         load_draft(path)
 
 
-@pytest.mark.parametrize("architecture, method", [("DFlash2DraftModel", "DFlash"), ("DSparkV41ForCausalLM", "DSpark"),
-                                                  ("Qwen3XPressForCausalLM", "XPress")])
-def test_drafts_of_other_speculative_methods_are_refused_not_misread(tmp_path, architecture, method):
+@pytest.mark.parametrize("architecture, family", [("DFlash2DraftModel", "dflash2"), ("DSparkV41ForCausalLM", "dspark"),
+                                                  ("Qwen3XPressForCausalLM", "xpress")])
+def test_drafts_of_other_speculative_methods_are_refused_not_misread(tmp_path, architecture, family):
     path = edit_config(make_draft(str(tmp_path / "d"), "vllm"), lambda c: c.update(architectures=[architecture]))
-    with pytest.raises(UnknownLayoutError, match=f"is a {method} draft.*not EAGLE-3"):
-        load_draft(path)
-    result = run_cli(["inspect", path])
-    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1 and "not EAGLE-3" in result.stderr
+    with pytest.raises(NotEagle3DraftError, match="not an EAGLE-3 draft: vLLM serves it") as info:
+        load_draft(path, family="vllm")  # whatever --family says
+    assert info.value.draft.family == family
+    result = run_cli(["upgrade", path, str(tmp_path / "out")])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert "not an EAGLE-3 draft" in result.stderr and not (tmp_path / "out").exists()
 
 
 def test_output_of_layer_ids_that_include_L_are_read_as_hidden_state_indices(tmp_path):

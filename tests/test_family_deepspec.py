@@ -19,7 +19,7 @@ import pytest
 
 from eaglekit.engines import vllm_view
 from eaglekit.engines.base import parse_version
-from eaglekit.errors import UnknownLayoutError
+from eaglekit.errors import NotEagle3DraftError
 from eaglekit.families import load_draft
 from eaglekit.io.checkpoint import read_checkpoint
 from tests.support.cli import run_cli
@@ -80,7 +80,7 @@ def test_deepspec_is_recognised_by_its_keys_and_before_angelslim(tmp_path):
                                                          "model_type": "gemma4_text", "target_model_type": "gemma4"})
     assert load_draft(gemma).family == "deepspec"  # target_model_type alone would make it AngelSlim's
     dspark = _deepspec(tmp_path / "dspark", config_patch={"architectures": ["Qwen3DSparkModel"], "ttt_length": None})
-    with pytest.raises(UnknownLayoutError):  # DeepSpec's DSpark drafter is no EAGLE-3 draft
+    with pytest.raises(NotEagle3DraftError, match="a DSpark block drafter"):  # DeepSpec's DSpark drafter
         load_draft(dspark)
 
 

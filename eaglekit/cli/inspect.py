@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 from rich.panel import Panel
 from rich.table import Table
@@ -56,6 +58,8 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
     doc = report.to_dict()
     if output_format == "json":
         emit_json(doc)
+    elif doc.get("eagle3_draft") is False:
+        render_other_method(doc)
     else:
         render(doc)
 
@@ -145,6 +149,42 @@ def render(doc: dict) -> None:
         tensor_rows = [[t["name"], "" if t["source_name"] == t["name"] else t["source_name"], t["dtype"],
                         str(t["shape"]), t["file"]] for t in doc["tensors"]]
         identifier_table("Tensors", ["name", "source name", "dtype", "shape", "file"], tensor_rows)
+
+
+def render_other_method(doc: dict) -> None:
+    """A draft of another speculative method: the one line that names it and its vLLM method, then what its
+    config says."""
+    m, vllm = doc["speculative_method"], doc["speculative_method"]["vllm"]
+    layers = m["target_layer_ids"]
+    rows = [
+        ("family", f"{m['family']} — {m['producer']} ({m['form']} form)"),
+        ("vLLM", f"method '{vllm['method']}' (since {vllm['since']}; read at {vllm['version']}): "
+                 f"--speculative-config '{_serve_config(doc)}'"),
+        ("architecture", f"{', '.join(m['architectures']) or '—'} (model_type {m['model_type']})"),
+        ("block size", "—" if m["block_size"] is None else m["block_size"]),
+        ("layers", "—" if m["num_layers"] is None else m["num_layers"]),
+        ("target layer ids", "—" if layers is None else
+         f"{layers} ({m['target_layer_ids_key']}); vLLM captures hidden_states {m['target_layer_ids_captured']}"),
+        ("target layers (L)", "—" if m["num_target_layers"] is None else m["num_target_layers"]),
+        ("mask token id", "—" if m["mask_token_id"] is None else m["mask_token_id"]),
+        ("method config", ", ".join(f"{k}={v}" for k, v in m["method_config"].items()) or "—"),
+        ("tensors", m["num_tensors"]),
+    ]
+    out.print(styled((m["summary"], "bold")), soft_wrap=True)
+    out.print(Panel(key_value_table(rows), title=styled((doc["path"], "bold")), expand=False))
+    if vllm["problem"]:
+        out.print(styled(("vLLM: ", "bold yellow"), vllm["problem"]), soft_wrap=True)
+    for note in m["notes"]:
+        out.print(styled(("note: ", "dim"), note), soft_wrap=True)
+    out.print("eaglekit validates, upgrades and verifies EAGLE-3 drafts only; none of its commands reads this one.")
+
+
+def _serve_config(doc: dict) -> str:
+    """The speculative config to pass, with K left to choose; MTP inside a target needs no draft model."""
+    m = doc["speculative_method"]
+    model = {} if m["form"] == "target checkpoint" else {"model": doc["path"]}
+    text = json.dumps({**model, **m["vllm"]["speculative_config"]})
+    return text[:-1] + ', "num_speculative_tokens": K}'
 
 
 def render_store(doc: dict) -> None:

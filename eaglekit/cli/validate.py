@@ -60,13 +60,20 @@ def validate_command(ctx, path, target, engine, engine_version, deep, strict, li
     if not path:
         raise click.UsageError("PATH is required (or --list-rules)")
 
+    from eaglekit.errors import NotEagle3DraftError
     from eaglekit.families import load_draft
+    from eaglekit.other_drafts import validation_report
     from eaglekit.rules import run_rules
     from eaglekit.target import read_target
 
     target_info = read_target(target) if target else None
-    spec = load_draft(path, subfolder=subfolder, revision=revision, allow_pickle=allow_pickle, family=family,
-                      target=target_info)
+    try:
+        spec = load_draft(path, subfolder=subfolder, revision=revision, allow_pickle=allow_pickle, family=family,
+                          target=target_info)
+    except NotEagle3DraftError as exc:  # recognised, and not an EAGLE-3 draft: it fails, and says what serves it
+        other = validation_report(exc.path or path, exc.draft, strict)
+        emit_json(other) if output_format == "json" else render_other_method(other)
+        ctx.exit(1)
     report = run_rules(spec, target=target_info, engine=engine, engine_version=engine_version, deep=deep)
     doc = report.to_dict(strict=strict)
     if output_format == "json":
@@ -115,6 +122,15 @@ def render_report(doc: dict, family: str, producer: str) -> None:
     else:
         why = " (--strict: warnings fail)" if doc["strict"] and not doc["errors"] else ""
         out.print(styled(("FAILED", "bold red"), f": {counts}{why}"))
+
+
+def render_other_method(doc: dict) -> None:
+    method = doc["speculative_method"]
+    out.print(styled((doc["path"], "bold"), f"  {method['family']} — {method['producer']}"))
+    if method["vllm"]["problem"]:
+        out.print(styled(("vLLM: ", "bold yellow"), method["vllm"]["problem"]), soft_wrap=True)
+    out.print(styled(("FAILED", "bold red"), f": {method['summary']} (`eaglekit inspect` shows what it reads)"),
+              soft_wrap=True)
 
 
 def render_rules(rules: list[dict]) -> None:

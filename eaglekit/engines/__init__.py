@@ -24,7 +24,6 @@ from eaglekit.engines.vllm import (
     VLLM_OLDEST_KNOWN,
     VLLM_RUNNERS,
     VllmView,
-    other_draft_method,
     vllm_default_runner,
     vllm_runner_ids,
     vllm_view,
@@ -39,7 +38,7 @@ __all__ = [
     "CLASS_ATTENTION", "DEEPSEEK_TARGET_TYPES", "LLAMACPP",
     "RECORDS", "SGLANG", "TOKENSPEED", "TRTLLM", "VLLM", "VLLM_ACCEPTS", "VLLM_D2T_OPTIONAL", "VLLM_OLDEST_KNOWN",
     "VLLM_RUNNERS", "Engine", "IdReading", "SglangView", "Version", "VllmView", "engine_record", "format_version",
-    "other_draft_method", "output_of_layer", "parse_version", "sglang_capture", "sglang_view",
+    "output_of_layer", "parse_version", "sglang_capture", "sglang_view",
     "vllm_default_runner", "vllm_runner_ids", "vllm_view",
 ]
 

@@ -31,18 +31,6 @@ VLLM_EAGLE3_CLASSES: dict[str, str] = {
     "Eagle3DeepseekV2ForCausalLM": "deepseek",
     "Eagle3DeepseekV3ForCausalLM": "deepseek",
 }
-# Architecture-name prefixes of the drafts vLLM registers for other speculative methods (registry.py,
-# 0.26..0.33): their tensors can look EAGLE-like, but they are never EAGLE-3 drafts.
-VLLM_OTHER_DRAFT_METHODS: dict[str, str] = {
-    "DFlash": "DFlash",  # DFlashDraftModel, DFlash2DraftModel, DFlash2Beam...
-    "DSpark": "DSpark",  # DSparkV41...
-    "K3DSpark": "DSpark",
-    "Qwen3OmniDSpark": "DSpark",
-    "Qwen3XPress": "XPress",
-    "LiLiCorr": "LiLiCorr",
-    "MuseSpark": "MuseSpark",
-    "MuseGlimmer": "MuseGlimmer",
-}
 VLLM_D2T_OPTIONAL = (0, 30, 0)  # from here draft_id_to_target_id exists only when Vd < V
 # The V2 runner's fallback when no top-level eagle_aux_hidden_state_layer_ids is written: a top-level
 # `target_layer_ids` (DSpark's and DeepSpec's key, output-of-layer) plus 1 (v1/worker/gpu/spec_decode/eagle/
@@ -111,15 +99,90 @@ CLASS_ATTENTION = {"llama": "llama", "qwen3": "qwen3", "deepseek": "mla"}
 SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
 
 
-def other_draft_method(architectures: Any) -> str | None:
-    """The speculative method (not EAGLE-3) a config's architectures name, if vLLM registers it as another one."""
+# ---------------------------------------------------------------- drafts of other speculative methods
+# Read from vLLM 0.33.0: vllm/config/speculative.py (SpeculativeMethod, SpeculativeConfig.__post_init__ and
+# hf_config_override), vllm/model_executor/models/registry.py (_SPECULATIVE_DECODING_MODELS),
+# vllm/transformers_utils/configs/speculators/algos.py and base.py, vllm/v1/worker/gpu/spec_decode/__init__.py and
+# eagle/eagle3_utils.py. "since": the first release whose SpeculativeConfig and registry serve these drafts under
+# that method, read in the 0.10.0, 0.10.2, 0.11.0 .. 0.33.0 wheels: "mtp" replaced the per-model *_mtp methods in
+# 0.11.0; parallel_drafting (reading pard_token) came in 0.16.0; dflash in 0.20.0; dspark in 0.25.0;
+# DFlash2DraftModel in 0.28.0 (speculators dflash2 in 0.29.0); LiLiCorr in 0.31.0; XPress in 0.33.0.
+VLLM_OTHER_METHODS_READ_AT = "0.33.0"
+
+
+@dataclass(frozen=True)
+class VllmDraftMethod:
+    """How vLLM serves the drafts of one non-EAGLE-3 method."""
+
+    method: str  # the --speculative-config method
+    since: str
+    architectures: frozenset[str]  # draft architectures its registry maps to this method's classes
+    settings: tuple[tuple[str, Any], ...] = ()  # what else the speculative config must say
+
+
+VLLM_DRAFT_METHODS: dict[str, VllmDraftMethod] = {
+    # qwen3_dflash.py; EAGLEConfig (configs/eagle.py) prefixes DFlash to other names, so LiLiCorr, MuseGlimmer and
+    # Laguna drafts are served by the DFlash runtime too (spec_decode/__init__.py picks the speculator)
+    "dflash": VllmDraftMethod("dflash", "0.20.0", frozenset({
+        "DFlashDraftModel", "LiLiCorrDraftModel", "MuseGlimmerAssistantModel", "DFlashMuseGlimmerAssistantModel",
+        "DFlashLagunaForCausalLM"})),
+    # qwen3_dflash2.py, models/beam: algos.update_dflash2 and build_vllm_speculative_config map dflash2 -> dflash
+    "dflash2": VllmDraftMethod("dflash", "0.28.0", frozenset({"DFlash2DraftModel", "DFlash2BeamDraftModel"})),
+    # qwen3_dspark.py, gemma4_dspark.py, deepseek_v4(1)/*/dspark.py, kimi_k3 dspark_mla.py, muse_spark dspark.py
+    "dspark": VllmDraftMethod("dspark", "0.25.0", frozenset({
+        "Qwen3DSparkModel", "Qwen3OmniDSparkModel", "DSparkDraftModel", "DSparkV41DraftModel", "K3DSparkModel",
+        "MuseSparkDSparkModel", "Gemma4DSparkModel"})),
+    # qwen3_xpress.py: XPress "serves under method=dflash" (SpeculativeConfig.is_xpress, XPRESS_ARCHITECTURES)
+    "xpress": VllmDraftMethod("dflash", "0.33.0", frozenset({"Qwen3XPressModel", "DFlashQwen3XPressModel"})),
+    # deepseek_mtp.py, qwen3_next_mtp.py, ...: every <model>_mtp method was folded into "mtp" (a deprecation warning
+    # rewrites the old names); with no draft model vLLM reads the MTP layers from the target checkpoint itself
+    "mtp": VllmDraftMethod("mtp", "0.11.0", frozenset({
+        "DeepSeekMTPModel", "DeepseekV32MTPModel", "DeepSeekV4MTPModel", "MiMoMTPModel", "MiMoV2MTPModel",
+        "Glm4MoeMTPModel", "Glm4MoeLiteMTPModel", "ErnieMTPModel", "Qwen3NextMTP", "Qwen3_5MTP", "Qwen3_5MoeMTP",
+        "NemotronHMTPModel", "LongCatFlashMTPModel", "MiniMaxM3MTP", "Gemma4MTPModel", "Step3p5MTP"})),
+    # a causal LM served as a draft model; llm_base_proposer reads pard_token when parallel_drafting is on
+    "pard": VllmDraftMethod("draft_model", "0.16.0", frozenset(), (("parallel_drafting", True),)),
+}
+# speculators_model_type values vLLM's speculators path reads (algos.py SUPPORTED_SPECULATORS_TYPES); any other
+# makes SpeculatorsConfig raise "Expected one of: ..."
+VLLM_SPECULATORS_MODEL_TYPES = frozenset({"eagle3", "peagle", "dflash", "dflash2", "dspark"})
+# Targets whose own checkpoint vLLM serves MTP from: hf_config_override rewrites these model types and
+# architectures into an MTP draft config (the keys it reads the MTP layer count from are VLLM_MTP_COUNT_KEYS)
+VLLM_MTP_TARGET_MODEL_TYPES = frozenset({
+    "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "deepseek_v4", "pangu_ultra_moe", "kimi_k3", "ernie4_5_moe",
+    "nemotron_h", "nemotron_h_puzzle", "qwen3_next", "qwen4_exp", "qwen4_exp_text", "bailing_hybrid", "exaone_moe",
+    "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "intern_s2_preview", "interns2_mobius",
+    "longcat_flash", "step3p5", "step3p7", "step5", "step5_vl", "hy_v3", "hy_v4", "inkling_mm_model",
+    "inkling_model", "minimax_m3_vl", "glm5_next", "dots3_note",
+})
+VLLM_MTP_TARGET_ARCHITECTURES = frozenset({
+    "MiMoForCausalLM", "MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM", "Glm4MoeForCausalLM",
+    "Glm4MoeLiteForCausalLM", "GlmOcrForConditionalGeneration", "BailingMoeV3ForCausalLM",
+    "BailingMoeV3VLForConditionalGeneration", "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration",
+    "Step5ForCausalLM", "Step5ForConditionalGeneration", "MiniMaxM3SparseForConditionalGeneration",
+})
+VLLM_MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules", "num_mtp_layers")
+# where MRv2 reads a block drafter's target layers, in order, and what it adds to make them hidden_states indices
+# (eagle3_utils.get_eagle3_aux_layers_from_config; dspark_target_layer_ids keeps +0 only for deepseek_v41)
+VLLM_TARGET_LAYER_KEYS: tuple[tuple[str, int], ...] = (
+    ("eagle_aux_hidden_state_layer_ids", 0), ("dflash_config.target_layer_ids", 1), ("dspark_target_layer_ids", 1),
+    ("target_layer_ids", 1), ("dflash_config.layer_ids", 0), ("eagle_config.layer_ids", 0),
+)
+
+
+def vllm_method_of(architectures: Any) -> str | None:
+    """The method key (VLLM_DRAFT_METHODS) whose registered draft architectures include one of these."""
     if not isinstance(architectures, list):
         return None
-    for arch in architectures:
-        for prefix, method in VLLM_OTHER_DRAFT_METHODS.items():
-            if isinstance(arch, str) and arch.startswith(prefix):
-                return method
-    return None
+    return next((key for key, m in VLLM_DRAFT_METHODS.items() for arch in architectures
+                 if isinstance(arch, str) and arch in m.architectures), None)
+
+
+def vllm_serves_mtp_of(model_type: Any, architectures: Any) -> bool:
+    """Whether vLLM rewrites this target's config into an MTP draft (hf_config_override)."""
+    archs = architectures if isinstance(architectures, list) else []
+    return model_type in VLLM_MTP_TARGET_MODEL_TYPES or any(a in VLLM_MTP_TARGET_ARCHITECTURES for a in archs
+                                                             if isinstance(a, str))
 
 
 VLLM_RUNNERS = ("v1", "v2")

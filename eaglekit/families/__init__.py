@@ -6,14 +6,13 @@ import dataclasses
 import importlib
 import pkgutil
 
-from eaglekit.engines import other_draft_method
-from eaglekit.errors import UnknownLayoutError, UsageError
+from eaglekit.errors import NotEagle3DraftError, UnknownLayoutError, UsageError
 from eaglekit.families.base import FAMILIES, Family, Observed, Traits, build_spec
-from eaglekit.io.checkpoint import CheckpointFiles, read_checkpoint
+from eaglekit.io.checkpoint import CheckpointFiles, OversizedCheckpoint, read_checkpoint
 from eaglekit.spec import AuxLayers, DraftSpec, aux_count
 from eaglekit.target import TargetInfo
 
-_SUPPORT = {"base", "names"}
+_SUPPORT = {"base", "names", "methods"}
 for _module in pkgutil.iter_modules(__path__):  # importing a layout module registers its family
     if _module.name not in _SUPPORT:
         importlib.import_module(f"{__name__}.{_module.name}")
@@ -23,21 +22,21 @@ def family_names() -> list[str]:
     return sorted(FAMILIES)
 
 
+def eagle3_family_names() -> list[str]:
+    """The families read as EAGLE-3 drafts (the others are drafts of other speculative methods)."""
+    return sorted(name for name, f in FAMILIES.items() if f.is_eagle3)
+
+
 def detect(files: CheckpointFiles, family: str | None = None) -> tuple[Observed, Traits]:
     obs = Observed.from_files(files)
-    method = other_draft_method(obs.config.get("architectures"))
-    if method is not None:
-        raise UnknownLayoutError(f"architectures {obs.config['architectures']} is a {method} draft, which vLLM "
-                                 "serves as its own speculative method, not EAGLE-3; eaglekit reads EAGLE-3 drafts "
-                                 "only",
-                                 files.config_path)
+    if family is not None and family not in FAMILIES:
+        raise UsageError(f"unknown family {family!r}; known: {', '.join(family_names())}")
+    refuse_other_methods(obs, family)
     chosen: Family | None
     if family is not None:
-        if family not in FAMILIES:
-            raise UsageError(f"unknown family {family!r}; known: {', '.join(family_names())}")
         chosen = FAMILIES[family]
     else:
-        chosen = next((f for f in sorted(FAMILIES.values(), key=lambda f: f.priority) if f.matches(obs)), None)
+        chosen = next((f for f in _in_priority_order() if f.is_eagle3 and f.matches(obs)), None)
     if chosen is not None:
         return obs, dataclasses.replace(chosen.traits(obs), family=chosen.name)
     signals = [
@@ -47,6 +46,22 @@ def detect(files: CheckpointFiles, family: str | None = None) -> tuple[Observed,
         f"{len(obs.names)} tensors",
     ]
     raise UnknownLayoutError("unknown draft layout (" + "; ".join(signals) + ")", files.root)
+
+
+def refuse_other_methods(obs: Observed, family: str | None = None) -> None:
+    """A draft of another speculative method is refused, described, before any EAGLE-3 family is tried: whatever
+    `--family` names, no command reads one as EAGLE-3."""
+    forced = FAMILIES.get(family) if family is not None else None
+    if forced is not None and not forced.is_eagle3:
+        other: Family | None = forced
+    else:
+        other = next((f for f in _in_priority_order() if not f.is_eagle3 and f.matches(obs)), None)
+    if other is not None and other.describe is not None:
+        raise NotEagle3DraftError(other.describe(obs), obs.files.root)
+
+
+def _in_priority_order() -> list[Family]:
+    return sorted(FAMILIES.values(), key=lambda f: f.priority)
 
 
 def apply_target(spec: DraftSpec, target: TargetInfo) -> DraftSpec:
@@ -86,7 +101,11 @@ def load_draft(
     target: TargetInfo | None = None,
 ) -> DraftSpec:
     """Read a draft checkpoint (headers only) into its canonical description."""
-    files = read_checkpoint(source, subfolder=subfolder, revision=revision, allow_pickle=allow_pickle)
+    try:
+        files = read_checkpoint(source, subfolder=subfolder, revision=revision, allow_pickle=allow_pickle)
+    except OversizedCheckpoint as exc:  # a full model: one that carries its own draft heads is named as such
+        refuse_other_methods(Observed.from_files(exc.files, exc.names))
+        raise
     obs, traits = detect(files, family)
     spec = build_spec(obs, traits)
     if target is not None:

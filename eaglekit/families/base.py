@@ -9,10 +9,11 @@ from typing import Any
 
 from eaglekit.config_view import as_ids, as_int, config_problems, flag_at, int_at, nested, number_at
 from eaglekit.engines.base import TOP_IDS
-from eaglekit.errors import CheckpointError
+from eaglekit.errors import CheckpointError, NotEagle3DraftError
 from eaglekit.families.names import FC_NORM, canonical_name, layer_index, name_forms
 from eaglekit.io.checkpoint import CheckpointFiles
 from eaglekit.io.dtypes import FLOAT_DTYPES
+from eaglekit.other_drafts import OtherDraft
 from eaglekit.spec import (
     Attention,
     AuxLayers,
@@ -45,8 +46,9 @@ class Observed:
     metadata: dict[str, str]
 
     @classmethod
-    def from_files(cls, files: CheckpointFiles) -> "Observed":
-        names = sorted(files.entries)
+    def from_files(cls, files: CheckpointFiles, names: list[str] | None = None) -> "Observed":
+        """`names`: a full model's tensor names read from its index alone (its headers are never read)."""
+        names = sorted(files.entries if names is None else names)
         return cls(files, files.config, names, name_forms(names), files.metadata)
 
     @property
@@ -112,6 +114,11 @@ class Family:
     priority: int  # lower is tried first
     matches: Callable[[Observed], bool]
     traits: Callable[[Observed], Traits]
+    describe: Callable[[Observed], OtherDraft] | None = None  # a draft of another speculative method
+
+    @property
+    def is_eagle3(self) -> bool:
+        return self.describe is None
 
 
 FAMILIES: dict[str, Family] = {}
@@ -119,13 +126,24 @@ FAMILIES: dict[str, Family] = {}
 
 def family(name: str, priority: int, traits: Traits | None = None):
     """Register a layout reader: a class with a static `matches(obs)`, and either the producer's `traits` here or a
-    static `traits(obs)` when they depend on the checkpoint."""
+    static `traits(obs)` when they depend on the checkpoint. A class with a static `describe(obs)` instead is a
+    draft of another speculative method: recognised and described, never read as EAGLE-3 (its traits refuse)."""
     def register(cls):
         if name in FAMILIES:
             raise ValueError(f"family {name!r} registered twice")
-        FAMILIES[name] = Family(name, priority, cls.matches, cls.traits if traits is None else lambda obs: traits)
+        describe = getattr(cls, "describe", None)
+        if describe is not None:
+            FAMILIES[name] = Family(name, priority, cls.matches, _refusal(describe), describe)
+        else:
+            FAMILIES[name] = Family(name, priority, cls.matches, cls.traits if traits is None else lambda obs: traits)
         return cls
     return register
+
+
+def _refusal(describe: Callable[[Observed], OtherDraft]) -> Callable[[Observed], Traits]:
+    def traits(obs: Observed) -> Traits:
+        raise NotEagle3DraftError(describe(obs), obs.files.root)
+    return traits
 
 
 def read_aux(obs: Observed, traits: Traits) -> AuxLayers:

@@ -91,6 +91,15 @@ def candidate_subfolders(root: str) -> list[str]:
     return found
 
 
+class OversizedCheckpoint(CheckpointError):
+    """An index that maps more tensors than a draft holds: a full model. `files` (no header entries) and `names`
+    (from the index) still let a target that carries its own draft heads (MTP) be recognised."""
+
+    def __init__(self, message: str, path: str, files: CheckpointFiles, names: list[str]):
+        self.files, self.names = files, names
+        super().__init__(message, path)
+
+
 def read_checkpoint(
     source: str,
     *,
@@ -121,7 +130,7 @@ def read_checkpoint(
 
     index = None
     if INDEX_NAME in names:
-        index, weight_files = _read_index(root)
+        index, weight_files = _read_index(CheckpointFiles(root, config, config_path, [], {}))
     else:
         weight_files = [n for n in names if n.endswith(".safetensors") and not n.startswith("adapter_")]
 
@@ -144,17 +153,18 @@ def read_checkpoint(
     return CheckpointFiles(root, config, config_path, weight_files, entries, metadata, index, None, extra)
 
 
-def _read_index(root: str) -> tuple[dict, list[str]]:
+def _read_index(found: CheckpointFiles) -> tuple[dict, list[str]]:
     """The shard index and the shards it names, refused when a shard name could leave the folder, a shard is
     missing, or it maps more tensors than a draft holds (the index is read before any shard is opened)."""
+    root = found.root
     index_path = os.path.join(root, INDEX_NAME)
     index = load_json_object(index_path, "index")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError("index has no weight_map", index_path)
     if len(weight_map) > MAX_DRAFT_TENSORS:
-        raise CheckpointError(f"index maps {len(weight_map):,} tensors, more than the {MAX_DRAFT_TENSORS:,} a "
-                              "draft checkpoint may hold", index_path)
+        raise OversizedCheckpoint(f"index maps {len(weight_map):,} tensors, more than the {MAX_DRAFT_TENSORS:,} a "
+                                  "draft checkpoint may hold", index_path, found, list(weight_map))
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not shard or "/" in shard or "\\" in shard or shard.startswith("."):
             raise CheckpointError(f"index maps {quoted(name)} to an invalid shard {quoted(shard)}", index_path)

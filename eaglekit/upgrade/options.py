@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eaglekit.errors import UsageError
-from eaglekit.families import family_names
+from eaglekit.families import eagle3_family_names
 from eaglekit.quantization import scheme
 from eaglekit.upgrade.dialects import NAMES as DIALECTS
 from eaglekit.upgrade.dialects import writes_eagle31
@@ -39,8 +39,9 @@ class UpgradeOptions:
     store: str | None = None  # calibrate from a capture store: the target's decoder is never loaded
 
     def check(self) -> None:
-        if self.source_family != "eagle3" and self.source_family not in family_names():
-            raise UsageError(f"--from {self.source_family!r}: expected eagle3 or one of {', '.join(family_names())}")
+        if self.source_family != "eagle3" and self.source_family not in eagle3_family_names():
+            raise UsageError(f"--from {self.source_family!r}: expected eagle3 or one of "
+                             f"{', '.join(eagle3_family_names())}")
         if self.to not in DIALECTS:
             raise UsageError(f"--to {self.to!r}: expected one of {', '.join(DIALECTS)}")
         if self.aux_convention not in (None, "input", "output"):
