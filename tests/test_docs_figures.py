@@ -13,6 +13,7 @@ such as EAGLE-3.1 are not figures.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -23,7 +24,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 DOCS = ("README.md", "docs/benchmarks.md")
-WRITER_FIX = "not re-measured since the writer fix"
+LEDGER_DOC = "docs/benchmarks.md"
 
 UNIT = r"(?:×|\s?%|\s?(?:ms|µs|s|min|minutes|h|hours|MB|GB|TB/s|tokens/s|steps/s)(?![\w/]))"
 NUMBER = re.compile(r"(?<![\w.\-/=#])(?P<sign>[+−±-]\s?)?(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?(?!\.?\d)"
@@ -104,11 +105,29 @@ def occurrences(text: str, quote: str) -> list[tuple[int, int]]:
     return [m.span() for m in re.finditer(pattern, text)]
 
 
-def paragraph_at(text: str, position: int) -> str:
-    """The paragraph (text between blank lines) around a position."""
-    start = text.rfind("\n\n", 0, position)
-    end = text.find("\n\n", position)
-    return text[start + 2 if start >= 0 else 0: end if end >= 0 else len(text)]
+BULLET = re.compile(r"\s*[-*] ")
+
+
+def block_at(text: str, position: int) -> str:
+    """The paragraph around a position; in a list, its item and the lines the list hangs from."""
+    lines = text.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    here = max(i for i, o in enumerate(offsets[:-1]) if o <= position)
+    start = here
+    while start > 0 and lines[start - 1].strip():
+        start -= 1
+    first = here
+    while first > start and not BULLET.match(lines[first]):
+        first -= 1
+    last = here
+    while last + 1 < len(lines) and lines[last + 1].strip() and not BULLET.match(lines[last + 1]):
+        last += 1
+    lead = start
+    while BULLET.match(lines[first]) and lead < first and not BULLET.match(lines[lead]):
+        lead += 1
+    return "".join(lines[start:lead]) + "".join(lines[first:last + 1])
 
 
 # --- the result files -------------------------------------------------------------------------------------------
@@ -142,7 +161,12 @@ def quoted_rows(record: dict):
             yield quote["in"], quote["table"], row
 
 
-def ledger_tables(name: str, data: dict) -> dict[str, list[list[str]]]:
+@functools.cache
+def ledger_tables(name: str) -> dict[str, list[list[str]]]:
+    return _reprint(name, LEDGERS[name])
+
+
+def _reprint(name: str, data: dict) -> dict[str, list[list[str]]]:
     """The tables bench_from_scratch.py prints from a ledger alone, header → rows, in the docs' minus sign."""
     import contextlib
     import io
@@ -159,18 +183,154 @@ def ledger_tables(name: str, data: dict) -> dict[str, list[list[str]]]:
     return {t.header: t.rows for t in tables(text)}
 
 
-def claims() -> dict[tuple[str, str], list[tuple[str, list[str]]]]:
-    """(doc, table header) → every (file, row) that lists a row of that table."""
+def ledger_claims() -> dict[tuple[str, str], list[tuple[str, list[str]]]]:
     held: dict[tuple[str, str], list[tuple[str, list[str]]]] = {}
-    for name, record in RECORDS.items():
-        for doc, header, row in quoted_rows(record):
-            held.setdefault((doc, header), []).append((name, row))
     for name, data in LEDGERS.items():
-        for header, rows in ledger_tables(name, data).items():
-            for row in rows:
-                held.setdefault((data_doc(), header), []).append((name, row))
+        for header, rows in ledger_tables(name).items():
+            held.setdefault((LEDGER_DOC, header), []).extend((name, row) for row in rows)
     return held
 
 
-def data_doc() -> str:
-    return "docs/benchmarks.md"
+@pytest.fixture(scope="module")
+def claims() -> dict[tuple[str, str], list[tuple[str, list[str]]]]:
+    """(doc, table header) → every (file, row) that lists a row of that table: the records' and the ledgers'."""
+    held = ledger_claims()
+    for name, record in RECORDS.items():
+        for doc, header, row in quoted_rows(record):
+            held.setdefault((doc, header), []).append((name, row))
+    return held
+
+
+def line_of(text: str, position: int) -> int:
+    return text.count("\n", 0, position) + 1
+
+
+# --- the files say what ran, where, when and from what --------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_every_result_file_says_what_ran_where_when_and_from_what(name):
+    record = RECORDS[name]
+    for key in ("what", "command", "machine", "date", "source", "quoted"):
+        assert record.get(key), f"{name}: no {key}"
+    assert re.match(r"\d{4}-\d{2}-\d{2}\b", record["date"]), f"{name}: the date from git history, ISO"
+    if record["source"].startswith("transcribed"):
+        assert re.search(r"recorded in docs at commits? [0-9a-f]{7}", record["source"]), name
+    else:
+        assert record.get("raw"), f"{name}: a re-run keeps its output"
+    for quote in record["quoted"]:
+        assert quote["in"] in DOCS and quote.get("recorded_in"), (name, quote)
+        assert ("text" in quote) != ("rows" in quote), (name, quote)
+    if "ledger" in record:
+        assert record["ledger"] in LEDGERS, name
+
+
+def test_every_ledger_has_a_record_of_its_run():
+    described = {record["ledger"] for record in RECORDS.values() if "ledger" in record}
+    assert set(LEDGERS) <= described
+
+
+# --- the files' figures are in the docs --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_every_quoted_text_is_in_the_docs_as_its_file_records_it(name):
+    missing = [quote for doc, quote in quoted_texts(RECORDS[name]) if not occurrences(read(doc), quote)]
+    assert not missing, f"{name}: the docs no longer say: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_every_quoted_row_is_a_row_of_its_table_in_the_docs(name):
+    for doc, header, row in quoted_rows(RECORDS[name]):
+        found = [t for t in tables(read(doc)) if t.header == header]
+        assert len(found) == 1, f"{name}: {doc} has {len(found)} tables headed {header}"
+        assert row in found[0].rows, f"{name}: {doc}'s table {header} has no row {row}"
+
+
+@pytest.mark.parametrize("name", sorted(LEDGERS))
+def test_each_ledger_reprints_the_tables_the_docs_print_from_it(name):
+    """The tables bench_from_scratch.py draws from the ledger's counters are, row for row, the docs' tables."""
+    docs = {t.header: t.rows for t in tables(read(LEDGER_DOC))}
+    for header, rows in ledger_tables(name).items():
+        assert header in docs, f"{name}: {LEDGER_DOC} has no table {header}"
+        assert sorted(docs[header]) == sorted(rows), f"{name}: {header}"
+
+
+def test_the_training_tables_are_each_runs_summary_in_its_ledger():
+    for name, record in RECORDS.items():
+        if "training_table" not in record:
+            continue
+        drafters = LEDGERS[record["ledger"]]["drafters"]
+        top1 = {n: " / ".join(d["trained"].rsplit("top-1 by depth ", 1)[1].split())
+                for n, d in drafters.items() if "trained" in d}
+        seeds = sorted({n.rsplit(" ", 1)[1] for n in top1})
+        expected = [[s, top1[f"EAGLE-3 from scratch, seed {s}"], top1[f"EAGLE-3.1 from scratch, seed {s}"]]
+                    for s in seeds]
+        table = [t for t in tables(read(LEDGER_DOC)) if t.header == record["training_table"]]
+        assert len(table) == 1 and table[0].rows == expected, name
+
+
+def test_the_bundled_drafters_size_is_what_their_headers_hold():
+    """The one figure the docs give for checked-in files is read again from them, as its record says."""
+    from eaglekit.families import load_draft
+
+    record = RECORDS["bundled-drafters.json"]
+    quote = next(text for _, text in quoted_texts(record))
+    for held in record["raw"]:
+        spec = load_draft(os.path.join(ROOT, "examples", "drafters", held["path"]))
+        assert (spec.num_parameters, spec.total_bytes) == (held["num_parameters"], held["total_bytes"])
+        assert f"{spec.num_parameters / 1e6:.1f} M parameters" in quote
+        assert f"{spec.total_bytes / 1e6:.0f} MB in bf16" in quote
+
+
+# --- every figure in the docs is in a file ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_table_row_holding_a_figure_is_listed_by_exactly_one_result_file(doc, claims):
+    text = read(doc)
+    headers = [t.header for t in tables(text)]
+    assert len(headers) == len(set(headers)), f"{doc}: two tables share a header; a file names a table by it"
+    unlisted, twice = [], []
+    for table in tables(text):
+        listed = claims.get((doc, table.header), [])
+        for row, line in zip(table.rows, table.lines):
+            if not any(figures(cell) for cell in row):
+                continue
+            owners = [name for name, claimed in listed if claimed == row]
+            (unlisted if not owners else twice if len(owners) > 1 else []).append(line[:100])
+    assert not unlisted, f"{doc}: rows no file in bench/results lists: {unlisted}"
+    assert not twice, f"{doc}: rows two files list: {twice}"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_figure_in_the_prose_lies_inside_a_text_a_result_file_quotes(doc):
+    text = read(doc)
+    spans = [span for record in RECORDS.values() for d, quote in quoted_texts(record) if d == doc
+             for span in occurrences(text, quote)]
+    loose = []
+    for offset, piece in prose_spans(text):
+        for match in figures(piece):
+            start, end = offset + match.start(), offset + match.end()
+            if not any(a <= start and end <= b for a, b in spans):
+                loose.append(f"line {line_of(text, start)}: {match.group().strip()}")
+    assert not loose, f"{doc}: figures no file in bench/results quotes: {loose}"
+
+
+# --- what is not a measurement of today's code says so ----------------------------------------------------------
+
+def _marks(doc: str, quote: dict) -> list[str]:
+    """The text around a quote that must carry its mark: its paragraph or list item; for rows, the row or the
+    paragraph that leads into the table."""
+    text = read(doc)
+    if "text" in quote:
+        return [block_at(text, start) for start, _ in occurrences(text, quote["text"])]
+    table = next(t for t in tables(text) if t.header == quote["table"])
+    lead = block_at(text, len(text[:table.start].rstrip()) - 1)
+    return [line + "\n" + lead for row, line in zip(table.rows, table.lines) if row in quote["rows"]]
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_a_marked_figure_carries_its_mark_where_the_docs_print_it(name):
+    """Figures measured before the finetune writer fix say so; eaglekit's predictions of an engine say so."""
+    for quote in RECORDS[name]["quoted"]:
+        for mark in quote.get("marked", []):
+            for block in _marks(quote["in"], quote):
+                assert mark.lower() in " ".join(block.lower().split()), f"{name}: '{mark}' missing around: {block}"
