@@ -130,6 +130,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             spec_tokens=spec_tokens, target_tokens=target_tokens, outcomes=outcomes, tie_tolerance=tolerance,
             diagnosis=conclude(readings.results()) if readings else None, min_acceptance=options.min_acceptance,
             engine=engine, engine_comparison=comparison, served=served, measured=measured,
+            notes=[f"vLLM: {label}" for label in engine["acceptance_settings"]["labels"]] if engine else [],
         ))
     return VerifySweep(reports)
 
@@ -223,6 +224,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
                                         "context_tokens": options.context_tokens},
             "eaglekit_aux_layer_ids": list(checked.aux_ids),
             "engine_aux_layer_ids": list(engine_aux_ids(run, info) or []),
+            "acceptance_settings": run.acceptance_settings,
             "engine": run.to_dict(), "acceptance_length_interval": interval.to_dict() if interval else None,
             **sample_marker(len(set(groups))),
             "categories": categories,
