@@ -173,12 +173,12 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
                      "max_num_seqs": max_seqs, "seed": 0, "tensor_parallel_size": engine.tensor_parallel_size,
                      **engine.llm_args}
     spec_config = speculative_config(os.path.abspath(checked.path), k, engine.speculative_settings)
-    settings = acceptance_settings(engine.speculative_settings, sampled=not options.sampling.greedy)
     report = BenchReport(
         checked.path, target, checked.spec.eagle_version, k, options.max_new_tokens, options.dtype,
         _prompts_block(setup.prompts.name, groups, setup.prompts.speed_bench, options), {}, spec_config,
         measured_files(checked.spec, setup.info), sampling=options.sampling, request_rate=options.request_rate,
-        percentiles=options.chosen_percentiles, acceptance_settings=settings, notes=list(settings["labels"]))
+        percentiles=options.chosen_percentiles,
+        acceptance_settings=acceptance_settings(engine.speculative_settings, sampled=not options.sampling.greedy))
     started = time.perf_counter()
     runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \
@@ -255,9 +255,7 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
                               prompts.speed_bench if prompts else False)
     if served.max_model_len:
         _refuse_past_model_len(longest, options.max_new_tokens, k, served.max_model_len)
-    unknown_settings = acceptance_settings(None, source="the running server's own: eaglekit did not start it")
-    notes = [*unknown_settings["labels"],
-             "τ and per-position acceptance are the differences of the speculative server's counters read before "
+    notes = ["τ and per-position acceptance are the differences of the speculative server's counters read before "
              "and after each measurement: whatever else it served meanwhile is counted too"]
     if baseline is None:
         notes.append("no baseline server (--baseline-url): no speed-up and no verdict, only the speculative "
@@ -273,7 +271,8 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
         request_rate=options.request_rate, percentiles=options.chosen_percentiles,
         servers={"started_by_eaglekit": False, "speculative_url": speculative.public_url,
                  "baseline_url": baseline.public_url if baseline else None, "served_model": served.id},
-        notes=notes, acceptance_settings=unknown_settings)
+        notes=notes, acceptance_settings=acceptance_settings(None, source="the running server's own: eaglekit did "
+                                                                          "not start it"))
     started = time.perf_counter()
     runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \

@@ -130,7 +130,6 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
             spec_tokens=spec_tokens, target_tokens=target_tokens, outcomes=outcomes, tie_tolerance=tolerance,
             diagnosis=conclude(readings.results()) if readings else None, min_acceptance=options.min_acceptance,
             engine=engine, engine_comparison=comparison, served=served, measured=measured,
-            notes=[f"vLLM: {label}" for label in engine["acceptance_settings"]["labels"]] if engine else [],
         ))
     return VerifySweep(reports)
 
@@ -296,6 +295,9 @@ def compare_engine(reference: AcceptanceCounter, run: EngineRun, aux_ids: Sequen
                    message=f"vLLM {run.version} τ {run.counter.acceptance_length:.3f} vs reference "
                            f"{reference.acceptance_length:.3f} with the same ids: an engine misreading, a feature it "
                            "does not support, or an eaglekit bug")
+    labels = run.acceptance_settings["labels"]
+    if labels:  # vLLM counted under another rule than the reference's: say so beside the verdict
+        doc["message"] += f" (vLLM: {'; '.join(labels)})"
     return doc
 
 

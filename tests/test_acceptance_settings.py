@@ -1,0 +1,271 @@
+"""vLLM's acceptance settings (rejection_sample_method, draft_sample_method, draft_lm_head_quantization,
+num_speculative_tokens_per_batch_size): how --engine-arg passes them, what each release takes, what every report
+records, and push refusing acceptance that is not a drafter's. The real engine runs them in
+tests/test_engine_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+
+from eaglekit.engines.vllm import (
+    ACCEPTANCE_KNOBS,
+    acceptance_settings,
+    check_speculative_settings,
+    split_speculative_settings,
+)
+from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.runtime.engine import EngineOptions, _decode_request
+from tests.support.cli import run_cli
+from tests.support.factory import make_draft, make_target_config
+from tests.support.reports import TARGET, bench_row, measured, write_bench, write_report
+
+SCHEMAS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eaglekit", "schemas")
+DRAFTER = os.path.join(os.path.dirname(__file__), "..", "examples", "drafters", "smollm2-135m-eagle3")
+PUSH = ["--repo-id", "org/draft", "--license", "apache-2.0", "--dry-run", "--offline"]
+
+
+def schema(name: str) -> dict:
+    with open(os.path.join(SCHEMAS, f"{name}.schema.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def block_schema(name: str) -> dict:
+    """The schema's acceptance_settings block, with the $defs its reference resolves in."""
+    whole = schema(name)
+    return {**whole["$defs"]["acceptance_settings"], "$defs": whole["$defs"]}
+
+
+def test_the_defaults_read_in_vllm_are_recorded_when_nothing_is_given():
+    block = acceptance_settings({})
+    assert {name: block[name] for name in ACCEPTANCE_KNOBS} == {
+        "rejection_sample_method": "standard", "draft_sample_method": "greedy", "draft_lm_head_quantization": None,
+        "num_speculative_tokens_per_batch_size": None}
+    assert block["given"] == {} and block["drafter_acceptance"] is True and block["labels"] == []
+    assert block["acceptance_length"] == "pooled τ (1 + Σ accepted / Σ drafting rounds)"
+    for name in ("verify-report", "compare-report", "bench-report"):
+        jsonschema.validate(block, block_schema(name))
+
+
+@pytest.mark.parametrize("method, why", [("fly", "rejection_sample_method=fly is lossy"),
+                                         ("synthetic", "rejection_sample_method=synthetic accepts drafts at preset")])
+def test_fly_and_synthetic_are_labelled_not_a_drafters_acceptance(method, why):
+    block = acceptance_settings({"rejection_sample_method": method, "fly_window_size": 2})
+    assert block["drafter_acceptance"] is False
+    assert block["labels"][0].startswith(f"not a drafter's acceptance: {why}")
+    assert block["given"] == {"rejection_sample_method": method, "fly_window_size": 2}
+    jsonschema.validate(block, block_schema("bench-report"))
+
+
+def test_other_settings_are_labelled_but_remain_a_drafters_acceptance():
+    block = acceptance_settings({"draft_lm_head_quantization": "fp8", "rejection_sample_method": "block",
+                                 "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 64, 1]]})
+    assert block["drafter_acceptance"] is True
+    text = " | ".join(block["labels"])
+    assert "draft_lm_head_quantization=fp8" in text and "rejection_sample_method=block" in text
+    assert "num_speculative_tokens_per_batch_size=[[1, 4, 3], [5, 64, 1]]" in text
+    jsonschema.validate(block, block_schema("verify-report"))
+    sampled = acceptance_settings({}, sampled=True)
+    assert sampled["labels"] == ["draft_sample_method=greedy: the drafts are the drafter's argmax, one-hot in the "
+                                 "ratio test"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**block, "rejection_sample_method": "lossy"}, block_schema("verify-report"))
+
+
+def test_a_running_server_records_unknown_settings():
+    block = acceptance_settings(None)
+    assert all(block[name] == "unknown" for name in ACCEPTANCE_KNOBS) and block["drafter_acceptance"] is None
+    assert "unknown: the server does not say" in block["labels"][0]
+    jsonschema.validate(block, block_schema("bench-report"))
+
+
+def test_engine_args_split_into_llm_arguments_and_the_speculative_config():
+    llm, spec = split_speculative_settings({
+        "max_model_len": 4096, "rejection_sample_method": "block", "synthetic_acceptance_length": 2.0,
+        "speculative_config": {"draft_lm_head_quantization": "fp8", "draft_tensor_parallel_size": 1}})
+    assert llm == {"max_model_len": 4096}
+    assert spec == {"rejection_sample_method": "block", "synthetic_acceptance_length": 2.0,
+                    "draft_lm_head_quantization": "fp8", "draft_tensor_parallel_size": 1}
+    with pytest.raises(UsageError, match="eaglekit sets num_speculative_tokens itself"):
+        split_speculative_settings({"speculative_config": {"num_speculative_tokens": 5}})
+    with pytest.raises(UsageError, match="expected a JSON object"):
+        split_speculative_settings({"speculative_config": "fly"})
+
+
+def test_the_offline_request_keeps_the_settings_out_of_the_target_alone_run():
+    opts = EngineOptions(engine_args={"rejection_sample_method": "fly", "max_model_len": 512})
+    request = _decode_request("model-id", [[1, 2, 3]], 3, 8, "float32", opts, None)
+    assert "rejection_sample_method" not in request["engine_args"] and request["engine_args"]["max_model_len"] == 512
+    assert request["speculative"] == {"rejection_sample_method": "fly"}
+
+
+@pytest.mark.parametrize("settings, version, refusal", [
+    ({"rejection_sample_method": "fly"}, "0.32.0+cpu", "vLLM 0.32.0+cpu does not have it (it is new in 0.33.0)"),
+    ({"draft_lm_head_quantization": "fp8"}, "0.32.0", "draft_lm_head_quantization: vLLM 0.32.0 does not have it"),
+    ({"fly_window_size": 2}, "0.32.1", "fly_window_size: vLLM 0.32.1 does not have it"),
+    ({"rejection_sample_method": "greedy"}, "0.33.0", "vLLM 0.33.0 takes standard, synthetic, block, fly"),
+    ({"draft_lm_head_quantization": "int4"}, None, "takes fp8, nvfp4"),
+    ({"rejection_sample_method": "fly", "draft_lm_head_quantization": "nvfp4"}, "0.33.0", None),
+    ({"rejection_sample_method": "block", "num_speculative_tokens_per_batch_size": [[1, 8, 3]]}, "0.32.0", None),
+    ({"rejection_sample_method": "fly"}, "0.31.0", None),  # not read: vLLM judges it
+    ({"rejection_sample_method": "tree"}, "0.34.0", None),  # newer than read: vLLM judges it
+])
+def test_each_release_is_held_to_the_settings_it_has(settings, version, refusal):
+    if refusal is None:
+        check_speculative_settings(settings, version)
+        return
+    with pytest.raises(UsageError) as refused:
+        check_speculative_settings(settings, version)
+    assert refusal in str(refused.value) and "\n" not in str(refused.value)
+
+
+def _fake_vllm_python(tmp_path, version: str) -> str:
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho vllm-version {version}\n")  # answers the version probe as vLLM's Python does
+    python.chmod(0o755)
+    return str(python)
+
+
+def test_a_setting_the_installed_vllm_lacks_is_one_line_before_it_starts(tmp_path):
+    target = make_target_config(str(tmp_path / "target"))
+    result = run_cli(["verify", DRAFTER, "--target", target, "--engine", "vllm", "--engine-python",
+                      _fake_vllm_python(tmp_path, "0.32.0"), "--engine-arg", "rejection_sample_method=fly"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == ("Error: --engine-arg rejection_sample_method=fly: vLLM 0.32.0 does not have it "
+                                     "(it is new in 0.33.0)")
+
+
+def test_the_reference_decode_refuses_settings_it_cannot_run(tmp_path):
+    result = run_cli(["verify", DRAFTER, "--target", make_target_config(str(tmp_path / "target")),
+                      "--engine-arg", "rejection_sample_method=block"])
+    assert result.exit_code == 2 and "--engine reference does not run" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# push: a report whose acceptance is not a drafter's is refused; the others reach the card with their rule
+
+
+@pytest.fixture
+def draft(tmp_path) -> str:
+    return make_draft(str(tmp_path / "draft"), "vllm")
+
+
+def _refused(args: list[str], path: str, why: str) -> None:
+    result = run_cli(["push", *args, *PUSH])
+    assert result.exit_code == 1, result.output
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and path in line and f"not a drafter's acceptance: {why}" in line
+
+
+@pytest.mark.parametrize("where", ["top", "engine", "condition"])
+def test_push_refuses_a_verify_report_counted_under_fly(draft, tmp_path, where):
+    fly = acceptance_settings({"rejection_sample_method": "fly"})
+    fields = {"top": {"acceptance_settings": fly}, "engine": {"engine": {"acceptance_settings": fly}},
+              "condition": {"conditions": [{"acceptance_settings": fly}]}}[where]
+    report = write_report(tmp_path / "verify.json", draft, **fields)
+    _refused([draft, "--report", report], report, "rejection_sample_method=fly is lossy")
+
+
+def test_push_refuses_a_bench_report_served_with_synthetic_acceptance(draft, tmp_path):
+    bench = write_bench(tmp_path / "bench.json", draft,
+                        speculative_config={"model": draft, "method": "eagle3", "num_speculative_tokens": 3,
+                                            "rejection_sample_method": "synthetic",
+                                            "synthetic_acceptance_length": 3.0})
+    _refused([draft, "--bench", bench, "--target", TARGET], bench,
+             "rejection_sample_method=synthetic accepts drafts at preset rates")
+
+
+def test_the_card_states_the_rule_and_its_labels_beside_tau(draft, tmp_path):
+    from eaglekit.hub import evidence
+
+    standard = acceptance_settings({}, source="eaglekit's reference decode")
+    report = write_report(tmp_path / "verify.json", draft, acceptance_settings=standard,
+                          measured=measured(draft, name_or_path=TARGET))
+    head = acceptance_settings({"draft_lm_head_quantization": "fp8"})
+    bench = write_bench(tmp_path / "bench.json", draft, acceptance_settings=head)
+    assert evidence.load_report(report).doc["acceptance_settings"] == standard
+    result = run_cli(["push", draft, "--report", report, "--bench", bench, "--target", TARGET, *PUSH, "--format",
+                      "json"])
+    assert result.exit_code == 0, result.stderr
+    card = json.loads(result.stdout)["card"]
+    assert ("| Acceptance counted under | pooled τ (1 + Σ accepted / Σ drafting rounds) under "
+            "rejection\\_sample\\_method=standard, draft\\_sample\\_method=greedy, "
+            "draft\\_lm\\_head\\_quantization=none") in card
+    assert "| Pooled τ (engine) |" in card
+    assert "> τ above: draft\\_lm\\_head\\_quantization=fp8: the draft proposes through a fp8 copy" in card
+
+
+def test_a_bench_report_that_predates_the_record_is_read_from_its_speculative_config(draft, tmp_path):
+    from eaglekit.hub.card_figures import bench_acceptance
+
+    assert bench_acceptance({"speculative_config": {"model": "d", "rejection_sample_method": "block"}})[
+        "rejection_sample_method"] == "block"
+    assert bench_acceptance({"servers": {"started_by_eaglekit": False}})["rejection_sample_method"] == "unknown"
+    with pytest.raises(CheckpointError, match="rejection_sample_method=fly is lossy"):
+        from eaglekit.hub.evidence import load_bench_report
+
+        load_bench_report(write_bench(tmp_path / "old.json", draft, rows=[bench_row(1, 50.0, 100.0)],
+                                      verdicts=None, speculative_config={"rejection_sample_method": "fly"}))
+
+
+# bench with a server eaglekit starts: the settings reach the speculative server only, and its report
+
+
+def test_bench_passes_the_settings_to_the_speculative_server_only_and_records_them(monkeypatch, tmp_path):
+    import eaglekit.bench.run as bench_run
+    import eaglekit.decode.setup as decode_setup
+    from eaglekit.families import load_draft
+    from eaglekit.runtime.endpoint import Endpoint
+    from eaglekit.target import read_target
+    from tests.test_bench import FakeVllm, _client_result
+
+    target = make_target_config(str(tmp_path / "target"))
+    spec = load_draft(DRAFTER)
+    monkeypatch.setattr(bench_run, "check_engine_available", lambda engine: "0.33.0")
+    monkeypatch.setattr(decode_setup, "decode_setup", lambda *a, **k: SimpleNamespace(
+        drafts=[SimpleNamespace(path=DRAFTER, spec=spec)], info=read_target(target), tokenizer=None,
+        prompts=SimpleNamespace(prompts=[], name="random", speed_bench=False)))
+    servers: list[tuple[str, list[str], FakeVllm]] = []
+
+    def start(python, work, side, *, argv, **_):
+        fake = FakeVllm(speculative=side != "target alone")
+        servers.append((side, argv, fake))
+        return SimpleNamespace(endpoint=Endpoint(fake.url, side), stop=fake.close, start_s=1.0, flags=argv,
+                               info={"vllm_version": "0.33.0", "device_type": "cpu", "device_name": "cpu"})
+
+    class Client:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, endpoint, args, **_):
+            next(f for _, _, f in servers if f.url == endpoint.url).serve(drafts=40, accepted=50)
+            return _client_result(args, [10.0 + i for i in range(int(args[args.index("--num-prompts") + 1]))])
+
+    monkeypatch.setattr(bench_run, "start_server", start)
+    monkeypatch.setattr(bench_run, "BenchClient", Client)
+    options = bench_run.BenchOptions(concurrency=(1,), input_len=16, max_new_tokens=8, engine_options=EngineOptions(
+        engine_args={"rejection_sample_method": "block", "draft_lm_head_quantization": "fp8", "max_model_len": 256}))
+    doc = json.loads(json.dumps(bench_run.run_bench(DRAFTER, target, options).to_dict()))
+    jsonschema.validate(doc, schema("bench-report"))
+    (alone, alone_argv, _), (drafted, drafted_argv, _) = servers
+    assert alone == "target alone" and "--speculative-config" not in alone_argv
+    assert not any("rejection" in a or "quantization" in a for a in alone_argv)
+    config = json.loads(drafted_argv[drafted_argv.index("--speculative-config") + 1])
+    assert config["rejection_sample_method"] == "block" and config["draft_lm_head_quantization"] == "fp8"
+    assert config["method"] == "eagle3" and config["num_speculative_tokens"] == 3
+    assert doc["speculative_config"]["rejection_sample_method"] == "block"
+    settings = doc["acceptance_settings"]
+    assert (settings["rejection_sample_method"], settings["draft_lm_head_quantization"]) == ("block", "fp8")
+    assert settings["draft_sample_method"] == "greedy" and settings["drafter_acceptance"] is True
+    assert any("draft_lm_head_quantization=fp8" in label for label in settings["labels"])
+    assert doc["rows"][0]["acceptance_length"] == pytest.approx(1 + 50 / 40)  # figures unchanged by the labels
