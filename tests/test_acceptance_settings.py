@@ -269,3 +269,78 @@ def test_bench_passes_the_settings_to_the_speculative_server_only_and_records_th
     assert settings["draft_sample_method"] == "greedy" and settings["drafter_acceptance"] is True
     assert any("draft_lm_head_quantization=fp8" in label for label in settings["labels"])
     assert doc["rows"][0]["acceptance_length"] == pytest.approx(1 + 50 / 40)  # figures unchanged by the labels
+
+
+# verify and compare end to end on a tiny random target: the reference's rule, and vLLM's (a stand-in for it)
+
+ENGINE_RUN = r"""
+import json, sys
+request = json.load(open(sys.argv[-2]))
+with open(sys.argv[-2] + ".seen", "w") as seen:
+    json.dump(request, seen)
+drafted = bool(request.get("draft"))
+k, n = request["k"], request["max_new_tokens"]
+json.dump({"vllm_version": "0.32.0", "tokens": [[7] * n for _ in request["prompts"]],
+           "metrics": {"drafts": 4, "accepted": 6, "accepted_per_position": [3, 2, 1][:k]} if drafted else {},
+           "per_request": [[1, 1, 0, 1][:k + 1] for _ in request["prompts"]] if drafted else None,
+           "init_s": 0.1, "generate_s": 0.1}, open(sys.argv[-1], "w"))
+with open(request["target"] + "/requests.jsonl", "a") as log:
+    log.write(json.dumps(request) + "\n")
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, str]:
+    pytest.importorskip("torch")
+    from tests.support.targets import make_target_with_tokenizer
+
+    base = tmp_path_factory.mktemp("tiny")
+    target = make_target_with_tokenizer(str(base / "target"))
+    draft = make_draft(str(base / "draft"), "vllm", hidden=64, vocab=384, draft_vocab=384, aux_ids=(1, 2, 3),
+                       target_layers=4)
+    return {"target": target, "draft": draft}
+
+
+FAST = ["--limit", "2", "--max-new-tokens", "6", "--no-progress", "--format", "json"]
+
+
+def test_the_reference_decode_records_vllms_default_rule_in_verify_and_compare(tiny):
+    verify = run_cli(["verify", tiny["draft"], "--target", tiny["target"], *FAST, "--temperature", "0.7"])
+    assert verify.exit_code == 0, verify.stderr
+    doc = json.loads(verify.stdout)
+    jsonschema.validate(doc, schema("verify-report"))
+    rule = doc["acceptance_settings"]
+    assert (rule["rejection_sample_method"], rule["draft_sample_method"]) == ("standard", "greedy")
+    assert rule["draft_lm_head_quantization"] is None and rule["source"].startswith("eaglekit's reference decode")
+    assert rule["labels"] == ["draft_sample_method=greedy: the drafts are the drafter's argmax, one-hot in the "
+                              "ratio test"]  # sampled: that is what its τ means
+    compare = run_cli(["compare", tiny["draft"], tiny["draft"], "--target", tiny["target"], *FAST])
+    assert compare.exit_code == 0, compare.stderr
+    doc = json.loads(compare.stdout)
+    jsonschema.validate(doc, schema("compare-report"))
+    assert doc["acceptance_settings"]["rejection_sample_method"] == "standard"
+    assert doc["acceptance_settings"]["labels"] == []
+
+
+def test_verify_in_vllm_records_the_settings_it_passed_and_push_refuses_the_report(tiny, tmp_path):
+    from tests.support.engines import stand_in_python
+
+    python = stand_in_python(tmp_path, ENGINE_RUN)
+    saved = tmp_path / "verify.json"
+    result = run_cli(["verify", tiny["draft"], "--target", tiny["target"], "--engine", "vllm", "--engine-python",
+                      python, "--engine-arg", "rejection_sample_method=synthetic", "--engine-arg",
+                      "synthetic_acceptance_length=2.5", "--save-report", str(saved), *FAST])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(saved.read_text())
+    assert json.loads(result.stdout) == doc
+    requests = [json.loads(line) for line in open(os.path.join(tiny["target"], "requests.jsonl"))][-2:]
+    assert [r.get("draft") is not None for r in requests] == [False, True]
+    for request in requests:  # LLM(...) never sees them; the worker puts them in the speculative config
+        assert request["speculative"] == {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}
+        assert "rejection_sample_method" not in request["engine_args"]
+    for rule in (doc["acceptance_settings"], doc["engine"]["acceptance_settings"]):
+        assert rule["rejection_sample_method"] == "synthetic" and rule["drafter_acceptance"] is False
+        assert rule["given"] == {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}
+        assert rule["labels"][0].startswith("not a drafter's acceptance: rejection_sample_method=synthetic")
+    assert doc["engine"]["acceptance_length"] == 1 + 6 / 4  # the counters, as vLLM gave them
+    _refused([tiny["draft"], "--report", str(saved)], str(saved), "rejection_sample_method=synthetic accepts")
