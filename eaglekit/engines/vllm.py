@@ -261,7 +261,10 @@ def speculative_config(draft: str, k: int, settings: Mapping[str, Any] | None = 
 # Read in vllm/config/speculative.py (SpeculativeConfig) at 0.33.0 and 0.32.0; what each runner does with them in
 # vllm/v1/sample/rejection_sampler.py (V1), vllm/v1/worker/gpu/spec_decode/rejection_sampler.py and
 # .../spec_decode/eagle/utils.py (V2), and vllm/config/vllm.py (the V1 runner's refusals), 0.33.0. SpeculativeConfig
-# forbids keys it does not know, so a release refuses a setting newer than itself.
+# forbids keys it does not know, so a release refuses a setting newer than itself (0.32.0: "Unexpected keyword
+# argument" for draft_lm_head_quantization, a literal error for fly). vLLM's CPU build (0.32.0, V1 runner only) asserts
+# "Synthetic acceptance not supported with CPU sampling" when it samples (vllm/utils/cpu_triton_utils.py), and FLy
+# raises NotImplementedError on CPU (0.33.0); the V1 runner refuses draft_lm_head_quantization outright.
 KNOBS_READ_FROM = (0, 32, 0)  # the oldest release these settings were read in: below it eaglekit leaves vLLM to judge
 
 

@@ -297,7 +297,7 @@ def compare_engine(reference: AcceptanceCounter, run: EngineRun, aux_ids: Sequen
                            "does not support, or an eaglekit bug")
     labels = run.acceptance_settings["labels"]
     if labels:  # vLLM counted under another rule than the reference's: say so beside the verdict
-        doc["message"] += f" (vLLM: {'; '.join(labels)})"
+        doc["message"] = f"{doc['message']} (vLLM: {'; '.join(labels)})"
     return doc
 
 
