@@ -215,13 +215,44 @@ def test_a_bench_report_that_predates_the_record_is_read_from_its_speculative_co
 # bench with a server eaglekit starts: the settings reach the speculative server only, and its report
 
 
+def _client_result(requests: int) -> dict:
+    """What vLLM's `bench serve` returns for `requests` requests of 16 tokens (p50 and p99 of every latency)."""
+    rates = [10.0 + i for i in range(requests)]
+    result = {"completed": requests, "failed": 0, "duration": 2.0, "total_output_tokens": 16 * requests,
+              "output_throughput": 8.0 * requests, "output_lens": [16] * requests,
+              "latencies": [16 / r for r in rates], "generated_texts": ["text"] * requests}
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        result.update({f"{stat}_{name}_ms": 10.0 for stat in ("mean", "p50", "p99")})
+    return result
+
+
+class CountingEndpoint:
+    """A server's endpoint as bench reads it: warm-ups, and spec-decode counters that each measurement adds to."""
+
+    def __init__(self, speculative: bool):
+        from eaglekit.runtime.endpoint import SpecCounters
+
+        self.speculative, self.reading = speculative, SpecCounters(0, 0, 0, (0, 0, 0))
+
+    def warm_up(self, *args, **kwargs) -> None:
+        pass
+
+    def counters(self):
+        return self.reading if self.speculative else None
+
+    def serve(self) -> None:
+        from eaglekit.runtime.endpoint import SpecCounters
+
+        r = self.reading
+        self.reading = SpecCounters(r.drafts + 40, r.draft_tokens + 120, r.accepted + 50,
+                                    tuple(a + b for a, b in zip(r.accepted_per_position, (40, 10, 0))))
+
+
 def test_bench_passes_the_settings_to_the_speculative_server_only_and_records_them(monkeypatch, tmp_path):
     import eaglekit.bench.run as bench_run
     import eaglekit.decode.setup as decode_setup
     from eaglekit.families import load_draft
-    from eaglekit.runtime.endpoint import Endpoint
     from eaglekit.target import read_target
-    from tests.test_bench import FakeVllm, _client_result
 
     target = make_target_config(str(tmp_path / "target"))
     spec = load_draft(DRAFTER)
@@ -229,13 +260,12 @@ def test_bench_passes_the_settings_to_the_speculative_server_only_and_records_th
     monkeypatch.setattr(decode_setup, "decode_setup", lambda *a, **k: SimpleNamespace(
         drafts=[SimpleNamespace(path=DRAFTER, spec=spec)], info=read_target(target), tokenizer=None,
         prompts=SimpleNamespace(prompts=[], name="random", speed_bench=False)))
-    servers: list[tuple[str, list[str], FakeVllm]] = []
+    started: list[tuple[str, list[str]]] = []
 
     def start(python, work, side, *, argv, **_):
-        fake = FakeVllm(speculative=side != "target alone")
-        servers.append((side, argv, fake))
-        return SimpleNamespace(endpoint=Endpoint(fake.url, side), stop=fake.close, start_s=1.0, flags=argv,
-                               info={"vllm_version": "0.33.0", "device_type": "cpu", "device_name": "cpu"})
+        started.append((side, argv))
+        return SimpleNamespace(endpoint=CountingEndpoint(side != "target alone"), stop=lambda: None, start_s=1.0,
+                               flags=argv, info={"vllm_version": "0.33.0", "device_type": "cpu", "device_name": "cpu"})
 
     class Client:
         def __init__(self, *args):
@@ -248,8 +278,8 @@ def test_bench_passes_the_settings_to_the_speculative_server_only_and_records_th
             pass
 
         def run(self, endpoint, args, **_):
-            next(f for _, _, f in servers if f.url == endpoint.url).serve(drafts=40, accepted=50)
-            return _client_result(args, [10.0 + i for i in range(int(args[args.index("--num-prompts") + 1]))])
+            endpoint.serve()
+            return _client_result(int(args[args.index("--num-prompts") + 1]))
 
     monkeypatch.setattr(bench_run, "start_server", start)
     monkeypatch.setattr(bench_run, "BenchClient", Client)
@@ -257,7 +287,7 @@ def test_bench_passes_the_settings_to_the_speculative_server_only_and_records_th
         engine_args={"rejection_sample_method": "block", "draft_lm_head_quantization": "fp8", "max_model_len": 256}))
     doc = json.loads(json.dumps(bench_run.run_bench(DRAFTER, target, options).to_dict()))
     jsonschema.validate(doc, schema("bench-report"))
-    (alone, alone_argv, _), (drafted, drafted_argv, _) = servers
+    (alone, alone_argv), (drafted, drafted_argv) = started
     assert alone == "target alone" and "--speculative-config" not in alone_argv
     assert not any("rejection" in a or "quantization" in a for a in alone_argv)
     config = json.loads(drafted_argv[drafted_argv.index("--speculative-config") + 1])
