@@ -277,24 +277,23 @@ class AcceptanceKnob:
     values: tuple[str, ...] | None  # what 0.33.0 accepts (None: a structured value)
     since: Version  # the oldest release read that has it (KNOBS_READ_FROM: earlier releases were not read)
     value_since: Mapping[str, Version]  # values newer than the setting
-    effect: str
 
 
 ACCEPTANCE_KNOBS: dict[str, AcceptanceKnob] = {k.name: k for k in (
+    # how the target judges the drafts: standard rejection sampling, token by token; synthetic accepts at preset
+    # rates whatever the draft; block verifies the k drafts jointly, lossless (V2 runner only: V1's sampler has no
+    # block path and verifies token by token); fly is FLy's lossy entropy-gated deferral
     AcceptanceKnob("rejection_sample_method", "standard", ("standard", "synthetic", "block", "fly"), (0, 32, 0),
-                   {"fly": (0, 33, 0)},
-                   "how the target judges the drafts: standard rejection sampling token by token; synthetic accepts "
-                   "at preset rates; block verifies the k drafts jointly (V2 runner only: V1's sampler has no block "
-                   "path and verifies token by token); fly is FLy's lossy entropy-gated deferral"),
-    AcceptanceKnob("draft_sample_method", "greedy", ("greedy", "probabilistic"), (0, 32, 0), {},
-                   "greedy drafts the argmax and treats the draft probabilities as one-hot at temperature > 0; "
-                   "probabilistic samples the drafts and uses the drafter's probabilities in the ratio test"),
-    AcceptanceKnob("draft_lm_head_quantization", None, ("fp8", "nvfp4"), (0, 33, 0), {},
-                   "the drafter proposes through an fp8 or nvfp4 copy of the target lm_head it shares; the target "
-                   "verifies with its own, so only acceptance changes (V2 runner, methods eagle/eagle3/mtp, a drafter "
-                   "that shares the target lm_head)"),
-    AcceptanceKnob("num_speculative_tokens_per_batch_size", None, None, (0, 32, 0), {},
-                   "[[batch_from, batch_to, k], ...]: k follows the batch size, so rounds of different k are pooled"),
+                   {"fly": (0, 33, 0)}),
+    # greedy drafts the argmax, its probabilities one-hot in the ratio test at temperature > 0; probabilistic samples
+    # the drafts and uses the drafter's probabilities (standard and fly only)
+    AcceptanceKnob("draft_sample_method", "greedy", ("greedy", "probabilistic"), (0, 32, 0), {}),
+    # the drafter proposes through an fp8 or nvfp4 copy of the target lm_head it shares and the target verifies with
+    # its own, so only acceptance changes (V2 runner; methods eagle/eagle3/mtp; a drafter with its own lm_head is
+    # refused: "needs a drafter that shares the target lm_head", eagle/utils.py)
+    AcceptanceKnob("draft_lm_head_quantization", None, ("fp8", "nvfp4"), (0, 33, 0), {}),
+    # [[batch_from, batch_to, k], ...] (inclusive ranges): k follows the batch size, so rounds of different k pool
+    AcceptanceKnob("num_speculative_tokens_per_batch_size", None, None, (0, 32, 0), {}),
 )}
 KNOB_COMPANIONS: dict[str, Version] = {
     "synthetic_acceptance_rates": (0, 32, 0), "synthetic_acceptance_length": (0, 32, 0),
@@ -376,8 +375,8 @@ def acceptance_settings(settings: Mapping[str, Any] | None, *, sampled: bool = F
                            "VLLM_SERVER_DEV_MODE=1)"]}
     values = {name: settings.get(name, knob.default) for name, knob in ACCEPTANCE_KNOBS.items()}
     given = {name: value for name, value in settings.items() if name in ACCEPTANCE_KNOBS or name in KNOB_COMPANIONS}
-    block = {**values, "given": given, "source": source, "drafter_acceptance": True, "acceptance_length": VLLM_TAU}
-    block["drafter_acceptance"] = not_a_drafters_acceptance(block) is None
+    block = {**values, "given": given, "source": source,
+             "drafter_acceptance": not_a_drafters_acceptance(values) is None, "acceptance_length": VLLM_TAU}
     return {**block, "labels": acceptance_labels(block, sampled=sampled)}
 
 
