@@ -117,7 +117,7 @@ def test_a_speculative_setting_reaches_vllms_speculative_config_only(upgraded):
     """A companion setting without its method: the target-alone run starts (LLM(...) never sees it), and vLLM's own
     SpeculativeConfig refuses it in the run with the draft, in one line naming its reason."""
     result = run_cli(["verify", upgraded["lossless"], "--target", smollm2_path(), *RUN[:6], "--engine", "vllm",
-                      "--engine-arg", "synthetic_acceptance_length=2.0"])
+                      "--engine-arg", "synthetic_acceptance_length=2.0", "--no-progress"])
     assert result.exit_code == 1, result.output
     line = result.stderr.strip()
     assert len(line.splitlines()) == 1 and "vLLM (target + draft) failed" in line
