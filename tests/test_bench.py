@@ -498,6 +498,8 @@ def test_base_url_measures_the_running_server_from_its_counters_without_a_baseli
     assert doc["request_rate"] == 2.5 and doc["percentiles"] == [50, 90, 99]
     assert any("other traffic" in n or "whatever else it served" in n for n in doc["notes"])
     assert any("no speed-up" in n for n in doc["notes"])
+    assert {doc["acceptance_settings"][k] for k in ("rejection_sample_method", "draft_lm_head_quantization")} == {
+        "unknown"} and doc["acceptance_settings"]["drafter_acceptance"] is None  # the server does not say
     for row in doc["rows"]:
         # 40 drafts and 50 accepted per measurement; the warm-ups' 100 drafts and 1000 accepted are outside it
         assert (row["num_drafts"], row["num_accepted_tokens"]) == (40, 50)

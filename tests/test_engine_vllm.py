@@ -100,3 +100,25 @@ def test_a_comparison_in_vllm_pairs_what_the_reference_pairs(upgraded):
         assert engine.names == ours.names
         assert engine.a.counters == ours.a.counters and engine.b.counters == ours.b.counters
         assert engine.rows() == ours.rows()
+
+
+def test_block_verification_on_the_cpu_build_is_recorded_and_counts_token_by_token(upgraded):
+    """vLLM's V1 runner (all its CPU build runs) has no block verifier: rejection_sample_method=block reaches the
+    engine's speculative config, the report records and labels it, and the counters stay the reference's."""
+    doc = _both(upgraded["lossless"], "--engine-arg", "rejection_sample_method=block")
+    rule, verdict = doc["engine"]["acceptance_settings"], doc["engine_comparison"]
+    assert rule["rejection_sample_method"] == "block" and rule["given"] == {"rejection_sample_method": "block"}
+    assert any("no block verifier" in label for label in rule["labels"]) and rule["drafter_acceptance"] is True
+    assert doc["acceptance_settings"]["rejection_sample_method"] == "standard"  # the reference's own rule
+    assert verdict["verdict"] == "agree" and "rejection_sample_method=block" in verdict["message"]
+
+
+def test_a_speculative_setting_reaches_vllms_speculative_config_only(upgraded):
+    """A companion setting without its method: the target-alone run starts (LLM(...) never sees it), and vLLM's own
+    SpeculativeConfig refuses it in the run with the draft, in one line naming its reason."""
+    result = run_cli(["verify", upgraded["lossless"], "--target", smollm2_path(), *RUN[:6], "--engine", "vllm",
+                      "--engine-arg", "synthetic_acceptance_length=2.0", "--no-progress"])
+    assert result.exit_code == 1, result.output
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "vLLM (target + draft) failed" in line
+    assert "only valid with rejection_sample_method='synthetic'" in line

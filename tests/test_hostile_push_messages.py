@@ -29,6 +29,7 @@ from eaglekit.target import read_target
 from tests.support.factory import edit_config, make_draft, make_target_config, rewrite_tensors
 from tests.support.hostile import FUZZ, clean, refused, strict_json, write_header
 from tests.support.hub import prefill_cache
+from tests.support.reports import TAU_LABEL
 
 HUB_TARGET = "meta-llama/Llama-3.1-8B-Instruct"
 PUSH = ["--repo-id", "eagle-org/draft", "--license", "apache-2.0", "--dry-run"]
@@ -63,7 +64,7 @@ def test_a_report_of_another_local_target_is_refused(tmp_path, monkeypatch):
     report = write_report(tmp_path / "r.json", draft, measured)
     doc = strict_json(clean("push", draft, *PUSH, "--target", measured, "--report", report, "--format", "json",
                             codes=(0,)).stdout)
-    assert "Mean acceptance length τ | 2.30" in doc["card"] and "measured on other files" not in doc["card"]
+    assert f"{TAU_LABEL} | 2.30" in doc["card"] and "measured on other files" not in doc["card"]
     line = refused("push", draft, *PUSH, "--target", other, "--report", report, contains=report).stderr
     assert f"config.json is not the one in {other}" in line and "--force" in line
     refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report,

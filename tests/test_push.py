@@ -27,12 +27,13 @@ from eaglekit.hub.push import push
 from eaglekit.hub.upload import COMMIT_ATTEMPTS
 from eaglekit.io.checkpoint import INDEX_NAME
 from tests.support.factory import make_draft, make_target_config
-from tests.support.reports import TARGET, VERIFY_REPORT, bench_row, measured, write_bench, write_report
+from tests.support.reports import TARGET, TAU_LABEL, VERIFY_REPORT, bench_row, measured, write_bench, write_report
 
 REPO = "eagle-org/llama-eagle3-draft"
 SCHEMA = json.load(open(os.path.join(os.path.dirname(__file__), "..", "schemas", "push-result.schema.json")))
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 UPLOADED = {"config.json", INDEX_NAME, *SHARDS}
+TAU_ROW = f"| {TAU_LABEL} | 2.81 |"
 
 
 
@@ -175,7 +176,7 @@ def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, 
     assert doc["commit_oid"] == repo.heads["main"] and not doc["dry_run"]
     readme = repo.files()["README.md"].decode()
     assert readme == doc["card"]
-    for row in ("| Lossless (greedy output identical to the target's) | yes |", "| Mean acceptance length τ | 2.81 |",
+    for row in ("| Lossless (greedy output identical to the target's) | yes |", TAU_ROW,
                 "| Acceptance rate per draft position | 0.80, 0.60, 0.41 |",
                 "| Reference-decode speed ratio (batch 1, not a serving engine: see `eaglekit bench`) | 2.01× |",
                 "| Prompts | mt-bench (80) |", "| Device | NVIDIA H200 |",
@@ -240,7 +241,7 @@ def test_with_a_bench_report_the_card_states_the_engines_speed_alone(fake_hub, d
                              "--bench", bench, "--dry-run", "--format", "json")
     assert code == 0, err
     card = json.loads(out)["card"]
-    assert "| Mean acceptance length τ | 2.81 |" in card and "## Serving speed" in card
+    assert TAU_ROW in card and "## Serving speed" in card
     assert "reference decode" not in card and "Reference-decode speed ratio" not in card
 
 

@@ -10,9 +10,10 @@ this module only pairs the two runs and says where speculation stops paying.
   requests, with a paired bootstrap interval over requests.
 - below MIN_SAMPLES requests neither the interval nor any p99 is estimated (`too_few_samples`), and the verdict
   calls the speed-up unresolved.
-- τ and per-position acceptance: the server's counters (vllm:spec_decode_*), read before and after each
-  measurement (warm-ups outside it): on a server eaglekit started, the measured requests only; on a running one
-  (--base-url), whatever else it served meanwhile too.
+- pooled τ (1 + Σ accepted / Σ drafting rounds) and per-position acceptance: the server's counters
+  (vllm:spec_decode_*) under the settings `acceptance_settings` records, read before and after each measurement
+  (warm-ups outside it): on a server eaglekit started, the measured requests only; on a running one (--base-url),
+  whatever else it served meanwhile too.
 - a running server measured without its no-spec twin (--base-url without --baseline-url) has no baseline: its rows
   carry τ, latencies and throughput, no speed-up and no verdict.
 - percentiles: p50 and p99 always, and those asked for (--percentiles); none above the median below MIN_SAMPLES.
@@ -35,6 +36,7 @@ from eaglekit.decode.stats import (
     too_few,
     too_few_text,
 )
+from eaglekit.engines.vllm import acceptance_settings as settings_block
 from eaglekit.runtime.endpoint import SpecCounters
 
 SCHEMA_VERSION = "1"
@@ -326,6 +328,8 @@ class BenchReport:
     percentiles: tuple[float, ...] = REPORTED_PERCENTILES
     servers: dict[str, Any] = field(default_factory=lambda: {"started_by_eaglekit": True})
     notes: list[str] = field(default_factory=list)
+    acceptance_settings: dict[str, Any] = field(default_factory=lambda: settings_block({}))
+    """The rule vLLM's counters counted acceptance under (eaglekit.engines.vllm.acceptance_settings)."""
 
     @property
     def categories(self) -> list[str | None]:
@@ -350,6 +354,7 @@ class BenchReport:
                 "sampling": "greedy" if self.sampling.greedy else {"temperature": self.sampling.temperature,
                                                                    "top_p": self.sampling.top_p},
                 "prompts": self.prompts, "engine": self.engine, "speculative_config": self.speculative_config,
+                "acceptance_settings": self.acceptance_settings,
                 "measured": self.measured, "rows": [r.to_dict() for r in self.rows],
                 "verdicts": [v.to_dict() for v in self.verdicts],
                 "timings": {k: round(v, 3) for k, v in self.timings.items()},

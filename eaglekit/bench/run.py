@@ -33,7 +33,7 @@ from eaglekit.bench.report import (
 from eaglekit.decode.prompts import Prompt, encode, render_text
 from eaglekit.decode.sampling import Sampling
 from eaglekit.decode.stats import MIN_SAMPLES
-from eaglekit.engines.vllm import speculative_config
+from eaglekit.engines.vllm import acceptance_settings, speculative_config
 from eaglekit.errors import EngineError, UsageError
 from eaglekit.io.outputs import Role
 from eaglekit.io.urls import check_http_url
@@ -171,13 +171,14 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
     target_path = os.path.abspath(target)
     base_settings = {"tokenizer": target_path, "dtype": options.dtype, "max_model_len": model_len,
                      "max_num_seqs": max_seqs, "seed": 0, "tensor_parallel_size": engine.tensor_parallel_size,
-                     **engine.engine_args}
-    spec_config = speculative_config(os.path.abspath(checked.path), k)
+                     **engine.llm_args}
+    spec_config = speculative_config(os.path.abspath(checked.path), k, engine.speculative_settings)
     report = BenchReport(
         checked.path, target, checked.spec.eagle_version, k, options.max_new_tokens, options.dtype,
         _prompts_block(setup.prompts.name, groups, setup.prompts.speed_bench, options), {}, spec_config,
         measured_files(checked.spec, setup.info), sampling=options.sampling, request_rate=options.request_rate,
-        percentiles=options.chosen_percentiles)
+        percentiles=options.chosen_percentiles,
+        acceptance_settings=acceptance_settings(engine.speculative_settings, sampled=not options.sampling.greedy))
     started = time.perf_counter()
     runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \
@@ -189,7 +190,7 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
             server = start_server(engine.interpreter, work, side,
                                   argv=["--model", target_path, *engine_flags(settings)], target=target_path,
                                   dtype=options.dtype, positions=model_len * max_seqs,
-                                  given=list(engine.engine_args), timeout_s=options.start_timeout_s)
+                                  given=list(engine.llm_args), timeout_s=options.start_timeout_s)
             try:
                 runs[side] = _measure_side(client, server.endpoint, side, files, groups, options,
                                            model=target_path, tokenizer=target_path, say=say, notes=report.notes,
@@ -271,7 +272,8 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
         request_rate=options.request_rate, percentiles=options.chosen_percentiles,
         servers={"started_by_eaglekit": False, "speculative_url": speculative.public_url,
                  "baseline_url": baseline.public_url if baseline else None, "served_model": served.id},
-        notes=notes)
+        notes=notes, acceptance_settings=acceptance_settings(None, source="the running server's own: eaglekit did "
+                                                                          "not start it"))
     started = time.perf_counter()
     runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \

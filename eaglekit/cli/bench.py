@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from eaglekit.cli.output import (
+    acceptance_text,
     finish_report,
     format_option,
     int_list,
@@ -180,6 +181,7 @@ def render(doc: dict) -> None:
         ("draft", doc["draft"]), ("target", doc["target"]), ("engine", _engine_text(doc)),
         *([("baseline", servers["baseline_url"])] if servers.get("baseline_url") else []),
         ("speculative config", json.dumps(doc["speculative_config"])), ("requests", _requests_text(doc)),
+        ("τ counted as", acceptance_text(doc["acceptance_settings"])),
     ], title="eaglekit bench"))
     per_category = any(r["category"] for r in doc["rows"])
     lead = ["category"] if per_category else []

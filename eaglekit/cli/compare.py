@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from eaglekit.cli.output import (
+    acceptance_text,
     conditions,
     decode_options,
     finish_report,
@@ -113,6 +114,7 @@ def render(doc: dict) -> None:
         ("prompts", f"{prompts['name']} ({prompts['count']} prompt turns{context})"),
         ("target numerics", quantization_text(doc.get("target_quantization"))),
         ("sampling", sampling_text(doc["sampling"], replay=True)),
+        ("τ counted as", acceptance_text(doc["acceptance_settings"])),
     ], title="eaglekit compare"))
     for title, condition in measured:
         out.print()

@@ -81,6 +81,16 @@ def quantization_text(served: dict | None) -> str:
     return f"{served['scheme']}: weights {served['weights']}; activations {activations} ({served['specification']})"
 
 
+def acceptance_text(block: dict) -> Text:
+    """What a report's τ means and the rule it was counted under, then the labels its figures carry."""
+    from eaglekit.engines.vllm import describe_acceptance
+
+    shown = Text(describe_acceptance(block))
+    for label in block.get("labels") or []:
+        shown.append(f"\n{label}", "bold yellow")
+    return shown
+
+
 def sampling_text(sampling: dict, *, replay: bool = False) -> str:
     """How a report's target chose its tokens; a sampled run says its figures are one seeded draw."""
     if sampling["seed"] is None:

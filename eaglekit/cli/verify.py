@@ -9,6 +9,7 @@ import click
 from rich.table import Table
 
 from eaglekit.cli.output import (
+    acceptance_text,
     aux_ids,
     conditions,
     decode_options,
@@ -152,7 +153,8 @@ def _engine_rows(e: dict) -> list[tuple[str, object]]:
     return [
         ("engine", f"{e['engine']} {e['version']}"),
         ("lossless", styled(("yes", "green")) if e["lossless"] else styled(("NO", "bold red"))),
-        ("acceptance length τ", styled((f"{e['acceptance_length']:.3f}", "bold"))),
+        ("pooled τ", styled((f"{e['acceptance_length']:.3f}", "bold"))),
+        ("τ counted as", acceptance_text(e["acceptance_settings"])),
         ("per position", _rates(e["per_position_acceptance"])),
         ("counters", f"{e['num_drafts']} drafts, {e['num_accepted_tokens']} accepted "
                      f"({', '.join(map(str, e['num_accepted_tokens_per_pos']))} per position)"),
@@ -209,6 +211,7 @@ def _header(doc: dict, prompts: str) -> None:
         ("prompts", prompts),
         ("target numerics", quantization_text(doc.get("target_quantization"))),
         ("sampling", sampling_text(doc["sampling"])),
+        ("τ counted as", acceptance_text(doc["acceptance_settings"])),
     ], title="eaglekit verify"))
     out.print()
     if doc["checks"]:
@@ -249,7 +252,7 @@ def _result(measured: dict, k: int, title: str) -> None:
     speedup = _speed_text(measured)
     out.print(key_value_table([
         ("lossless", lossless),
-        ("acceptance length τ", styled((f"{measured['acceptance_length']:.2f}", "bold"), f" (max {k + 1})",
+        ("pooled τ", styled((f"{measured['acceptance_length']:.2f}", "bold"), f" (max {k + 1})",
                                        _interval_text(measured))),
         ("per position", _rates(measured["per_position_acceptance"])),
         ("conditional", _rates(measured["conditional_acceptance"])),

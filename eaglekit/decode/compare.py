@@ -96,6 +96,7 @@ class CompareReport:
             "device": run.device,
             **quantization_entry(run),
             "sampling": run.sampling.to_dict(),
+            "acceptance_settings": run.acceptance_settings,
             "prompts": {"name": run.prompts_name, "count": len(self.names)},
         }
 
@@ -239,7 +240,8 @@ def compare_in_vllm(draft_a: str, draft_b: str, target: str, options: VerifyOpti
         window = slice(index * len(names), (index + 1) * len(names))
         a, b = (Measured(d.path, d.spec.eagle_version, list(ids), run.per_request[window])
                 for d, ids, run in zip(setup.drafts, served, runs))
-        settings = dataclasses.replace(setup.settings(condition), device=engine)
+        settings = dataclasses.replace(setup.settings(condition), device=engine,
+                                       engine_settings=options.engine_options.speculative_settings)
         reports.append(CompareReport(settings, names, categories, conversations, a, b))
     differing = sum(x != y for x, y in zip(runs[0].tokens, runs[1].tokens))
     otherwise = tuple(f"{d.name}: vLLM captured aux ids {list(ids)}, eaglekit reads {list(d.aux_ids)}"

@@ -2,12 +2,16 @@
 
 τ (mean acceptance length) = 1 + accepted / drafts, bonus token included; the per-position rate at
 draft position i is unconditional: rounds whose first i+1 drafts were all accepted, over all rounds.
-So the rates never increase with i and τ = 1 + Σ rates.
+So the rates never increase with i and τ = 1 + Σ rates. Over several prompts the counters are summed before
+dividing (`merge`): τ is pooled over every round, not a mean of per-prompt τ, as vLLM pools its counters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+POOLED_TAU = "pooled τ (1 + Σ accepted / Σ drafting rounds)"
+"""What every report and card calls τ (`AcceptanceCounter.acceptance_length` over merged counters)."""
 
 
 @dataclass

@@ -90,6 +90,11 @@ class VerifyOptions:
                              "engine would serve the target in full precision (vLLM's CPU build has no FP8 kernel, and "
                              "its online INT8 and NVFP4 quantize MoE experts only); measure the quantized target with "
                              "--engine reference")
+        given = self.engine_options.speculative_settings
+        if given and self.engine == REFERENCE:
+            raise UsageError(f"--engine-arg {next(iter(given))} sets vLLM's speculative config, which --engine "
+                             "reference does not run: give --engine vllm (the reference decode counts acceptance "
+                             "under vLLM's default rule)")
         if self.num_speculative_tokens < 1:
             raise UsageError("--num-speculative-tokens must be at least 1")
         if self.max_new_tokens < 1:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.decode.sampling import Sampling
+from eaglekit.engines.vllm import acceptance_settings
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,23 @@ class DecodeSettings:
     template: str = "chat"
     target_quantization: dict[str, Any] | None = None  # the served numerics the target computed with (None: full)
     sampling: Sampling = Sampling()  # greedy unless a temperature was given
+    engine_settings: dict[str, Any] | None = None  # vLLM's speculative-config settings (None: the reference decode)
 
     @property
     def condition(self) -> Condition:
         return Condition(self.template, self.context_tokens)
+
+    @property
+    def acceptance_settings(self) -> dict[str, Any]:
+        """The rule acceptance was counted under, in vLLM's terms (eaglekit.engines.vllm.acceptance_settings)."""
+        sampled = not self.sampling.greedy
+        if self.engine_settings is None:
+            return acceptance_settings({}, sampled=sampled, source=REFERENCE_RULE)
+        return acceptance_settings(self.engine_settings, sampled=sampled)
+
+
+REFERENCE_RULE = ("eaglekit's reference decode: vLLM's default rule (standard rejection sampling of argmax drafts, "
+                  "one-hot at temperature > 0; the draft's own lm_head; k fixed)")
 
 
 def quantization_entry(run: DecodeSettings) -> dict[str, Any]:

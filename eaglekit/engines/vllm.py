@@ -5,11 +5,15 @@ values it accepts."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.config_view import as_ids, as_int, nested
-from eaglekit.engines.base import NESTED_IDS, TOP_IDS, Engine, IdReading, Version, parse_version
+from eaglekit.decode.metrics import POOLED_TAU
+from eaglekit.engines.base import NESTED_IDS, TOP_IDS, Engine, IdReading, Version, format_version, parse_version
+from eaglekit.errors import UsageError, quoted
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
@@ -397,9 +401,175 @@ def vllm_requirements(spec: DraftSpec) -> list[tuple[Version, str]]:
 
 
 
-def speculative_config(draft: str, k: int) -> dict[str, Any]:
-    """vLLM's --speculative-config for an EAGLE-3 or 3.1 draft (3.1 is switched on by the draft's own config)."""
-    return {"model": draft, "method": "eagle3", "num_speculative_tokens": k}
+def speculative_config(draft: str, k: int, settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's --speculative-config for an EAGLE-3 or 3.1 draft (3.1 is switched on by the draft's own config), with
+    the caller's other speculative-config settings (`split_speculative_settings`)."""
+    return {"model": draft, "method": "eagle3", "num_speculative_tokens": k, **(settings or {})}
+
+
+# --- The speculative-config settings that change measured acceptance without changing the draft ---------------------
+# Read in vllm/config/speculative.py (SpeculativeConfig) at 0.33.0 and 0.32.0; what each runner does with them in
+# vllm/v1/sample/rejection_sampler.py (V1), vllm/v1/worker/gpu/spec_decode/rejection_sampler.py and
+# .../spec_decode/eagle/utils.py (V2), and vllm/config/vllm.py (the V1 runner's refusals), 0.33.0. SpeculativeConfig
+# forbids keys it does not know, so a release refuses a setting newer than itself (0.32.0: "Unexpected keyword
+# argument" for draft_lm_head_quantization, a literal error for fly). vLLM's CPU build (0.32.0, V1 runner only) asserts
+# "Synthetic acceptance not supported with CPU sampling" when it samples (vllm/utils/cpu_triton_utils.py), and FLy
+# raises NotImplementedError on CPU (0.33.0); the V1 runner refuses draft_lm_head_quantization outright.
+KNOBS_READ_FROM = (0, 32, 0)  # the oldest release these settings were read in: below it eaglekit leaves vLLM to judge
+
+
+@dataclass(frozen=True)
+class AcceptanceKnob:
+    """A speculative-config setting that changes the acceptance vLLM counts, not the draft it counts it for."""
+
+    name: str
+    default: Any
+    values: tuple[str, ...] | None  # what 0.33.0 accepts (None: a structured value)
+    since: Version  # the oldest release read that has it (KNOBS_READ_FROM: earlier releases were not read)
+    value_since: Mapping[str, Version]  # values newer than the setting
+
+
+ACCEPTANCE_KNOBS: dict[str, AcceptanceKnob] = {k.name: k for k in (
+    # how the target judges the drafts: standard rejection sampling, token by token; synthetic accepts at preset
+    # rates whatever the draft; block verifies the k drafts jointly, lossless (V2 runner only: V1's sampler has no
+    # block path and verifies token by token); fly is FLy's lossy entropy-gated deferral
+    AcceptanceKnob("rejection_sample_method", "standard", ("standard", "synthetic", "block", "fly"), (0, 32, 0),
+                   {"fly": (0, 33, 0)}),
+    # greedy drafts the argmax, its probabilities one-hot in the ratio test at temperature > 0; probabilistic samples
+    # the drafts and uses the drafter's probabilities (standard and fly only)
+    AcceptanceKnob("draft_sample_method", "greedy", ("greedy", "probabilistic"), (0, 32, 0), {}),
+    # the drafter proposes through an fp8 or nvfp4 copy of the target lm_head it shares and the target verifies with
+    # its own, so only acceptance changes (V2 runner; methods eagle/eagle3/mtp; a drafter with its own lm_head is
+    # refused: "needs a drafter that shares the target lm_head", eagle/utils.py)
+    AcceptanceKnob("draft_lm_head_quantization", None, ("fp8", "nvfp4"), (0, 33, 0), {}),
+    # [[batch_from, batch_to, k], ...] (inclusive ranges): k follows the batch size, so rounds of different k pool
+    AcceptanceKnob("num_speculative_tokens_per_batch_size", None, None, (0, 32, 0), {}),
+)}
+KNOB_COMPANIONS: dict[str, Version] = {
+    "synthetic_acceptance_rates": (0, 32, 0), "synthetic_acceptance_length": (0, 32, 0),
+    "fly_window_size": (0, 33, 0), "fly_entropy_threshold": (0, 33, 0), "fly_entropy_top_k": (0, 33, 0),
+}
+"""Settings of one rejection method (vLLM refuses them under another): passed on and recorded, never judged here."""
+EAGLEKIT_SETS = ("model", "method", "num_speculative_tokens")  # the speculative-config keys eaglekit writes itself
+NOT_A_DRAFTERS_ACCEPTANCE: dict[str, str] = {
+    "fly": "rejection_sample_method=fly is lossy (FLy accepts drafts the target's own rule rejects)",
+    "synthetic": "rejection_sample_method=synthetic accepts drafts at preset rates, whatever the draft proposes",
+}
+"""rejection_sample_method values under which vLLM's counters measure the sampler, not the draft."""
+VLLM_TAU = POOLED_TAU
+"""vLLM's mean acceptance length is 1 + Σ accepted / Σ drafts over every round it counted (vllm/v1/spec_decode/
+metrics.py, 0.33.0): eaglekit's pooled τ, not a mean of per-request τ."""
+UNKNOWN = "unknown"
+
+
+def split_speculative_settings(engine_args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """--engine-arg pairs as (LLM(...) and server arguments, speculative-config settings): the acceptance settings
+    and their companions given by name, and the keys of a `speculative_config` object, go into the speculative
+    config eaglekit writes (whose draft, method and k it sets itself)."""
+    llm_args, settings = {}, {}
+    for key, value in engine_args.items():
+        if key in ACCEPTANCE_KNOBS or key in KNOB_COMPANIONS:
+            settings[key] = value
+        elif key == "speculative_config":
+            if not isinstance(value, dict):
+                raise UsageError(f"--engine-arg speculative_config={quoted(value)}: expected a JSON object, e.g. "
+                                 "speculative_config='{\"rejection_sample_method\": \"block\"}'")
+            taken = [name for name in EAGLEKIT_SETS if name in value]
+            if taken:
+                raise UsageError(f"--engine-arg speculative_config: eaglekit sets {', '.join(taken)} itself (the "
+                                 "draft, eagle3 and -k); give only the other keys")
+            settings.update(value)
+        else:
+            llm_args[key] = value
+    return llm_args, settings
+
+
+def release(version: str | None) -> Version | None:
+    """A vLLM version string (`0.32.0+cpu`, `0.33.1rc2.dev4`) as a release number; None when it names none."""
+    found = re.match(r"^v?(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?", version or "")
+    return (int(found.group(1)), int(found.group(2)), int(found.group(3) or 0)) if found else None
+
+
+def check_speculative_settings(settings: Mapping[str, Any], version: str | None) -> None:
+    """Refuse, before vLLM starts, an acceptance setting the installed release does not have or a value it does not
+    take (releases read: KNOBS_READ_FROM .. LATEST; others are left to vLLM)."""
+    installed = release(version)
+    newest = parse_version(LATEST)[:2]
+    read = installed is not None and KNOBS_READ_FROM[:2] <= installed[:2] <= newest
+    for name, value in settings.items():
+        knob = ACCEPTANCE_KNOBS.get(name)
+        since = knob.since if knob else KNOB_COMPANIONS.get(name)
+        if read and installed is not None and since is not None and installed < since:
+            raise UsageError(f"--engine-arg {name}: vLLM {version} does not have it (it is new in "
+                             f"{format_version(since)})")
+        if knob is None or knob.values is None or value is None or (installed and installed[:2] > newest):
+            continue
+        if value not in knob.values:
+            raise UsageError(f"--engine-arg {name}={quoted(value)}: vLLM {LATEST} takes {', '.join(knob.values)}")
+        newer = knob.value_since.get(value)
+        if read and installed is not None and newer is not None and installed < newer:
+            raise UsageError(f"--engine-arg {name}={value}: vLLM {version} does not have it (it is new in "
+                             f"{format_version(newer)})")
+
+
+def acceptance_settings(settings: Mapping[str, Any] | None, *, sampled: bool = False,
+                        source: str = "vLLM's defaults unless given by --engine-arg") -> dict[str, Any]:
+    """The report block that says what rule vLLM's acceptance was counted under: each acceptance setting (its default
+    when not given), those the caller gave, whether the counters measure the draft at all, and the labels every
+    acceptance figure of the report carries. `settings` None: a server eaglekit did not start, which does not say."""
+    if settings is None:
+        values: dict[str, Any] = {name: UNKNOWN for name in ACCEPTANCE_KNOBS}
+        return {**values, "given": {}, "source": source, "drafter_acceptance": None, "acceptance_length": VLLM_TAU,
+                "labels": ["rejection_sample_method, draft_sample_method and draft_lm_head_quantization unknown: the "
+                           "server does not say (vLLM shows its speculative config only at /server_info, with "
+                           "VLLM_SERVER_DEV_MODE=1)"]}
+    values = {name: settings.get(name, knob.default) for name, knob in ACCEPTANCE_KNOBS.items()}
+    given = {name: value for name, value in settings.items() if name in ACCEPTANCE_KNOBS or name in KNOB_COMPANIONS}
+    block = {**values, "given": given, "source": source,
+             "drafter_acceptance": not_a_drafters_acceptance(values) is None, "acceptance_length": VLLM_TAU}
+    return {**block, "labels": acceptance_labels(block, sampled=sampled)}
+
+
+def describe_acceptance(block: Mapping[str, Any]) -> str:
+    """One line for a report or card: τ's definition and the rule it was counted under."""
+    def value(name: str) -> str:
+        given = block.get(name)
+        return "none" if given is None else given if isinstance(given, str) else json.dumps(given)
+
+    shown = ", ".join(f"{name}={value(name)}" for name in ACCEPTANCE_KNOBS)
+    return f"{block.get('acceptance_length', VLLM_TAU)} under {shown}"
+
+
+def not_a_drafters_acceptance(block: Mapping[str, Any]) -> str | None:
+    """Why acceptance counted under these settings is not the draft's own (a lossy or synthetic rejection
+    sampler); None when it is the draft's, or the settings are unknown."""
+    method = block.get("rejection_sample_method")
+    why = NOT_A_DRAFTERS_ACCEPTANCE.get(method) if isinstance(method, str) else None
+    return f"not a drafter's acceptance: {why}" if why else None
+
+
+def acceptance_labels(block: Mapping[str, Any], *, sampled: bool = False) -> list[str]:
+    """What every acceptance figure counted under these settings must say beside it: a rule that is not the draft's
+    acceptance, one that is not comparable with the default's, a quantized draft head, a k that varies."""
+    labels = [why] if (why := not_a_drafters_acceptance(block)) else []
+    if block.get("rejection_sample_method") == "block":
+        labels.append("rejection_sample_method=block verifies the k drafts jointly (lossless): τ is not comparable "
+                      "with token-by-token verification's; vLLM's V1 runner (its CPU build) has no block verifier "
+                      "and verifies token by token")
+    head = block.get("draft_lm_head_quantization")
+    if head not in (None, UNKNOWN):
+        labels.append(f"draft_lm_head_quantization={head}: the draft proposes through a {head} copy of the target's "
+                      "lm_head (the target verifies with its own): τ is this draft's with that head")
+    if block.get("draft_sample_method") == "probabilistic":
+        labels.append("draft_sample_method=probabilistic: drafts are sampled and the drafter's probabilities enter "
+                      "the ratio test")
+    elif sampled and block.get("draft_sample_method") == "greedy":
+        labels.append("draft_sample_method=greedy: the drafts are the drafter's argmax, one-hot in the ratio test")
+    schedule = block.get("num_speculative_tokens_per_batch_size")
+    if schedule not in (None, UNKNOWN):
+        labels.append(f"num_speculative_tokens_per_batch_size={json.dumps(schedule)}: k follows the batch size, so "
+                      "rounds of different k are pooled")
+    return labels
 
 
 PARALLEL_DRAFTING_SETTING = '"parallel_drafting": true'  # a member of the --speculative-config object

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eaglekit.config_view import nested
+from eaglekit.decode.metrics import POOLED_TAU
+from eaglekit.engines.vllm import EAGLEKIT_SETS, acceptance_settings, describe_acceptance
 from eaglekit.hub.card_text import is_repo_id, number, public_source, signed, text
 
 
@@ -28,7 +30,10 @@ def verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = (), *,
     elif "lossless" in report:
         rows.append(("Lossless (greedy output identical to the target's)", "yes" if report["lossless"] else "**no**"))
     if "acceptance_length" in report:
-        rows.append(("Mean acceptance length τ", number(report["acceptance_length"])))
+        rows.append((f"Mean acceptance length: {POOLED_TAU}", number(report["acceptance_length"])))
+    rule = report.get("acceptance_settings")
+    if isinstance(rule, Mapping):
+        rows.append(("Acceptance counted under", text(describe_acceptance(rule))))
     per_position = report.get("per_position_acceptance")
     if isinstance(per_position, list) and per_position:
         rows.append(("Acceptance rate per draft position", ", ".join(number(p) for p in per_position)))
@@ -62,7 +67,26 @@ def verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = (), *,
     warning = ("> **Warning: these figures were measured on other files** than the ones published "
                f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
     return (f"## Verification\n\n{warning}Measured with `eaglekit verify` against the target.\n\n| | |\n|---|---|\n"
-            f"{table}\n")
+            f"{table}\n{rule_labels(rule)}")
+
+
+def rule_labels(rule: Any) -> str:
+    """The labels the acceptance rule puts on every τ of a section (a quantized draft head, a varying k, ...)."""
+    labels = rule.get("labels") if isinstance(rule, Mapping) else None
+    shown = [f"> τ above: {text(label)}" for label in labels or [] if isinstance(label, str)]
+    return "\n" + "\n".join(shown) + "\n" if shown else ""
+
+
+def bench_acceptance(bench: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The rule a bench report's τ was counted under: as it records it, else (a report that predates the record)
+    from its speculative config, unknown for a server eaglekit did not start."""
+    recorded = bench.get("acceptance_settings")
+    if isinstance(recorded, Mapping):
+        return recorded
+    if nested(bench, "servers").get("started_by_eaglekit") is False:
+        return acceptance_settings(None)
+    given = {k: v for k, v in nested(bench, "speculative_config").items() if k not in EAGLEKIT_SETS}
+    return acceptance_settings(given)
 
 
 def speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> str:
@@ -81,7 +105,7 @@ def speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> s
     rows = [r for r in bench.get("rows") or [] if isinstance(r, Mapping)]
     per_category = any(r.get("category") for r in rows)
     header = ("| Category " if per_category else "") + ("| Concurrency | Per-user tokens/s, target alone | With the "
-                                                       "draft | Speed-up | 95 % interval | τ (engine) |")
+                                                       "draft | Speed-up | 95 % interval | Pooled τ (engine) |")
     lines = [header, "|---" * (header.count("|") - 1) + "|"]
     for r in rows:
         base, spec = nested(r, "baseline"), nested(r, "speculative")
@@ -98,10 +122,11 @@ def speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> s
     verdicts = [f"- {text(v['text'])}" for v in bench.get("verdicts") or [] if isinstance(v, Mapping) and "text" in v]
     warning = ("> **Warning: these figures were measured on other files** than the ones published "
                f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
+    rule = bench_acceptance(bench)
     return ("## Serving speed\n\n" + warning + "Measured with `eaglekit bench`: the target served alone and with this "
-            "draft, on the same requests, by vLLM's own benchmark client (`vllm bench serve`) at each concurrency; τ "
-            f"from the server's spec-decode counters. {conditions}.\n\n" + "\n".join(lines) + "\n"
-            + ("\n" + "\n".join(verdicts) + "\n" if verdicts else ""))
+            "draft, on the same requests, by vLLM's own benchmark client (`vllm bench serve`) at each concurrency; "
+            f"{text(describe_acceptance(rule))}, from the server's spec-decode counters. {conditions}.\n\n"
+            + "\n".join(lines) + "\n" + rule_labels(rule) + ("\n" + "\n".join(verdicts) + "\n" if verdicts else ""))
 
 
 def numerics_note(report: Mapping[str, Any], bench: Mapping[str, Any]) -> str:

@@ -16,6 +16,7 @@ from eaglekit.bench.report import RowFigures, Verdict, verdicts
 from eaglekit.config_view import REPO_ID, nested
 from eaglekit.decode.sampling import GREEDY_BELOW
 from eaglekit.decode.stats import MIN_SAMPLES, too_few
+from eaglekit.engines.vllm import not_a_drafters_acceptance
 from eaglekit.errors import CheckpointError, EaglekitError, UsageError, quoted
 from eaglekit.hub.card import recorded_target
 from eaglekit.hub.card_text import is_repo_id
@@ -82,7 +83,25 @@ def load_report(path: str) -> VerifyReportFile:
             problem = contradicting_verdicts(figures) or impossible_figures(figures, k)
             if problem:
                 raise CheckpointError(problem, path)
+    refuse_not_a_drafters_acceptance(report, path)
     return VerifyReportFile(path, report)
+
+
+def refuse_not_a_drafters_acceptance(report: Mapping[str, Any], path: str) -> None:
+    """Refuse a report whose acceptance was counted under a rule that does not measure the draft (vLLM's lossy FLy
+    or its synthetic sampler): a card would state that τ as the draft's. Every place a report records the rule is
+    read: its own settings, its engine's, a bench report's speculative config, each condition's."""
+    engine = report.get("engine")
+    conditions = report.get("conditions")
+    blocks = [report.get("acceptance_settings"), report.get("speculative_config"),
+              engine.get("acceptance_settings") if isinstance(engine, Mapping) else None,
+              *(c.get("acceptance_settings") for c in (conditions if isinstance(conditions, list) else [])
+                if isinstance(c, Mapping))]
+    for block in blocks:
+        why = not_a_drafters_acceptance(block) if isinstance(block, Mapping) else None
+        if why:
+            raise CheckpointError(f"{why}: a card states a drafter's acceptance; measure again under "
+                                  "rejection_sample_method=standard (vLLM's default)", path)
 
 
 def load_bench_report(path: str) -> VerifyReportFile:
@@ -124,6 +143,7 @@ def load_bench_report(path: str) -> VerifyReportFile:
     problem = contradicted_verdicts(report)
     if problem:
         raise CheckpointError(problem, path)
+    refuse_not_a_drafters_acceptance(report, path)
     return VerifyReportFile(path, {**report, "verdicts": [v.to_dict() for v in bench_verdicts(report["rows"])]})
 
 

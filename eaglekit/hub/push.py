@@ -50,10 +50,10 @@ if TYPE_CHECKING:
 
 VERIFY_FIELDS = (
     "lossless", "acceptance_length", "per_position_acceptance", "num_speculative_tokens",
-    "tokens_per_s_spec", "tokens_per_s_target", "prompts", "dtype", "device", "measured",
+    "tokens_per_s_spec", "tokens_per_s_target", "prompts", "dtype", "device", "measured", "acceptance_settings",
 )
 BENCH_FIELDS = ("engine", "dtype", "num_speculative_tokens", "max_new_tokens", "prompts", "rows", "verdicts",
-                "measured")
+                "measured", "acceptance_settings")
 
 Validator = Callable[[DraftSpec], Any]
 PUSH_ENGINE = "vllm"  # the engine whose rules, with the engine-neutral ones, decide a push

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit.decode.metrics import AcceptanceCounter
+from eaglekit.engines.vllm import acceptance_settings, check_speculative_settings, split_speculative_settings
 from eaglekit.errors import EngineError, UsageError
 from eaglekit.runtime import processes
 
@@ -71,6 +72,16 @@ class EngineOptions:
     timeout_s: float = 3600.0
 
     @property
+    def llm_args(self) -> dict[str, Any]:
+        """The engine arguments vLLM takes beside the speculative config (LLM(...) keywords, server flags)."""
+        return split_speculative_settings(self.engine_args)[0]
+
+    @property
+    def speculative_settings(self) -> dict[str, Any]:
+        """The engine arguments that go into the speculative config eaglekit writes (rejection_sample_method, ...)."""
+        return split_speculative_settings(self.engine_args)[1]
+
+    @property
     def interpreter(self) -> str:
         """--engine-python, else $EAGLEKIT_VLLM_PYTHON, else the first project environment that exists, else this
         Python."""
@@ -81,6 +92,7 @@ class EngineOptions:
     def check(self) -> None:
         if self.tensor_parallel_size < 1:
             raise UsageError("--tensor-parallel-size must be at least 1")
+        split_speculative_settings(self.engine_args)  # a malformed speculative_config is refused before any work
 
 
 @dataclass
@@ -96,10 +108,16 @@ class EngineRun:
     aux_log: str | None  # vLLM's own line naming the aux layers it captures (None: it printed none)
     timings: dict[str, float]  # engine start and generate seconds, tokens/s with and without the draft
     per_request: list[AcceptanceCounter] | None = None  # vLLM's per-request counters (from 0.29), prompt order
+    settings: dict[str, Any] = field(default_factory=dict)  # the speculative-config settings it ran under
+
+    @property
+    def acceptance_settings(self) -> dict[str, Any]:
+        return acceptance_settings(self.settings)
 
     def to_dict(self) -> dict[str, Any]:
         c = self.counter
-        return {"engine": self.engine, "version": self.version, "acceptance_length": c.acceptance_length,
+        return {"engine": self.engine, "version": self.version, "acceptance_settings": self.acceptance_settings,
+                "acceptance_length": c.acceptance_length,
                 "per_position_acceptance": c.per_position, "num_drafts": c.drafts, "num_draft_tokens": c.draft_tokens,
                 "num_accepted_tokens": c.accepted, "num_accepted_tokens_per_pos": list(c.accepted_at),
                 "lossless": self.lossless, "mismatched_prompts": self.mismatched_prompts,
@@ -141,7 +159,9 @@ def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT
                          "create its environment with scripts/vllm-env.sh (it makes .vllm-env), or pass "
                          "--engine-python .vllm-env/bin/python")
     found = re.search(rf"^{VERSION_TAG} (\S+)$", probe.log, re.MULTILINE)
-    return found.group(1) if found else ""
+    version = found.group(1) if found else ""
+    check_speculative_settings(opts.speculative_settings, version or None)
+    return version
 
 
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -236,12 +256,13 @@ def _decode_request(target: str, prompts: Sequence[Sequence[int]], k: int, max_n
     absolute path, a Hub id as it is."""
     opts.check()
     fitted = fitted_model_len(max((len(p) for p in prompts), default=0), max_new_tokens, k, context)
-    engine_args = {**DEFAULT_ENGINE_ARGS, "max_num_seqs": max(1, batch), "max_model_len": fitted, **opts.engine_args}
-    check_model_len(prompts, max_new_tokens, k, engine_args.get("max_model_len"), "max_model_len" in opts.engine_args)
+    given = opts.llm_args
+    engine_args = {**DEFAULT_ENGINE_ARGS, "max_num_seqs": max(1, batch), "max_model_len": fitted, **given}
+    check_model_len(prompts, max_new_tokens, k, engine_args.get("max_model_len"), "max_model_len" in given)
     return {"target": os.path.abspath(target) if os.path.isdir(target) else target,
             "prompts": [list(p) for p in prompts], "k": k,
             "max_new_tokens": max_new_tokens, "dtype": dtype, "tensor_parallel_size": opts.tensor_parallel_size,
-            "engine_args": engine_args}
+            "engine_args": engine_args, "speculative": opts.speculative_settings}
 
 
 def logged_aux_ids(aux_log: str | None) -> tuple[int, ...] | None:
@@ -304,4 +325,4 @@ def run_vllm(draft: str, target: str, prompts: Sequence[Sequence[int]], *, k: in
                "spec_init_s": spec["init_s"], "spec_generate_s": spec["generate_s"],
                "tokens_per_s_spec": rate(spec), "tokens_per_s_target": rate(plain)}
     return EngineRun("vllm", spec["vllm_version"], counter, not mismatched, mismatched, plain["tokens"],
-                     found[-1].strip() if found else None, timings, _per_request(spec))
+                     found[-1].strip() if found else None, timings, _per_request(spec), opts.speculative_settings)

@@ -151,7 +151,7 @@ def main(request_path: str, result_path: str) -> None:
     kwargs.update(one_process_executor(int(request["tensor_parallel_size"]), set(request["engine_args"])))
     if request.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": request["draft"],
-                                        "num_speculative_tokens": request["k"]}
+                                        "num_speculative_tokens": request["k"], **request.get("speculative", {})}
         from dataclasses import fields
 
         from vllm.engine.arg_utils import EngineArgs

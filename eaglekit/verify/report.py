@@ -19,7 +19,7 @@ from eaglekit.verify.diagnose import Diagnosis
 
 SWEEP_SHARED = ("eaglekit_version", "draft", "target", "eagle_version", "flags", "aux_layer_ids",
                 "aux_layer_ids_source", "checks", "num_speculative_tokens", "max_new_tokens", "dtype", "device",
-                "target_quantization", "sampling",
+                "target_quantization", "sampling", "acceptance_settings",
                 "min_acceptance", "tie_tolerance", "notes", "measured")
 """Verify report keys every condition of a sweep shares: written once, before the conditions."""
 
@@ -182,6 +182,7 @@ class VerifyReport:
             "device": run.device,
             **quantization_entry(run),
             "sampling": run.sampling.to_dict(),
+            "acceptance_settings": run.acceptance_settings,
             "tie_tolerance": self.tie_tolerance,
             "per_prompt": [
                 {

@@ -223,6 +223,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
                                         "context_tokens": options.context_tokens},
             "eaglekit_aux_layer_ids": list(checked.aux_ids),
             "engine_aux_layer_ids": list(engine_aux_ids(run, info) or []),
+            "acceptance_settings": run.acceptance_settings,
             "engine": run.to_dict(), "acceptance_length_interval": interval.to_dict() if interval else None,
             **sample_marker(len(set(groups))),
             "categories": categories,
@@ -294,6 +295,9 @@ def compare_engine(reference: AcceptanceCounter, run: EngineRun, aux_ids: Sequen
                    message=f"vLLM {run.version} τ {run.counter.acceptance_length:.3f} vs reference "
                            f"{reference.acceptance_length:.3f} with the same ids: an engine misreading, a feature it "
                            "does not support, or an eaglekit bug")
+    labels = run.acceptance_settings["labels"]
+    if labels:  # vLLM counted under another rule than the reference's: say so beside the verdict
+        doc["message"] = f"{doc['message']} (vLLM: {'; '.join(labels)})"
     return doc
 
 

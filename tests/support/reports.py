@@ -8,6 +8,7 @@ import json
 import os
 
 TARGET = "meta-llama/Llama-3.1-8B-Instruct"
+TAU_LABEL = "Mean acceptance length: pooled τ (1 + Σ accepted / Σ drafting rounds)"  # the card's τ row, as it reads
 VERIFY_REPORT = {
     "lossless": True, "acceptance_length": 2.81, "per_position_acceptance": [0.8, 0.6, 0.41],
     "num_speculative_tokens": 3, "tokens_per_s_spec": 120.5, "tokens_per_s_target": 60.0,
