@@ -35,7 +35,7 @@ IDENTITY_KEYS = ("target", "layer_ids", "engine", "inputs", "store")
 """The manifest blocks a rerun must match to resume (the rest says how far the capture got)."""
 DESCRIPTIVE = ("inputs.source", "inputs.data")
 """Identity fields that describe the inputs without deciding them: the content address `inputs.sha256` decides
-(and `inputs.data` is compared before any work, in the user's terms: eaglekit.capture.store.refuse_other_data)."""
+(and `inputs.data` is compared before any work, in the user's terms: eaglekit.capture.store.check_before_capture)."""
 
 
 def shard_name(index: int) -> str:

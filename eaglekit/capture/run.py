@@ -352,7 +352,7 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
                                              *read_roles("--calibration-file", opts.calibration_file),
                                              *read_roles("--import", opts.import_dir)])
     data, shown = data_record(opts)
-    st.refuse_other_data(store, data, shown, force=opts.force)  # before any work, in the user's terms
+    st.check_before_capture(store, data, shown, force=opts.force)  # before any work, in the user's terms
     source = _imported_source(info, aux_ids, opts) if data is None else _engine_source(info, aux_ids, opts, data,
                                                                                       on_stage)
     with st.store_lock(store):

@@ -267,12 +267,15 @@ def _remove(store: str, names: list[str]) -> None:
         os.unlink(os.path.join(store, name))
 
 
-def refuse_other_data(store: str, data: DataFile | None, shown: str, *, force: bool = False) -> None:
-    """Before any work: refuse a folder no capture may write, a broken manifest, and (unless `force`, which
-    replaces the store) a store captured from other data than `data` (`shown`: that data as the user named it)."""
+def check_before_capture(store: str, data: DataFile | None, shown: str, *, force: bool = False) -> None:
+    """Before any work: refuse a folder no capture may write (files that are no store's, or that eaglekit cannot
+    show it wrote), a broken manifest, and (unless `force`, which replaces the store) a store captured from other
+    data than `data` (`shown`: that data as the user named it)."""
     if not os.path.isdir(store) or not holds_store(store):
         return
-    held = read_manifest(store).inputs.data
+    manifest = read_manifest(store)
+    _removable(store, manifest, set())
+    held = manifest.inputs.data
     if not force and held is not None and data is not None and held.sha256 != data.sha256:
         raise UsageError(f"this store was captured from other data: {shown} differs (the store was captured from "
                          f"{held.file}, {held.sha256.removeprefix('sha256:')[:12]}…); rerun with that data to "
