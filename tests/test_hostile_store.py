@@ -3,7 +3,7 @@
 bounded time, and never remove or change a file of it.
 
 The stores are written through eaglekit's own store writer with random states (tests/support/capture.py) for a
-tiny random target, so no model runs; the last test captures a real one.
+tiny random target, so no model runs (unless a refusal fails); the last test captures a real one.
 """
 
 from __future__ import annotations
@@ -23,18 +23,19 @@ from eaglekit.capture import store as st  # noqa: E402
 from tests.support.capture import AUX, synthetic_store, write_prompts  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.hostile import clean  # noqa: E402
-from tests.support.targets import make_target_with_tokenizer, make_tiny_target  # noqa: E402
+from tests.support.targets import make_target_with_tokenizer  # noqa: E402
 
 READ_SECONDS = 60  # a reader imports the training stack before it opens the store
+VOCAB = 384  # make_target_with_tokenizer's
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("hostile-store")
-    target = make_tiny_target(str(base / "target"))
+    target = make_target_with_tokenizer(str(base / "target"))  # a capture that went on would run it
     data = write_prompts(str(base / "prompts.jsonl"))
-    draft = make_draft(str(base / "draft"), "vllm", hidden=64, vocab=256, draft_vocab=256, aux_ids=AUX, k=len(AUX),
-                       target_layers=4, dtype="F32", embed=True)
+    draft = make_draft(str(base / "draft"), "vllm", hidden=64, vocab=VOCAB, draft_vocab=VOCAB, aux_ids=AUX,
+                       k=len(AUX), target_layers=4, dtype="F32", embed=True)
     return {"base": base, "target": target, "data": data, "draft": draft,
             "store": synthetic_store(str(base / "store"), target, data),
             "other": synthetic_store(str(base / "other"), target, data, records=3, seed=1)}
@@ -254,3 +255,11 @@ def test_a_capture_names_its_data_without_a_local_path_and_refuses_other_data_be
     refused_in_one_line([*args, "--data", data], 1, store, "planned sequences (sequences.safetensors) are missing "
                                                            "or differ from the manifest")
     assert snapshot(store) == changed
+
+    # killed after publishing its first manifest, before the plan: the rerun starts over and ends as the first run
+    rewrite_manifest(store, lambda doc: doc.update(shards=[], records=0, tokens=0, complete=False))
+    for name in os.listdir(store):
+        if name.startswith(st.SHARD_PREFIX) or name == st.PLAN:
+            os.unlink(os.path.join(store, name))
+    clean(*args, "--data", data, codes=(0,), seconds=300)
+    assert snapshot(store) == captured
