@@ -105,6 +105,18 @@ def test_a_shard_file_the_manifest_does_not_list_and_eaglekit_did_not_write_is_l
 # ------------------------------------------------------------------ a manifest's values
 
 
+def test_a_valid_manifest_reads_and_writes_back_byte_for_byte_keeping_fields_it_does_not_type(store):
+    from eaglekit.capture.manifest import Manifest
+
+    path = os.path.join(store, st.MANIFEST)
+    written = open(path, "rb").read()
+    assert st.read_manifest(store).to_json() == written
+    rewrite_manifest(store, lambda doc: (doc["inputs"].update(files=[["a.safetensors", 12]]),
+                                         doc["engine"].update(kv_cache_dtype="fp8")))
+    doc = json.load(open(path))
+    assert json.loads(Manifest.read(doc, path).to_json()) == doc
+
+
 def _set(path: str, value):
     def change(doc):
         *parents, last = path.split(".")

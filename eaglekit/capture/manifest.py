@@ -217,7 +217,8 @@ class LayerIds:
 
 @dataclass(frozen=True)
 class EngineIdentity:
-    """What computed the states: engine, version, dtype, numerics and the arguments it was started with."""
+    """What computed the states: engine, version, dtype, numerics and the arguments it was started with; `extra`
+    keeps fields a backend adds that this module does not type (free JSON, part of the identity all the same)."""
 
     name: str
     version: str | None
@@ -225,18 +226,22 @@ class EngineIdentity:
     quantization: str | None
     tensor_parallel_size: int
     engine_args: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "dtype": self.dtype, "quantization": self.quantization,
-                "tensor_parallel_size": self.tensor_parallel_size, "engine_args": dict(self.engine_args)}
+        return {**self.extra, "name": self.name, "version": self.version, "dtype": self.dtype,
+                "quantization": self.quantization, "tensor_parallel_size": self.tensor_parallel_size,
+                "engine_args": dict(self.engine_args)}
 
     @classmethod
     def read(cls, f: _Fields) -> EngineIdentity:
         args = f.json_value("engine_args")
         if not isinstance(args, dict):
             raise f.refuse("engine_args", "an object")
+        known = {"name", "version", "dtype", "quantization", "tensor_parallel_size", "engine_args"}
         return cls(f.text("name"), f.text("version", optional=True), f.text("dtype", optional=True),
-                   f.text("quantization", optional=True), f.count("tensor_parallel_size", 1, 1 << 16), args)
+                   f.text("quantization", optional=True), f.count("tensor_parallel_size", 1, 1 << 16), args,
+                   {key: f.json_value(key) for key in f.doc if key not in known})
 
 
 @dataclass(frozen=True)
