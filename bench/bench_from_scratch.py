@@ -226,7 +226,8 @@ def store_data_sha(store: str) -> str:
     from eaglekit.capture.store import read_manifest
 
     manifest = read_manifest(store)
-    data = [manifest["plan"], manifest["layer_ids"], manifest["store"], [s["sha256"] for s in manifest["shards"]]]
+    data = [manifest.plan.to_dict(), manifest.layer_ids.to_dict(), manifest.store.to_dict(),
+            [s.sha256 for s in manifest.shards]]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

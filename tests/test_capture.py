@@ -53,13 +53,13 @@ def whole(env):
 def test_records_hold_the_targets_states_and_shards_are_cut_by_record_and_token_count(env, whole):
     path, report = whole
     manifest = st.read_manifest(path)
-    shards = st.shards(path, manifest)
+    shards = manifest.shards
     assert report.complete and report.shards == len(shards) >= 3 and report.records == 12
-    assert manifest["layer_ids"] == {"convention": "vllm", "aux": list(AUX), "last": 4}
+    assert manifest.layer_ids.to_dict() == {"convention": "vllm", "aux": list(AUX), "last": 4}
     target = load_target(env["target"])
     plan = st.read_plan(path, manifest)
     for shard in shards:
-        tensors = st.read_shard(path, shard)
+        tensors = st.read_shard(path, manifest, shard)
         lengths = tensors["offsets"].diff().tolist()
         assert len(lengths) == shard.end_record - shard.first_record and sum(lengths) == shard.tokens
         # a shard ends at the record that brings it to SHARD_TOKENS (the last shard may stop short)
@@ -93,9 +93,9 @@ capture_store({store!r}, options({{"target": {env['target']!r}, "data": {env['da
                           env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     killed = st.read_manifest(store)
-    assert not killed["complete"] and len(killed["shards"]) == 2
+    assert not killed.complete and len(killed.shards) == 2
     report = capture_store(store, options(env))
-    assert report.resumed_from == killed["shards"][-1]["records"][1]
+    assert report.resumed_from == killed.shards[-1].end_record
     assert report.captured_records == 12 - report.resumed_from
     assert folder_bytes(store) == folder_bytes(whole[0])
 
@@ -104,19 +104,20 @@ def test_an_interrupt_keeps_the_published_shards_and_torn_ones_are_captured_agai
     store = str(tmp_path / "store")
 
     def interrupt(what, done, total):
-        if os.path.isfile(os.path.join(store, st.MANIFEST)) and len(st.read_manifest(store)["shards"]) >= 3:
+        if os.path.isfile(os.path.join(store, st.MANIFEST)) and len(st.read_manifest(store).shards) >= 3:
             raise KeyboardInterrupt
 
     with pytest.raises(CaptureInterrupted, match="rerun the same command to resume"):
         capture_store(store, options(env), on_stage=interrupt)
-    shards = st.shards(store, st.read_manifest(store))
+    manifest = st.read_manifest(store)
+    shards = manifest.shards
     assert len(shards) == 3
     # a torn last shard (its bytes differ from the manifest's) and a shard file the manifest does not list
     with open(os.path.join(store, shards[2].file), "r+b") as fh:
         fh.truncate(shards[2].bytes // 2)
     shutil.copy(os.path.join(store, shards[0].file), os.path.join(store, st.shard_name(3)))
     with pytest.raises(CheckpointError, match="differs from the manifest"):
-        st.read_shard(store, shards[2])
+        st.read_shard(store, manifest, shards[2])
     report = capture_store(store, options(env))
     assert report.resumed_from == shards[1].end_record
     assert folder_bytes(store) == folder_bytes(whole[0])
@@ -135,7 +136,7 @@ def test_a_store_of_another_capture_is_refused_and_force_replaces_it(env, whole,
     with st.store_lock(store), pytest.raises(UsageError, match="another capture is writing this store now"):
         capture_store(store, options(env))  # a second capture while the first still runs
     report = capture_store(store, options(env, aux_ids=(1, 3), force=True))
-    assert report.resumed_from is None and st.read_manifest(store)["layer_ids"]["aux"] == [1, 3]
+    assert report.resumed_from is None and st.read_manifest(store).layer_ids.aux == (1, 3)
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
@@ -145,13 +146,15 @@ def test_a_store_of_another_capture_is_refused_and_force_replaces_it(env, whole,
 
 
 def test_fp8_and_bfloat16_stores_keep_the_states_within_their_precision(env, whole, tmp_path):
-    exact = st.read_shard(whole[0], st.shards(whole[0], st.read_manifest(whole[0]))[0])
+    held = st.read_manifest(whole[0])
+    exact = st.read_shard(whole[0], held, held.shards[0])
     sizes = {}
     for dtype, tolerance in (("bfloat16", 2**-8), ("fp8", 2**-4)):
         store = str(tmp_path / dtype)
         capture_store(store, options(env, store_dtype=dtype))
-        first = st.shards(store, st.read_manifest(store))[0]
-        got = st.read_shard(store, first)
+        manifest = st.read_manifest(store)
+        first = manifest.shards[0]
+        got = st.read_shard(store, manifest, first)
         scale = exact["aux"].abs().amax(-1, keepdim=True)
         assert ((got["aux"] - exact["aux"]).abs() <= tolerance * scale).all()
         assert torch.equal(got["last"], exact["last"])  # id L stays float32: it decides the labels

@@ -315,7 +315,7 @@ def test_two_gloo_processes_train_from_a_store_as_one_process(env, tmp_path):
     assert two.returncode == 0, two.stderr[-3000:]
     single, ranked = json.loads(one.stdout)["training"], json.loads(two.stdout)["training"]
     assert ranked["world_size"] == 2
-    shards = len(read_manifest(env["stores"]["bfloat16"])["shards"])
+    shards = len(read_manifest(env["stores"]["bfloat16"]).shards)
     assert shards >= 4
     assert single["reading"]["shards_read"] == [list(range(shards))]
     first, second = ranked["reading"]["shards_read"]

@@ -97,7 +97,7 @@ def capture(target, files, store, *extra):
 def raw_shards(store):
     """Every shard's tensors as stored (fp8 not dequantized), concatenated over the store."""
     manifest = st.read_manifest(store)
-    shards = [load_file(os.path.join(store, s.file)) for s in st.shards(store, manifest)]
+    shards = [load_file(os.path.join(store, s.file)) for s in manifest.shards]
     return {name: torch.cat([s[name] for s in shards]) for name in shards[0]}
 
 

@@ -53,7 +53,8 @@ class ImportedFiles:
     def describe(self) -> str:
         kinds = [f"{n} {what}" for n, what in ((len(self.layouts) - self.quantized, "vLLM extract_hidden_states"),
                                                 (self.quantized, "hs-connectors FP8")) if n]
-        return f"{os.path.abspath(self.directory)} ({' and '.join(kinds)} files)"
+        # the folder's name, never its local path: a store may be published
+        return f"{os.path.basename(os.path.normpath(self.directory))} ({' and '.join(kinds)} files)"
 
 
 def check_import(directory: str, info: TargetInfo, captured_ids: Sequence[int]) -> ImportedFiles:

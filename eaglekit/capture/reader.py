@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from eaglekit.capture import store as st
+from eaglekit.capture.manifest import Manifest
 from eaglekit.capture.run import REFERENCE
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.target import TargetInfo
@@ -28,10 +29,11 @@ class StoreRows:
     """The rows [N, K*H] of a store's aux states (`columns` picks the aux ids wanted), read lazily: a slice or an
     index tensor gives a float32 tensor; an index tensor applied to the view gives another view (no rows read)."""
 
-    def __init__(self, store: str, shards: list[st.Shard], starts: torch.Tensor, columns: list[int], hidden: int,
-                 max_resident: int, rows: torch.Tensor | None = None):
-        self.store, self.shards, self.starts = store, shards, starts  # starts[i]: first row of shard i
-        self.columns, self.hidden, self.max_resident = columns, hidden, max_resident
+    def __init__(self, store: str, manifest: Manifest, starts: torch.Tensor, columns: list[int], max_resident: int,
+                 rows: torch.Tensor | None = None):
+        self.store, self.manifest, self.starts = store, manifest, starts  # starts[i]: first row of shard i
+        self.shards, self.hidden = manifest.shards, manifest.target.hidden_size
+        self.columns, self.max_resident = columns, max_resident
         self.rows = rows  # None: every row, in store order
         self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.read: set[int] = set()  # the shards this process has read (shared by every view)
@@ -49,7 +51,8 @@ class StoreRows:
         if index in self._cache:
             self._cache.move_to_end(index)
             return self._cache[index]
-        aux = st.read_shard(self.store, self.shards[index])["aux"][:, self.columns].reshape(-1, self.shape[1])
+        tensors = st.read_shard(self.store, self.manifest, self.shards[index])
+        aux = tensors["aux"][:, self.columns].reshape(-1, self.shape[1])
         self.loads += 1
         self.read.add(index)
         self._cache[index] = aux
@@ -93,19 +96,19 @@ class StoreRows:
             start, stop, step = key.indices(self.shape[0])
             return self.fetch(self.store_rows(torch.arange(start, stop, step, dtype=torch.long)))
         if isinstance(key, torch.Tensor) and key.dtype == torch.long and key.dim() == 1:
-            view = StoreRows(self.store, self.shards, self.starts, self.columns, self.hidden, self.max_resident,
+            view = StoreRows(self.store, self.manifest, self.starts, self.columns, self.max_resident,
                              key if self.rows is None else self.rows[key])
             view._cache, view.read = self._cache, self.read
             return view
         raise TypeError(f"store rows cannot be indexed by {type(key).__name__}")
 
 
-def check_store_target(manifest: dict[str, Any], info: TargetInfo, where: str, *,
+def check_store_target(manifest: Manifest, info: TargetInfo, where: str, *,
                        quantization: str | None = None) -> None:
     """Refuse, in one line, a store captured from another target, tokenizer or numerics than this run's."""
     from eaglekit.capture.head import config_digest, head_digest, tokenizer_identity
 
-    held = manifest["target"]
+    held = manifest.target.to_dict()
     tokenizer = tokenizer_identity(info)
     run = {"config_sha256": config_digest(info), "head_sha256": head_digest(info),
            "tokenizer_sha256": tokenizer["sha256"], "chat_template_sha256": tokenizer["chat_template_sha256"]}
@@ -115,16 +118,15 @@ def check_store_target(manifest: dict[str, Any], info: TargetInfo, where: str, *
                  "tokenizer_sha256": "tokenizer", "chat_template_sha256": "chat template"}
         raise UsageError(f"the store was captured from another target: its {', '.join(names[k] for k in changed)} "
                          f"differ from {os.path.dirname(info.path)}'s", where)
-    engine = manifest["engine"]
-    stored = engine.get("quantization") if engine.get("name") == REFERENCE else None
+    stored = manifest.engine.quantization if manifest.engine.name == REFERENCE else None
     if stored != quantization:
         raise UsageError(f"the store holds states of the target computed with {stored or 'full precision'} "
                          f"numerics, this run asks for {quantization or 'full precision'}", where)
 
 
-def store_columns(manifest: dict[str, Any], aux_ids: Sequence[int], where: str) -> list[int]:
+def store_columns(manifest: Manifest, aux_ids: Sequence[int], where: str) -> list[int]:
     """The store's aux slot of each wanted id (ascending)."""
-    held = [int(i) for i in manifest["layer_ids"]["aux"]]
+    held = list(manifest.layer_ids.aux)
     missing = [i for i in sorted(aux_ids) if i not in held]
     if missing:
         raise UsageError(f"the store holds aux ids {held}, not {missing} that the draft reads: capture them "
@@ -132,13 +134,13 @@ def store_columns(manifest: dict[str, Any], aux_ids: Sequence[int], where: str) 
     return [held.index(i) for i in sorted(aux_ids)]
 
 
-def open_complete_store(store: str) -> tuple[dict[str, Any], list[st.Shard]]:
-    """The manifest and shards of a store whose capture finished."""
+def open_complete_store(store: str) -> Manifest:
+    """The manifest of a store whose capture finished."""
     manifest = st.read_manifest(store)
-    if not manifest.get("complete"):
+    if not manifest.complete:
         raise UsageError("the store is incomplete (its capture was interrupted): rerun the same `eaglekit capture` "
                          "command to finish it", store)
-    return manifest, st.shards(store, manifest)
+    return manifest
 
 
 def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *, device: str = "cpu",
@@ -152,7 +154,8 @@ def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *,
 
     if max_resident < 1:
         raise UsageError("--max-resident-shards must be at least 1")
-    manifest, shards = open_complete_store(store)
+    manifest = open_complete_store(store)
+    shards = manifest.shards
     check_store_target(manifest, info, store, quantization=quantization)
     columns = store_columns(manifest, aux_ids, store)
     head = load_head(info, device)
@@ -161,7 +164,7 @@ def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *,
     tokens, labels, lengths, soft_ids, soft_probs = [], [], [], [], []
     digest = hashlib.sha256()
     for shard in shards:  # one shard in memory at a time
-        tensors = st.read_shard(store, shard)
+        tensors = st.read_shard(store, manifest, shard)
         digest.update(shard.sha256.encode())
         tokens.append(tensors["token_ids"])
         greedy = head.greedy(tensors["last"])
@@ -172,7 +175,7 @@ def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *,
             soft_ids.append(ids)
             soft_probs.append(probs)
     starts = torch.tensor([0, *[s.tokens for s in shards]], dtype=torch.long).cumsum(0)
-    rows = StoreRows(store, shards, starts, columns, int(manifest["target"]["hidden_size"]), max_resident)
+    rows = StoreRows(store, manifest, starts, columns, max_resident)
     del head
     if not shards:
         raise CheckpointError("the store holds no records", store)
@@ -183,7 +186,7 @@ def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *,
         digest.update(f"soft-targets={soft_targets}".encode())
     return TrainingData(tokens=torch.cat(tokens), labels=torch.cat(labels), aux=rows,
                         offsets=torch.tensor([0, *lengths], dtype=torch.long).cumsum(0), digest=digest.hexdigest(),
-                        source=f"{os.path.abspath(store)} ({manifest['inputs'].get('source', '')})", notes=notes,
+                        source=f"{os.path.abspath(store)} ({manifest.inputs.source})", notes=notes,
                         soft_ids=torch.cat(soft_ids) if soft_targets else None,
                         soft_probs=torch.cat(soft_probs) if soft_targets else None)
 
@@ -199,14 +202,14 @@ def calibration_from_store(store: str, info: TargetInfo, aux_ids: Sequence[int],
     from eaglekit.capture.head import load_head
     from eaglekit.upgrade.capture import HELD_OUT_FRACTION, CalibrationCapture, CapturedSequence
 
-    manifest, shards = open_complete_store(store)
+    manifest = open_complete_store(store)
     check_store_target(manifest, info, store, quantization=quantization)
     columns = store_columns(manifest, aux_ids, store)
-    fit_records = manifest["inputs"].get("calibration_fit_records")
+    fit_records = manifest.inputs.calibration_fit_records
     records: list[CapturedSequence] = []
     count = 0
-    for shard in shards:
-        tensors = st.read_shard(store, shard)
+    for shard in manifest.shards:
+        tensors = st.read_shard(store, manifest, shard)
         aux = tensors["aux"][:, columns].reshape(tensors["aux"].shape[0], -1)
         bounds = tensors["offsets"].tolist()
         for lo, hi in zip(bounds, bounds[1:]):
@@ -226,5 +229,5 @@ def calibration_from_store(store: str, info: TargetInfo, aux_ids: Sequence[int],
         raise UsageError(f"the store holds {len(records)} record(s): calibration needs some to fit and some held "
                          "out", store)
     embed = load_head(info).embed_tokens.to(torch.float32)
-    where = f"the store {os.path.abspath(store)}: {manifest['inputs'].get('source', '')}"
+    where = f"the store {os.path.abspath(store)}: {manifest.inputs.source}"
     return CalibrationCapture(records[:fit_records], records[fit_records:], where, embed)

@@ -19,6 +19,7 @@ from typing import Any
 from eaglekit import __version__
 from eaglekit.capture import store as st
 from eaglekit.capture import store_writer
+from eaglekit.capture.manifest import DataFile, Identity, Manifest, Plan
 from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import CaptureInterrupted, CheckpointError, EaglekitError, UsageError
 from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
@@ -165,12 +166,13 @@ def _engine_block(opts: CaptureOptions) -> dict[str, Any]:
 
 
 def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, Any], inputs: dict[str, Any],
-                   opts: CaptureOptions) -> dict[str, Any]:
-    """The manifest's identity blocks: a rerun resumes only when every one is equal."""
+                   opts: CaptureOptions, store: str) -> Identity:
+    """The manifest's identity blocks (checked as a manifest's are on read): a rerun resumes only when every one
+    is equal."""
     from eaglekit.capture.head import config_digest, head_digest, tokenizer_identity, weights_fingerprint
 
     tokenizer = tokenizer_identity(info)
-    return {
+    return Identity.read({
         "target": {"config_sha256": config_digest(info), "weights_fingerprint": weights_fingerprint(
                        os.path.dirname(os.path.abspath(info.path))), "head_sha256": head_digest(info),
                    "num_hidden_layers": info.num_layers, "hidden_size": info.hidden_size,
@@ -180,7 +182,7 @@ def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, A
         "engine": engine,
         "inputs": inputs,
         "store": {"dtype": opts.store_dtype, "shard_tokens": opts.shard_tokens},
-    }
+    }, store)
 
 
 def _plan(tokenizer, opts: CaptureOptions, on_stage: Stage | None) -> tuple[SequencePlan, int | None]:
@@ -196,6 +198,42 @@ def _plan(tokenizer, opts: CaptureOptions, on_stage: Stage | None) -> tuple[Sequ
                         "sequences"), len(fit)
 
 
+BUNDLED_CALIBRATION = "eaglekit/data/calibration.txt"
+
+
+def _file_digest(path: str, what: str) -> str:
+    """SHA-256 of a regular file, read in bounded chunks (a FIFO or device is refused, never waited on)."""
+    from eaglekit.io.jsonfile import open_regular
+
+    digest = hashlib.sha256()
+    with open_regular(path, what) as fh:
+        try:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+        except OSError as exc:
+            raise CheckpointError(f"cannot read the {what} ({exc.strerror or exc})", path) from None
+    return "sha256:" + digest.hexdigest()
+
+
+def data_record(opts: CaptureOptions) -> tuple[DataFile | None, str]:
+    """(the data the sequences are planned from, as the manifest records it: a file's name and SHA-256, never its
+    folder; that data as the user named it); None for an import, whose files the import identifies."""
+    from importlib import resources
+
+    from eaglekit.finetune.data import BUNDLED_DATA
+
+    if opts.import_dir:
+        return None, opts.import_dir
+    if opts.calibration:
+        path, what, bundled = opts.calibration_file, "calibration file", BUNDLED_CALIBRATION
+    else:
+        path, what, bundled = opts.data.data_file, "data file", BUNDLED_DATA
+    if path is not None:
+        return DataFile(os.path.basename(os.path.normpath(path)), _file_digest(path, what)), path
+    data = resources.files("eaglekit").joinpath(bundled.removeprefix("eaglekit/")).read_bytes()
+    return DataFile(bundled, "sha256:" + hashlib.sha256(data).hexdigest()), f"the bundled {bundled}"
+
+
 @dataclass
 class _Source:
     """Where a capture's records come from: what identifies them, and how to produce them."""
@@ -207,9 +245,10 @@ class _Source:
     records: Callable[[Sequence[Sequence[int]]], Iterator[CapturedSequence]]  # their states, in order
 
 
-def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions,
+def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions, data: DataFile,
                    on_stage: Stage | None) -> _Source:
-    """The target run by the reference hooks or vLLM on the planned data (or calibration text)."""
+    """The target run by the reference hooks or vLLM on the planned data (or calibration text), which the store
+    names by `data` (the file's name, not the local path the plan was read from)."""
     from eaglekit.target_model import load_tokenizer
 
     folder = os.path.dirname(os.path.abspath(info.path))
@@ -221,7 +260,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
         "sha256": content_address({"prompts": hashlib.sha256(json.dumps(plan.prompts).encode()).hexdigest(),
                                    "code": hashlib.sha256(json.dumps(plan.code).encode()).hexdigest(),
                                    "generate": opts.data.generate, "limit": plan.limit}),
-        "source": plan.source}
+        "source": plan.source.replace(plan.name, data.file), "data": data.to_dict()}
     if fit_records is not None:
         inputs["calibration_fit_records"] = fit_records
     loaded: list[Any] = []
@@ -333,24 +372,25 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
                                              *read_roles("--data", opts.data.data_file),
                                              *read_roles("--calibration-file", opts.calibration_file),
                                              *read_roles("--import", opts.import_dir)])
-    source = _imported_source(info, aux_ids, opts) if opts.import_dir else _engine_source(info, aux_ids, opts,
-                                                                                         on_stage)
-    identity = store_identity(info, aux_ids, source.engine, source.inputs, opts)
+    data, shown = data_record(opts)
+    st.check_before_capture(store, data, shown, force=opts.force)  # before any work, in the user's terms
+    source = _imported_source(info, aux_ids, opts) if data is None else _engine_source(info, aux_ids, opts, data,
+                                                                                      on_stage)
     created = not os.path.lexists(store)
     with st.store_lock(store):
+        identity = store_identity(info, aux_ids, source.engine, source.inputs, opts, store)
         manifest, done = st.open_store(store, identity, force=opts.force)
         resumed_from = None
         if manifest is None:
             sequences = source.sequences()
-            digest = store_writer.write_plan(store, sequences)
-            manifest = {"format": st.FORMAT, "version": st.VERSION, **identity,
-                        "plan": {"sha256": digest, "records": len(sequences), "tokens": sum(map(len, sequences))}}
-            store_writer.write_manifest(store, {**manifest, "complete": False, "records": 0, "tokens": 0, "shards": []})
+            plan = store_writer.plan_bytes(sequences)
+            manifest = Manifest(identity, Plan(st.sha256_bytes(plan), len(sequences), sum(map(len, sequences))))
+            store_writer.write_manifest(store, manifest)  # first: the plan is the store's only once it names it
+            store_writer.write_plan(store, plan)
         else:
             sequences = st.read_plan(store, manifest)
             resumed_from = done[-1].end_record if done else 0
-        writer = store_writer.StoreWriter(store, manifest, done, aux_ids=aux_ids, last_id=info.num_layers,
-                                shard_tokens=opts.shard_tokens, store_dtype=opts.store_dtype)
+        writer = store_writer.StoreWriter(store, manifest, done)
         start = writer.next_record
         try:
             _write_records(store, writer, source, sequences, on_stage)

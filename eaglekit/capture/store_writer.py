@@ -1,16 +1,17 @@
 """Writing a hidden-state store (layout: eaglekit.capture.store): each shard, the plan and the manifest is one file
-published atomically through eaglekit.io.publish, the manifest last, so a shard is part of the store only once the
-manifest that lists it is in place. The bytes depend on the records alone (no timestamps, tensors and metadata in
-a fixed order): a resumed capture is byte-identical to an uninterrupted one.
+published atomically through eaglekit.io.publish; a new store's manifest before its plan, and a shard before the
+manifest that lists it, so a shard is part of the store only once that manifest is in place. The bytes depend on
+the records alone (no timestamps, tensors and metadata in a fixed order): a resumed capture is byte-identical to an
+uninterrupted one.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from eaglekit.capture.manifest import Manifest
 from eaglekit.capture.store import FORMAT, MANIFEST, PLAN, Shard, sha256_bytes, shard_name
 from eaglekit.errors import CheckpointError
 
@@ -47,17 +48,17 @@ def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str
 
 
 class StoreWriter:
-    """Appends captured records to a store, shard by shard; holds at most one shard's records in memory."""
+    """Appends captured records to a store, shard by shard, as its manifest describes them (aux ids, id L, shard
+    size, store dtype); holds at most one shard's records in memory."""
 
-    def __init__(self, store: str, manifest: dict[str, Any], done: list[Shard], *, aux_ids: Sequence[int],
-                 last_id: int, shard_tokens: int, store_dtype: str):
+    def __init__(self, store: str, manifest: Manifest, done: list[Shard]):
         self.store = store
         self.manifest = manifest
         self.done = list(done)
-        self.aux_ids = tuple(aux_ids)
-        self.last_id = last_id
-        self.shard_tokens = shard_tokens
-        self.store_dtype = store_dtype
+        self.aux_ids = manifest.layer_ids.aux
+        self.last_id = manifest.layer_ids.last
+        self.shard_tokens = manifest.store.shard_tokens
+        self.store_dtype = manifest.store.dtype
         self.pending: list[CapturedSequence] = []
         self.pending_tokens = 0
 
@@ -123,31 +124,26 @@ class StoreWriter:
         return {"aux": torch.cat(values), "aux_scale": torch.cat(scales).contiguous()}
 
     def write_manifest(self, *, complete: bool = False) -> None:
-        self.manifest.update({
-            "complete": complete,
-            "records": self.done[-1].end_record if self.done else 0,
-            "tokens": sum(s.tokens for s in self.done),
-            "shards": [s.to_dict() for s in self.done],
-        })
-        write_manifest(self.store, self.manifest)
+        write_manifest(self.store, self.manifest.with_shards(self.done, complete=complete))
 
 
-def write_manifest(store: str, manifest: dict[str, Any]) -> None:
-    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-    publish_bytes(os.path.join(store, MANIFEST), text.encode("utf-8"), "the store manifest")
+def write_manifest(store: str, manifest: Manifest) -> None:
+    publish_bytes(os.path.join(store, MANIFEST), manifest.to_json(), "the store manifest")
 
 
-def write_plan(store: str, sequences: Sequence[Sequence[int]]) -> str:
-    """Publish the planned sequences; returns their file's SHA-256 (the manifest's `plan.sha256`)."""
+def plan_bytes(sequences: Sequence[Sequence[int]]) -> bytes:
+    """The planned sequences' file (the manifest's `plan.sha256` is its digest, written before it)."""
     import torch
 
     lengths = [len(s) for s in sequences]
-    data = _safetensors_bytes({
+    return _safetensors_bytes({
         "token_ids": torch.tensor([t for s in sequences for t in s], dtype=torch.int64),
         "offsets": torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0),
     }, {"format": FORMAT})
+
+
+def write_plan(store: str, data: bytes) -> None:
     publish_bytes(os.path.join(store, PLAN), data, "the planned sequences")
-    return sha256_bytes(data)
 
 
 def publish_bytes(path: str, data: bytes, what: str) -> None:
