@@ -70,11 +70,22 @@ def test_a_trailing_newline_makes_no_hub_id():
 def test_what_a_running_server_says_cannot_forge_a_bench_line(capsys, monkeypatch, hostile):
     """A server eaglekit did not start names its model and version and sits at a URL the user gave: each printed
     escaped."""
+    from eaglekit.bench.report import BenchReport, BenchRow, ServedRun
     from eaglekit.cli.bench import render
     from eaglekit.cli.output import out
-    from tests.test_bench import _report, _served_row
 
-    doc = _report([_served_row(1, [10.0, 12.0], [13.0, 16.0])]).to_dict()
+    def served(rates: list[float]) -> ServedRun:
+        return ServedRun.from_vllm({
+            "completed": len(rates), "duration": 1.0, "total_output_tokens": 10 * len(rates),
+            "output_throughput": sum(rates), "output_lens": [10] * len(rates), "latencies": [10 / r for r in rates],
+            **{f"{stat}_{name}_ms": 5.0 for stat in ("mean", "p50", "p99") for name in ("tpot", "ttft")},
+            "generated_texts": [f"text {i}" for i in range(len(rates))]})
+
+    doc = BenchReport("draft", "target", "3", 3, 64, "bfloat16", {"name": "p", "count": 2, "ignore_eos": False},
+                      {"name": "vllm", "version": "0.33.0", "device_type": "cpu", "device_name": "cpu",
+                       "tensor_parallel_size": 1, "max_model_len": 512},
+                      {"model": "draft", "method": "eagle3", "num_speculative_tokens": 3}, {},
+                      [BenchRow(1, None, served([10.0, 12.0]), served([13.0, 16.0]))]).to_dict()
     doc["servers"] = {"started_by_eaglekit": False, "speculative_url": "http://127.0.0.1:8000/v1" + hostile,
                       "baseline_url": "http://127.0.0.1:8001" + hostile, "served_model": "served" + hostile}
     doc["engine"]["version"] = "0.33.0" + hostile
