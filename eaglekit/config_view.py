@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+\Z")  # \Z: `$` would also match before a final newline
 """A Hugging Face repo id, `org/name`."""
 
 MAX_CONFIG_INT = 2**31 - 1  # every engine stores sizes and ids in int32 or smaller

@@ -36,10 +36,11 @@ may round toward zero, engine arithmetic this reference does not follow). So a s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from eaglekit.errors import UsageError
+from eaglekit.errors import UsageError, quoted
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -86,6 +87,68 @@ def scheme(name: str | None) -> Scheme | None:
     if name not in SCHEMES:
         raise UsageError(f"--target-quantization {name!r}: use one of {', '.join(SCHEMES)}")
     return SCHEMES[name]
+
+
+@dataclass(frozen=True)
+class DeclaredQuantization:
+    """The numerics a target's own config declares (its quantization_config): the engine serves the checkpoint in
+    them, so emulating a scheme on top would measure a target nobody serves."""
+    method: str | None  # quant_method, as written (None: not a string)
+    bits: int | None  # the weights' bits where the config gives them
+
+    @property
+    def label(self) -> str:
+        method = f"quant_method {quoted(self.method)}" if self.method is not None else "no quant_method"
+        return method + (f", {self.bits} bits" if self.bits is not None else "")
+
+
+def declared_quantization(config: Mapping[str, Any]) -> DeclaredQuantization | None:
+    """The quantization_config a target config (or its text_config) declares; None where it declares none. Bits are
+    read from `bits` (GPTQ, AWQ) or, for compressed-tensors, from its groups' weights when they agree."""
+    text = config.get("text_config")
+    found = config.get("quantization_config")
+    if found is None and isinstance(text, Mapping):
+        found = text.get("quantization_config")
+    if found is None:
+        return None
+    if not isinstance(found, Mapping):
+        return DeclaredQuantization(None, None)
+    method = found.get("quant_method")
+    return DeclaredQuantization(method if isinstance(method, str) else None, _declared_bits(found))
+
+
+def _declared_bits(found: Mapping[str, Any]) -> int | None:
+    def whole(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    if whole(found.get("bits")) is not None:
+        return whole(found.get("bits"))
+    groups = found.get("config_groups")
+    weights = [g.get("weights") for g in groups.values() if isinstance(g, Mapping)] \
+        if isinstance(groups, Mapping) else []
+    bits = {whole(w.get("num_bits")) for w in weights if isinstance(w, Mapping)}
+    return bits.pop() if len(bits) == 1 else None
+
+
+class DeclaresNumerics(Protocol):
+    """A target's facts as the refusal reads them (eaglekit.target.TargetInfo)."""
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def quantization(self) -> DeclaredQuantization | None: ...
+
+
+def refuse_emulation_on_declared(asked: str | None, target: DeclaresNumerics) -> None:
+    """Refuse `--target-quantization` on a target whose config already declares its numerics: the rounding would
+    be applied on top of (or, loaded dequantised, instead of) what the engine serves, and the figures would describe
+    no served model."""
+    declared = target.quantization
+    if asked is None or declared is None:
+        return
+    raise UsageError(f"--target-quantization {asked}: this target already declares its numerics (quantization_config:"
+                     f" {declared.label}); a quantized checkpoint is measured as it is, so drop "
+                     "--target-quantization, or give the full-precision model", target.path)
 
 
 def round_e4m3(x):

@@ -30,6 +30,14 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w.~/:@-])/[^\s'\"`,;()\[\]{}<>|*?]+")
 _remembered: set[str] = set()
 
 
+def printable(value: object) -> str:
+    """`value` as text that stays on the line it is printed on: every character that is not printable (a newline, a
+    carriage return, an escape sequence, the Unicode line separators, a lone surrogate) written as its Python
+    escape. A name from a file, a server or the command line printed through this can neither start a line of its
+    own (forging `Error:` or a Markdown heading) nor move the cursor."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(value))
+
+
 def remember_secret(value: str | None) -> None:
     """A secret this process was given (a `--token`, an endpoint's password): never written from now on."""
     if value and len(value) >= MIN_SECRET_CHARS:

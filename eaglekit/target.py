@@ -14,6 +14,7 @@ from eaglekit.io.checkpoint import INDEX_NAME, PICKLE_SUFFIXES, read_model_weigh
 from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.io.header import HeaderEntry
 from eaglekit.io.jsonfile import check_inside, load_json_object, symlink_root
+from eaglekit.quantization import DeclaredQuantization, declared_quantization
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class TargetInfo:
     max_position_embeddings: int | None = None
     name_or_path: str | None = None  # what the config records as its origin (often a Hub id)
     derived_from: str | None = None  # how a local copy differs from that origin (DERIVED_FROM), e.g. dequantised
+    quantization: DeclaredQuantization | None = None  # the numerics its quantization_config declares
 
     @property
     def default_aux_ids(self) -> tuple[int, ...]:
@@ -230,6 +232,7 @@ def read_target(path: str, *, weights: bool = False, decoder: bool = True) -> Ta
                                                                           cfg_path),
         name_or_path=name if isinstance(name, str) else None,
         derived_from=derived[:MAX_DERIVED_CHARS] if isinstance(derived := cfg.get(DERIVED_FROM), str) else None,
+        quantization=declared_quantization(cfg),
     )
     check_target_weights(info, text.get("num_nextn_predict_layers"), required=weights, decoder=decoder,
                          quantized="quantization_config" in cfg or "quantization_config" in text)

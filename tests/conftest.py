@@ -6,7 +6,8 @@ own, so two workers never fight over a core and a test that looks for leftovers 
 its own worker's.
 
 The shared fixtures live in tests/support and are registered here: `fake_hub` (tests/support/hub.py) and
-`smollm2_dir` / `smollm2` (tests/support/smollm2.py).
+`smollm2_dir` / `smollm2` (tests/support/smollm2.py); tests/support/tiers.py counts skips by reason and, under
+CI=true, fails a run in which a tier .ci/run sets up (vLLM, llama.cpp, SmolLM2, the test extra's packages) skipped.
 """
 
 import atexit
@@ -59,7 +60,7 @@ import pytest  # noqa: E402
 # the helpers' asserts report their operands as a test's own do
 pytest.register_assert_rewrite("tests.support")
 
-pytest_plugins = ["tests.support.hub", "tests.support.smollm2"]
+pytest_plugins = ["tests.support.hub", "tests.support.smollm2", "tests.support.tiers"]
 
 
 @pytest.fixture(autouse=True)

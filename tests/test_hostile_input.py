@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from eaglekit.decode.prompts import read_prompts
 from eaglekit.errors import CheckpointError
 from eaglekit.io.jsonfile import load_json_object, read_bounded
 from tests.support.factory import edit_config, make_draft, make_target_config, pickle_checkpoint, rewrite_tensors
-from tests.support.hostile import FUZZ, SECONDS, bounded, clean, refused, strict_json, write_header
+from tests.support.hostile import FUZZ, bounded, clean, refused, strict_json, write_header
 
 
 def write_config_text(path: str, text: str) -> str:
@@ -178,11 +177,9 @@ def test_deep_json_and_huge_integers_in_config(tmp_path):
 @pytest.mark.parametrize("name", ["fc_norm.weight", "[/]x", "a\ud800b", "layers.1000000000.input_layernorm.weight"])
 def test_odd_tensor_names(tmp_path, name):
     path = make_draft(str(tmp_path / "d"), "vllm", add={name: np.ones(64, np.float32)})
-    start = time.perf_counter()
     for args in (["inspect", path], ["inspect", path, "--format", "json", "--tensors"], ["validate", path, "--deep"],
                  ["upgrade", path, str(tmp_path / "out")]):
-        clean(*args)
-    assert time.perf_counter() - start < SECONDS
+        clean(*args)  # each within the hang bound: a layer id of 10^9 makes no loop or list of that length
 
 
 @pytest.mark.parametrize("value", ["[/]x", "[bold]red[/bold]", "a\ud800b"])
@@ -285,9 +282,7 @@ def test_target_config_symlinked_out_of_its_hub_cache_folder_is_refused(tmp_path
 def test_billion_layer_header_is_refused_in_bounded_time(tmp_path):
     path = make_draft(str(tmp_path / "d"), "vllm")
     rewrite_tensors(path, lambda t: t.update({"layers.100000000.input_layernorm.weight": ("F32", (1,), b"\0" * 4)}))
-    start = time.perf_counter()
-    refused("inspect", path, contains="at most")
-    assert time.perf_counter() - start < 2
+    refused("inspect", path, contains="at most")  # within the hang bound: no list of 10^8 layers is built
 
 
 # ------------------------------------------------------------------ secrets

@@ -50,7 +50,8 @@ def test_ids_only_in_eagle_config_are_decoded_as_each_runner_captures_them(tmp_p
     served = v2["served"]
     assert served["engine"] == "vLLM 0.33.0 (V2 runner)" and served["loads"] and served["differs"]
     assert served["aux_layer_ids"] == [2, 4, 5] and "default" in served["aux_layer_ids_source"]
-    assert "as served by vLLM 0.33.0 (V2 runner)" in served["message"]
+    assert served["message"].startswith("predicted for vLLM 0.33.0 (V2 runner) from the files as they stand (")
+    assert served["predicted"] is True and "as served by" not in served["message"]
     assert "after `eaglekit upgrade" in served["message"]
     # the second decode is exactly a decode with the engine's ids
     pinned = verify(path, "--target", target, "--aux-layer-ids", "2,4,5")
@@ -67,7 +68,7 @@ def test_an_upgraded_draft_is_read_the_same_by_both_runners(tmp_path, target):
     for runner in ("v1", "v2"):
         served = verify(path, "--target", target, "--vllm-runner", runner)["served"]
         assert not served["differs"] and served["acceptance_length"] is None
-        assert served["message"].endswith("reads these files as eaglekit does")
+        assert served["message"].endswith("from the files as they stand: it reads them as eaglekit does")
 
 
 def test_files_vllm_will_not_load_are_reported_as_a_refusal(tmp_path, target):

@@ -24,7 +24,7 @@ from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import CaptureInterrupted, CheckpointError, EaglekitError, UsageError
 from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
-from eaglekit.quantization import scheme
+from eaglekit.quantization import refuse_emulation_on_declared, scheme
 from eaglekit.target import TargetInfo, read_target
 
 Stage = Callable[[str, int, int], None]
@@ -367,6 +367,7 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
     started = time.perf_counter()
     opts.check()
     info = read_target(opts.target, decoder=not opts.import_dir)  # an import needs the target's facts only
+    refuse_emulation_on_declared(opts.target_quantization, info)
     aux_ids, ids_from = capture_layer_ids(info, opts)
     refuse_clobber([Role("store", store)], [*target_roles(opts.target), *read_roles("--draft", opts.draft),
                                              *read_roles("--data", opts.data.data_file),

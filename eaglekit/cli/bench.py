@@ -14,6 +14,7 @@ from eaglekit.cli.output import (
     int_list,
     key_value_table,
     out,
+    printable_doc,
     sampling_options,
     styled,
     target_path,
@@ -175,6 +176,7 @@ def _cell(value: float | None, decimals: int) -> str:
 
 
 def render(doc: dict) -> None:
+    doc = printable_doc(doc)  # server URLs, the served model's name and versions come from outside
     servers = doc.get("servers") or {}
     baseline = all(r["baseline"] is not None for r in doc["rows"])
     out.print(key_value_table([

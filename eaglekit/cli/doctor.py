@@ -7,7 +7,7 @@ import sys
 import click
 from rich.table import Table
 
-from eaglekit.cli.output import emit_json, format_option, out, styled
+from eaglekit.cli.output import emit_json, format_option, out, printable_doc, shell_command, styled
 
 EXAMPLES = """
 \b
@@ -39,6 +39,7 @@ def doctor_command(timeout_s, output_format):
 
 
 def render(doc: dict) -> None:
+    doc = printable_doc(doc)  # versions, paths and messages probed from this machine's installs
     table = Table(title=f"eaglekit doctor ({doc['eaglekit_version']})", title_justify="left")
     table.add_column("name", no_wrap=True)
     table.add_column("status", no_wrap=True)
@@ -48,5 +49,5 @@ def render(doc: dict) -> None:
     out.print(table)
     for check in doc["checks"]:
         if check["fix"]:
-            out.print(f"{check['name']}: fix: {check['fix']}", soft_wrap=True)
+            out.print(f"{check['name']}: fix: {shell_command(check['fix'])}", soft_wrap=True)
     out.print("eaglekit can run" if doc["usable"] else "eaglekit cannot run: fix the core rows above")

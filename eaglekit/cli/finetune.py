@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 from typing import TYPE_CHECKING
 
 import click
@@ -18,6 +17,7 @@ from eaglekit.cli.output import (
     key_value_table,
     out,
     quantization_text,
+    shell_word,
     styled,
     target_path,
     target_quantization_option,
@@ -272,5 +272,5 @@ def render(doc: dict) -> None:
         out.print(f"note: {note}")
     if doc["plot"]:
         out.print(f"plot: {doc['plot']}")
-    verify = shlex.join(["eaglekit", "verify", doc["output"]["path"], "--target", doc["target"]])
+    verify = " ".join(map(shell_word, ["eaglekit", "verify", doc["output"]["path"], "--target", doc["target"]]))
     out.print(styled("next: ", (verify, "bold")), soft_wrap=True)  # a command to copy: never wrapped

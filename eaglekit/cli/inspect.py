@@ -17,6 +17,7 @@ from eaglekit.cli.output import (
     identifier_table,
     key_value_table,
     out,
+    shell_command,
     styled,
     target_path,
 )
@@ -139,7 +140,8 @@ def render(doc: dict) -> None:
     out.print(serving)
     for s in doc["serving"]:
         if s["verdict"] == "after conversion" and s["fix"]:
-            out.print(styled(f"{s['engine']}: ", (s["fix"], "bold")), soft_wrap=True)  # a command to copy
+            fix = shell_command(s["fix"])  # a command to copy: never wrapped
+            out.print(styled(f"{s['engine']}: ", (fix, "bold")), soft_wrap=True)
 
     if doc["findings"]:
         out.print(findings_table(doc["findings"]))

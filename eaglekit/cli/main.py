@@ -125,10 +125,9 @@ MAX_LINE_CHARS = 400
 def one_line(message: str, argv: list[str]) -> str:
     """A message as one bounded, printable line: secrets and URL credentials redacted, control characters
     escaped, and anything past MAX_LINE_CHARS cut from the middle."""
-    from eaglekit.redact import without_secrets
+    from eaglekit.redact import printable, without_secrets
 
-    message = without_secrets(message, _secrets(argv))
-    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+    line = printable(without_secrets(message, _secrets(argv)))
     if len(line) <= MAX_LINE_CHARS:
         return line
     head = MAX_LINE_CHARS * 3 // 4

@@ -251,6 +251,21 @@ def write_text_atomically(path: str, text: str) -> None:
     publish(path, write, replace=True)
 
 
+def printable_doc(doc: Any) -> Any:
+    """A report as a human renderer prints it: every string in it (keys too) through eaglekit.redact.printable, so
+    no account name, model id, path or server string it carries can start a line of its own. JSON output needs
+    none of this: JSON escapes control characters itself."""
+    from eaglekit.redact import printable
+
+    if isinstance(doc, str):
+        return printable(doc)
+    if isinstance(doc, dict):
+        return {printable_doc(k): printable_doc(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [printable_doc(v) for v in doc]
+    return doc
+
+
 def public_json(doc: Any) -> Any:
     """A document as eaglekit prints or saves it: finite numbers only, no secret, no local path beyond a folder's
     name (eaglekit.redact)."""
@@ -346,15 +361,50 @@ def packed_lines(head: str, units: list[str], width: int, indent: str = "    ") 
     return [line.rstrip() for line in lines if line.strip()]
 
 
-def command_lines(label: str, command: str, width: int) -> list[str]:
-    """A shell command after `label`, on one line when it fits `width`, else continued with ` \\` line ends (a shell
-    joins them when the lines are pasted), each argument whole and quoted as in `command`."""
-    if len(label) + len(command) <= width:
-        return [label + command]
+def shell_word(word: str) -> str:
+    """One argument quoted for a POSIX shell, as shlex.quote does; one holding a character that is not printable (a
+    newline, an escape) in bash's $'...' form with that character escaped, so the printed command stays on its
+    lines and still names the same argument."""
     import shlex
 
-    words = [shlex.quote(w) for w in shlex.split(command)]
-    lines = packed_lines(label.rstrip(), words, width - 2)
+    if word.isprintable():
+        return shlex.quote(word)
+    escaped = "".join("\\" + c if c in "\\'" else c if c.isprintable() else ascii(c)[1:-1] for c in word)
+    return f"$'{escaped}'"
+
+
+def shell_command(command: str) -> str:
+    """A command to print for pasting: as it is when every character of it is printable, else each argument
+    re-quoted by shell_word (the same words when pasted, none of them able to start a line of its own)."""
+    import shlex
+
+    from eaglekit.redact import printable
+
+    if command.isprintable():
+        return command
+    try:
+        return " ".join(shell_word(w) for w in shlex.split(command))
+    except ValueError:  # not a command shlex can split: shown, escaped, rather than run
+        return printable(command)
+
+
+def command_lines(label: str, command: str, width: int) -> list[str]:
+    """A shell command after `label`, on one line when it fits `width`, else continued with ` \\` line ends (a shell
+    joins them when the lines are pasted) between arguments only: an argument is never split, and one wider than a
+    line stands whole on a line of its own. Each argument is quoted by shell_word."""
+    import shlex
+
+    words = [shell_word(w) for w in shlex.split(command)]
+    if len(label) + len(" ".join(words)) <= width:
+        return [label + " ".join(words)]
+    lines, line = [], label.rstrip()
+    for word in words:
+        if line.strip() and len(line) + 1 + len(word) + 2 > width:
+            lines.append(line)
+            line = "    " + word
+        else:
+            line = f"{line} {word}" if line.strip() else line + word
+    lines.append(line)
     return [f"{line} \\" for line in lines[:-1]] + lines[-1:]
 
 

@@ -12,6 +12,7 @@ from eaglekit.cli.output import (
     format_option,
     human_bytes,
     out,
+    printable_doc,
     styled,
     write_text_atomically,
 )
@@ -80,6 +81,7 @@ def push_command(draft, repo_id, target, target_id, report_path, bench_path, plo
     from eaglekit.hub.evidence import load_bench_report, load_report
     from eaglekit.hub.push import push
     from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
+    from eaglekit.redact import printable
 
     refuse_clobber([Role("--card-out", card_out)],
                    [*read_roles("draft", draft), *read_roles("--report", report_path),
@@ -109,7 +111,7 @@ def push_command(draft, repo_id, target, target_id, report_path, bench_path, plo
     check = doc.get("hub_check") or {}
     if check.get("can_write") is False:  # the preflight a CI job runs: a push that would fail fails here, and
         why = check["notes"][0] if check["notes"] else "no write access"  # the report above still says why
-        click.echo(f"Error: {repo_id}: the push would fail: {why}", err=True)
+        click.echo(f"Error: {repo_id}: the push would fail: {printable(why)}", err=True)
         raise click.exceptions.Exit(1)
 
 
@@ -123,6 +125,7 @@ def local_path(value: str | None) -> str | None:
 def render(doc: dict) -> None:
     out.print(styled(("README.md (model card):", "bold")))
     click.echo(doc["card"].rstrip("\n"))  # plain Markdown, never wrapped: the serve commands can be copied
+    doc = printable_doc(doc)  # the Hub's answers (account, roles), file names and paths come from outside
     out.print()
     files = Table(title="Files" + (" (not sent: dry run)" if doc["dry_run"] else ""), title_justify="left")
     for col in ("path", "size", "sha256"):

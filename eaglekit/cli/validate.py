@@ -11,6 +11,7 @@ from eaglekit.cli.output import (
     findings_table,
     format_option,
     out,
+    shell_command,
     styled,
     target_path,
 )
@@ -105,7 +106,7 @@ def render_report(doc: dict, family: str, producer: str) -> None:
             needs = f" with {'; '.join(e['settings'])}" if e["ok"] and e["settings"] else ""
             out.print(styled(f"{e['engine']} {e['version']}: ", verdict, needs), soft_wrap=True)
             if len(doc["engines"]) > 1 and e["fix"]:
-                out.print(styled("  fix: ", (e["fix"], "bold")), soft_wrap=True)
+                out.print(styled("  fix: ", (shell_command(e["fix"]), "bold")), soft_wrap=True)
             elif len(doc["engines"]) > 1 and e["ok"] and record.needs_conversion:
                 out.print(f"  {record.conversion_hint()}", soft_wrap=True)
     for note in doc["conflicts"]:
@@ -114,7 +115,7 @@ def render_report(doc: dict, family: str, producer: str) -> None:
         record = engine_record(doc["engines"][0]["engine"])
         out.print(f"convert ({record.label} loads GGUF only; the source is never changed):" if record.needs_conversion
                   else "fix (rewrites what the engine rules check, validates its output, never changes the source):")
-        out.print(styled("  ", (doc["fix"], "bold")), soft_wrap=True)  # a command to copy: never wrapped
+        out.print(styled("  ", (shell_command(doc["fix"]), "bold")), soft_wrap=True)  # a command to copy: never wrapped
     elif len(doc["engines"]) == 1 and engine_record(doc["engines"][0]["engine"]).needs_conversion and doc["ok"]:
         out.print(engine_record(doc["engines"][0]["engine"]).conversion_hint(), soft_wrap=True)
     if doc["ok"]:

@@ -21,6 +21,7 @@ from eaglekit.cli.output import (
     out,
     quantization_text,
     sampling_text,
+    shell_command,
     styled,
     vllm_options,
     write_report,
@@ -357,7 +358,8 @@ def render(doc: dict, draft: str) -> None:
         style = {"declared": "green", "mismatch": "bold yellow", "broken": "bold red"}[d["verdict"]]
         out.print(styled((d["message"], style)))
         if d["fix"]:
-            out.print(styled("fix: ", (runnable_fix(d["fix"], draft), "bold")), soft_wrap=True)  # a command to copy
+            fix = shell_command(runnable_fix(d["fix"], draft))  # a command to copy: never wrapped
+            out.print(styled("fix: ", (fix, "bold")), soft_wrap=True)
 
 
 def runnable_fix(fix: str, draft: str) -> str:

@@ -22,6 +22,7 @@ from eaglekit.errors import IncompatibleDraftError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
 from eaglekit.io.outputs import read_roles, refuse_clobber, target_roles
+from eaglekit.quantization import refuse_emulation_on_declared
 from eaglekit.rules import ValidationReport, decode_findings, run_rules
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, read_target, target_config_path
@@ -97,6 +98,7 @@ def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: Verify
     tokenizer only without `load_model`); refuse, before any decode, a draft that does not fit, an output that
     would overwrite an input, or a prompt with no room for `options.max_new_tokens` + `lookahead` tokens."""
     info = read_target(target)
+    refuse_emulation_on_declared(options.target_quantization, info)
     refuse_context_past_target(options, info.max_position_embeddings)
     specs = [(name, load_draft(path, target=info)) for name, path in drafts]
     refuse_clobbered_inputs(options, [(name, spec.path) for name, spec in specs], target)

@@ -17,6 +17,7 @@ from eaglekit.finetune.evaluate import AUTO, held_out_prompts
 from eaglekit.finetune.options import FinetuneOptions
 from eaglekit.io.header import HeaderEntry
 from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
+from eaglekit.quantization import refuse_emulation_on_declared
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, holds_decoder, read_target, target_tensors
 
@@ -71,6 +72,7 @@ def prepare(source: str, destination: str, opts: FinetuneOptions) -> Run:
     from eaglekit.target_model import resolve_device
 
     info = read_target(opts.target, decoder=not opts.store)  # a store needs only the target's head tensors
+    refuse_emulation_on_declared(opts.target_quantization, info)
     spec = _source_spec(source, info)
     checkpoint_dir = opts.checkpoint_dir or os.path.abspath(destination) + ".checkpoint"
     _refuse_clobber(spec, destination, checkpoint_dir, opts)

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from eaglekit.config_view import REPO_ID
-from eaglekit.redact import public_path
+from eaglekit.redact import printable, public_path
 
 
 def is_repo_id(value: Any) -> bool:
@@ -21,8 +21,7 @@ MARKDOWN_SPECIALS = frozenset("\\`*_[]<>|&")
 def text(value: Any) -> str:
     """A string read from a report or a config, as the card shows it: data, never Markdown. Control characters
     (a newline would start a section) are written as their escapes, Markdown and HTML characters escaped."""
-    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(value))
-    return "".join(f"\\{c}" if c in MARKDOWN_SPECIALS else c for c in shown)
+    return "".join(f"\\{c}" if c in MARKDOWN_SPECIALS else c for c in printable(value))
 
 
 def code(value: Any) -> str:

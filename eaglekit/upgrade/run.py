@@ -14,6 +14,7 @@ from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.io.tensors import read_array
+from eaglekit.quantization import refuse_emulation_on_declared
 from eaglekit.redact import public_path, public_report
 from eaglekit.spec import DraftSpec, eagle_version
 from eaglekit.target import read_target
@@ -170,6 +171,8 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
     opts.check()
     started = time.perf_counter()
     target = read_target(opts.target, decoder=not opts.store) if opts.target else None
+    if target is not None:
+        refuse_emulation_on_declared(opts.target_quantization, target)
     family = None if opts.source_family == "eagle3" else opts.source_family
     spec = load_draft(source, subfolder=opts.subfolder, revision=opts.revision, allow_pickle=opts.allow_pickle,
                       family=family, target=target)

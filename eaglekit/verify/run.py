@@ -166,21 +166,25 @@ def served_section(spec: DraftSpec, info, rules: ValidationReport, options: Veri
                    aux_ids: Sequence[int], counter: AcceptanceCounter,
                    decode: Callable[[ServedReading], AcceptanceCounter]) -> dict:
     """The report's `served` section: vLLM's reading of the files as they are and, where it differs from
-    eaglekit's, τ decoded that way beside τ as eaglekit reads the draft (what `eaglekit upgrade` makes vLLM read)."""
+    eaglekit's, τ decoded that way beside τ as eaglekit reads the draft (what `eaglekit upgrade` makes vLLM read).
+    vLLM does not run here: the reading is eaglekit's model of its loader, and the section says it is a prediction
+    (`--engine both` measures the engine itself)."""
     reading = served_reading(spec, info, rules, options.engine_version, options.vllm_runner)
-    doc = {**reading.to_dict(), "differs": False, "acceptance_length": None, "per_position_acceptance": None}
+    doc = {**reading.to_dict(), "predicted": True, "differs": False, "acceptance_length": None,
+           "per_position_acceptance": None}
+    predicted = f"predicted for {reading.engine} from the files as they stand"
     upgraded = f"after `{reading.fix}`" if reading.fix else "as eaglekit reads it"
     if reading.refusal is not None:
-        doc.update(differs=True, message=f"as served by {reading.engine}: it refuses to load the files "
-                                         f"({reading.refusal}); {upgraded}: τ {counter.acceptance_length:.3f}")
+        doc.update(differs=True, message=f"{predicted}: it refuses to load them ({reading.refusal}); {upgraded}: "
+                                         f"τ {counter.acceptance_length:.3f}")
         return doc
     differs = tuple(reading.aux_ids) != tuple(aux_ids) or bool(_flips(flags, reading.flags))
     if not differs:
-        doc["message"] = f"{reading.engine} reads these files as eaglekit does"
+        doc["message"] = f"{predicted}: it reads them as eaglekit does"
         return doc
     if len(set(reading.aux_ids)) != len(aux_ids):
-        doc.update(differs=True, message=f"as served by {reading.engine}: it captures {list(reading.aux_ids)}, not "
-                                         f"{len(aux_ids)} distinct states for this draft's fc (not decoded); "
+        doc.update(differs=True, message=f"{predicted}: it captures {list(reading.aux_ids)}, not {len(aux_ids)} "
+                                         "distinct states for this draft's fc (not decoded); "
                                          f"{upgraded}: τ {counter.acceptance_length:.3f}")
         return doc
     served = decode(reading)
@@ -188,7 +192,7 @@ def served_section(spec: DraftSpec, info, rules: ValidationReport, options: Veri
         aux_ids) else []
     changed += [f"{name}={value}" for name, value in _flips(flags, reading.flags).items()]
     doc.update(differs=True, acceptance_length=served.acceptance_length, per_position_acceptance=served.per_position,
-               message=f"as served by {reading.engine} ({', '.join(changed)}): τ {served.acceptance_length:.3f}; "
+               message=f"{predicted} ({', '.join(changed)}): τ {served.acceptance_length:.3f}; "
                        f"{upgraded}: τ {counter.acceptance_length:.3f}")
     return doc
 
