@@ -31,7 +31,8 @@ from tests.support.hostile import FUZZ, clean, refused, strict_json, write_heade
 from tests.support.hub import prefill_cache
 
 HUB_TARGET = "meta-llama/Llama-3.1-8B-Instruct"
-PUSH = ["--repo-id", "eagle-org/draft", "--license", "apache-2.0", "--dry-run"]
+ASKING = ["--repo-id", "eagle-org/draft", "--license", "apache-2.0", "--dry-run"]  # the Hub is asked (no token: exit 1)
+PUSH = [*ASKING, "--offline"]  # the card and the files, the Hub asked nothing
 
 
 def figures(counter: AcceptanceCounter) -> dict:
@@ -425,7 +426,7 @@ def test_the_target_lookup_uses_the_push_endpoint_fails_fast_and_prints_one_line
     draft = make_draft(str(tmp_path / "d"), "vllm")
     report = write_report(tmp_path / "r.json", draft, make_target_config(str(tmp_path / "t")))
     url, seen = recording_server
-    refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report, "--endpoint", url,
+    refused("push", draft, *ASKING, "--target", HUB_TARGET, "--report", report, "--endpoint", url,
             contains=f"cannot be compared with {HUB_TARGET}")
     assert ("HEAD", f"/{HUB_TARGET}/resolve/main/config.json") in seen
     with socket.socket() as probe:
@@ -434,7 +435,7 @@ def test_the_target_lookup_uses_the_push_endpoint_fails_fast_and_prints_one_line
     monkeypatch.setattr(constants, "ENDPOINT", f"https://bob:pw@SECRET9@127.0.0.1:{port}")  # what HF_ENDPOINT sets
     capfd.readouterr()
     start = time.monotonic()
-    line = refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report).stderr
+    line = refused("push", draft, *ASKING, "--target", HUB_TARGET, "--report", report).stderr
     assert time.monotonic() - start < 5
     leaked = capfd.readouterr()
     assert "SECRET9" not in line + leaked.out + leaked.err and "Retrying" not in leaked.err + line
