@@ -30,13 +30,13 @@ step eaglekit inspect "$DRAFT" --target "$TARGET"
 step eaglekit validate "$DRAFT" --target "$TARGET" || echo "validate exited $? (expected: the source is not vLLM-ready)"
 # Lossless normalisation to a vLLM-ready EAGLE-3 checkpoint: names, explicit ids, vocab map; same function.
 step eaglekit upgrade "$DRAFT" "$OUT/smollm2-eagle3-vllm" --target "$TARGET" --no-fc-norm --no-norm-output
-if [ "$QUICK" = 1 ]; then
-  VERIFY=(--limit 2 --max-new-tokens 16)  # two prompts, still checked token for token against the target
-else
-  step eaglekit validate "$OUT/smollm2-eagle3-vllm" --target "$TARGET" --deep
-  VERIFY=(--limit 4 --max-new-tokens 48)
+if [ "$QUICK" = 0 ]; then
+step eaglekit validate "$OUT/smollm2-eagle3-vllm" --target "$TARGET" --deep
 fi
-step eaglekit verify "$OUT/smollm2-eagle3-vllm" --target "$TARGET" "${VERIFY[@]}" --save-report "$OUT/verify.json"
+# --quick: two prompts, 16 new tokens each, still checked token for token against the target's own output
+if [ "$QUICK" = 1 ]; then PROMPTS=2 NEW_TOKENS=16; else PROMPTS=4 NEW_TOKENS=48; fi
+step eaglekit verify "$OUT/smollm2-eagle3-vllm" --target "$TARGET" --limit "$PROMPTS" --max-new-tokens "$NEW_TOKENS" \
+    --save-report "$OUT/verify.json"
 # --offline: the card and the file list, without asking the Hub about a token (a push without one would fail)
 step eaglekit push "$OUT/smollm2-eagle3-vllm" --repo-id your-org/SmolLM2-135M-Instruct-EAGLE3 \
     --target "$TARGET" --report "$OUT/verify.json" --dry-run --offline
