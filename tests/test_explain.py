@@ -75,8 +75,8 @@ def test_an_engine_rule_the_upgrade_rewrites_is_fixed_by_the_upgrade_for_that_en
     assert fix.startswith(f"`{command}` writes what ")
 
 
-@pytest.mark.parametrize("code, engine", [("EK314", "vLLM"), ("EK366", "TensorRT-LLM"), ("EK371", "llama.cpp"),
-                                          ("EK385", "tokenspeed")])
+@pytest.mark.parametrize("code, engine", [("EK314", "vLLM"), ("EK352", "SGLang"), ("EK366", "TensorRT-LLM"),
+                                          ("EK371", "llama.cpp"), ("EK385", "tokenspeed")])
 def test_a_function_the_engine_lacks_is_no_rewrite_away(code, engine):
     fix = json.loads(run_cli(["explain", code, "--format", "json"]).stdout)["fix"]
     assert fix.startswith(f"no rewrite of the files serves it on {engine}: serve it with ") \
@@ -88,6 +88,14 @@ def test_a_function_the_engine_lacks_is_no_rewrite_away(code, engine):
 def test_an_error_the_upgrade_cannot_fix_has_a_fix_of_its_own(code):
     fix = json.loads(run_cli(["explain", code, "--format", "json"]).stdout)["fix"]
     assert "eaglekit upgrade" not in fix and fix.startswith(("serve it with", "write the"))
+
+
+def test_validate_offers_no_upgrade_where_the_upgrade_refuses_to_write_for_the_engine(tmp_path):
+    draft = make_draft(str(tmp_path / "nbr"), "specforge", config_patch={"norm_before_residual": True})
+    doc = json.loads(run_cli(["validate", draft, "--engine", "sglang", "--format", "json"]).stdout)
+    assert "EK352" in {f["code"] for f in doc["findings"] if f["severity"] == "error"} and doc["fix"] is None
+    refused = run_cli(["upgrade", draft, str(tmp_path / "out"), "--to", "sglang", "--no-fc-norm", "--no-norm-output"])
+    assert refused.exit_code != 0 and "norm_before_residual" in refused.stderr  # what an offered upgrade would meet
 
 
 def test_validate_offers_no_upgrade_for_a_release_too_old(tmp_path):

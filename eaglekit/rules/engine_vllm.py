@@ -116,7 +116,9 @@ def ids_only_nested(ctx: RuleContext):
                   f"{fmt_ids(ctx.spec.aux.ids or ())} top-level", key="eagle_aux_hidden_state_layer_ids")
 
 
-@rule("EK308", "warning", "engine", "P17", "no aux ids: vLLM falls back to its default", engine=VLLM)
+@rule("EK308", "warning", "engine", "P17", "no aux ids: vLLM falls back to its default", engine=VLLM,
+      fix=("write the aux ids the draft was trained on top-level (`eaglekit upgrade DRAFT OUT --aux-layer-ids ...` "
+           "writes them); nothing if it was trained on vLLM's default"))
 def ids_absent(ctx: RuleContext):
     spec = ctx.spec
     if spec.aux.as_written is None and not spec.facts.trained_on_default_ids:
@@ -223,7 +225,8 @@ def mla_q_lora(ctx: RuleContext):
                   "projection and SGLang rejects it", key="q_lora_rank")
 
 
-@rule("EK318", "warning", "engine", "P34", "speculators layout not servable as the main model", engine=VLLM)
+@rule("EK318", "warning", "engine", "P34", "speculators layout not servable as the main model", engine=VLLM,
+      fix="pass the draft through --speculative-config, as eaglekit's serve command does, or write the keys it names")
 def speculators_main_model(ctx: RuleContext):
     cfg = ctx.spec.config
     if ctx.spec.config_layout != "speculators":
