@@ -19,12 +19,12 @@ import sys
 from dataclasses import asdict, dataclass
 
 from eaglekit import __version__
+from eaglekit.runtime.checkout import CHECKOUT, checkout_script
 
 OK, MISSING, BROKEN = "ok", "missing", "broken"
 PROBE_TIMEOUT_S = 60.0  # one child interpreter (torch, vLLM) may take this long to import and answer
 BUILD_TIMEOUT_S = 10.0  # llama.cpp's --version
 MIN_PYTHON = (3, 10)
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 IMPORT_NAMES = {"huggingface-hub": "huggingface_hub", "pyyaml": "yaml"}
 """Distributions whose import name is not their own."""
@@ -97,16 +97,6 @@ def pip_install(requirement: str) -> str:
     return f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(requirement)}"
 
 
-def checkout_script(*parts: str) -> str | None:
-    """A file of the eaglekit checkout as a command can name it from the working directory; None when eaglekit is
-    installed without its checkout."""
-    path = os.path.join(CHECKOUT, *parts)
-    if not os.path.exists(path):
-        return None
-    relative = os.path.relpath(path)
-    return relative if not relative.startswith("..") else path
-
-
 def _probe(python: str, code: str, timeout_s: float) -> tuple[str, str]:
     """(status, output or why not) of `python -c code`, killed after `timeout_s`."""
     try:
@@ -165,7 +155,7 @@ def check_torch(timeout_s: float = PROBE_TIMEOUT_S) -> Check:
 
 def check_vllm(timeout_s: float = PROBE_TIMEOUT_S) -> Check:
     """The Python verify, bench and capture run vLLM in (their own lookup) and its vLLM version."""
-    from eaglekit.errors import UsageError
+    from eaglekit.errors import EngineMissing
     from eaglekit.runtime.engine import EngineOptions, check_engine_available
 
     opts = EngineOptions()
@@ -173,10 +163,9 @@ def check_vllm(timeout_s: float = PROBE_TIMEOUT_S) -> Check:
     fix = script or "python3 -m venv .vllm-env && .vllm-env/bin/pip install vllm"
     try:
         version = check_engine_available(opts, timeout_s=timeout_s)
-    except UsageError as exc:
+    except EngineMissing as exc:
         status = MISSING if opts.interpreter == sys.executable or not os.path.exists(opts.interpreter) else BROKEN
-        found = str(exc).removeprefix("--engine vllm: ").split("; create")[0]  # the fix is the row's own
-        return Check("vllm", status, found, fix)
+        return Check("vllm", status, exc.found, fix)  # the fix is the row's own
     return Check("vllm", OK, f"vLLM {version} in {opts.interpreter}")
 
 

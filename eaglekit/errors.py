@@ -47,6 +47,15 @@ class EngineError(EaglekitError):
     """A serving engine could not be started or did not finish."""
 
 
+class EngineMissing(EngineError):
+    """The serving engine is not installed where eaglekit looks: the command line was right, the machine lacks it
+    (exit 1); the line gives the command that installs it. `found`: what was found where eaglekit looked."""
+
+    def __init__(self, message: str, found: str):
+        self.found = found
+        super().__init__(message)
+
+
 class TrainingInterrupted(EaglekitError):
     """Ctrl-C during training: the last finished step was saved as a resumable checkpoint."""
 

@@ -1,7 +1,8 @@
 """`eaglekit explain CODE`: what a rule code (EK…) or a pitfall id (P…) printed in any output means.
 
 Rules come from the registry; pitfalls from the catalogue shipped with the package (eaglekit/data/pitfalls.json):
-what goes wrong is told by its title, how it shows up, and how it can be seen in the files.
+what goes wrong is told by its title, how it shows up, and how it can be seen in the files. A rule also says how to
+fix what it finds (eaglekit.rules.rule_fix); a pitfall, through the rules that guard it.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ class Explanation:
     title: str
     facts: dict[str, Any] = field(default_factory=dict)
     related: list[dict[str, Any]] = field(default_factory=list)  # the pitfall of a rule, or the rules of a pitfall
+    fix: str | None = None  # a rule's: what to do about a hit (a pitfall's rules each carry theirs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "kind": self.kind, "title": self.title, "facts": self.facts,
-                "related": self.related}
+                "related": self.related, "fix": self.fix}
 
 
 @cache
@@ -44,7 +46,7 @@ def _pitfall_summary(code: str) -> dict[str, Any]:
 
 
 def explain(code: str) -> Explanation:
-    from eaglekit.rules import all_rules
+    from eaglekit.rules import all_rules, rule_fix
 
     wanted = code.strip().upper()
     rules = {r.code: r for r in all_rules()}
@@ -54,12 +56,13 @@ def explain(code: str) -> Explanation:
         r = rules[wanted]
         facts = {"severity": r.severity, "group": r.group, "engine": r.engine, "pitfall": r.pitfall,
                  "refuses_upgrade": True if r.refuses_upgrade else None}  # upgrade stops on this very finding
-        return Explanation(r.code, "rule", r.title, facts, [_pitfall_summary(r.pitfall)] if r.pitfall else [])
+        return Explanation(r.code, "rule", r.title, facts, [_pitfall_summary(r.pitfall)] if r.pitfall else [],
+                           rule_fix(r))
     if _PITFALL.match(wanted):
         if wanted not in pitfalls():
             raise UsageError(f"no pitfall {wanted}; the catalogue holds P1..P{len(pitfalls())}")
         entry = _pitfall_summary(wanted)
-        guards = [r.to_dict() for r in rules.values() if r.pitfall == wanted]
+        guards = [{**r.to_dict(), "fix": rule_fix(r)} for r in rules.values() if r.pitfall == wanted]
         return Explanation(wanted, "pitfall", entry["title"] or wanted,
                            {"shows_up": entry["shows_up"], "detect": entry["detect"]}, guards)
     raise UsageError(f"{code!r} is neither a rule code (EK101) nor a pitfall id (P16)")

@@ -79,7 +79,7 @@ def test_bench_measures_both_servers_at_each_concurrency_from_the_engine_counter
     assert refused.exit_code == 1 and "--allow-few-samples" in refused.stderr
     # forced, the card's speed section is this report, bound to the files it measured, and says n is too small
     card = run_cli(["push", upgraded, "--repo-id", "org/smollm2-eagle3", "--target", smollm2_path(), "--bench",
-                    str(saved), "--dry-run", "--allow-few-samples", "--format", "json"])
+                    str(saved), "--dry-run", "--offline", "--allow-few-samples", "--format", "json"])
     assert card.exit_code == 0, card.stderr
     section = json.loads(card.stdout)["card"].split("## Serving speed", 1)[1]
     assert f"vllm {engine['version']} on {engine['device_name']} (cpu, tensor parallel 1), bfloat16, k = 3" in section

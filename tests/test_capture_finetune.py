@@ -17,7 +17,7 @@ import eaglekit.target_model  # noqa: E402
 from eaglekit.capture.reader import read_training_store  # noqa: E402
 from eaglekit.capture.run import CaptureOptions, capture_store  # noqa: E402
 from eaglekit.capture.store import read_manifest  # noqa: E402
-from eaglekit.errors import UsageError  # noqa: E402
+from eaglekit.errors import EngineMissing, UsageError  # noqa: E402
 from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.options import FinetuneOptions  # noqa: E402
 from eaglekit.finetune.run import finetune  # noqa: E402
@@ -288,7 +288,7 @@ def test_eval_engine_vllm_is_refused_before_training_where_it_cannot_serve(env, 
     opts = dataclasses.replace(opts, eval=EvalOptions(engine="vllm", context_tokens=(0,)), data=DataOptions())
     with pytest.raises(UsageError, match="serves the whole target: its folder holds no decoder layers"):
         finetune(env["draft"], str(tmp_path / "a"), dataclasses.replace(opts, target=env["head_only"]))
-    with pytest.raises(UsageError, match="cannot run"):
+    with pytest.raises(EngineMissing, match="cannot run"):
         finetune(env["draft"], str(tmp_path / "b"),
                  dataclasses.replace(opts, engine=EngineOptions(python=str(tmp_path / "no-python"))))
     assert not os.path.exists(tmp_path / "a.checkpoint") and not os.path.exists(tmp_path / "b.checkpoint")

@@ -31,7 +31,8 @@ from tests.support.hub import prefill_cache
 from tests.support.reports import TAU_LABEL
 
 HUB_TARGET = "meta-llama/Llama-3.1-8B-Instruct"
-PUSH = ["--repo-id", "eagle-org/draft", "--license", "apache-2.0", "--dry-run"]
+ASKING = ["--repo-id", "eagle-org/draft", "--license", "apache-2.0", "--dry-run"]  # the Hub is asked (no token: exit 1)
+PUSH = [*ASKING, "--offline"]  # the card and the files, the Hub asked nothing
 
 
 def figures(counter: AcceptanceCounter) -> dict:
@@ -461,7 +462,7 @@ def test_the_target_lookup_uses_the_push_endpoint_fails_fast_and_prints_one_line
     draft = make_draft(str(tmp_path / "d"), "vllm")
     report = write_report(tmp_path / "r.json", draft, make_target_config(str(tmp_path / "t")))
     url, seen = recording_server
-    refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report, "--endpoint", url,
+    refused("push", draft, *ASKING, "--target", HUB_TARGET, "--report", report, "--endpoint", url,
             contains=f"cannot be compared with {HUB_TARGET}")
     assert ("HEAD", f"/{HUB_TARGET}/resolve/main/config.json") in seen
     with socket.socket() as probe:
@@ -469,7 +470,7 @@ def test_the_target_lookup_uses_the_push_endpoint_fails_fast_and_prints_one_line
         port = probe.getsockname()[1]
     monkeypatch.setattr(constants, "ENDPOINT", f"https://bob:pw@SECRET9@127.0.0.1:{port}")  # what HF_ENDPOINT sets
     capfd.readouterr()
-    line = refused("push", draft, *PUSH, "--target", HUB_TARGET, "--report", report).stderr  # within the hang bound
+    line = refused("push", draft, *ASKING, "--target", HUB_TARGET, "--report", report).stderr  # within the hang bound
     leaked = capfd.readouterr()
     assert "SECRET9" not in line + leaked.out + leaked.err and "Retrying" not in leaked.err + line
 

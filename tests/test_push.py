@@ -93,6 +93,9 @@ def snapshot(path: str) -> dict[str, tuple[str, int]]:
     return state
 
 
+DRY_RUN = ("--dry-run", "--offline")  # the card and the file list; what the Hub says: test_push_hub_check.py
+
+
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     capsys.readouterr()
     try:
@@ -205,10 +208,10 @@ def test_a_report_of_other_files_is_refused_unless_forced(fake_hub, draft_dir, r
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(report))
         code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", str(path),
-                                 "--dry-run")
+                                 *DRY_RUN)
         assert code == 1 and err.count("\n") == 1 and expected in err and "--force" in err, (name, err)
         code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", str(path),
-                                 "--dry-run", "--force", "--format", "json")
+                                 *DRY_RUN, "--force", "--format", "json")
         assert code == 0, err
         card = json.loads(out)["card"]
         assert "Warning: these figures were measured on other files" in card and expected in card
@@ -217,7 +220,7 @@ def test_a_report_of_other_files_is_refused_unless_forced(fake_hub, draft_dir, r
 def test_a_bench_report_is_the_cards_serving_speed_with_its_conditions(fake_hub, draft_dir, rules, tmp_path, capsys):
     bench = write_bench(tmp_path / "bench.json", draft_dir)
     code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench,
-                             "--dry-run", "--format", "json")
+                             *DRY_RUN, "--format", "json")
     assert code == 0, err
     doc = json.loads(out)
     card = doc["card"]
@@ -238,7 +241,7 @@ def test_with_a_bench_report_the_card_states_the_engines_speed_alone(fake_hub, d
     report = write_report(tmp_path / "verify.json", draft_dir, measured=measured(draft_dir, name_or_path=TARGET))
     bench = write_bench(tmp_path / "bench.json", draft_dir)
     code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", report,
-                             "--bench", bench, "--dry-run", "--format", "json")
+                             "--bench", bench, *DRY_RUN, "--format", "json")
     assert code == 0, err
     card = json.loads(out)["card"]
     assert TAU_ROW in card and "## Serving speed" in card
@@ -266,7 +269,7 @@ def _with_side(row: dict, side: str, **figures) -> dict:
 def test_a_bench_row_whose_speeds_cannot_be_measured_is_refused(fake_hub, draft_dir, rules, tmp_path, capsys, row,
                                                                 expected):
     bench = write_bench(tmp_path / "bench.json", draft_dir, rows=[row], verdicts=None)
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, *DRY_RUN)
     assert code == 1 and err.count("\n") == 1, err
     assert err.startswith(f"Error: {bench}: concurrency 2: ") and expected in err, err
 
@@ -275,12 +278,12 @@ def test_a_bench_verdict_its_rows_contradict_is_refused(fake_hub, draft_dir, rul
     lying = [{"category": None, "pays_at": [1, 4, 16], "stops_paying_at": None,
               "text": "speculation pays at every concurrency measured"}]
     bench = write_bench(tmp_path / "bench.json", draft_dir, verdicts=lying)
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, *DRY_RUN)
     assert code == 1 and err.count("\n") == 1, err
     assert f"{bench}: its verdict says pays_at [1, 4, 16], but its rows give [1, 4]" in err
     elsewhere = write_bench(tmp_path / "other.json", draft_dir, verdicts=[{**lying[0], "category": "coding"}])
     code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", elsewhere,
-                             "--dry-run")
+                             *DRY_RUN)
     assert code == 1 and "it gives a verdict for coding but measured no row for coding" in err
 
 
@@ -293,7 +296,7 @@ def test_report_strings_are_data_in_the_card(fake_hub, draft_dir, rules, tmp_pat
     report = write_report(tmp_path / "report.json", draft_dir, prompts={"name": hostile, "count": 2}, device=hostile,
                           dtype=hostile, measured=measured(draft_dir, name_or_path=TARGET))
     code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--report",
-                             report, "--dry-run", "--format", "json")
+                             report, *DRY_RUN, "--format", "json")
     assert code == 0, err
     card = json.loads(out)["card"]
     assert "\n## Injected" not in card and not any(line.startswith("| a") for line in card.splitlines())
@@ -319,15 +322,15 @@ def test_report_strings_are_data_in_the_card(fake_hub, draft_dir, rules, tmp_pat
 def test_a_bench_report_that_would_make_the_card_lie_is_refused(fake_hub, draft_dir, rules, tmp_path, capsys,
                                                                 change, expected):
     bench = write_bench(tmp_path / "bench.json", draft_dir, **change)
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, *DRY_RUN)
     assert code == 1 and expected in err and err.count("\n") == 1, err
 
 
 def test_a_bench_report_of_other_files_is_refused_unless_forced(fake_hub, draft_dir, rules, tmp_path, capsys):
     bench = write_bench(tmp_path / "bench.json", draft_dir, measured=None)
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, *DRY_RUN)
     assert code == 1 and "refusing this bench report" in err and "does not record which files" in err
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run",
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, *DRY_RUN,
                              "--force", "--format", "json")
     assert code == 0 and "Warning: these figures were measured on other files" in json.loads(out)["card"]
 
@@ -360,7 +363,7 @@ def test_stray_files_stay_home(fake_hub, draft_dir):
 def test_dry_run_sends_nothing(fake_hub, draft_dir, rules, capsys):
     before = snapshot(draft_dir)
     code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--endpoint",
-                             fake_hub.endpoint, "--dry-run", "--format", "json")
+                             fake_hub.endpoint, *DRY_RUN, "--format", "json")
     assert code == 0, err
     assert fake_hub.requests == []
     doc = json.loads(out)
@@ -378,7 +381,7 @@ def test_dry_run_sends_nothing(fake_hub, draft_dir, rules, capsys):
 def test_the_card_prints_as_plain_markdown_and_card_out_writes_it(fake_hub, draft_dir, rules, capsys, tmp_path):
     card = tmp_path / "README.md"
     code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--endpoint",
-                             fake_hub.endpoint, "--dry-run", "--card-out", str(card))
+                             fake_hub.endpoint, *DRY_RUN, "--card-out", str(card))
     assert code == 0, err
     text = card.read_text(encoding="utf-8")
     assert text.startswith("---\n") and text.rstrip("\n") in out  # the whole card, byte for byte, unwrapped
@@ -389,7 +392,7 @@ def test_the_card_prints_as_plain_markdown_and_card_out_writes_it(fake_hub, draf
 
 def test_a_local_target_is_named_by_its_hub_id_on_the_card(fake_hub, draft_dir, rules, capsys, tmp_path):
     local = make_target_config(str(tmp_path / "local-target"))
-    args = ["--repo-id", REPO, "--target", local, "--endpoint", fake_hub.endpoint, "--dry-run", "--format", "json"]
+    args = ["--repo-id", REPO, "--target", local, "--endpoint", fake_hub.endpoint, *DRY_RUN, "--format", "json"]
     code, out, err = run_cli(capsys, draft_dir, *args)
     assert code == 0, err
     assert "<TARGET_MODEL>" in json.loads(out)["card"]  # a folder of unknown origin
@@ -454,7 +457,7 @@ def test_unreachable_endpoint_is_one_line(fake_hub, draft_dir, rules, capsys):
 
 
 def test_invalid_repo_id_is_a_usage_error(fake_hub, draft_dir, capsys):
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", "no-namespace", "--dry-run")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", "no-namespace", *DRY_RUN)
     assert code == 2 and "expected ORG/NAME" in err
     assert fake_hub.requests == []
 
@@ -462,7 +465,7 @@ def test_invalid_repo_id_is_a_usage_error(fake_hub, draft_dir, capsys):
 def test_malformed_report_is_one_line(fake_hub, draft_dir, rules, tmp_path, capsys):
     report = tmp_path / "verify.json"
     report.write_text("{not json")
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--report", str(report), "--dry-run")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--report", str(report), *DRY_RUN)
     assert code == 1 and err.startswith(f"Error: {report}: verify report is not valid JSON") and err.count("\n") == 1
 
 
@@ -473,7 +476,7 @@ def test_a_report_that_would_make_the_card_lie_is_refused(fake_hub, draft_dir, r
     report = tmp_path / "verify.json"
     report.write_text(json.dumps({"lossless": True, "acceptance_length": 1.8, "measured": measured(draft_dir),
                                   field: value}))
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--report", str(report), "--dry-run")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--report", str(report), *DRY_RUN)
     assert code == 1 and field in err and err.count("\n") == 1
 
 
@@ -641,15 +644,15 @@ def test_the_card_names_no_local_path_and_reads_provenance_as_text(tmp_path):
 
 
 def test_license_options(fake_hub, draft_dir, rules, capsys):
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--dry-run", "--format", "json",
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, *DRY_RUN, "--format", "json",
                              "--license", "other", "--license-link", "https://example.com/LICENSE")
     assert code == 0, err
     meta = card_data(json.loads(out)["card"])
     assert (meta["license"], meta["license_link"], meta["license_name"]) == ("other", "https://example.com/LICENSE",
                                                                           "LICENSE")
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--dry-run", "--format", "json")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, *DRY_RUN, "--format", "json")
     assert code == 0 and any("no --license" in w for w in json.loads(out)["warnings"])
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--dry-run", "--license-link", "https://x.org/L")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, *DRY_RUN, "--license-link", "https://x.org/L")
     assert code == 2 and "--license other" in err
 
 
@@ -822,12 +825,12 @@ def _few_row(concurrency: int, base: float, spec: float) -> dict:
 
 def test_a_bench_figure_over_too_few_requests_is_refused_unless_allowed(fake_hub, draft_dir, rules, tmp_path, capsys):
     bench = write_bench(tmp_path / "bench.json", draft_dir, rows=[_few_row(1, 50.0, 100.0)], verdicts=[])
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run")
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, *DRY_RUN)
     assert code == 1 and out == ""
     assert err.strip() == (f"Error: {bench}: refusing to put a figure without an interval on the card: the speed-up at "
                            "concurrency 1 rests on 2 requests, an interval needs 10 (rerun `eaglekit bench` with "
                            "--limit 10 or more, or pass --allow-few-samples: the card then says so)")
-    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, "--dry-run",
+    code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--target", TARGET, "--bench", bench, *DRY_RUN,
                              "--allow-few-samples", "--format", "json")
     assert code == 0, err
     section = json.loads(out)["card"].split("## Serving speed", 1)[1]

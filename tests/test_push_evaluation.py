@@ -97,7 +97,7 @@ def test_without_reports_or_plots_nothing_goes_to_eval(fake_hub, draft_dir):
 def test_a_dry_run_lists_the_evaluation_files(draft_dir, evidence):
     _, verify, _, plot = evidence
     result = run_cli(["push", draft_dir, "--repo-id", REPO, "--target", TARGET, "--report", verify, "--plot", plot,
-                      "--dry-run", "--format", "json"])
+                      "--dry-run", "--offline", "--format", "json"])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert [f["path"] for f in doc["files"]][-2:] == ["eval/verify-report.json", "eval/speedup.png"]

@@ -39,9 +39,9 @@ def dry_run(fake_hub, draft_dir, *extra: str, token: str | None = None, repo: st
 def hub_check(fake_hub, draft_dir, token: str | None = None, *extra: str, repo: str = REPO) -> dict:
     code, out, err = dry_run(fake_hub, draft_dir, "--format", "json", *extra, token=token, repo=repo)
     doc = json.loads(out)
-    refused = doc["hub_check"]["can_write"] is False  # a dry run that finds the push would fail exits 1, one line
-    assert code == (1 if refused else 0), err
-    assert not refused or (len(err.strip().splitlines()) == 1 and "the push would fail: " in err)
+    blocker = doc["hub_check"]["blocker"]  # a dry run that finds the push would fail exits 1, its reason last
+    assert code == (1 if blocker else 0), err
+    assert not blocker or err.strip().splitlines()[-1] == f"Error: {repo}: {blocker}", err
     jsonschema.validate(doc, SCHEMA)
     assert doc["card"].startswith("---\n") and doc["files"] and not fake_hub.repos
     return doc["hub_check"]
@@ -79,7 +79,8 @@ def test_a_read_token_cannot_write(fake_hub, draft_dir):
     assert "cannot write to eagle-org: the token is read-only" in check["notes"][0]
     code, out, err = dry_run(fake_hub, draft_dir, token=READ_TOKEN)
     assert code == 1 and "Hub: signed in as fake-user; cannot write to eagle-org: the token is read-only" in out
-    assert err.strip() == f"Error: {REPO}: the push would fail: " + check["notes"][0]
+    assert err.strip() == (f"Error: {REPO}: the push would fail: cannot write to eagle-org: the token is read-only "
+                           "(create a write token)")
 
 
 @pytest.mark.parametrize("scoped, writes", [
@@ -124,19 +125,37 @@ def test_a_refused_token_is_one_line(fake_hub, draft_dir):
     assert check["checked"] and check["can_write"] is False and check["account"] is None
 
 
-def test_without_a_token_it_says_a_push_would_fail_and_builds_the_card(fake_hub, draft_dir):
+def test_without_a_token_it_builds_the_card_and_fails_saying_the_push_would(fake_hub, draft_dir):
     code, out, err = dry_run(fake_hub, draft_dir)
-    assert code == 0 and "# llama-eagle3-draft" in out
+    assert code == 1 and "# llama-eagle3-draft" in out
     assert "Hub: no Hugging Face token (--token, HF_TOKEN or `hf auth login`): a real push would fail" in out
+    assert err.strip().splitlines()[-1] == (f"Error: {REPO}: the push would fail: no Hugging Face token (--token, "
+                                             "HF_TOKEN or `hf auth login`)")
     assert not fake_hub.requests
     check = hub_check(fake_hub, draft_dir)
     assert check == {"checked": False, "account": None, "token_role": None, "can_write": None, "repo_exists": None,
-                     "notes": [check["notes"][0]]}
+                     "notes": [check["notes"][0]], "blocker": check["blocker"]}
+    result = run_cli(["push", draft_dir, "--repo-id", REPO, "--endpoint", fake_hub.endpoint, "--token",
+                      fake_hub.token, "--license", "apache-2.0"])
+    assert result.exit_code == 0  # with the token the dry run was missing, the push goes through
+
+
+def test_offline_mode_without_offline_fails_as_the_push_would(draft_dir, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 34)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # as huggingface_hub reads HF_HUB_OFFLINE=1 at import
+    result = run_cli(["push", draft_dir, "--repo-id", REPO, "--dry-run", "--license", "apache-2.0"])
+    assert result.exit_code == 1 and "Hub: offline mode is on (HF_HUB_OFFLINE)" in result.stdout
+    assert result.stderr.strip().splitlines()[-1].startswith(f"Error: {REPO}: the push would fail: offline mode is on")
+    pushed = run_cli(["push", draft_dir, "--repo-id", REPO, "--license", "apache-2.0"])
+    assert pushed.exit_code == 1 and "offline mode is on" in pushed.stderr  # what the dry run predicted
 
 
 def test_offline_asks_nothing_and_goes_only_with_a_dry_run(fake_hub, draft_dir):
     check = hub_check(fake_hub, draft_dir, fake_hub.token, "--offline")
     assert not check["checked"] and check["notes"] == ["--offline: the token and the repository were not checked"]
+    assert check["blocker"] is None  # not checked, as the user chose: exit 0
+    code, out, err = dry_run(fake_hub, draft_dir, "--offline")  # no token either: still not checked
+    assert code == 0 and "Hub: --offline: the token and the repository were not checked" in out
     assert not fake_hub.requests
     result = run_cli(["push", draft_dir, "--repo-id", REPO, "--endpoint", fake_hub.endpoint, "--offline"])
     assert result.exit_code == 2 and "--offline goes with --dry-run" in result.stderr
@@ -151,6 +170,11 @@ def test_an_unreachable_hub_is_one_note(draft_dir, monkeypatch):
                   dry_run=True)
     assert result.hub_check is not None and result.hub_check.notes == [
         "cannot reach 127.0.0.1:9: the token was not checked"]
+    assert result.hub_check.blocker == ("cannot tell that the push would succeed: cannot reach 127.0.0.1:9: the token "
+                                        "was not checked")
+    cli = run_cli(["push", draft_dir, "--repo-id", REPO, "--target", TARGET, "--token", "hf_" + "x" * 34,
+                   "--endpoint", "http://127.0.0.1:9", "--dry-run", "--license", "apache-2.0"])
+    assert cli.exit_code == 1 and cli.stderr.strip().splitlines()[-1] == f"Error: {REPO}: {result.hub_check.blocker}"
 
 
 def test_write_permission_reads_whoami_as_the_hub_writes_it():

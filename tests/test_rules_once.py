@@ -56,7 +56,8 @@ def test_inspect_and_validate_run_the_rules_once(files, evaluations, args):
 
 
 def test_push_dry_run_runs_the_rules_once(files, evaluations):
-    result = run_cli(["push", files["draft"], "--repo-id", "org/draft", "--dry-run", "--force", "--format", "json"])
+    result = run_cli(["push", files["draft"], "--repo-id", "org/draft", "--dry-run", "--offline", "--force", "--format",
+                      "json"])
     assert result.exit_code == 0, result.stderr
     assert_one_run(evaluations)
     assert {engine for _, engine in evaluations} >= {"vllm", "sglang", "trtllm", "llamacpp", "tokenspeed"}

@@ -220,7 +220,7 @@ def test_push_takes_the_report_of_these_files_and_refuses_it_once_they_change(en
     assert result.exit_code == 0, result.output
     measured = json.loads(saved.read_text())["measured"]
     assert set(measured["draft_files"]) == {"config.json", "model.safetensors"}
-    pushed = run(["push", draft, "--repo-id", "org/draft", "--report", str(saved), "--dry-run"])
+    pushed = run(["push", draft, "--repo-id", "org/draft", "--report", str(saved), "--dry-run", "--offline"])
     assert pushed.exit_code == 0, pushed.output
     assert "measured on other files" not in pushed.stdout
     with open(os.path.join(draft, "config.json"), "a") as fh:

@@ -18,7 +18,7 @@ Examples:
 @click.argument("code")
 @format_option
 def explain_command(code, output_format):
-    """Say what a rule code (EK…) or a pitfall id (P…) means, and what guards or causes it."""
+    """Say what a rule code (EK…) or a pitfall id (P…) means, what guards or causes it, and how to fix it."""
     from eaglekit.explain import explain
 
     doc = explain(code).to_dict()
@@ -27,6 +27,8 @@ def explain_command(code, output_format):
         return
     rows = [("what", doc["title"])] + [(k.replace("_", " "), v) for k, v in doc["facts"].items() if v is not None]
     out.print(key_value_table(rows, title=f"{doc['code']} ({doc['kind']})"))
+    if doc["fix"]:
+        out.print(f"fix: {doc['fix']}", soft_wrap=True)  # may hold a command to copy: never wrapped
     for item in doc["related"]:
         if doc["kind"] == "rule":
             out.print(f"\n{item['code']}: {item['title']}")
@@ -36,3 +38,4 @@ def explain_command(code, output_format):
         else:
             out.print(f"guarded by {item['code']} ({item['severity']}, {item['group']}"
                       f"{', ' + item['engine'] if item['engine'] else ''}): {item['title']}")
+            out.print(f"  fix: {item['fix']}", soft_wrap=True)

@@ -59,9 +59,11 @@ def _repo_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--token", help="Hugging Face token (default: HF_TOKEN, then the saved login).")
 @click.option("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT or https://huggingface.co).")
 @click.option("--dry-run", is_flag=True,
-              help="Build the card and the file list and upload nothing; with a token, ask the Hub whose it is, "
-                   "whether it can write to the repository's namespace and whether the repository exists.")
-@click.option("--offline", is_flag=True, help="With --dry-run: ask the Hub nothing.")
+              help="Build the card and the file list and upload nothing; ask the Hub whose the token is, whether it "
+                   "can write to the repository's namespace and whether the repository exists. Exits 1, the reason "
+                   "last, when a real push would fail or is not known to succeed (no token, a read-only token, an "
+                   "unreachable Hub).")
+@click.option("--offline", is_flag=True, help="With --dry-run: ask the Hub nothing, and exit 0 (not checked).")
 @click.option("--force", is_flag=True, help="Push even if validation finds errors (the card says so).")
 @click.option("--allow-few-samples", is_flag=True,
               help="Put --bench figures measured over fewer requests than an interval needs (10) on the card; it "
@@ -109,9 +111,8 @@ def push_command(draft, repo_id, target, target_id, report_path, bench_path, plo
     else:
         render(doc)
     check = doc.get("hub_check") or {}
-    if check.get("can_write") is False:  # the preflight a CI job runs: a push that would fail fails here, and
-        why = check["notes"][0] if check["notes"] else "no write access"  # the report above still says why
-        click.echo(f"Error: {repo_id}: the push would fail: {printable(why)}", err=True)
+    if check.get("blocker"):  # the preflight a CI job runs: a push that would fail (or is not known to succeed)
+        click.echo(f"Error: {repo_id}: {printable(check['blocker'])}", err=True)  # fails here, its reason last
         raise click.exceptions.Exit(1)
 
 

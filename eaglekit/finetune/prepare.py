@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit.decode.options import ENGINE_ALONE, REFERENCE
-from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.errors import CheckpointError, EngineMissing, UsageError
 from eaglekit.families import load_draft
 from eaglekit.finetune.evaluate import AUTO, held_out_prompts
 from eaglekit.finetune.options import FinetuneOptions
@@ -129,7 +129,7 @@ def _choose_eval_engine(run: Run) -> None:
     try:
         if evaluating_rank():
             check_engine_available(opts.engine)
-    except UsageError as missing:
+    except EngineMissing as missing:
         run.unevaluated = f"{too_large}, and {missing}"
         return
     run.eval_engine, run.eval_engine_why = ENGINE_ALONE, too_large

@@ -36,6 +36,9 @@ class HubAccess:
     can_write: bool | None = None
     repo_exists: bool | None = None
     notes: list[str] = field(default_factory=list)  # one sentence each, in the order they were found
+    blocker: str | None = None
+    """Why a real push would fail, or is not known to succeed: the dry run exits 1 with it as its last line. None:
+    the token may write, or --offline chose not to ask."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,10 +87,13 @@ def check_access(endpoint: str, repo_id: str, token: str | None, *, revision: st
         return HubAccess(False, notes=["--offline: the token and the repository were not checked"])
     if not token:
         return HubAccess(False, notes=["no Hugging Face token (--token, HF_TOKEN or `hf auth login`): a real push "
-                                       "would fail"])
+                                       "would fail"],
+                         blocker=f"{WOULD_FAIL}no Hugging Face token (--token, HF_TOKEN or `hf auth login`)")
     if constants.HF_HUB_OFFLINE:
         return HubAccess(False, notes=["offline mode is on (HF_HUB_OFFLINE): the token and the repository were "
-                                       "not checked"])
+                                       "not checked"],
+                         blocker=f"{WOULD_FAIL}offline mode is on (HF_HUB_OFFLINE); --offline builds the card "
+                                 "without asking the Hub")
     from huggingface_hub import HfApi
 
     bounded_hub_client()
@@ -98,17 +104,30 @@ def check_access(endpoint: str, repo_id: str, token: str | None, *, revision: st
         if problem:
             access.notes.append(problem)
             access.can_write = False if status == 401 else None
+            access.blocker = push_blocker(access.can_write, problem)
             return access
         if not isinstance(whoami, Mapping) or not isinstance(whoami.get("name"), str):
             access.notes.append(f"{where}'s answer is not what the Hub sends: the token was not checked")
+            access.blocker = push_blocker(None, access.notes[-1])
             return access
         access.account = whoami["name"]
         access.token_role = nested(nested(whoami, "auth"), "accessToken").get("role")
         access.can_write, why = write_permission(whoami, repo_id)
         access.notes.append(f"signed in as {access.account}; {why}")
+        access.blocker = push_blocker(access.can_write, why)
         access.repo_exists, found = _repo_state(api, repo_id, revision, where)
         access.notes.append(found)
     return access
+
+
+WOULD_FAIL = "the push would fail: "
+
+
+def push_blocker(can_write: bool | None, why: str) -> str | None:
+    """What stands in a real push's way, from whether the token may write and why: None when it may."""
+    if can_write:
+        return None
+    return f"{WOULD_FAIL}{why}" if can_write is False else f"cannot tell that the push would succeed: {why}"
 
 
 def _repo_state(api: Any, repo_id: str, revision: str | None, where: str) -> tuple[bool | None, str]:

@@ -15,6 +15,7 @@ import eaglekit.rules.structure
 import eaglekit.rules.target  # noqa: F401 (importing a rule module registers its rules)
 from eaglekit.engines import (
     RECORDS,
+    Engine,
     Version,
     format_version,
     parse_version,
@@ -28,8 +29,8 @@ from eaglekit.rules.target import DECODE, DECODE_CODES, DecodeReading, wrong_tar
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
-__all__ = ["GROUPS", "Rule", "ValidationReport", "all_rules", "decode_findings", "expected_tensors", "run_rules",
-           "tensor_expectations", "upgrade_refusals"]
+__all__ = ["GROUPS", "Rule", "ValidationReport", "all_rules", "decode_findings", "expected_tensors", "rule_fix",
+           "run_rules", "tensor_expectations", "upgrade_command", "upgrade_refusals"]
 DEFAULT_GROUPS = ("structure", "target", "engine")
 for _engine in RECORDS.values():
     importlib.import_module(_engine.rules_module)  # each engine's rules register on import
@@ -187,16 +188,36 @@ def decode_findings(spec: DraftSpec, target: TargetInfo, aux_ids: Sequence[int] 
 
 def fix_command(spec: DraftSpec, findings: list[Finding], engine: str) -> str | None:
     """`eaglekit upgrade` rewrites names, ids and config for the engine: the fix for its engine-group errors,
-    None when there are none or one of them is a function the engine lacks.
+    None when there are none or one of them is not what an upgrade fixes (a function the engine lacks, a release
+    too old, a source upgrade refuses: the rule's own fix says what is).
     An EAGLE-3 source keeps its function (no fc_norm / norm_output added); a 3.1 source keeps its trained norms."""
     rules = {r.code: r for r in all_rules()}
     failing = [rules[f.code] for f in findings if f.severity == "error" and f.code in rules
                and rules[f.code].group == "engine" and rules[f.code].engine == engine]
     record = RECORDS[engine]
-    if not all(r.convertible for r in failing) or not (failing or record.needs_conversion):
+    if not all(r.fixed_by_upgrade for r in failing) or not (failing or record.needs_conversion):
         return None  # an engine that loads GGUF only: the conversion is its fix even when nothing fails
     keep = " --no-fc-norm --no-norm-output" if spec.eagle_version == "3" else ""
     target = record.upgrade_target(spec.target.path if spec.target is not None else None)
     if target is None:
         return None  # the conversion needs the target's GGUF file: Engine.conversion_hint says so
-    return f"eaglekit upgrade {spec.path} {record.upgrade_output(spec.path)}{target}{record.upgrade_flag()}{keep}"
+    return upgrade_command(record, spec.path, target, keep)
+
+
+def upgrade_command(record: Engine, draft: str, target: str, keep: str = "") -> str:
+    """The upgrade that writes what `record`'s engine reads, as validate prints it and explain names it."""
+    return f"eaglekit upgrade {draft} {record.upgrade_output(draft)}{target}{record.upgrade_flag()}{keep}"
+
+
+def rule_fix(rule: Rule) -> str | None:
+    """What to do about a hit of `rule`, in one sentence: the upgrade for the engine rules it rewrites, what serves
+    the draft instead where no rewrite can, else the rule's own sentence (None: a rule registered without one)."""
+    if rule.engine is None or rule.refuses_upgrade or (rule.convertible and not rule.fixed_by_upgrade):
+        return rule.fix
+    record = RECORDS[rule.engine]
+    if not rule.convertible:
+        return f"no rewrite of the files serves it on {record.label}: {rule.fix}" if rule.fix else None
+    target = " --target TARGET.gguf" if record.needs_conversion else ""
+    return (f"`{upgrade_command(record, 'DRAFT', target)}` writes what {record.label} reads; an EAGLE-3 draft keeps "
+            f"its function with --no-fc-norm --no-norm-output (`eaglekit validate DRAFT --engine {record.name}` "
+            "prints the command for a draft)")

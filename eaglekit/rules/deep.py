@@ -18,21 +18,24 @@ def _weights(ctx: RuleContext):
             yield st
 
 
-@rule("EK401", "error", "deep", "P1", "NaN or Inf values")
+@rule("EK401", "error", "deep", "P1", "NaN or Inf values",
+      fix="re-export from the last training checkpoint that holds finite values")
 def nonfinite(ctx: RuleContext):
     for st in _weights(ctx):
         if st.nonfinite:
             yield Hit(f"{st.name} holds NaN or Inf values: a diverged or corrupt export", tensor=st.name)
 
 
-@rule("EK402", "error", "deep", "P5", "a weight matrix or norm that is all zero")
+@rule("EK402", "error", "deep", "P5", "a weight matrix or norm that is all zero",
+      fix="re-export the tensor from the training checkpoint: it was never trained or never loaded")
 def all_zero(ctx: RuleContext):
     for st in _weights(ctx):
         if st.all_zero and (len(st.shape) >= 2 or is_norm(st.name)) and not st.name.endswith("_scale"):
             yield Hit(f"{st.name} {list(st.shape)} is all zero: never trained or never loaded", tensor=st.name)
 
 
-@rule("EK403", "error", "deep", "P1", "a weight matrix with one constant value")
+@rule("EK403", "error", "deep", "P1", "a weight matrix with one constant value",
+      fix="re-export the trained weights from the training checkpoint")
 def constant(ctx: RuleContext):
     for st in _weights(ctx):
         if (st.constant and not st.all_zero and len(st.shape) >= 2 and math.prod(st.shape) > 1
@@ -45,7 +48,8 @@ def _all_one_norms(ctx: RuleContext) -> list[str]:
     return [st.name for st in _weights(ctx) if is_norm(st.name) and len(st.shape) == 1 and st.all_one]
 
 
-@rule("EK404", "warning", "deep", "P3", "norm weights exactly 1.0 in a draft that claims EAGLE-3.1")
+@rule("EK404", "warning", "deep", "P3", "norm weights exactly 1.0 in a draft that claims EAGLE-3.1",
+      fix="restore the trained norm weights from the training checkpoint, or train them with `eaglekit finetune`")
 def ones_in_31(ctx: RuleContext):
     if claims_31(ctx.spec):
         for name in _all_one_norms(ctx):
@@ -53,14 +57,16 @@ def ones_in_31(ctx: RuleContext):
                       "(dropped by a converter, or flags switched on without training)", tensor=name)
 
 
-@rule("EK405", "info", "deep", "P1", "norm weights exactly 1.0")
+@rule("EK405", "info", "deep", "P1", "norm weights exactly 1.0",
+      fix="check that the norms were trained; if not, restore them from the training checkpoint")
 def ones(ctx: RuleContext):
     if not claims_31(ctx.spec):
         for name in _all_one_norms(ctx):
             yield Hit(f"{name} is exactly 1.0 everywhere, the initial value: trained norms rarely are", tensor=name)
 
 
-@rule("EK406", "warning", "deep", "P5", "lm_head rows that are all zero")
+@rule("EK406", "warning", "deep", "P5", "lm_head rows that are all zero",
+      fix="nothing if the rows are padding; otherwise restore lm_head.weight from the training checkpoint")
 def zero_head_rows(ctx: RuleContext):
     st = ctx.stats.get("lm_head.weight")
     if st and st.zero_rows and not st.all_zero:
@@ -121,8 +127,8 @@ def _verdict(ctx: RuleContext) -> dict[str, str]:
     return ctx.memo["vocab"]
 
 
-def _vocab_rule(code: str, severity: str, pitfall: str, title: str, tensor: str):
-    @rule(code, severity, "deep", pitfall, title)
+def _vocab_rule(code: str, severity: str, pitfall: str, title: str, tensor: str, fix: str):
+    @rule(code, severity, "deep", pitfall, title, fix=fix)
     def check(ctx: RuleContext):
         message = _verdict(ctx).get(code)
         if message:
@@ -131,23 +137,31 @@ def _vocab_rule(code: str, severity: str, pitfall: str, title: str, tensor: str)
     return check
 
 
-_vocab_rule("EK407", "error", "P24", "d2t maps draft ids outside the target vocabulary", "d2t")
-_vocab_rule("EK408", "error", "P24", "d2t maps two draft ids to one target id", "d2t")
-_vocab_rule("EK409", "error", "P24", "d2t stores absolute ids instead of offsets", "d2t")
-_vocab_rule("EK410", "error", "P24", "t2d does not mark exactly Vd tokens", "t2d")
-_vocab_rule("EK411", "error", "P24", "t2d and d2t disagree", "t2d")
-_vocab_rule("EK412", "info", "P23", "identity d2t", "d2t")
-_vocab_rule("EK413", "info", "P24", "frequency-ordered d2t", "d2t")
+_D2T_FROM_TRAINING = "restore d2t from the training checkpoint"
+_T2D_FROM_D2T = "rebuild t2d from d2t: true at exactly the Vd target ids d2t maps to"
+_vocab_rule("EK407", "error", "P24", "d2t maps draft ids outside the target vocabulary", "d2t",
+            f"{_D2T_FROM_TRAINING}: offsets that stay within the target vocabulary")
+_vocab_rule("EK408", "error", "P24", "d2t maps two draft ids to one target id", "d2t",
+            f"{_D2T_FROM_TRAINING}: one target id per draft id")
+_vocab_rule("EK409", "error", "P24", "d2t stores absolute ids instead of offsets", "d2t",
+            "store d2t as offsets: each target id minus its draft id")
+_vocab_rule("EK410", "error", "P24", "t2d does not mark exactly Vd tokens", "t2d", _T2D_FROM_D2T)
+_vocab_rule("EK411", "error", "P24", "t2d and d2t disagree", "t2d", _T2D_FROM_D2T)
+_vocab_rule("EK412", "info", "P23", "identity d2t", "d2t", "drop d2t and t2d")
+_vocab_rule("EK413", "info", "P24", "frequency-ordered d2t", "d2t",
+            "nothing for vLLM and SGLang; sort it losslessly where a consumer needs ascending ids")
 
 
-@rule("EK414", "error", "deep", None, "tensor bytes unreadable")
+@rule("EK414", "error", "deep", None, "tensor bytes unreadable",
+      fix="download or export the shard again: its bytes cannot be read")
 def unreadable(ctx: RuleContext):
     for st in ctx.stats.values():
         if st.error:
             yield Hit(f"{st.name}: {st.error}", tensor=st.name)
 
 
-@rule("EK415", "info", "deep", None, "tensor values not checked")
+@rule("EK415", "info", "deep", None, "tensor values not checked",
+      fix="nothing to fix: the finding says why the values were not read")
 def unchecked(ctx: RuleContext):
     for st in ctx.stats.values():
         if st.skipped:

@@ -14,7 +14,7 @@ from eaglekit.rules.registry import Hit, RuleContext, rule
 
 
 @rule("EK371", "error", "engine", "P38", "EAGLE-3.1 functions llama.cpp does not implement", engine=LLAMACPP,
-      convertible=False)
+      convertible=False, fix="serve it with vLLM, SGLang, TensorRT-LLM or tokenspeed")
 def eagle31(ctx: RuleContext):
     flags = ctx.spec.flags
     missing = [name for name, on in (("fc_norm", flags.fc_norm), ("norm_output", flags.norm_output)) if on]
@@ -25,7 +25,7 @@ def eagle31(ctx: RuleContext):
 
 
 @rule("EK372", "error", "engine", "P11", "llama.cpp takes exactly three target layers", engine=LLAMACPP,
-      refuses_load=True, convertible=False)
+      refuses_load=True, convertible=False, fix="serve it with vLLM, which takes the K the draft was trained with")
 def three_layers(ctx: RuleContext):
     K = ctx.spec.num_aux_hidden_states
     if K is not None and K != NUM_TARGET_LAYERS:
@@ -34,14 +34,14 @@ def three_layers(ctx: RuleContext):
 
 
 @rule("EK373", "error", "engine", "P2", "more than one draft layer, which llama.cpp refuses", engine=LLAMACPP,
-      refuses_load=True, convertible=False)
+      refuses_load=True, convertible=False, fix="serve it with vLLM, which builds multi-layer drafts")
 def one_layer(ctx: RuleContext):
     if n := not_one_layer(ctx.spec):
         yield Hit(f"{n} decoder layers: llama.cpp's eagle3 graph asserts exactly one", key="num_hidden_layers")
 
 
 @rule("EK374", "error", "engine", "P13", "attention llama.cpp's eagle3 draft does not build", engine=LLAMACPP,
-      convertible=False)
+      convertible=False, fix="serve it with vLLM, which has Qwen3 and MLA eagle3 classes")
 def attention(ctx: RuleContext):
     spec = ctx.spec
     if spec.attention == "mla":
@@ -54,7 +54,8 @@ def attention(ctx: RuleContext):
 
 
 @rule("EK377", "error", "engine", "P14", "an fc bias, which llama.cpp's eagle3 draft does not have", engine=LLAMACPP,
-      refuses_load=True, convertible=False)
+      refuses_load=True, convertible=False,
+      fix="retrain without the fc bias, or serve it with SGLang and config 'bias': true")
 def fc_bias(ctx: RuleContext):
     if "fc.bias" in ctx.spec.tensors:
         yield Hit("fc.bias (an EAGLE-1 leftover): llama.cpp's eagle3 loader creates fc.weight only, so a GGUF holding "
@@ -62,7 +63,7 @@ def fc_bias(ctx: RuleContext):
 
 
 @rule("EK378", "error", "engine", None, "quantisation tensors, which no GGUF of an eagle3 draft carries",
-      engine=LLAMACPP, convertible=False)
+      engine=LLAMACPP, convertible=False, fix="serve the quantised draft with vLLM, or convert its unquantised weights")
 def quantised(ctx: RuleContext):
     companions = [c.name for c in quant_companions(ctx.spec)]
     if companions:
@@ -86,7 +87,7 @@ def converter_ids(ctx: RuleContext):
 
 
 @rule("EK376", "warning", "engine", "P21", "target whose llama.cpp graph is not known to hand out layer inputs",
-      engine=LLAMACPP)
+      engine=LLAMACPP, fix="serve it with vLLM or SGLang, or measure its acceptance in llama.cpp before relying on it")
 def target_graph(ctx: RuleContext):
     target = ctx.target
     if target is not None and target.model_type and target.model_type not in TARGET_MODEL_TYPES:

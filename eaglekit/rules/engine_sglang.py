@@ -32,14 +32,16 @@ def capture(ctx: RuleContext):
               f"{fmt_ids(intended)} (vLLM convention): {remedy}", key="eagle_config.eagle_aux_hidden_state_layer_ids")
 
 
-@rule("EK352", "error", "engine", "P12", "norm_before_residual: true, which SGLang cannot do", engine=SGLANG)
+@rule("EK352", "error", "engine", "P12", "norm_before_residual: true, which SGLang cannot do", engine=SGLANG,
+      convertible=False, fix="serve it with vLLM, which reads norm_before_residual")
 def norm_before_residual(ctx: RuleContext):
     if ctx.spec.config.get("norm_before_residual") is True:
         yield Hit("norm_before_residual is true but SGLang has no such switch (always false): it serves this draft "
                   "with a different layer-0 residual than it was trained with", key="norm_before_residual")
 
 
-@rule("EK353", "error", "engine", "P31", "MLA draft SGLang's Kimi class rejects", engine=SGLANG)
+@rule("EK353", "error", "engine", "P31", "MLA draft SGLang's Kimi class rejects", engine=SGLANG, convertible=False,
+      fix="serve it with vLLM, which builds it")
 def mla_shape(ctx: RuleContext):
     spec = ctx.spec
     if spec.attention != "mla" or spec.geometry.mla is None:

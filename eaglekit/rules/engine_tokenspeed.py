@@ -8,7 +8,8 @@ from eaglekit.rules.registry import Hit, RuleContext, rule
 
 
 @rule("EK381", "warning", "engine", "P19", "tokenspeed captures other layers unless its flag pins them",
-      engine=TOKENSPEED)
+      engine=TOKENSPEED,
+      fix="pass the --eagle3-layers-to-capture setting `eaglekit validate DRAFT --engine tokenspeed` prints")
 def capture(ctx: RuleContext):
     intended = ctx.spec.aux.ids
     if not intended:
@@ -35,7 +36,8 @@ def k_resolved(ctx: RuleContext):
 
 
 @rule("EK383", "error", "engine", "P26", "draft hidden size differs from the target's (tokenspeed's Llama draft)",
-      engine=TOKENSPEED, refuses_load=True, convertible=False)
+      engine=TOKENSPEED, refuses_load=True, convertible=False,
+      fix="serve it with vLLM, which sizes fc by the target's hidden size")
 def target_width(ctx: RuleContext):
     g = ctx.spec.geometry
     if ctx.spec.attention != "mla" and g.target_hidden_size is not None and g.target_hidden_size != g.hidden_size:
@@ -56,7 +58,7 @@ def flag_place(ctx: RuleContext):
 
 
 @rule("EK385", "error", "engine", "P2", "more than one draft layer, which tokenspeed refuses", engine=TOKENSPEED,
-      refuses_load=True, convertible=False)
+      refuses_load=True, convertible=False, fix="serve it with vLLM, which builds multi-layer drafts")
 def one_layer(ctx: RuleContext):
     if n := not_one_layer(ctx.spec):
         yield Hit(f"{n} decoder layers: tokenspeed's EAGLE-3 drafts have exactly one", key="num_hidden_layers")

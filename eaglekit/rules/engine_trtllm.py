@@ -8,7 +8,9 @@ from eaglekit.rules.facts import fmt_ids
 from eaglekit.rules.registry import Hit, RuleContext, rule
 
 
-@rule("EK361", "warning", "engine", "P19", "TensorRT-LLM captures its own default layers", engine=TRTLLM)
+@rule("EK361", "warning", "engine", "P19", "TensorRT-LLM captures its own default layers", engine=TRTLLM,
+      fix=("put the eagle3_layers_to_capture setting `eaglekit validate DRAFT --engine trtllm` prints in "
+           "speculative_config"))
 def capture(ctx: RuleContext):
     ids = ctx.spec.aux.ids
     if not ids or output_of_layer(ids) is None:
@@ -26,7 +28,7 @@ def capture(ctx: RuleContext):
 
 
 @rule("EK362", "error", "engine", "P18", "embedding among the aux states, which TensorRT-LLM cannot capture",
-      engine=TRTLLM, convertible=False)
+      engine=TRTLLM, convertible=False, fix="serve it with vLLM, which captures the embedding output (id 0)")
 def embedding_capture(ctx: RuleContext):
     ids = ctx.spec.aux.ids
     if ids and min(ids) == 0:
@@ -57,7 +59,7 @@ def d2t_parameter(ctx: RuleContext):
 
 
 @rule("EK366", "error", "engine", "P13", "per-head q/k norms, which TensorRT-LLM's Llama draft lacks", engine=TRTLLM,
-      convertible=False)
+      convertible=False, fix="serve it with vLLM (Eagle3Qwen3ForCausalLM)")
 def qk_norms(ctx: RuleContext):
     if ctx.spec.attention == "qwen3":
         yield Hit("q_norm/k_norm tensors (a Qwen3-architecture draft): TensorRT-LLM's EAGLE-3 draft is Llama "

@@ -116,7 +116,9 @@ def ids_only_nested(ctx: RuleContext):
                   f"{fmt_ids(ctx.spec.aux.ids or ())} top-level", key="eagle_aux_hidden_state_layer_ids")
 
 
-@rule("EK308", "warning", "engine", "P17", "no aux ids: vLLM falls back to its default", engine=VLLM)
+@rule("EK308", "warning", "engine", "P17", "no aux ids: vLLM falls back to its default", engine=VLLM,
+      fix=("write the aux ids the draft was trained on top-level (`eaglekit upgrade DRAFT OUT --aux-layer-ids ...` "
+           "writes them); nothing if it was trained on vLLM's default"))
 def ids_absent(ctx: RuleContext):
     spec = ctx.spec
     if spec.aux.as_written is None and not spec.facts.trained_on_default_ids:
@@ -145,14 +147,16 @@ def k_resolved(ctx: RuleContext):
                   f"on shape; {fix}", key="num_aux_hidden_states")
 
 
-@rule("EK311", "error", "engine", "P38", "the requested vLLM version lacks a feature this draft uses", engine=VLLM)
+@rule("EK311", "error", "engine", "P38", "the requested vLLM version lacks a feature this draft uses", engine=VLLM,
+      fix="serve it with the vLLM release the finding names, or newer")
 def version_floor(ctx: RuleContext):
     for floor, why in vllm_requirements(ctx.spec):
         if ctx.checked_version < floor:
             yield Hit(f"{_v(ctx)} is too old: {why} needs >= {format_version(floor)}")
 
 
-@rule("EK312", "info", "engine", "P50", "minimum vLLM version", engine=VLLM)
+@rule("EK312", "info", "engine", "P50", "minimum vLLM version", engine=VLLM,
+      fix="serve it with the vLLM release it names, or newer")
 def version_needed(ctx: RuleContext):
     needs = vllm_requirements(ctx.spec)
     if not needs or any(ctx.checked_version < floor for floor, _ in needs):
@@ -183,7 +187,8 @@ def class_attention(ctx: RuleContext):
                   key="architectures")
 
 
-@rule("EK314", "error", "engine", "P14", "EAGLE-1 fc bias", engine=VLLM, refuses_load=True, convertible=False)
+@rule("EK314", "error", "engine", "P14", "EAGLE-1 fc bias", engine=VLLM, refuses_load=True, convertible=False,
+      fix="retrain without the fc bias (EAGLE-3 drafts have none), or serve it with SGLang and config 'bias': true")
 def fc_bias(ctx: RuleContext):
     cfg = ctx.spec.config
     if "fc.bias" in ctx.spec.tensors:
@@ -203,14 +208,16 @@ def index_topk(ctx: RuleContext):
                   "adds an uninitialised indexer; remove index_topk", key="index_topk")
 
 
-@rule("EK316", "info", "engine", "P31", "model_type kimi_k2 for an MLA draft", engine=VLLM)
+@rule("EK316", "info", "engine", "P31", "model_type kimi_k2 for an MLA draft", engine=VLLM,
+      fix="nothing for published Kimi drafts; write model_type: deepseek_v3 where a use_mla consumer serves it")
 def kimi_model_type(ctx: RuleContext):
     if ctx.spec.attention == "mla" and ctx.spec.config.get("model_type") == "kimi_k2":
         yield Hit("model_type kimi_k2 is outside vLLM's is_deepseek_mla list; published Kimi drafts work, only "
                   "use_mla consumers (NIXL, PCP, DFlash) differ; deepseek_v3 is the strict choice", key="model_type")
 
 
-@rule("EK317", "warning", "engine", "P31", "MLA draft without q_lora_rank", engine=VLLM)
+@rule("EK317", "warning", "engine", "P31", "MLA draft without q_lora_rank", engine=VLLM,
+      fix="vLLM serves it; the fused q_a projection (q_lora_rank) that SGLang needs comes only from retraining")
 def mla_q_lora(ctx: RuleContext):
     g = ctx.spec.geometry
     if ctx.spec.attention == "mla" and g.mla is not None and not g.mla.q_lora_rank:
@@ -218,7 +225,8 @@ def mla_q_lora(ctx: RuleContext):
                   "projection and SGLang rejects it", key="q_lora_rank")
 
 
-@rule("EK318", "warning", "engine", "P34", "speculators layout not servable as the main model", engine=VLLM)
+@rule("EK318", "warning", "engine", "P34", "speculators layout not servable as the main model", engine=VLLM,
+      fix="pass the draft through --speculative-config, as eaglekit's serve command does, or write the keys it names")
 def speculators_main_model(ctx: RuleContext):
     cfg = ctx.spec.config
     if ctx.spec.config_layout != "speculators":
@@ -260,7 +268,8 @@ def _loads_mask_hidden(ctx: RuleContext) -> bool:
                                                and ctx.checked_version >= VLLM_QWEN3_MASK_HIDDEN)
 
 
-@rule("EK320", "warning", "engine", "P30", "mask_hidden outside parallel drafting", engine=VLLM)
+@rule("EK320", "warning", "engine", "P30", "mask_hidden outside parallel drafting", engine=VLLM,
+      fix="nothing: vLLM skips it; serve with parallel drafting only if the draft was trained for it")
 def mask_hidden_llama(ctx: RuleContext):
     if "mask_hidden" in ctx.spec.tensors and not ctx.vllm.parallel_drafting and _loads_mask_hidden(ctx):
         yield Hit("mask_hidden is used only by parallel drafting (P-EAGLE); otherwise vLLM skips it with a warning",
@@ -340,7 +349,8 @@ def _rope_problem(value: dict) -> str | None:
 
 
 @rule("EK324", "error", "engine", None, "RoPE scaling vLLM cannot build", engine=VLLM, refuses_load=True,
-      refuses_upgrade=True)
+      refuses_upgrade=True,
+      fix="write the rope_scaling / rope_parameters the draft was trained with, of a type vLLM builds")
 def rope_scaling(ctx: RuleContext):
     lcfg = layer_config(ctx.spec)
     for key in ("rope_scaling", "rope_parameters"):
@@ -351,7 +361,8 @@ def rope_scaling(ctx: RuleContext):
 
 
 @rule("EK325", "error", "engine", None, "quantization_config vLLM cannot read", engine=VLLM, refuses_load=True,
-      refuses_upgrade=True)
+      refuses_upgrade=True,
+      fix="write the quant_method the weights were quantised with (fp8, modelopt, compressed-tensors, ...)")
 def quantization_method(ctx: RuleContext):
     value = ctx.spec.config.get("quantization_config")
     if not isinstance(value, dict):
@@ -366,7 +377,7 @@ def quantization_method(ctx: RuleContext):
 
 
 @rule("EK326", "error", "engine", None, "rms_norm_eps beyond float32: every norm outputs 0", engine=VLLM,
-      refuses_upgrade=True)
+      refuses_upgrade=True, fix="write the rms_norm_eps the draft was trained with")
 def norm_eps(ctx: RuleContext):
     eps = ctx.spec.geometry.rms_norm_eps
     if eps > VLLM_ACCEPTS.rms_norm_eps_max:
@@ -376,7 +387,7 @@ def norm_eps(ctx: RuleContext):
 
 
 @rule("EK328", "error", "engine", None, "hidden_act vLLM's draft MLP does not build", engine=VLLM, refuses_load=True,
-      refuses_upgrade=True)
+      refuses_upgrade=True, fix="write the hidden_act the draft was trained with (EAGLE-3 drafts: silu)")
 def hidden_act(ctx: RuleContext):
     value = layer_config(ctx.spec).get("hidden_act", "silu")  # transformers' LlamaConfig and Qwen3Config: silu
     if not isinstance(value, str) or value not in VLLM_ACCEPTS.hidden_acts:
@@ -391,7 +402,8 @@ LARGE_EPS = 1e-2
 normalises (a judgement, not an engine limit: the engine runs it)."""
 
 
-@rule("EK327", "warning", "engine", None, "rms_norm_eps so large that it dominates the norm", engine=VLLM)
+@rule("EK327", "warning", "engine", None, "rms_norm_eps so large that it dominates the norm", engine=VLLM,
+      fix="check that it is the rms_norm_eps the draft was trained with (released drafts use 1e-5 or 1e-6)")
 def large_norm_eps(ctx: RuleContext):
     eps = ctx.spec.geometry.rms_norm_eps
     if LARGE_EPS < eps <= VLLM_ACCEPTS.rms_norm_eps_max:

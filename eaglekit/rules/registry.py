@@ -92,6 +92,13 @@ class Rule:
     refuses_load: bool = False  # a hit means the engine's loader raises on these files (not a silent misreading)
     convertible: bool = True  # engine rules: `eaglekit upgrade` can write what the engine needs
     refuses_upgrade: bool = False  # an error here is what `eaglekit upgrade` refuses the source for (one rule, both)
+    fix: str | None = None  # what to do about a hit, where it is not the upgrade (rules.rule_fix derives that one)
+
+    @property
+    def fixed_by_upgrade(self) -> bool:
+        """`eaglekit upgrade` writes what this engine rule checks: its fix is that command (rules.fix_command), not
+        a sentence of its own; an upgrade refused for the very finding, or a function the engine lacks, is none."""
+        return self.engine is not None and self.convertible and not self.refuses_upgrade and self.fix is None
 
     def to_dict(self) -> dict:
         return {"code": self.code, "severity": self.severity, "group": self.group, "engine": self.engine,
@@ -108,10 +115,11 @@ _RULES: dict[str, Rule] = {}
 
 
 def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, engine: str | None = None,
-         refuses_load: bool = False, convertible: bool = True, refuses_upgrade: bool = False):
+         refuses_load: bool = False, convertible: bool = True, refuses_upgrade: bool = False, fix: str | None = None):
     """Register a check under a stable code; `refuses_load`: the engine will not load a draft this rule hits;
-    `convertible=False`: no rewrite of the files serves the draft on that engine (a function it lacks);
-    `refuses_upgrade`: upgrade will not convert a source this rule hits (header-only error rules)."""
+    `convertible=False`: no rewrite of the files serves the draft on that engine (a function it lacks; `fix` says
+    what serves it instead); `refuses_upgrade`: upgrade will not convert a source this rule hits (header-only error
+    rules); `fix`: one sentence on what to do about a hit, for every rule whose fix is not `eaglekit upgrade`."""
     if severity not in SEVERITIES or group not in GROUPS:
         raise ValueError(f"rule {code}: bad severity {severity!r} or group {group!r}")
     if (group == "engine") != (engine is not None):
@@ -123,7 +131,7 @@ def rule(code: str, severity: str, group: str, pitfall: str | None, title: str, 
         if code in _RULES:
             raise ValueError(f"rule code {code} registered twice")
         _RULES[code] = Rule(code, severity, group, pitfall, title, fn, engine, refuses_load, convertible,
-                            refuses_upgrade)
+                            refuses_upgrade, fix)
         return fn
 
     return register
@@ -142,6 +150,8 @@ def registered() -> list[Rule]:
 READBACK = "upgrade_readback"  # the memo key
 READBACK_CODES = ("EK191", "EK192", "EK193", "EK194", "EK195")
 READBACK_FLAGS = ("fc_norm", "norm_output", "norm_before_residual")
+READBACK_FIX = ("nothing in the source: the upgrade's output did not read back as planned, an eaglekit defect; "
+                "report it with the command and the source's config.json")
 
 
 @dataclass(frozen=True)
@@ -163,7 +173,8 @@ def _written(spec: DraftSpec) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {t.source_name: (t.dtype, tuple(t.shape)) for t in spec.tensors.values()}
 
 
-@rule("EK191", "error", "structure", None, "upgrade output: a planned tensor missing, or one written unplanned")
+@rule("EK191", "error", "structure", None, "upgrade output: a planned tensor missing, or one written unplanned",
+      fix=READBACK_FIX)
 def readback_tensor_set(ctx: RuleContext):
     rb = _read_back(ctx)
     if rb is None:
@@ -173,7 +184,8 @@ def readback_tensor_set(ctx: RuleContext):
         yield Hit(f"tensor {name!r} {where} the output ({rb.how})", tensor=name)
 
 
-@rule("EK192", "error", "structure", None, "upgrade output: a tensor's dtype or shape is not the planned one")
+@rule("EK192", "error", "structure", None, "upgrade output: a tensor's dtype or shape is not the planned one",
+      fix=READBACK_FIX)
 def readback_tensor_shape(ctx: RuleContext):
     rb = _read_back(ctx)
     if rb is None:
@@ -184,7 +196,8 @@ def readback_tensor_shape(ctx: RuleContext):
             yield Hit(f"tensor {name!r} is {written[name]}, planned {rb.tensors[name]} ({rb.how})", tensor=name)
 
 
-@rule("EK193", "error", "structure", None, "upgrade output: aux layer ids read back are not the decided ones")
+@rule("EK193", "error", "structure", None, "upgrade output: aux layer ids read back are not the decided ones",
+      fix=READBACK_FIX)
 def readback_aux_ids(ctx: RuleContext):
     rb = _read_back(ctx)
     if rb is not None and ctx.spec.aux.ids != rb.aux_ids:
@@ -192,14 +205,16 @@ def readback_aux_ids(ctx: RuleContext):
                   key="eagle_aux_hidden_state_layer_ids")
 
 
-@rule("EK194", "error", "structure", None, "upgrade output: K read back is not the decided one")
+@rule("EK194", "error", "structure", None, "upgrade output: K read back is not the decided one",
+      fix=READBACK_FIX)
 def readback_k(ctx: RuleContext):
     rb = _read_back(ctx)
     if rb is not None and ctx.spec.num_aux_hidden_states != rb.num_aux:
         yield Hit(f"K read back as {ctx.spec.num_aux_hidden_states}, decided {rb.num_aux} ({rb.how})")
 
 
-@rule("EK195", "error", "structure", None, "upgrade output: a norm flag read back is not the decided one")
+@rule("EK195", "error", "structure", None, "upgrade output: a norm flag read back is not the decided one",
+      fix=READBACK_FIX)
 def readback_flags(ctx: RuleContext):
     rb = _read_back(ctx)
     if rb is None:

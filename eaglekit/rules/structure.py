@@ -40,7 +40,8 @@ def _megatron_slot(ctx: RuleContext, name: str) -> bool:
             and f"layers.{i}.hidden_norm.weight" in ctx.spec.tensors)
 
 
-@rule("EK101", "error", "structure", "P49", "config layer count disagrees with the tensors")
+@rule("EK101", "error", "structure", "P49", "config layer count disagrees with the tensors",
+      fix="write num_hidden_layers as the number of layers the tensors hold (the finding names it)")
 def layer_count(ctx: RuleContext):
     spec = ctx.spec
     written = spec.facts.config_num_layers
@@ -57,14 +58,16 @@ def layer_count(ctx: RuleContext):
         yield Hit(f"{key} is {written} but the tensors hold {held} layer(s): {effect}; set it to {held}", key=key)
 
 
-@rule("EK102", "error", "structure", "P2", "a draft layer has no tensors at all")
+@rule("EK102", "error", "structure", "P2", "a draft layer has no tensors at all",
+      fix="re-export the missing layer from the training checkpoint, or renumber the layers the export holds")
 def layer_gaps(ctx: RuleContext):
     present = sorted(set(ctx.spec.facts.tensor_layer_ids))
     for i in _empty_layers(ctx):
         yield Hit(f"layer {i} has no tensors (layers {present} do): a truncated or mis-renamed multi-layer export")
 
 
-@rule("EK103", "error", "structure", "P5", "a tensor the architecture needs is missing")
+@rule("EK103", "error", "structure", "P5", "a tensor the architecture needs is missing",
+      fix="re-export the missing tensor from the training checkpoint")
 def missing_tensors(ctx: RuleContext):
     empty = set(_empty_layers(ctx))
     for e in ctx.expectations:
@@ -76,7 +79,8 @@ def missing_tensors(ctx: RuleContext):
                   "uninitialised weights: re-export it from the training checkpoint", tensor=e.name)
 
 
-@rule("EK104", "error", "structure", "P30", "a tensor that is not part of the declared architecture")
+@rule("EK104", "error", "structure", "P30", "a tensor that is not part of the declared architecture",
+      fix="rename the tensor to its place in the architecture, or remove it")
 def unexpected_tensors(ctx: RuleContext):
     spec = ctx.spec
     expected = {e.name for e in ctx.expectations}
@@ -90,7 +94,8 @@ def unexpected_tensors(ctx: RuleContext):
                   "rename or remove it", tensor=name)
 
 
-@rule("EK105", "error", "structure", "P43", "a tensor's shape disagrees with the geometry")
+@rule("EK105", "error", "structure", "P43", "a tensor's shape disagrees with the geometry",
+      fix="write the geometry the weights were trained with (heads, head_dim, sizes) in config.json")
 def tensor_shapes(ctx: RuleContext):
     spec = ctx.spec
     quantised = quantization_config(spec) is not None
@@ -108,7 +113,8 @@ def tensor_shapes(ctx: RuleContext):
                   "geometry (heads, head_dim, sizes) does not describe these weights", tensor=e.name)
 
 
-@rule("EK106", "error", "structure", "P24", "a tensor has the wrong dtype")
+@rule("EK106", "error", "structure", "P24", "a tensor has the wrong dtype",
+      fix="re-export the tensor in the dtype the finding names (d2t: int64 offsets; t2d: a bool mask)")
 def tensor_dtypes(ctx: RuleContext):
     spec = ctx.spec
     for e in ctx.expectations:
@@ -122,7 +128,9 @@ def tensor_dtypes(ctx: RuleContext):
 
 
 @rule("EK159", "error", "structure", "P24", "a weight tensor that holds no floating-point values",
-      refuses_upgrade=True)
+      refuses_upgrade=True,
+      fix=("re-export the weight as floating-point values, or, quantised, with its quantization_config and scales; "
+           "upgrade refuses the source until then"))
 def weight_dtypes(ctx: RuleContext):
     spec = ctx.spec
     quantised = quantization_config(spec) is not None
@@ -137,14 +145,16 @@ def weight_dtypes(ctx: RuleContext):
                   tensor=e.name)
 
 
-@rule("EK158", "error", "structure", None, "a quantisation tensor no conversion can carry", refuses_upgrade=True)
+@rule("EK158", "error", "structure", None, "a quantisation tensor no conversion can carry", refuses_upgrade=True,
+      fix="write the weights unquantised (from the training checkpoint), or serve the quantised draft as it is")
 def quantisation_tensors(ctx: RuleContext):
     for c in quant_companions(ctx.spec):
         if c.problem:
             yield Hit(c.problem, tensor=c.name)
 
 
-@rule("EK160", "error", "structure", None, "a quantised weight without its weight_scale", refuses_upgrade=True)
+@rule("EK160", "error", "structure", None, "a quantised weight without its weight_scale", refuses_upgrade=True,
+      fix="export each quantised weight's weight_scale with it, or write the weight unquantised")
 def unscaled_quantised_weights(ctx: RuleContext):
     qcfg = quantization_config(ctx.spec) or {}
     for name in unscaled_weights(ctx.spec):
@@ -155,7 +165,8 @@ def unscaled_quantised_weights(ctx: RuleContext):
                   "garbage; export the scale with the weight, or write the weight unquantised", tensor=name)
 
 
-@rule("EK107", "error", "structure", "P32", "a layer >= 1 keeps its input norm under hidden_norm")
+@rule("EK107", "error", "structure", "P32", "a layer >= 1 keeps its input norm under hidden_norm",
+      fix="rename layers.{i}.hidden_norm.weight to layers.{i}.input_layernorm.weight (`eaglekit upgrade` does)")
 def megatron_hidden_norm(ctx: RuleContext):
     for name in sorted(ctx.spec.tensors):
         i = layer_index(name)
@@ -165,7 +176,8 @@ def megatron_hidden_norm(ctx: RuleContext):
                       f"keep layer {i}'s input norm at 1.0: rename it to {input_norm}", tensor=name)
 
 
-@rule("EK108", "error", "structure", "P2", "doubly indexed layer names (layers.i.j.)")
+@rule("EK108", "error", "structure", "P2", "doubly indexed layer names (layers.i.j.)",
+      fix="convert again from the original multi-layer checkpoint, not from speculators convert's output")
 def double_indexed(ctx: RuleContext):
     names = names_in_source(ctx.spec, lambda n: bool(DOUBLE_INDEX.match(n.removeprefix("model."))))
     if names:
@@ -173,7 +185,8 @@ def double_indexed(ctx: RuleContext):
                   "pushed through speculators convert, whose saved layers are random; convert from the original")
 
 
-@rule("EK109", "error", "structure", "P30", "training-state prefix draft_model.")
+@rule("EK109", "error", "structure", "P30", "training-state prefix draft_model.",
+      fix="run the producer's export step on the training state and use what it writes")
 def draft_model_prefix(ctx: RuleContext):
     names = names_in_source(ctx.spec, lambda n: n.startswith("draft_model."))
     if names:
@@ -184,7 +197,9 @@ def draft_model_prefix(ctx: RuleContext):
 # ---------------------------------------------------------------- norm flags and their tensors
 
 
-@rule("EK110", "error", "structure", "P3", "fc_norm: true without its K fc_norm tensors")
+@rule("EK110", "error", "structure", "P3", "fc_norm: true without its K fc_norm tensors",
+      fix=("restore the K fc_norm.{k}.weight tensors from the training checkpoint, or write fc_norm: false if the "
+           "draft was trained without them"))
 def fc_norm_missing(ctx: RuleContext):
     spec = ctx.spec
     if not spec.flags.fc_norm:
@@ -202,7 +217,8 @@ def fc_norm_missing(ctx: RuleContext):
                   tensor=f"fc_norm.{extra[0]}.weight")
 
 
-@rule("EK111", "error", "structure", "P3", "fc_norm tensors while fc_norm is not true", refuses_load=True)
+@rule("EK111", "error", "structure", "P3", "fc_norm tensors while fc_norm is not true", refuses_load=True,
+      fix="write fc_norm: true if the draft was trained with the norms; otherwise remove the fc_norm tensors")
 def fc_norm_unflagged(ctx: RuleContext):
     spec = ctx.spec
     ids = spec.facts.fc_norm_tensor_ids
@@ -211,35 +227,42 @@ def fc_norm_unflagged(ctx: RuleContext):
                   "names and SGLang silently skips them; write fc_norm: true", key="fc_norm")
 
 
-@rule("EK112", "error", "structure", "P8", "norm_before_fc: true without input_norm.weight")
+@rule("EK112", "error", "structure", "P8", "norm_before_fc: true without input_norm.weight",
+      fix=("restore input_norm.weight from the training checkpoint, or write norm_before_fc: false if the draft was "
+           "trained without it"))
 def input_norm_missing(ctx: RuleContext):
     if ctx.spec.flags.norm_before_fc and "input_norm.weight" not in ctx.spec.tensors:
         yield Hit("norm_before_fc is true but input_norm.weight is missing: the engine keeps an all-ones norm",
                   key="norm_before_fc")
 
 
-@rule("EK113", "error", "structure", "P8", "input_norm.weight while norm_before_fc is not true")
+@rule("EK113", "error", "structure", "P8", "input_norm.weight while norm_before_fc is not true",
+      fix="write norm_before_fc: true")
 def input_norm_unflagged(ctx: RuleContext):
     if "input_norm.weight" in ctx.spec.tensors and not ctx.spec.flags.norm_before_fc:
         yield Hit("input_norm.weight is present but norm_before_fc is not true: vLLM drops it silently and serves "
                   "without the norm; write norm_before_fc: true", tensor="input_norm.weight")
 
 
-@rule("EK114", "error", "structure", "P37", "norm_before_fc and fc_norm together")
+@rule("EK114", "error", "structure", "P37", "norm_before_fc and fc_norm together",
+      fix="keep the flag the draft was trained with; write the other false and remove its tensors")
 def both_fc_norms(ctx: RuleContext):
     if ctx.spec.flags.norm_before_fc and ctx.spec.flags.fc_norm:
         yield Hit("norm_before_fc and fc_norm are both true: speculators forbids the pair and no trainer produces "
                   "it; keep the one the draft was trained with", key="norm_before_fc")
 
 
-@rule("EK115", "info", "structure", "P37", "norm_before_fc is not EAGLE-3.1")
+@rule("EK115", "info", "structure", "P37", "norm_before_fc is not EAGLE-3.1",
+      fix="nothing to fix: it serves as norm_before_fc and cannot be reshaped into EAGLE-3.1's fc_norm")
 def norm_before_fc_note(ctx: RuleContext):
     if "input_norm.weight" in ctx.spec.tensors and ctx.spec.flags.norm_before_fc and not ctx.spec.flags.fc_norm:
         yield Hit("input_norm.weight is one RMSNorm over the whole K·T concatenation (norm_before_fc), not "
                   "EAGLE-3.1's per-state fc_norm; it cannot be reshaped into fc_norm", tensor="input_norm.weight")
 
 
-@rule("EK116", "error", "structure", "P31", "norm_before_fc in an MLA draft")
+@rule("EK116", "error", "structure", "P31", "norm_before_fc in an MLA draft",
+      fix=("remove norm_before_fc and input_norm.weight, or retrain without them: the MLA eagle3 class has no input "
+           "norm"))
 def mla_input_norm(ctx: RuleContext):
     spec = ctx.spec
     if spec.attention == "mla" and (spec.flags.norm_before_fc or "input_norm.weight" in spec.tensors):
@@ -250,7 +273,8 @@ def mla_input_norm(ctx: RuleContext):
 # ---------------------------------------------------------------- fc, K and T
 
 
-@rule("EK120", "error", "structure", "P11", "fc in-features are not a multiple of T")
+@rule("EK120", "error", "structure", "P11", "fc in-features are not a multiple of T",
+      fix="write the target_hidden_size the draft was trained for, or re-export fc.weight")
 def fc_width(ctx: RuleContext):
     spec = ctx.spec
     fc_in = spec.facts.fc_in_features
@@ -260,7 +284,8 @@ def fc_width(ctx: RuleContext):
                   "weight is wrong", tensor="fc.weight")
 
 
-@rule("EK121", "error", "structure", "P11", "num_aux_hidden_states disagrees with fc")
+@rule("EK121", "error", "structure", "P11", "num_aux_hidden_states disagrees with fc",
+      fix="write num_aux_hidden_states as the K that fc.weight holds (the finding names it)")
 def k_written(ctx: RuleContext):
     spec = ctx.spec
     written = spec.facts.config_num_aux_hidden_states
@@ -272,7 +297,8 @@ def k_written(ctx: RuleContext):
                   f"T={T}): set it to {K}", key="num_aux_hidden_states")
 
 
-@rule("EK122", "error", "structure", "P11", "an aux-id list's length disagrees with K")
+@rule("EK122", "error", "structure", "P11", "an aux-id list's length disagrees with K",
+      fix="write the K distinct aux layer ids the draft was trained on")
 def ids_count(ctx: RuleContext):
     K = ctx.spec.num_aux_hidden_states
     if not K or not ctx.spec.facts.fc_in_features:
@@ -283,7 +309,8 @@ def ids_count(ctx: RuleContext):
                       "aux states: the capture count must equal K", key=key)
 
 
-@rule("EK123", "error", "structure", "P26", "target_hidden_size missing or wrong")
+@rule("EK123", "error", "structure", "P26", "target_hidden_size missing or wrong",
+      fix="write target_hidden_size as the width of the fc_norm tensors (the target's hidden size)")
 def target_hidden_size(ctx: RuleContext):
     spec = ctx.spec
     H = spec.geometry.hidden_size
@@ -299,7 +326,8 @@ def target_hidden_size(ctx: RuleContext):
         yield Hit(f"target_hidden_size is {written} but the fc_norm tensors are {width} wide", key="target_hidden_size")
 
 
-@rule("EK124", "error", "structure", "P26", "T != H without the draft's own embed_tokens")
+@rule("EK124", "error", "structure", "P26", "T != H without the draft's own embed_tokens",
+      fix="ship the draft's own embed_tokens.weight [V, H] from the training checkpoint")
 def embed_needed(ctx: RuleContext):
     spec = ctx.spec
     H, T = spec.geometry.hidden_size, spec.geometry.target_hidden
@@ -308,7 +336,8 @@ def embed_needed(ctx: RuleContext):
                   f"cannot be shared: ship embed_tokens.weight [V, {H}]", tensor="embed_tokens.weight")
 
 
-@rule("EK125", "error", "structure", "P43", "a config size disagrees with the tensors")
+@rule("EK125", "error", "structure", "P43", "a config size disagrees with the tensors",
+      fix="write the size the tensors hold (the finding names it)")
 def config_sizes(ctx: RuleContext):
     spec = ctx.spec
     lcfg = layer_config(spec)
@@ -325,7 +354,8 @@ def config_sizes(ctx: RuleContext):
 # ---------------------------------------------------------------- vocabulary
 
 
-@rule("EK130", "error", "structure", "P4", "reduced draft vocabulary without d2t")
+@rule("EK130", "error", "structure", "P4", "reduced draft vocabulary without d2t",
+      fix="restore d2t from the training checkpoint")
 def d2t_missing(ctx: RuleContext):
     v = ctx.spec.vocab
     if v.vocab_size is not None and v.draft_vocab_size < v.vocab_size and not v.has_d2t:
@@ -333,7 +363,8 @@ def d2t_missing(ctx: RuleContext):
                   "the wrong target tokens (acceptance ~0); restore d2t from the source checkpoint", tensor="d2t")
 
 
-@rule("EK131", "error", "structure", "P28", "vocabulary sizes disagree")
+@rule("EK131", "error", "structure", "P28", "vocabulary sizes disagree",
+      fix="write vocab_size as the target's vocabulary and draft_vocab_size as the rows of lm_head.weight")
 def vocab_sizes(ctx: RuleContext):
     spec = ctx.spec
     Vd, V = spec.vocab.draft_vocab_size, spec.vocab.vocab_size
@@ -348,7 +379,8 @@ def vocab_sizes(ctx: RuleContext):
                   key="vocab_size")
 
 
-@rule("EK132", "error", "structure", "P5", "no lm_head although Vd != V")
+@rule("EK132", "error", "structure", "P5", "no lm_head although Vd != V",
+      fix="restore lm_head.weight from the training checkpoint")
 def lm_head_missing(ctx: RuleContext):
     v = ctx.spec.vocab
     if not ctx.spec.has_lm_head and v.vocab_size is not None and v.draft_vocab_size != v.vocab_size:
@@ -356,7 +388,8 @@ def lm_head_missing(ctx: RuleContext):
                   "cannot stand in; engines run with a random head", tensor="lm_head.weight")
 
 
-@rule("EK133", "info", "structure", "P5", "no lm_head: the target's head is used")
+@rule("EK133", "info", "structure", "P5", "no lm_head: the target's head is used",
+      fix="nothing to fix: the model card should say the target's head is shared")
 def lm_head_shared(ctx: RuleContext):
     v = ctx.spec.vocab
     if not ctx.spec.has_lm_head and v.vocab_size is not None and v.draft_vocab_size == v.vocab_size:
@@ -368,7 +401,8 @@ def _tied(ctx: RuleContext) -> bool:
     return bool(ctx.spec.config.get("tie_word_embeddings", layer_config(ctx.spec).get("tie_word_embeddings", False)))
 
 
-@rule("EK134", "error", "structure", "P28", "tie_word_embeddings with a reduced vocabulary")
+@rule("EK134", "error", "structure", "P28", "tie_word_embeddings with a reduced vocabulary",
+      fix="write tie_word_embeddings: false")
 def tied_reduced(ctx: RuleContext):
     v = ctx.spec.vocab
     if _tied(ctx) and v.vocab_size is not None and v.draft_vocab_size < v.vocab_size:
@@ -376,7 +410,8 @@ def tied_reduced(ctx: RuleContext):
                   f"V={v.vocab_size}: impossible to tie; write tie_word_embeddings: false", key="tie_word_embeddings")
 
 
-@rule("EK135", "warning", "structure", "P28", "tie_word_embeddings inherited from a tied target")
+@rule("EK135", "warning", "structure", "P28", "tie_word_embeddings inherited from a tied target",
+      fix="write tie_word_embeddings: false")
 def tied_full(ctx: RuleContext):
     v = ctx.spec.vocab
     if _tied(ctx) and (v.vocab_size is None or v.draft_vocab_size >= v.vocab_size):
@@ -384,7 +419,8 @@ def tied_full(ctx: RuleContext):
                   "write tie_word_embeddings: false", key="tie_word_embeddings")
 
 
-@rule("EK136", "info", "structure", "P25", "d2t without t2d")
+@rule("EK136", "info", "structure", "P25", "d2t without t2d",
+      fix="export t2d beside d2t where SpecForge, speculators convert or executorch read the draft")
 def d2t_without_t2d(ctx: RuleContext):
     v = ctx.spec.vocab
     if v.has_d2t and not v.has_t2d and v.vocab_size is not None and v.draft_vocab_size < v.vocab_size:
@@ -392,7 +428,9 @@ def d2t_without_t2d(ctx: RuleContext):
                   "require t2d too (speculators convert drops d2t without it)", tensor="t2d")
 
 
-@rule("EK137", "warning", "structure", "P7", "TorchSpec vocabulary pruning")
+@rule("EK137", "warning", "structure", "P7", "TorchSpec vocabulary pruning",
+      fix=("measure it with `eaglekit verify`; where acceptance is low, slice lm_head again by the target ids from the"
+           " training checkpoint"))
 def torchspec_pruning(ctx: RuleContext):
     spec = ctx.spec
     marker = "torchspec_version" in spec.metadata or "_torchspec_version" in spec.config
@@ -405,7 +443,8 @@ def torchspec_pruning(ctx: RuleContext):
 # ---------------------------------------------------------------- aux layer ids
 
 
-@rule("EK140", "error", "structure", "P20", "duplicate aux layer ids")
+@rule("EK140", "error", "structure", "P20", "duplicate aux layer ids",
+      fix="write each aux layer id once: the layers the draft was trained on")
 def duplicate_ids(ctx: RuleContext):
     for key, ids in written_id_lists(ctx.spec):
         if len(set(ids)) != len(ids):
@@ -413,7 +452,9 @@ def duplicate_ids(ctx: RuleContext):
                       key=key)
 
 
-@rule("EK141", "warning", "structure", "P20", "aux layer ids not in ascending order")
+@rule("EK141", "warning", "structure", "P20", "aux layer ids not in ascending order",
+      fix=("write the aux layer ids ascending; if the producer concatenated in listed order, permute fc's column "
+           "blocks to match"))
 def unsorted_ids(ctx: RuleContext):
     for key, ids in written_id_lists(ctx.spec):
         if len(set(ids)) == len(ids) and ids != sorted(ids):
@@ -421,7 +462,8 @@ def unsorted_ids(ctx: RuleContext):
                       "that used listed order had its fc column blocks permuted", key=key)
 
 
-@rule("EK142", "warning", "structure", "P16", "aux id convention unknown")
+@rule("EK142", "warning", "structure", "P16", "aux id convention unknown",
+      fix="find the convention with `eaglekit verify --diagnose` (aux ids +-1) and write the ids in vLLM convention")
 def convention_unknown(ctx: RuleContext):
     aux = ctx.spec.aux
     if aux.as_written is not None and aux.convention is None:
@@ -429,7 +471,8 @@ def convention_unknown(ctx: RuleContext):
                   "input-of-layer from output-of-layer (off by one either way); eaglekit verify can sweep both")
 
 
-@rule("EK143", "warning", "structure", "P16", "aux id convention guessed")
+@rule("EK143", "warning", "structure", "P16", "aux id convention guessed",
+      fix="confirm the convention with `eaglekit verify --diagnose`, which scores the ids +-1")
 def convention_guessed(ctx: RuleContext):
     aux = ctx.spec.aux
     if aux.as_written is not None and aux.convention is not None and not aux.convention_known:
@@ -437,7 +480,8 @@ def convention_guessed(ctx: RuleContext):
                   f"vLLM ids {fmt_ids(aux.ids or ())}; confirm with eaglekit verify")
 
 
-@rule("EK144", "warning", "structure", "P46", "input-of-layer layout whose first aux id is 1")
+@rule("EK144", "warning", "structure", "P46", "input-of-layer layout whose first aux id is 1",
+      fix="check the ids against the training run: output-of-layer ids copied here need +1")
 def input_ids_look_shifted(ctx: RuleContext):
     aux = ctx.spec.aux
     if aux.convention_known and aux.convention == "input" and aux.as_written and aux.as_written[0] == 1:
@@ -445,7 +489,8 @@ def input_ids_look_shifted(ctx: RuleContext):
                   "ids are input-of-layer: copied without the +1 shift?")
 
 
-@rule("EK145", "warning", "structure", "P47", "output-of-layer producer whose first aux id is 2")
+@rule("EK145", "warning", "structure", "P47", "output-of-layer producer whose first aux id is 2",
+      fix="check the ids against the training run: ids that were already shifted must not be shifted again")
 def output_ids_look_shifted(ctx: RuleContext):
     aux = ctx.spec.aux
     if aux.convention_known and aux.convention == "output" and aux.as_written and aux.as_written[0] == 2:
@@ -454,7 +499,8 @@ def output_ids_look_shifted(ctx: RuleContext):
                   "late")
 
 
-@rule("EK146", "warning", "structure", "P19", "top-level and eagle_config aux ids differ")
+@rule("EK146", "warning", "structure", "P19", "top-level and eagle_config aux ids differ",
+      fix="write the ids the draft was trained on in both places, each in the convention its reader takes")
 def ids_disagree(ctx: RuleContext):
     lists = dict(written_id_lists(ctx.spec))
     top = lists.get("eagle_aux_hidden_state_layer_ids")
@@ -470,7 +516,8 @@ def ids_disagree(ctx: RuleContext):
 # ---------------------------------------------------------------- semantics flags
 
 
-@rule("EK150", "warning", "structure", "P12", "speculators layout without norm_before_residual")
+@rule("EK150", "warning", "structure", "P12", "speculators layout without norm_before_residual",
+      fix="write norm_before_residual with the value the draft was trained with")
 def nbr_speculators(ctx: RuleContext):
     spec = ctx.spec
     if spec.config_layout == "speculators" and "norm_before_residual" not in spec.config:
@@ -479,7 +526,8 @@ def nbr_speculators(ctx: RuleContext):
                   key="norm_before_residual")
 
 
-@rule("EK151", "info", "structure", "P12", "flat layout without norm_before_residual")
+@rule("EK151", "info", "structure", "P12", "flat layout without norm_before_residual",
+      fix="write norm_before_residual explicitly (`eaglekit upgrade` does)")
 def nbr_flat(ctx: RuleContext):
     spec = ctx.spec
     if spec.config_layout == "flat" and "norm_before_residual" not in spec.config:
@@ -487,7 +535,9 @@ def nbr_flat(ctx: RuleContext):
                   "vLLM-ready config writes it explicitly", key="norm_before_residual")
 
 
-@rule("EK152", "warning", "structure", "P12", "norm_before_residual forced true by ModelOpt convert_to_vllm_ckpt")
+@rule("EK152", "warning", "structure", "P12", "norm_before_residual forced true by ModelOpt convert_to_vllm_ckpt",
+      fix=("write the norm_before_residual the draft was trained with (ModelOpt: usually false); `eaglekit verify "
+           "--diagnose` scores both"))
 def nbr_forced(ctx: RuleContext):
     spec = ctx.spec
     if spec.facts.norm_before_residual_forced and spec.config.get("norm_before_residual") is True:
@@ -496,7 +546,8 @@ def nbr_forced(ctx: RuleContext):
                   key="norm_before_residual")
 
 
-@rule("EK153", "warning", "structure", "P35", "SpecForge norm_output whose meaning depends on the SpecForge version")
+@rule("EK153", "warning", "structure", "P35", "SpecForge norm_output whose meaning depends on the SpecForge version",
+      fix="confirm the SpecForge version the draft was trained with, or score both with `eaglekit verify --diagnose`")
 def specforge_norm_output(ctx: RuleContext):
     spec = ctx.spec
     if spec.facts.norm_output_meaning_versioned and "norm_output" in spec.config:
@@ -507,7 +558,8 @@ def specforge_norm_output(ctx: RuleContext):
                   key="norm_output")
 
 
-@rule("EK154", "info", "structure", "P33", "sliding-window draft attention")
+@rule("EK154", "info", "structure", "P33", "sliding-window draft attention",
+      fix="keep the sliding-window keys through any conversion and measure acceptance with `eaglekit verify`")
 def sliding_window(ctx: RuleContext):
     lcfg = layer_config(ctx.spec)
     types = lcfg.get("layer_types")
@@ -518,7 +570,8 @@ def sliding_window(ctx: RuleContext):
                   "the draft is not established; keep the keys through any conversion", key="layer_types")
 
 
-@rule("EK155", "info", "structure", "P40", "rope_theta not written")
+@rule("EK155", "info", "structure", "P40", "rope_theta not written",
+      fix="write rope_theta explicitly: 10000 if the draft was trained with EAGLE's default")
 def rope_theta(ctx: RuleContext):
     lcfg = layer_config(ctx.spec)
     params = nested(lcfg, "rope_parameters")
@@ -527,7 +580,8 @@ def rope_theta(ctx: RuleContext):
                   key=layer_key(ctx.spec, "rope_theta"))
 
 
-@rule("EK156", "warning", "structure", "P36", "an upgrade's warm start that was never fine-tuned")
+@rule("EK156", "warning", "structure", "P36", "an upgrade's warm start that was never fine-tuned",
+      fix="fine-tune it against its target with `eaglekit finetune` before serving or pushing it")
 def untrained_warm_start(ctx: RuleContext):
     from eaglekit.provenance import untrained_warm_start
 
@@ -538,7 +592,8 @@ def untrained_warm_start(ctx: RuleContext):
                   key="eaglekit")
 
 
-@rule("EK157", "error", "structure", None, "config value of the wrong type or range", refuses_upgrade=True)
+@rule("EK157", "error", "structure", None, "config value of the wrong type or range", refuses_upgrade=True,
+      fix="write the value with the type and range the finding names")
 def config_value_types(ctx: RuleContext):
     for problem in ctx.spec.facts.config_problems:
         yield Hit(f"{problem.message}; engines misread or refuse it", key=problem.key)

@@ -19,7 +19,8 @@ def _target(ctx: RuleContext) -> TargetInfo:
     return ctx.target
 
 
-@rule("EK201", "error", "target", "P28", "draft vocabulary size is not the target's")
+@rule("EK201", "error", "target", "P28", "draft vocabulary size is not the target's",
+      fix="write vocab_size as the target's vocabulary, or check that --target is the model the draft was built for")
 def target_vocab(ctx: RuleContext):
     spec, t = ctx.spec, _target(ctx)
     written = spec.facts.config_vocab_size
@@ -33,7 +34,8 @@ def target_vocab(ctx: RuleContext):
                   "tokens", tensor="lm_head.weight")
 
 
-@rule("EK202", "error", "target", "P26", "draft's T is not the target's hidden size")
+@rule("EK202", "error", "target", "P26", "draft's T is not the target's hidden size",
+      fix="check that --target is the model the draft was built for, else write its hidden size as target_hidden_size")
 def target_hidden(ctx: RuleContext):
     T = ctx.spec.geometry.target_hidden
     hidden = _target(ctx).hidden_size
@@ -43,7 +45,8 @@ def target_hidden(ctx: RuleContext):
                   key="target_hidden_size")
 
 
-@rule("EK203", "error", "target", "P18", "aux layer id outside [0, L]")
+@rule("EK203", "error", "target", "P18", "aux layer id outside [0, L]",
+      fix="write aux ids within [0, L] of the target the draft was trained for, or check --target")
 def ids_in_range(ctx: RuleContext):
     ids, L = ctx.spec.aux.ids, _target(ctx).num_layers
     if ids and any(i < 0 or i > L for i in ids):
@@ -52,7 +55,8 @@ def ids_in_range(ctx: RuleContext):
                   f"{L}-layer target: the engine fails or captures nothing there")
 
 
-@rule("EK204", "info", "target", "P18", "aux layer id at a boundary (0 or L)")
+@rule("EK204", "info", "target", "P18", "aux layer id at a boundary (0 or L)",
+      fix="nothing to fix for vLLM; for SGLang's Llama path write ids below L")
 def ids_at_boundary(ctx: RuleContext):
     ids, L = ctx.spec.aux.ids, _target(ctx).num_layers
     if not ids:
@@ -64,7 +68,8 @@ def ids_at_boundary(ctx: RuleContext):
         yield Hit("aux id 0 is the embedding output, an unusual capture point")
 
 
-@rule("EK205", "warning", "target", "P16", "aux ids equal the other convention's default")
+@rule("EK205", "warning", "target", "P16", "aux ids equal the other convention's default",
+      fix="check the ids against the training run and add the +1 shift where it was skipped")
 def ids_other_default(ctx: RuleContext):
     aux, L = ctx.spec.aux, _target(ctx).num_layers
     if aux.as_written is None or aux.convention is None:
@@ -83,7 +88,8 @@ def _attention_layer(kind: str) -> bool:
     return "attention" in kind and "linear" not in kind
 
 
-@rule("EK206", "warning", "target", "P21", "hybrid target: an aux id does not capture after an attention layer")
+@rule("EK206", "warning", "target", "P21", "hybrid target: an aux id does not capture after an attention layer",
+      fix="check the ids are the layers the draft was trained on: hybrid targets train on attention layers")
 def hybrid_ids(ctx: RuleContext):
     types, ids = _target(ctx).layer_types, ctx.spec.aux.ids
     if not types or all(_attention_layer(t) for t in types) or not ids:
@@ -94,7 +100,8 @@ def hybrid_ids(ctx: RuleContext):
                   f"({', '.join(sorted({types[i - 1] for i in bad}))}); these drafts are trained on attention layers")
 
 
-@rule("EK207", "error", "target", "P21", "hybrid target without recorded aux ids")
+@rule("EK207", "error", "target", "P21", "hybrid target without recorded aux ids",
+      fix="write the aux ids the draft was trained on")
 def hybrid_no_ids(ctx: RuleContext):
     types = _target(ctx).layer_types
     if types and not all(_attention_layer(t) for t in types) and ctx.spec.aux.as_written is None:
@@ -149,14 +156,16 @@ def _decode(ctx: RuleContext) -> tuple[DecodeReading, TargetInfo] | None:
     return None if reading is None else (reading, _target(ctx))
 
 
-@rule("EK291", "info", "target", None, "decode: the draft records no vocabulary size, the target's is assumed")
+@rule("EK291", "info", "target", None, "decode: the draft records no vocabulary size, the target's is assumed",
+      fix="write vocab_size in the draft's config.json")
 def decode_vocab_unrecorded(ctx: RuleContext):
     if (found := _decode(ctx)) is not None and ctx.spec.vocab.vocab_size is None:
         yield Hit(f"draft does not record its vocabulary size; the target's V={found[1].vocab_size} is assumed",
                   key="vocab_size")
 
 
-@rule("EK292", "error", "target", None, "decode: the draft's vocabulary is not the target's")
+@rule("EK292", "error", "target", None, "decode: the draft's vocabulary is not the target's",
+      fix="decode against the target the draft was built for (its vocabulary)")
 def decode_vocab(ctx: RuleContext):
     if (found := _decode(ctx)) is None:
         return
@@ -165,7 +174,8 @@ def decode_vocab(ctx: RuleContext):
         yield Hit(f"draft vocabulary V={draft_v}, the target has V={V}", key="vocab_size")
 
 
-@rule("EK293", "error", "target", "P26", "decode: the draft's T does not fit the target's hidden size")
+@rule("EK293", "error", "target", "P26", "decode: the draft's T does not fit the target's hidden size",
+      fix="decode against the target the draft was built for (its hidden size), or write target_hidden_size")
 def decode_target_hidden(ctx: RuleContext):
     if (found := _decode(ctx)) is None:
         return
@@ -179,7 +189,8 @@ def decode_target_hidden(ctx: RuleContext):
         yield Hit(f"fc takes {fc_in} inputs, not a multiple of the target's hidden size T={T}", tensor="fc.weight")
 
 
-@rule("EK294", "error", "target", None, "decode: aux layer ids unknown, outside [0, L], duplicated or not K")
+@rule("EK294", "error", "target", None, "decode: aux layer ids unknown, outside [0, L], duplicated or not K",
+      fix="pass --aux-layer-ids (vLLM convention): K distinct ids within [0, L], the layers the draft was trained on")
 def decode_aux_ids(ctx: RuleContext):
     if (found := _decode(ctx)) is None:
         return
@@ -195,7 +206,9 @@ def decode_aux_ids(ctx: RuleContext):
         yield Hit(f"{len(ids)} aux layer ids {list(ids)} but fc takes K={k} target states")
 
 
-@rule("EK295", "error", "target", "P26", "decode: embed_tokens neither fits nor can be shared with the target")
+@rule("EK295", "error", "target", "P26", "decode: embed_tokens neither fits nor can be shared with the target",
+      fix=("ship the draft's own embed_tokens.weight [V, H] from the training checkpoint, or decode against the target"
+           " the draft was built for"))
 def decode_embed_tokens(ctx: RuleContext):
     if (found := _decode(ctx)) is None:
         return
@@ -210,7 +223,8 @@ def decode_embed_tokens(ctx: RuleContext):
                   "embedding cannot be shared (P26)")
 
 
-@rule("EK296", "error", "target", "P5", "decode: lm_head neither fits nor can be shared with the target")
+@rule("EK296", "error", "target", "P5", "decode: lm_head neither fits nor can be shared with the target",
+      fix="ship lm_head.weight from the training checkpoint, or decode against the target the draft was built for")
 def decode_lm_head(ctx: RuleContext):
     if (found := _decode(ctx)) is None:
         return
@@ -235,7 +249,8 @@ def _smaller_head(ctx: RuleContext) -> int | None:
     return Vd if Vd and Vd < found[1].vocab_size else None
 
 
-@rule("EK297", "warning", "target", "P4", "decode: Vd < V without a d2t map")
+@rule("EK297", "warning", "target", "P4", "decode: Vd < V without a d2t map",
+      fix="restore d2t from the training checkpoint")
 def decode_d2t_missing(ctx: RuleContext):
     Vd = _smaller_head(ctx)
     if Vd is not None and "d2t" not in ctx.spec.tensors:
@@ -243,7 +258,8 @@ def decode_d2t_missing(ctx: RuleContext):
                   "silently maps draft id i to target id i, and so does this decode; the trained map is lost")
 
 
-@rule("EK298", "error", "target", None, "decode: d2t maps outside the target vocabulary or two ids to one")
+@rule("EK298", "error", "target", None, "decode: d2t maps outside the target vocabulary or two ids to one",
+      fix="restore d2t from the training checkpoint: offsets that map each draft id to its own target id")
 def decode_d2t(ctx: RuleContext):
     Vd = _smaller_head(ctx)
     if Vd is None or "d2t" not in ctx.spec.tensors:
@@ -260,7 +276,9 @@ def decode_d2t(ctx: RuleContext):
         yield Hit("d2t maps two draft ids to the same target id", tensor="d2t")
 
 
-@rule("EK299", "warning", "target", None, "decode: vLLM reads the files otherwise than this decode")
+@rule("EK299", "warning", "target", None, "decode: vLLM reads the files otherwise than this decode",
+      fix=("run the upgrade the finding names so vLLM reads what this decode reads, or measure both with `--engine "
+           "both`"))
 def decode_served_as_written(ctx: RuleContext):
     """What vLLM does with these files as they are: the decode reads them as eaglekit does, which may differ."""
     if (found := _decode(ctx)) is None or not found[0].vllm_errors:

@@ -21,8 +21,9 @@ from typing import Any
 
 from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.engines.vllm import acceptance_settings, check_speculative_settings, split_speculative_settings
-from eaglekit.errors import EngineError, UsageError
+from eaglekit.errors import EngineError, EngineMissing, UsageError
 from eaglekit.runtime import processes
+from eaglekit.runtime.checkout import CHECKOUT, checkout_script
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 AUX_LOG = re.compile(r"[^\n]*auxiliary layers[^\n]*", re.IGNORECASE)
@@ -49,9 +50,8 @@ PROJECT_ENVIRONMENT = ".vllm-env"  # where scripts/vllm-env.sh writes by default
 def project_environments() -> list[str]:
     """The Pythons of `.vllm-env` in the working directory and in the eaglekit checkout, where the README's setup
     puts vLLM."""
-    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     places = dict.fromkeys(os.path.join(os.path.abspath(p), PROJECT_ENVIRONMENT, "bin", "python")
-                           for p in (os.getcwd(), checkout))
+                           for p in (os.getcwd(), CHECKOUT))
     return list(places)
 
 
@@ -141,8 +141,17 @@ def parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def install_hint() -> str:
+    """The command that installs vLLM and the setting that points eaglekit at it, named from the working directory."""
+    script = checkout_script("scripts", "vllm-env.sh")
+    where = f"`{script}`" if script else "`scripts/vllm-env.sh` of the eaglekit sources"
+    return (f"install it with {where} (it makes {PROJECT_ENVIRONMENT}) and run with "
+            f"`EAGLEKIT_VLLM_PYTHON={PROJECT_ENVIRONMENT}/bin/python` (or --engine-python)")
+
+
 def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT_S) -> str:
-    """vLLM's version in the engine interpreter; one line saying how to install it when it is missing."""
+    """vLLM's version in the engine interpreter; EngineMissing, one line with the command that installs it first,
+    when it is not there (a machine without vLLM, not a wrong command line)."""
     python = opts.interpreter
     with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as work:
         try:
@@ -150,18 +159,19 @@ def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT
                                   os.path.join(work, "probe.log"), timeout_s=timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
             why = exc.strerror if isinstance(exc, OSError) else f"importing vLLM took over {timeout_s:.0f} s"
-            raise UsageError(f"--engine vllm: cannot run {python} ({why}; {where_looked(opts)}); create a vLLM "
-                             "environment with scripts/vllm-env.sh (it makes .vllm-env), or pass --engine-python "
-                             ".vllm-env/bin/python") from None
+            raise _missing(f"cannot run {python}", f"{why}; {where_looked(opts)}") from None
     if probe.returncode != 0:
         last = (probe.log.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(f"--engine vllm: vLLM does not import in {python} ({last[:160]}; {where_looked(opts)}); "
-                         "create its environment with scripts/vllm-env.sh (it makes .vllm-env), or pass "
-                         "--engine-python .vllm-env/bin/python")
+        raise _missing(f"vLLM does not import in {python}", f"{last[:160]}; {where_looked(opts)}")
     found = re.search(rf"^{VERSION_TAG} (\S+)$", probe.log, re.MULTILINE)
     version = found.group(1) if found else ""
     check_speculative_settings(opts.speculative_settings, version or None)
     return version
+
+
+def _missing(what: str, details: str) -> EngineMissing:
+    """The install command before the details: a line cut to its length keeps its start."""
+    return EngineMissing(f"--engine vllm: {what}; {install_hint()} ({details})", f"{what} ({details})")
 
 
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
