@@ -34,9 +34,9 @@ VOCAB = 49152  # SmolLM2's tokenizer
 FAST = ["--limit", "2", "--max-new-tokens", "6", "--no-progress"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 COMPARE_KEYS = ["eaglekit_version", "target", "drafts", "num_speculative_tokens", "max_new_tokens", "dtype", "device",
-                "sampling", "prompts", "categories", "per_prompt"]
+                "sampling", "acceptance_settings", "prompts", "categories", "per_prompt"]
 """The compare report as written before sweeps existed, key for key and in order (plus how the target's tokens were
-chosen, `sampling`)."""
+chosen, `sampling`, and the rule its acceptance was counted under, `acceptance_settings`)."""
 
 
 def schema(name: str) -> dict:

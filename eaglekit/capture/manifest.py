@@ -22,6 +22,7 @@ from eaglekit.errors import CheckpointError, quoted
 FORMAT = "eaglekit-hidden-states"
 VERSION = 1
 MANIFEST = "manifest.json"
+ID_CONVENTION = "vllm"  # layer ids as hidden_states indices (input-of-layer), as vLLM's eagle3 runners capture them
 SHARD_PREFIX, SHARD_SUFFIX = "shard-", ".safetensors"
 STORE_DTYPES = ("bfloat16", "float32", "fp8")
 MAX_COUNT = 1 << 48  # records, tokens, bytes: 256 TiB, far beyond any store
@@ -201,12 +202,12 @@ class LayerIds:
     last: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"convention": "vllm", "aux": list(self.aux), "last": self.last}
+        return {"convention": ID_CONVENTION, "aux": list(self.aux), "last": self.last}
 
     @classmethod
     def read(cls, f: _Fields, layers: int) -> LayerIds:
-        if f.doc.get("convention") != "vllm":
-            raise f.refuse("convention", "'vllm'")
+        if f.doc.get("convention") != ID_CONVENTION:
+            raise f.refuse("convention", repr(ID_CONVENTION))
         last = f.count("last", layers, layers)
         aux = f.doc.get("aux")
         if (not isinstance(aux, list) or not aux or any(type(i) is not int or not 0 <= i <= last for i in aux)

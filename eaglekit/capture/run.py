@@ -19,7 +19,7 @@ from typing import Any
 from eaglekit import __version__
 from eaglekit.capture import store as st
 from eaglekit.capture import store_writer
-from eaglekit.capture.manifest import DataFile, Identity, Manifest, Plan
+from eaglekit.capture.manifest import ID_CONVENTION, DataFile, Identity, Manifest, Plan
 from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import CaptureInterrupted, CheckpointError, EaglekitError, UsageError
 from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
@@ -178,7 +178,7 @@ def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, A
                    "num_hidden_layers": info.num_layers, "hidden_size": info.hidden_size,
                    "vocab_size": info.vocab_size, "model_type": info.model_type,
                    "tokenizer_sha256": tokenizer["sha256"], "chat_template_sha256": tokenizer["chat_template_sha256"]},
-        "layer_ids": {"convention": "vllm", "aux": list(aux_ids), "last": info.num_layers},
+        "layer_ids": {"convention": ID_CONVENTION, "aux": list(aux_ids), "last": info.num_layers},
         "engine": engine,
         "inputs": inputs,
         "store": {"dtype": opts.store_dtype, "shard_tokens": opts.shard_tokens},

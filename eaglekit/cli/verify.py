@@ -154,7 +154,7 @@ def _engine_rows(e: dict) -> list[tuple[str, object]]:
     return [
         ("engine", f"{e['engine']} {e['version']}"),
         ("lossless", styled(("yes", "green")) if e["lossless"] else styled(("NO", "bold red"))),
-        ("pooled τ", styled((f"{e['acceptance_length']:.3f}", "bold"))),
+        ("acceptance length, pooled τ", styled((f"{e['acceptance_length']:.3f}", "bold"))),
         ("τ counted as", acceptance_text(e["acceptance_settings"])),
         ("per position", _rates(e["per_position_acceptance"])),
         ("counters", f"{e['num_drafts']} drafts, {e['num_accepted_tokens']} accepted "
@@ -253,7 +253,7 @@ def _result(measured: dict, k: int, title: str) -> None:
     speedup = _speed_text(measured)
     out.print(key_value_table([
         ("lossless", lossless),
-        ("pooled τ", styled((f"{measured['acceptance_length']:.2f}", "bold"), f" (max {k + 1})",
+        ("acceptance length, pooled τ", styled((f"{measured['acceptance_length']:.2f}", "bold"), f" (max {k + 1})",
                                        _interval_text(measured))),
         ("per position", _rates(measured["per_position_acceptance"])),
         ("conditional", _rates(measured["conditional_acceptance"])),
