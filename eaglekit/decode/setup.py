@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from eaglekit.decode.prefix import SharedPrefix
 from eaglekit.decode.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
 from eaglekit.decode.sampling import Sampling, sampler_for
 from eaglekit.decode.settings import Condition, DecodeSettings
@@ -196,19 +197,22 @@ def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options:
                        options.max_new_tokens + lookahead)
 
 
-def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0):
+def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0,
+          prefix: SharedPrefix | None = None):
     """(prompt, token ids, the target's own decode) for every prompt and each of its follow-up turns, under the one
     condition of `options`; a follow-up is asked after the target's answer to the turn before, as a served
     conversation would be. The target decodes greedily, or samples (one generator seeded from `options` across
     every turn) when `options` ask for a temperature.
-    `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them)."""
+    `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them); each prompt's
+    prefill goes through `prefix` (shared with the passes that follow), else one chunked as `options` say."""
     sampler = sampler_for(options.sampling)
     for index, first in enumerate(prompts.prompts):
         prompt = with_context(first, model.tokenizer, options.condition.context_tokens, index)
         while True:
             ids = encode(prompt, model.tokenizer, template=options.condition.template)
             plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens + lookahead,
-                                  eos_ids=model.eos_token_ids, sampler=sampler)
+                                  eos_ids=model.eos_token_ids, sampler=sampler,
+                                  prefix=prefix or SharedPrefix(model, (), options.prefill_chunk))
             yield prompt, ids, plain
             if not prompt.follow_ups:
                 break
