@@ -66,17 +66,17 @@ class Recording(EagleProposer):
 
 
 def test_pieces_end_at_multiples_of_the_chunk_and_short_runs_are_one_forward():
-    assert chunk_spans(0, 1000, 512) == [(0, 1000)]  # under two chunks: one forward, as before chunking
+    assert chunk_spans(0, 1023, 512) == [(0, 1023)]  # under two chunks: one forward, as before chunking
     assert chunk_spans(0, 1024, 512) == [(0, 512), (512, 1024)]
-    assert chunk_spans(0, 7338, 512)[-2:] == [(6144, 6656), (6656, 7338)]
-    assert chunk_spans(100, 1300, 512) == [(100, 512), (512, 1300)]
+    assert chunk_spans(0, 7338, 512)[-2:] == [(6656, 7168), (7168, 7338)]
+    assert chunk_spans(1536, 2100, 512) == [(1536, 2048), (2048, 2100)]
     assert chunk_spans(0, 9000, None) == [(0, 9000)]
-    for start, end in ((0, 37), (16, 200), (5, 90)):
+    for start, end in ((0, 37), (16, 200), (0, 96)):
         spans = chunk_spans(start, end, CHUNK)
-        assert spans[0][0] == start and spans[-1][1] == end
+        assert spans[0][0] == start and spans[-1][1] == end and len(spans) == len(range(start, end - 1, CHUNK))
         assert all(a == b for (_, a), (b, _) in zip(spans, spans[1:]))
-        assert all(last % CHUNK == 0 and last - first <= CHUNK for first, last in spans[:-1])
-        assert spans[-1][1] - spans[-1][0] < 2 * CHUNK
+        assert all(last % CHUNK == 0 and 0 < last - first <= CHUNK for first, last in spans[:-1])
+        assert 0 < spans[-1][1] - spans[-1][0] <= CHUNK
     for bad in (0, -1, True, 2.5):
         with pytest.raises(UsageError, match="prefill chunk"):
             VerifyOptions(prefill_chunk=bad).check()
@@ -110,7 +110,7 @@ def test_chunked_and_shared_prefill_decodes_what_one_forward_decodes(tiny, draft
             assert (run.counter.drafts, run.counter.accepted_at) == (reference.counter.drafts,
                                                                       reference.counter.accepted_at)
         # the capture and the live decode took the prompt's settled rows from the greedy decode
-        assert chunked[4].reused_rows >= 2 * (len(prompt) - 2 * CHUNK) and whole[4].reused_rows == 0
+        assert chunked[4].reused_rows == 2 * ((len(prompt) - 1) // CHUNK * CHUNK) and whole[4].reused_rows == 0
 
 
 def test_rows_taken_from_an_earlier_prompt_are_the_rows_a_fresh_pass_computes(tiny):
@@ -123,7 +123,7 @@ def test_rows_taken_from_an_earlier_prompt_are_the_rows_a_fresh_pass_computes(ti
         again = shared.run(second)
         fresh = SharedPrefix(tiny, AUX, CHUNK).run(second)
         common = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), len(first))
-        assert shared.reused_rows == min(common, len(second) - CHUNK, 128) // CHUNK * CHUNK
+        assert shared.reused_rows == min(common, len(second) - 1, 144) // CHUNK * CHUNK
         assert torch.equal(again.logits, fresh.logits)
         for a, b in zip(again.aux, fresh.aux):
             assert torch.equal(a, b)

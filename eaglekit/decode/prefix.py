@@ -6,12 +6,11 @@ pass every draft is measured on (compare's capture, verify's live decode), and t
 --context-tokens condition. Each would pay the prefill of the whole prompt again; `SharedPrefix` keeps the KV
 cache and the aux states of the last pass and starts the next one after the rows it shares with it.
 
-A prefill runs in pieces that end at multiples of `chunk` positions, the last piece taking the remainder (under
-two chunks of rows), so attention never spans more than that many queries at once and the activations held are
-one piece's, not the whole prompt's. Every row before a multiple of `chunk` (short of the last piece) is thus
-computed by the same forwards whichever pass computed it, from the same earlier rows: a pass that takes them from
-an earlier one decodes exactly what it would have decoded alone. Prompts under two chunks run in one forward, as
-they always did. This module does not import torch.
+A prefill runs in pieces that end at multiples of `chunk` positions, so attention never spans more than that many
+queries at once and the activations held are one piece's, not the whole prompt's. Every row before a multiple of
+`chunk` is thus computed by the same forwards whichever pass computed it, from the same earlier rows: a pass that
+takes them from an earlier one decodes exactly what it would have decoded alone. A run shorter than two chunks is
+one forward, as every short prompt always ran. This module does not import torch.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from eaglekit.errors import UsageError
 from eaglekit.target_model import TargetPass
 
 PREFILL_CHUNK = 512
-"""Rows per prefill piece: SmolLM2's 8k context in 16 pieces; a prompt under 1024 tokens runs in one forward."""
+"""Rows per prefill piece: SmolLM2's 8k context in 16 pieces; a pass over fewer than 1024 tokens is one forward."""
 
 
 def check_chunk(chunk: int | None) -> None:
@@ -32,11 +31,11 @@ def check_chunk(chunk: int | None) -> None:
 
 
 def chunk_spans(start: int, end: int, chunk: int | None) -> list[tuple[int, int]]:
-    """The pieces [first, last) of positions start..end: cut at every multiple of `chunk` that leaves at least
-    `chunk` positions after it (the last piece takes the remainder); one piece without a chunk."""
-    if chunk is None or end - start <= chunk:
+    """The pieces [first, last) of positions start..end: cut at every multiple of `chunk` between them, except in a
+    run that ends before two chunks (one forward, as every short prompt always ran); one piece without a chunk."""
+    if chunk is None or end < 2 * chunk:
         return [(start, end)]
-    edges = [start, *range((start // chunk + 1) * chunk, end - chunk + 1, chunk), end]
+    edges = [start, *range((start // chunk + 1) * chunk, end, chunk), end]
     return list(zip(edges, edges[1:]))
 
 
@@ -68,12 +67,10 @@ class SharedPrefix:
 
     def reusable(self, ids: Sequence[int]) -> int:
         """Rows of `ids` a run would take from the last one: a multiple of the chunk the two share, that the last
-        run settled, and that a pass over `ids` alone would end a piece at."""
-        if self.chunk is None or self._past is None:
+        run settled, and that a pass over `ids` alone would end a piece at (short of its last row)."""
+        if self.chunk is None or self._past is None or len(ids) < 2 * self.chunk:
             return 0
-        limit = min(self._settled, len(ids) - self.chunk, self.target.cache_length(self._past))
-        if limit < self.chunk:
-            return 0
+        limit = min(self._settled, len(ids) - 1, self.target.cache_length(self._past))
         limit = min(limit, _common_length(self._tokens[:limit], ids))
         return limit // self.chunk * self.chunk
 
