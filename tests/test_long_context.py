@@ -172,3 +172,21 @@ def test_compare_across_contexts_and_templates_is_the_same_chunked_and_shared(pa
     # per prompt and template: the capture after the greedy decode, and +96 after +48
     assert shared.reused_rows > 2 * 2 * (48 + 96)
     assert shared.computed_rows + shared.reused_rows == unchunked.computed_rows
+
+
+def test_a_context_that_pushes_a_prompt_past_the_targets_is_one_line_naming_the_option(pair):
+    """--context-tokens that fits the target alone but not with a prompt after it is the option's fault: one line,
+    exit 2, naming the option, the prompt and max_position_embeddings, before anything decodes."""
+    from tests.support.cli import run_cli
+
+    target, (a, b) = pair
+    base = ["compare", a, b, "--target", target, "--limit", "2", "--max-new-tokens", "10", "--no-progress"]
+    result = run_cli([*base, "--context-tokens", "0,200"])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("Error: --context-tokens 200: eaglekit/data/prompts/coding.jsonl: line 1 is then ")
+    assert "past the target's 512-token context (max_position_embeddings) with --max-new-tokens 10 (14 decoded for " \
+           "the last round): about " in line and line.endswith(" tokens of context fit")
+    result = run_cli([*base, "--context-tokens", "512"])
+    assert result.exit_code == 2 and "leave no room for a prompt in the target's 512-token context " \
+                                     "(max_position_embeddings)" in result.stderr

@@ -190,11 +190,30 @@ def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options:
     """Every first turn, under every condition, must leave room for its decode in the target's context: checked
     before the first decode, so a long last prompt costs seconds, not the whole run."""
     refuse_context_past_target(options, model.context)
+    new_tokens = options.max_new_tokens + lookahead
     for condition in options.conditions:
         for index, first in enumerate(prompts.prompts):
             prompt = with_context(first, model.tokenizer, condition.context_tokens, index)
-            check_room(model, encode(prompt, model.tokenizer, template=condition.template),
-                       options.max_new_tokens + lookahead)
+            if condition.context_tokens and model.context is not None:
+                _refuse_context_past_prompt(prompt, model, condition, options, new_tokens)
+            check_room(model, encode(prompt, model.tokenizer, template=condition.template), new_tokens)
+
+
+def _refuse_context_past_prompt(prompt, model: TargetModel, condition: Condition, options: VerifyOptions,
+                                new_tokens: int) -> None:
+    """A prompt that fits alone but not after --context-tokens is the option's fault: said so, with the context
+    that fits."""
+    context = model.context
+    assert context is not None, "only a target with a stated context bounds the prompts"
+    ids = encode(prompt, model.tokenizer, template=condition.template, max_tokens=2 * context)  # counted, not cut
+    over = len(ids) + new_tokens - context
+    if over > 0:
+        where = f"{prompt.file}: " if prompt.file else ""
+        decoded = f" ({new_tokens:,} decoded for the last round)" if new_tokens != options.max_new_tokens else ""
+        raise UsageError(f"--context-tokens {condition.context_tokens:,}: {where}{prompt.label} is then {len(ids):,} "
+                         f"tokens ({condition.template} template), past the target's {context:,}-token context "
+                         f"(max_position_embeddings) with --max-new-tokens {options.max_new_tokens:,}{decoded}: about "
+                         f"{max(0, condition.context_tokens - over):,} tokens of context fit")
 
 
 def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0,
