@@ -141,9 +141,10 @@ def main(argv=None) -> None:
     document = {"command": " ".join(["python", "bench/bench_long_context.py", *(argv or sys.argv[1:])]),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "machine": host, "load_average": {"before": list(load_before), "after": list(load_after)},
-                "settings": {"reference": os.path.relpath(args.reference, REPO), "draft": os.path.relpath(args.draft, REPO),
-                             "limit": args.limit, "max_new_tokens": args.max_new_tokens, "k": args.k,
-                             "prefill_chunk": args.prefill_chunk, "dtype": args.dtype},
+                "settings": {"reference": os.path.relpath(args.reference, REPO),
+                             "draft": os.path.relpath(args.draft, REPO), "limit": args.limit,
+                             "max_new_tokens": args.max_new_tokens, "k": args.k, "prefill_chunk": args.prefill_chunk,
+                             "dtype": args.dtype},
                 "runs": runs}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_text_atomically(args.out, json.dumps(document, indent=1) + "\n")

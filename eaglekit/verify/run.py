@@ -86,7 +86,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
         readings = _diagnosis_sweep(spec, info, options, aux_ids, drafter, make_drafter, setup) \
             if options.diagnose else None
         # shared by the live decode and the diagnosis; the target-only decode pays its own prefill, as the live one
-        prefix = SharedPrefix(model, {*aux_ids, *needed_ids(readings.hyps if readings else [])}, options.prefill_chunk)
+        prefix = SharedPrefix(model, needed_ids(readings.hyps) if readings else aux_ids, options.prefill_chunk)
 
         counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
         sampler = sampler_for(options.sampling)
