@@ -1,8 +1,9 @@
 """compare(): two drafts of one target on the same prompts and the same captured target pass.
 
 The target decodes each prompt once (greedy, a few tokens past --max-new-tokens so the last round of a replay
-sees what a live target would), one forward over prompt + continuation captures every aux state either draft
-reads, and both drafts are replayed against that capture. Acceptance is then measured on identical text for
+sees what a live target would), one pass over prompt + continuation captures every aux state either draft
+reads (a long prompt's rows computed once, shared with its greedy decode and longer contexts: eaglekit.decode.prefix),
+and both drafts are replayed against that capture. Acceptance is then measured on identical text for
 both, and the difference per category comes with a paired bootstrap interval over conversations.
 
 With --temperature the target samples its continuation (seeded) and the drafts are replayed on it with the greedy
@@ -25,7 +26,8 @@ from eaglekit import __version__
 from eaglekit.decode.eagle import EagleProposer
 from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.decode.options import VerifyOptions
-from eaglekit.decode.prompts import encode
+from eaglekit.decode.prefix import SharedPrefix
+from eaglekit.decode.prompts import Prompt, encode
 from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
 from eaglekit.decode.setup import decode_setup, turns
 from eaglekit.decode.speculative import ReplayVerifier, capture_pass, speculative_decode
@@ -155,7 +157,11 @@ def compare_against(reference: str, drafts: Sequence[str], target: str, options:
                     on_prompt: Callable[[int, int, str], None] | None = None) -> list[CompareSweep]:
     """Each of `drafts` against `reference` under every condition of `options`: the target decodes each prompt once
     per condition and every drafter is replayed on that pass, so N drafts cost one target decode, not N. One sweep
-    per draft, in order (A = the reference)."""
+    per draft, in order (A = the reference).
+
+    Each prompt turn is decoded under every condition before the next turn, through one `SharedPrefix`: its greedy
+    decode, its capture and the same prompt under a longer context share the rows of the prompt they have in
+    common, so a long context is prefilled once per prompt, not once per pass and condition."""
     options.check()
     names = ["draft A", "draft B"] if len(drafts) == 1 else ["reference", *(f"draft {i + 1}"
                                                                             for i in range(len(drafts)))]
@@ -164,27 +170,32 @@ def compare_against(reference: str, drafts: Sequence[str], target: str, options:
     model, conditions = setup.target_model, options.conditions
     drafters = [setup.drafter(draft) for draft in setup.drafts]
     captured = sorted({i for draft in setup.drafts for i in draft.aux_ids})
-    sweeps: list[list[CompareReport]] = [[] for _ in drafts]
-    for done, condition in enumerate(conditions):
-        measured = [Measured(d.path, d.spec.eagle_version, list(d.aux_ids)) for d in setup.drafts]
-        prompt_names, categories, conversations = [], [], []
-        for prompt, ids, plain in turns(setup.prompts, model, options.at(condition), lookahead=k + 1):
-            capture = capture_pass(model, ids, plain.tokens, captured)
-            for drafter, m in zip(drafters, measured):
-                proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + k + 2)
+    prefix = SharedPrefix(model, captured, options.prefill_chunk)
+    streams = [turns(setup.prompts, model, options.at(c), lookahead=k + 1, prefix=prefix) for c in conditions]
+    measured = [[Measured(d.path, d.spec.eagle_version, list(d.aux_ids)) for d in setup.drafts] for _ in conditions]
+    asked: list[list[Prompt]] = [[] for _ in conditions]
+    total = setup.prompts.turns * len(conditions)
+    for turn in range(setup.prompts.turns):
+        for index, (condition, stream) in enumerate(zip(conditions, streams)):
+            prompt, ids, plain = next(stream)
+            capture = capture_pass(model, ids, plain.tokens, captured, prefix=prefix)
+            for drafter, m in zip(drafters, measured[index]):
+                proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + k + 2,
+                                         chunk=options.prefill_chunk)
                 run = speculative_decode(ReplayVerifier(capture, m.aux_layer_ids), proposer, ids, k=k,
                                          max_new_tokens=setup.max_new_tokens, eos_ids=setup.eos_ids)
                 m.counters.append(run.counter)
-            prompt_names.append(prompt.name)
-            categories.append(prompt.category)
-            conversations.append(prompt.conversation or prompt.name)
+            asked[index].append(prompt)
             if on_prompt is not None:
                 label = f"{condition.label}: {prompt.name}" if len(conditions) > 1 else prompt.name
-                on_prompt(setup.prompts.turns * done + len(prompt_names), setup.prompts.turns * len(conditions),
-                          label)
+                on_prompt(turn * len(conditions) + index + 1, total, label)
+    sweeps: list[list[CompareReport]] = [[] for _ in drafts]
+    for condition, (a, *others), prompts in zip(conditions, measured, asked):
         settings = setup.settings(condition)
-        for sweep, m in zip(sweeps, measured[1:]):
-            sweep.append(CompareReport(settings, prompt_names, categories, conversations, measured[0], m))
+        order = ([p.name for p in prompts], [p.category for p in prompts],
+                 [p.conversation or p.name for p in prompts])
+        for sweep, m in zip(sweeps, others):
+            sweep.append(CompareReport(settings, *order, a, m))
     return [CompareSweep(reports) for reports in sweeps]
 
 

@@ -12,15 +12,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from eaglekit.decode.metrics import DriftStats
+from eaglekit.decode.prefix import PREFILL_CHUNK, check_chunk, chunk_spans
 
 
 class EagleProposer:
     """Greedy chain drafting with a `Drafter`; records drift (hidden-state RMS, sink attention) per depth."""
 
     def __init__(self, drafter, aux_ids: Sequence[int], *, max_len: int, aux_order: Sequence[int] | None = None,
-                 drift: DriftStats | None = None):
+                 drift: DriftStats | None = None, chunk: int | None = PREFILL_CHUNK):
         """`aux_order` concatenates the (ascending) target states in another order: a hypothesis about
-        checkpoints whose fc columns follow an unsorted id list. `max_len` sizes the draft cache."""
+        checkpoints whose fc columns follow an unsorted id list. `max_len` sizes the draft cache; the prompt's
+        rows run in pieces as the target's prefill does (`chunk`, eaglekit.decode.prefix)."""
+        check_chunk(chunk)
+        self.chunk = chunk
         self.drafter = drafter
         self.aux_ids = tuple(sorted(set(aux_ids)))
         self.order = tuple(aux_order) if aux_order is not None else None
@@ -56,8 +60,10 @@ class EagleProposer:
         self.cache = self.drafter.new_cache(1, self.max_len)
         with torch.inference_mode():
             hidden = self._combine(aux)
+        rows = [*prompt[1:], next_token]
         # no sink statistics on the prompt pass: they would cost a full attention matrix over a long prompt
-        self._last = self._run([*prompt[1:], next_token], hidden, 0, sink=False)
+        for first, last in chunk_spans(0, len(rows), self.chunk):
+            self._last = self._run(rows[first:last], hidden[:, first:last], first, sink=False)
         self.committed = len(prompt)
 
     def propose(self, k: int) -> list[int]:

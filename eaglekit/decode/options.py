@@ -6,6 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from eaglekit.decode.prefix import PREFILL_CHUNK, check_chunk
 from eaglekit.decode.prompts import check_template
 from eaglekit.decode.sampling import DEFAULT_SEED, Sampling
 from eaglekit.decode.settings import Condition
@@ -47,6 +48,7 @@ class VerifyOptions:
     temperature: float = 0.0  # 0: greedy; above: sampled as vLLM's rejection sampler samples (decode/sampling.py)
     top_p: float = 1.0
     seed: int = DEFAULT_SEED  # the sampled decode's generator
+    prefill_chunk: int | None = PREFILL_CHUNK  # prompt rows per target/drafter forward (None: one forward, no reuse)
 
     @property
     def sampling(self) -> Sampling:
@@ -95,6 +97,7 @@ class VerifyOptions:
             raise UsageError(f"--engine-arg {next(iter(given))} sets vLLM's speculative config, which --engine "
                              "reference does not run: give --engine vllm (the reference decode counts acceptance "
                              "under vLLM's default rule)")
+        check_chunk(self.prefill_chunk)
         if self.num_speculative_tokens < 1:
             raise UsageError("--num-speculative-tokens must be at least 1")
         if self.max_new_tokens < 1:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from eaglekit.decode.prefix import SharedPrefix
 from eaglekit.decode.prompts import PromptSet, bundled_prompts, encode, read_prompts, with_context
 from eaglekit.decode.sampling import Sampling, sampler_for
 from eaglekit.decode.settings import Condition, DecodeSettings
@@ -200,26 +201,48 @@ def refuse_prompts_past_context(prompts: PromptSet, model: TargetModel, options:
     """Every first turn, under every condition, must leave room for its decode in the target's context: checked
     before the first decode, so a long last prompt costs seconds, not the whole run."""
     refuse_context_past_target(options, model.context)
+    new_tokens = options.max_new_tokens + lookahead
     for condition in options.conditions:
         for index, first in enumerate(prompts.prompts):
             prompt = with_context(first, model.tokenizer, condition.context_tokens, index)
-            check_room(model, encode(prompt, model.tokenizer, template=condition.template),
-                       options.max_new_tokens + lookahead)
+            if condition.context_tokens and model.context is not None:
+                _refuse_context_past_prompt(prompt, model, condition, options, new_tokens)
+            check_room(model, encode(prompt, model.tokenizer, template=condition.template), new_tokens)
 
 
-def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0):
+def _refuse_context_past_prompt(prompt, model: TargetModel, condition: Condition, options: VerifyOptions,
+                                new_tokens: int) -> None:
+    """A prompt that fits alone but not after --context-tokens is the option's fault: said so, with the context
+    that fits."""
+    context = model.context
+    assert context is not None, "only a target with a stated context bounds the prompts"
+    ids = encode(prompt, model.tokenizer, template=condition.template, max_tokens=2 * context)  # counted, not cut
+    over = len(ids) + new_tokens - context
+    if over > 0:
+        where = f"{prompt.file}: " if prompt.file else ""
+        decoded = f" ({new_tokens:,} decoded for the last round)" if new_tokens != options.max_new_tokens else ""
+        raise UsageError(f"--context-tokens {condition.context_tokens:,}: {where}{prompt.label} is then {len(ids):,} "
+                         f"tokens ({condition.template} template), past the target's {context:,}-token context "
+                         f"(max_position_embeddings) with --max-new-tokens {options.max_new_tokens:,}{decoded}: about "
+                         f"{max(0, condition.context_tokens - over):,} tokens of context fit")
+
+
+def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0,
+          prefix: SharedPrefix | None = None):
     """(prompt, token ids, the target's own decode) for every prompt and each of its follow-up turns, under the one
     condition of `options`; a follow-up is asked after the target's answer to the turn before, as a served
     conversation would be. The target decodes greedily, or samples (one generator seeded from `options` across
     every turn) when `options` ask for a temperature.
-    `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them)."""
+    `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them); each prompt's
+    prefill goes through `prefix` (shared with the passes that follow), else one chunked as `options` say."""
     sampler = sampler_for(options.sampling)
     for index, first in enumerate(prompts.prompts):
         prompt = with_context(first, model.tokenizer, options.condition.context_tokens, index)
         while True:
             ids = encode(prompt, model.tokenizer, template=options.condition.template)
             plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens + lookahead,
-                                  eos_ids=model.eos_token_ids, sampler=sampler)
+                                  eos_ids=model.eos_token_ids, sampler=sampler,
+                                  prefix=prefix or SharedPrefix(model, (), options.prefill_chunk))
             yield prompt, ids, plain
             if not prompt.follow_ups:
                 break

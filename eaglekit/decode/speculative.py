@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from eaglekit.decode.metrics import AcceptanceCounter
+from eaglekit.decode.prefix import SharedPrefix
 from eaglekit.errors import CheckpointError
 from eaglekit.target_model import TargetModel
 
@@ -113,50 +114,56 @@ def check_room(target: TargetModel, prompt: Sequence[int], max_new_tokens: int) 
 
 
 def greedy_decode(target: TargetModel, prompt: Sequence[int], *, max_new_tokens: int,
-                  eos_ids: Collection[int] = (), sampler: RejectionSampler | None = None) -> GreedyResult:
-    """The target's own continuation, one token per forward with its KV cache: greedy, or drawn by `sampler`."""
+                  eos_ids: Collection[int] = (), sampler: RejectionSampler | None = None,
+                  prefix: SharedPrefix | None = None) -> GreedyResult:
+    """The target's own continuation, one token per forward with its KV cache: greedy, or drawn by `sampler`. The
+    prompt's prefill goes through `prefix` (chunked, and after the rows it shares with the prefix's last run)."""
     import torch
 
     check_room(target, prompt, max_new_tokens)
     start = time.perf_counter()
     tokens: list[int] = []
     margins: list[float] = []
-    step = torch.tensor([list(prompt)], dtype=torch.long)
-    past = None
-    while len(tokens) < max_new_tokens and not (tokens and tokens[-1] in eos_ids):
-        result = target.forward(step, (), past, logits_to_keep=1)
-        past = result.past
+    if max_new_tokens < 1:
+        return GreedyResult(tokens, margins, 0.0)
+    result = (prefix if prefix is not None else SharedPrefix(target)).run(prompt, ())
+    while True:
         top = result.logits[0, -1].float().topk(2)
         token = int(top.indices[0]) if sampler is None else sampler.sample(result.logits[0, -1])
         tokens.append(token)
         margins.append(float(top.values[0] - top.values[1]))
-        step = torch.tensor([[token]], dtype=torch.long)
+        if len(tokens) >= max_new_tokens or token in eos_ids:
+            break
+        result = target.forward(torch.tensor([[token]], dtype=torch.long), (), result.past, logits_to_keep=1)
     return GreedyResult(tokens, margins, time.perf_counter() - start)
 
 
 class LiveVerifier:
-    """The real target with its KV cache."""
+    """The real target with its KV cache; the prompt's prefill goes through `prefix` (one of the verifier's own
+    when none is shared), whose aux ids must include the verifier's."""
 
-    def __init__(self, target: TargetModel, aux_ids: Sequence[int]):
+    def __init__(self, target: TargetModel, aux_ids: Sequence[int], prefix: SharedPrefix | None = None):
         self.target = target
         self.aux_ids = target.check_aux_ids(aux_ids)
+        self.prefix = prefix if prefix is not None else SharedPrefix(target, self.aux_ids)
         self.past = None
 
-    def _run(self, tokens: Sequence[int], logits_to_keep: int) -> VerifyStep:
-        import torch
-
-        result = self.target.forward(torch.tensor([list(tokens)], dtype=torch.long), self.aux_ids, self.past,
-                                     logits_to_keep=logits_to_keep)
-        self.past = result.past
+    @staticmethod
+    def _step(result) -> VerifyStep:
         predictions = result.logits[0].argmax(-1).tolist()
         return VerifyStep(predictions, [a[0] for a in result.aux], result.logits[0])
 
     def prefill(self, prompt: Sequence[int]) -> VerifyStep:
-        self.past = None
-        return self._run(prompt, 1)
+        result = self.prefix.run(prompt, self.aux_ids)
+        self.past = result.past
+        return self._step(result)
 
     def verify(self, tokens: Sequence[int]) -> VerifyStep:
-        return self._run(tokens, 0)
+        import torch
+
+        result = self.target.forward(torch.tensor([list(tokens)], dtype=torch.long), self.aux_ids, self.past)
+        self.past = result.past
+        return self._step(result)
 
     def commit(self, length: int) -> None:
         self.target.crop(self.past, length)
@@ -172,13 +179,12 @@ class Capture:
 
 
 def capture_pass(target: TargetModel, prompt: Sequence[int], continuation: Sequence[int],
-                 aux_ids: Sequence[int] | None = None) -> Capture:
-    """Run the target once over prompt + continuation, keeping aux states (all of 0..L by default)."""
-    import torch
-
+                 aux_ids: Sequence[int] | None = None, *, prefix: SharedPrefix | None = None) -> Capture:
+    """Run the target once over prompt + continuation, keeping aux states (all of 0..L by default); through
+    `prefix`, after the rows it shares with the prefix's last run (the prompt's, when that was its greedy decode)."""
     tokens = list(prompt) + list(continuation)
     ids = tuple(range(target.num_layers + 1)) if aux_ids is None else target.check_aux_ids(aux_ids)
-    result = target.forward(torch.tensor([tokens], dtype=torch.long), ids, logits_to_keep=1)
+    result = (prefix if prefix is not None else SharedPrefix(target, ids)).run(tokens, ids)
     return Capture(len(prompt), tokens, {i: a[0] for i, a in zip(ids, result.aux)})
 
 

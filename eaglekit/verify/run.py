@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from eaglekit.decode.eagle import EagleProposer
 from eaglekit.decode.metrics import AcceptanceCounter, DriftStats
 from eaglekit.decode.options import VerifyOptions
+from eaglekit.decode.prefix import SharedPrefix
 from eaglekit.decode.prompts import encode
 from eaglekit.decode.sampling import Sampling, sampler_for
 from eaglekit.decode.settings import plain_report
@@ -84,13 +85,16 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
         condition_options = options.at(condition)
         readings = _diagnosis_sweep(spec, info, options, aux_ids, drafter, make_drafter, setup) \
             if options.diagnose else None
+        # shared by the live decode and the diagnosis; the target-only decode pays its own prefill, as the live one
+        prefix = SharedPrefix(model, needed_ids(readings.hyps) if readings else aux_ids, options.prefill_chunk)
 
         counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
         sampler = sampler_for(options.sampling)
         target_s, spec_tokens, target_tokens, outcomes, target_outputs, encoded = 0.0, 0, 0, [], [], []
         for prompt, ids, plain in turns(prompts, model, condition_options):
-            proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + setup.max_new_tokens + k + 2, drift=drift)
-            spec_run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k,
+            proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + setup.max_new_tokens + k + 2, drift=drift,
+                                     chunk=options.prefill_chunk)
+            spec_run = speculative_decode(LiveVerifier(model, aux_ids, prefix), proposer, ids, k=k,
                                           max_new_tokens=setup.max_new_tokens, eos_ids=eos, sampler=sampler)
             counter.merge(spec_run.counter)
             clock.merge(spec_run.clock)
@@ -107,7 +111,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
                                           prompt.category, prompt.conversation or prompt.name, spec_run.counter,
                                           spec_run.clock.total_s, plain.seconds, len(plain.tokens)))
             if readings is not None:
-                readings.add(capture_pass(model, ids, plain.tokens, needed_ids(readings.hyps)))
+                readings.add(capture_pass(model, ids, plain.tokens, needed_ids(readings.hyps), prefix=prefix))
             if on_prompt is not None:
                 label = f"{condition.label}: {prompt.name}" if several else prompt.name
                 on_prompt(prompts.turns * len(reports) + len(outcomes), total, label)
