@@ -87,10 +87,14 @@ class SharedPrefix:
         if missing:
             raise ValueError(f"aux ids {missing} are not kept by this prefix (it keeps {list(self.aux_ids)})")
         keep = self.reusable(ids)
-        past = self._past if keep else self.target.new_cache()
+        past, held = self._past, self._aux
+        self._tokens, self._settled, self._past, self._aux = [], 0, None, []  # the rows not kept are freed as it runs
         if keep:
             self.target.crop(past, keep)
-        parts: list[list[Any]] = [[a[:, :keep] for a in self._aux]] if keep else []
+        else:
+            past, held = self.target.new_cache(), []
+        parts: list[list[Any]] = [[a[:, :keep] for a in held]] if keep else []
+        del held
         result = None
         for first, last in chunk_spans(keep, len(ids), self.chunk):
             result = self.target.forward(torch.tensor([ids[first:last]], dtype=torch.long), self.aux_ids, past,
