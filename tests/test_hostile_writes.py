@@ -232,7 +232,7 @@ FOREIGN_SHAPES = {FOLDER: ("inside", "dotted", "link-inside", "nested"), FILE: (
 def side_command(world, cmd: str, option: str, path: str, scratch: str) -> list[str]:
     if cmd == "push":
         return ["push", world["draft"], "--repo-id", "eagle-org/draft", "--license", "apache-2.0", "--target",
-                "meta-llama/Llama-3.1-8B-Instruct", "--dry-run", option, path]
+                "meta-llama/Llama-3.1-8B-Instruct", "--dry-run", "--offline", option, path]
     return command(world, cmd, option, path, scratch)
 
 

@@ -208,8 +208,8 @@ def test_without_vllm_the_engine_is_one_line_before_any_decode(tmp_path, monkeyp
     monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", "/nonexistent/python")
     draft = make_draft(str(tmp_path / "d"), "vllm")
     result = run(["verify", draft, "--target", make_target_config(str(tmp_path / "t")), "--engine", engine])
-    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "EAGLEKIT_VLLM_PYTHON" in result.stderr
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert "EAGLEKIT_VLLM_PYTHON" in result.stderr and "scripts/vllm-env.sh" in result.stderr
 
 
 def test_push_takes_the_report_of_these_files_and_refuses_it_once_they_change(env, tmp_path):
