@@ -4,13 +4,15 @@ per --context-tokens value, up to the target's 8192-token context.
     python bench/bench_long_context.py                                   # 0/2048/4096/7168, 2 prompts, 64 tokens
     python bench/bench_long_context.py --limit 2 --contexts 0,2048,7168 --together
     python bench/bench_long_context.py --prefill-chunk 0 ...             # one forward per pass, nothing shared
+    python bench/bench_long_context.py --against-one-forward ...         # each run, then again with one forward
 
 Each context is measured in a process of its own (compare_conditions: load, decode, replay both drafters), so its
 peak RSS is its own; --together adds one run over every context at once, where a longer context takes the rows of
-the prompt it shares with a shorter one. Printed per run: seconds, peak RSS, the target rows computed and taken from
-an earlier pass over the same prompt (eaglekit.decode.prefix), and τ of both drafters. The figures and how they were
-measured (command, machine, date, load average before and after) go to --out, a JSON file. Figures are printed,
-never asserted: the machine this runs on is often shared, so read the load average beside them.
+the prompt it shares with a shorter one. Printed per run: wall and CPU seconds, peak RSS, the target rows computed
+and taken from an earlier pass over the same prompt (eaglekit.decode.prefix), and τ of both drafters. The figures
+and how they were measured (command, machine, date, load average before and after) go to --out, a JSON file, with
+every prompt's counters: equal with and without chunks when the chunked prefill decodes what one forward decodes.
+Figures are printed, never asserted: the machine this runs on is often shared, so read the load average beside them.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--prefill-chunk", type=int, default=512, help="prompt rows per forward; 0: one forward per pass "
                                                                    "and nothing shared between passes")
     p.add_argument("--together", action="store_true", help="also one run over every context at once")
+    p.add_argument("--against-one-forward", action="store_true",
+                   help="each run again right after it with --prefill-chunk 0, so both meet the same machine load")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--out", default=DEFAULT_OUT, help=f"JSON file of the figures (default: {DEFAULT_OUT})")
     p.add_argument("--child", help=argparse.SUPPRESS)  # the contexts one measuring process runs
@@ -74,8 +78,10 @@ def measure(args) -> dict:
     sweep = compare_module.compare_conditions(args.reference, args.draft, args.target, options)
     seconds = time.perf_counter() - start
     rows = [report.rows()["all"] for report in sweep.reports]
-    return {"contexts": list(contexts), "seconds": round(seconds, 1),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"contexts": list(contexts), "prefill_chunk": args.prefill_chunk, "seconds": round(seconds, 1),
+            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024),
             "target_rows_computed": sum(p.computed_rows for p in prefixes),
             "target_rows_reused": sum(p.reused_rows for p in prefixes),
             "tau_a": [row["a"]["acceptance_length"] for row in rows],
@@ -84,11 +90,11 @@ def measure(args) -> dict:
             "counters_b": [[c.drafts, c.accepted_at] for r in sweep.reports for c in r.b.counters]}
 
 
-def run_child(args, contexts: str) -> dict:
+def run_child(args, contexts: str, chunk: int) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--child", contexts, "--target", args.target,
                "--reference", args.reference, "--draft", args.draft, "--limit", str(args.limit),
                "--max-new-tokens", str(args.max_new_tokens), "-k", str(args.k),
-               "--prefill-chunk", str(args.prefill_chunk), "--dtype", args.dtype]
+               "--prefill-chunk", str(chunk), "--dtype", args.dtype]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"error: the run at --context-tokens {contexts} failed: "
@@ -106,9 +112,10 @@ def machine() -> dict:
 
 def row(run: dict) -> str:
     label = ",".join(str(c) for c in run["contexts"])
+    prefill = f"{run['prefill_chunk']}-token chunks" if run["prefill_chunk"] else "one forward"
     taus = " / ".join(f"{a:.3f} · {b:.3f}" for a, b in zip(run["tau_a"], run["tau_b"]))
-    return (f"| {label} | {run['seconds']:.0f} | {run['peak_rss_mib']} | {run['target_rows_computed']:,} | "
-            f"{run['target_rows_reused']:,} | {taus} |")
+    return (f"| {label} | {prefill} | {run['seconds']:.0f} | {run['cpu_seconds']:.0f} | {run['peak_rss_mib']} | "
+            f"{run['target_rows_computed']:,} | {run['target_rows_reused']:,} | {taus} |")
 
 
 def main(argv=None) -> None:
@@ -130,12 +137,15 @@ def main(argv=None) -> None:
     print(f"# {host['processor']}, {host['cpus']} CPUs, {host['torch_threads']} torch threads, torch {host['torch']}, "
           f"{args.dtype}, k={args.k}, {args.limit} prompts x {args.max_new_tokens} new tokens, {chunk}; "
           f"load average {load_before[0]:.1f}")
-    print("| context | seconds | peak RSS MiB | target rows computed | rows reused | τ A · τ B |")
-    print("|---|---|---|---|---|---|")
+    print("| context | prefill | seconds | CPU seconds | peak RSS MiB | target rows computed | rows reused | "
+          "τ A · τ B |")
+    print("|---|---|---|---|---|---|---|---|")
     runs = []
+    chunks = [args.prefill_chunk, 0] if args.against_one_forward and args.prefill_chunk else [args.prefill_chunk]
     for spec in [str(c) for c in contexts] + ([",".join(map(str, contexts))] if args.together else []):
-        runs.append(run_child(args, spec))
-        print(row(runs[-1]), flush=True)
+        for chunk in chunks:
+            runs.append(run_child(args, spec, chunk))
+            print(row(runs[-1]), flush=True)
     load_after = os.getloadavg()
     print(f"<!-- load average {load_before[0]:.1f} before, {load_after[0]:.1f} after -->")
     document = {"command": " ".join(["python", "bench/bench_long_context.py", *(argv or sys.argv[1:])]),

@@ -131,6 +131,27 @@ def test_rows_taken_from_an_earlier_prompt_are_the_rows_a_fresh_pass_computes(ti
         SharedPrefix(tiny, (1,), CHUNK).run(first, (2,))
 
 
+def test_a_sliding_window_target_prefills_in_chunks_and_shares_nothing(tmp_path):
+    """A sliding-window cache keeps only its window's rows and cannot be rolled back: the next prompt starts afresh
+    (chunked all the same), and decodes what one forward decodes."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                        max_position_embeddings=256, sliding_window=40)
+    transformers.MistralForCausalLM(config).save_pretrained(tmp_path / "mistral")
+    target = load_target(str(tmp_path / "mistral"))
+    first = long_prompt(0)
+    shared = SharedPrefix(target, (1,), CHUNK)
+    shared.run(first)
+    again = shared.run(first + [7, 8])
+    whole = SharedPrefix(target, (1,), None).run(first + [7, 8])
+    assert shared.reused_rows == 0 and shared.computed_rows == 2 * len(first) + 2
+    assert int(again.logits[0, -1].argmax()) == int(whole.logits[0, -1].argmax())
+    torch.testing.assert_close(again.aux[0], whole.aux[0], rtol=0, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     base = tmp_path_factory.mktemp("pair")

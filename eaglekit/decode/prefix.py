@@ -48,6 +48,12 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def _windowed(past) -> bool:
+    """A cache with a sliding-window layer keeps only its window's rows: it cannot be rolled back to an earlier
+    prefix, so nothing is taken from it."""
+    return any(getattr(layer, "is_sliding", False) for layer in getattr(past, "layers", ()))
+
+
 class SharedPrefix:
     """One target's KV cache and aux states over the last prompt it ran, reused by the next run that shares its
     leading tokens. Passes run one after another: a run hands out the cache itself, which the caller extends
@@ -68,7 +74,7 @@ class SharedPrefix:
     def reusable(self, ids: Sequence[int]) -> int:
         """Rows of `ids` a run would take from the last one: a multiple of the chunk the two share, that the last
         run settled, and that a pass over `ids` alone would end a piece at (short of its last row)."""
-        if self.chunk is None or self._past is None or len(ids) < 2 * self.chunk:
+        if self.chunk is None or self._past is None or len(ids) < 2 * self.chunk or _windowed(self._past):
             return 0
         limit = min(self._settled, len(ids) - 1, self.target.cache_length(self._past))
         limit = min(limit, _common_length(self._tokens[:limit], ids))
