@@ -49,23 +49,23 @@ def child(args: list[str]) -> None:
     what, rest = args[0], json.loads(args[1])
     started = time.perf_counter()
     if what == "capture":
+        from eaglekit.capture.plan import DataOptions
         from eaglekit.capture.run import CaptureOptions, capture_store
-        from eaglekit.finetune.data import DataOptions
 
         report = capture_store(rest["store"], CaptureOptions(
             target=rest["target"], draft=DRAFT, engine=rest["engine"], store_dtype=rest["store_dtype"],
-            dtype="float32", data=DataOptions(limit=rest["records"], cache_dir=rest["cache"])))
+            dtype="float32", data=DataOptions(limit=rest["records"])))
         result = {"tokens": report.tokens, "bytes": report.bytes, "records": report.records}
     else:
-        from eaglekit.finetune.data import DataOptions
+        from eaglekit.capture.plan import DataOptions
         from eaglekit.finetune.options import FinetuneOptions
         from eaglekit.finetune.run import finetune
         from eaglekit.finetune.train import TrainOptions
 
-        data = DataOptions(limit=rest["records"], cache_dir=rest["cache"]) if not rest.get("store") else \
-            DataOptions(cache_dir=rest["cache"])
+        data = DataOptions(limit=rest["records"]) if not rest.get("store") else DataOptions()
         report = finetune(rest["start"], rest["out"], FinetuneOptions(
-            target=rest["target"], data=data, store=rest.get("store"), eval=None, force=True, keep_unresolved=True,
+            target=rest["target"], data=data, store=rest.get("store"), cache_dir=rest["cache"], eval=None, force=True,
+            keep_unresolved=True,
             validation_fraction=0, train=TrainOptions(steps=rest["steps"], seed=0)))
         result = {"train_s": report.to_dict()["training"].get("seconds")}
     result["seconds"] = time.perf_counter() - started

@@ -57,9 +57,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
 
+    from eaglekit.capture.plan import DataOptions
     from eaglekit.decode.compare import compare
     from eaglekit.decode.options import VerifyOptions
-    from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.options import FinetuneOptions
     from eaglekit.finetune.run import finetune
     from eaglekit.finetune.train import TrainOptions
@@ -81,18 +81,21 @@ def main(argv=None) -> None:
     drafts = {"EAGLE-3": write("eagle3", BUNDLED["EAGLE-3"], fc_norm=False, norm_output=False)[0]}
     drafts["upgraded (no finetune)"], upgrade_s = write("upgraded", BUNDLED["EAGLE-3"])
     data = DataOptions(limit=args.data_limit, generate=args.generate, context_tokens=384, context_every=5,
-                       code_tokens=args.code_tokens, cache_dir=args.cache_dir)
+                       code_tokens=args.code_tokens)
     t = time.perf_counter()
     report = finetune(drafts["upgraded (no finetune)"], os.path.join(work, "tuned"), FinetuneOptions(
-        target=target_dir, eval=None, force=True, data=data, train=TrainOptions(steps=args.steps, lr=args.lr)))
+        target=target_dir, cache_dir=args.cache_dir, eval=None, force=True, data=data,
+        train=TrainOptions(steps=args.steps, lr=args.lr)))
     finetune_s = time.perf_counter() - t
     finetune(drafts["upgraded (no finetune)"], os.path.join(work, "warm"), FinetuneOptions(
-        target=target_dir, eval=None, force=True, data=data, train=TrainOptions(steps=0)))
+        target=target_dir, cache_dir=args.cache_dir, eval=None, force=True, data=data,
+        train=TrainOptions(steps=0)))
     drafts["upgraded + warm start only (--steps 0)"] = os.path.join(work, "warm")
     drafts["upgraded + finetune"] = os.path.join(work, "tuned")
     if not args.no_control:  # the same training on the EAGLE-3 source: what the extra steps give without 3.1
         finetune(drafts["EAGLE-3"], os.path.join(work, "eagle3-tuned"), FinetuneOptions(
-            target=target_dir, eval=None, force=True, data=data, train=TrainOptions(steps=args.steps, lr=args.lr)))
+            target=target_dir, cache_dir=args.cache_dir, eval=None, force=True, data=data,
+        train=TrainOptions(steps=args.steps, lr=args.lr)))
         drafts["EAGLE-3 + the same finetune (control)"] = os.path.join(work, "eagle3-tuned")
     drafts["EAGLE-3.1 from scratch"] = write("eagle31", BUNDLED["EAGLE-3.1 from scratch"])[0]  # kept: lossless
     data, training = report.data, report.training

@@ -53,9 +53,9 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     started = time.perf_counter()
+    from eaglekit.capture.plan import DataOptions
     from eaglekit.decode.compare import compare_against
     from eaglekit.decode.options import VerifyOptions
-    from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.options import FinetuneOptions
     from eaglekit.finetune.run import finetune
     from eaglekit.finetune.train import TrainOptions

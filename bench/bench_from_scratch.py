@@ -201,8 +201,8 @@ def _cell(point: float, interval) -> str:
 
 def prepare(args, target: str, work: str) -> tuple[dict[str, str], str]:
     """Both starts (upgrades of the bundled source) and the one store every run trains from; (starts, store)."""
+    from eaglekit.capture.plan import DataOptions
     from eaglekit.capture.run import CaptureOptions, capture_store
-    from eaglekit.finetune.data import DataOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
 
     starts = {function: os.path.join(work, folder) for function, folder in FUNCTIONS.items()}

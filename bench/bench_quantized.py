@@ -73,9 +73,9 @@ def main(argv=None) -> None:
     import torch
 
     from eaglekit import verify_draft
+    from eaglekit.capture.plan import DataOptions
     from eaglekit.decode.compare import compare
     from eaglekit.decode.options import VerifyOptions
-    from eaglekit.finetune.data import DataOptions
     from eaglekit.finetune.options import FinetuneOptions
     from eaglekit.finetune.run import finetune
     from eaglekit.finetune.train import TrainOptions

@@ -18,8 +18,7 @@ from eaglekit.io.header import MAX_HEADER_BYTES
 HASH_BUFFER = 4 * 1024 * 1024
 _SHA256_BLOB = re.compile(r"^[0-9a-f]{64}$")
 PLACEHOLDER = "sha256:" + "0" * 64  # same length as a real digest: lets the header be patched in place
-FINGERPRINT_SAMPLES = 64
-FINGERPRINT_SAMPLE_BYTES = 64 * 1024
+FINGERPRINT_LEADING_BYTES = 16 * 1024 * 1024
 
 
 def sha256_file(path: str) -> str:
@@ -39,39 +38,40 @@ def sha256_file(path: str) -> str:
 
 
 def weights_fingerprint(paths: list[str]) -> str:
-    """A bounded-time identity of weight files: SHA-256 over each file's name, size, safetensors header and
-    FINGERPRINT_SAMPLES evenly spaced samples (the whole file when it is no larger than the samples).
+    """The identity of a target's weight files, read from their headers alone (a capture store, verify and bench
+    reports and push's evidence all bind to it): SHA-256 over each file's name and its safetensors header (which
+    tensors, of which dtypes, shapes and byte offsets), a shard index's bytes, or for any other weight file (a GGUF)
+    its size and its first FINGERPRINT_LEADING_BYTES (header, metadata and tensor table).
 
-    About 4 MB read per file whatever its size, so a 100 GB target costs what a small one does; targets that share
-    a config.json (a base model and its instruct tune) differ in it. A change confined to the bytes between
-    samples of a large file goes unseen: this binds a report to a model, it does not check its integrity."""
+    Bounded reads whatever the target's size. Two checkpoints of one architecture and layout (a base model and its
+    instruct tune) have equal headers: a store tells them apart by its head digest, a report by the config."""
     digest = hashlib.sha256()
-    for path in paths:
+    for path in sorted(paths, key=os.path.basename):
+        name = os.path.basename(path)
         try:
             with open(path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                digest.update(f"{os.path.basename(path)}\0{size}\0".encode())
-                if size <= FINGERPRINT_SAMPLES * FINGERPRINT_SAMPLE_BYTES:
-                    digest.update(fh.read())
-                    continue
-                if path.endswith(".safetensors"):
-                    (length,) = struct.unpack("<Q", fh.read(8))
-                    digest.update(fh.read(min(length, MAX_HEADER_BYTES)))
-                stride = (size - FINGERPRINT_SAMPLE_BYTES) // (FINGERPRINT_SAMPLES - 1)
-                for i in range(FINGERPRINT_SAMPLES):
-                    fh.seek(i * stride)
-                    digest.update(fh.read(FINGERPRINT_SAMPLE_BYTES))
+                if name == INDEX_NAME:
+                    digest.update(name.encode() + b"\0" + fh.read(MAX_HEADER_BYTES))
+                elif name.endswith(".safetensors"):
+                    head = fh.read(8)
+                    (length,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
+                    digest.update(name.encode() + b"\0" + head + fh.read(min(length, MAX_HEADER_BYTES)))
+                else:
+                    size = os.fstat(fh.fileno()).st_size
+                    digest.update(f"{name}\0{size}\0".encode() + fh.read(FINGERPRINT_LEADING_BYTES))
         except OSError as exc:
             raise CheckpointError(f"cannot read for fingerprinting: {exc.strerror or exc}", path) from None
     return "sha256:" + digest.hexdigest()
 
 
 def target_weight_files(path: str) -> list[str]:
-    """The weight files of a target given by its config.json (the safetensors shards beside it) or its GGUF."""
+    """The weight files of a target given by its config.json (the safetensors shards beside it and their index)
+    or its GGUF."""
     if path.endswith(".gguf") and os.path.isfile(path):
         return [path]
     folder = os.path.dirname(os.path.abspath(path))
-    return [os.path.join(folder, name) for name in sorted(os.listdir(folder)) if name.endswith(".safetensors")]
+    return [os.path.join(folder, name) for name in sorted(os.listdir(folder))
+            if name.endswith(".safetensors") or name == INDEX_NAME]
 
 
 def source_files(spec) -> list[str]:
@@ -146,6 +146,12 @@ def finetune_without_gain(config: dict) -> str | None:
                      for p in worse) or None
 
 
+def target_identity(info) -> dict[str, str]:
+    """A target's config hash and weights fingerprint: what its captured states, reports and provenance bind to."""
+    return {"config_sha256": sha256_file(info.path),
+            "weights_fingerprint": weights_fingerprint(target_weight_files(info.path))}
+
+
 def measured_files(spec, info) -> dict:
     """Which bytes a verify or bench report describes: SHA-256 of every draft file, and the target's identity (its
     recorded origin, config hash and weights fingerprint); `push --report` refuses a report that measured other
@@ -153,6 +159,5 @@ def measured_files(spec, info) -> dict:
     return {"draft_files": hash_files(spec.path, source_files(spec)),
             "target": {"name_or_path": info.name_or_path,
                        "folder": os.path.basename(os.path.dirname(os.path.abspath(info.path))),
-                       "config_sha256": sha256_file(info.path),
-                       "weights_fingerprint": weights_fingerprint(target_weight_files(info.path)),
+                       **target_identity(info),
                        **({"derived_from": info.derived_from} if info.derived_from else {})}}

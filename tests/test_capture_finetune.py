@@ -14,11 +14,11 @@ pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import eaglekit.target_model  # noqa: E402
+from eaglekit.capture.plan import DataOptions  # noqa: E402
 from eaglekit.capture.reader import read_training_store  # noqa: E402
 from eaglekit.capture.run import CaptureOptions, capture_store  # noqa: E402
 from eaglekit.capture.store import read_manifest  # noqa: E402
 from eaglekit.errors import EngineMissing, UsageError  # noqa: E402
-from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.options import FinetuneOptions  # noqa: E402
 from eaglekit.finetune.run import finetune  # noqa: E402
 from eaglekit.finetune.train import TrainOptions  # noqa: E402

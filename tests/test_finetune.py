@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+from eaglekit.capture.plan import DataOptions  # noqa: E402
 from eaglekit.errors import (  # noqa: E402
     CheckpointError,
     EaglekitError,
@@ -24,7 +25,6 @@ from eaglekit.errors import (  # noqa: E402
     UsageError,
 )
 from eaglekit.families import load_draft  # noqa: E402
-from eaglekit.finetune.data import DataOptions  # noqa: E402
 from eaglekit.finetune.options import FinetuneOptions  # noqa: E402
 from eaglekit.finetune.run import finetune  # noqa: E402
 from eaglekit.finetune.train import TrainOptions  # noqa: E402

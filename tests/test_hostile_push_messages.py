@@ -393,8 +393,8 @@ def count_reads(monkeypatch) -> list[int]:
 
 
 def test_the_weights_fingerprint_reads_a_bounded_part_of_a_huge_target(tmp_path, monkeypatch):
-    """A 64 GiB shard: its header and the fixed samples are read (about 4 MB), counted, never the whole file."""
-    from eaglekit.provenance import FINGERPRINT_SAMPLE_BYTES, FINGERPRINT_SAMPLES, weights_fingerprint
+    """A 64 GiB shard: its header alone is read, counted, never the tensor bytes."""
+    from eaglekit.provenance import weights_fingerprint
 
     shard = tmp_path / "model-00001-of-00001.safetensors"
     header = json.dumps({"w": {"dtype": "F32", "shape": [2 ** 34], "data_offsets": [0, 2 ** 36]}}).encode()
@@ -403,7 +403,7 @@ def test_the_weights_fingerprint_reads_a_bounded_part_of_a_huge_target(tmp_path,
         fh.truncate(8 + len(header) + 2 ** 36)
     read = count_reads(monkeypatch)
     first = weights_fingerprint([str(shard)])
-    assert sum(read) <= 8 + len(header) + FINGERPRINT_SAMPLES * FINGERPRINT_SAMPLE_BYTES, sum(read)
+    assert sum(read) == 8 + len(header), sum(read)
     with open(shard, "r+b") as fh:
         fh.seek(8 + header.index(b"F32"))
         fh.write(b"F16")

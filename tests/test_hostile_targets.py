@@ -426,8 +426,8 @@ def test_verify_in_the_engine_bounds_prompts_by_the_target_context_before_the_to
 def test_a_calibration_file_is_read_up_to_a_bound_and_never_blocks(tmp_path_factory, shift, char):
     """A file past the bound is used for its start (a character the bound cuts is dropped, never half-decoded);
     a FIFO is refused at once; bytes that are not UTF-8 are one line."""
+    from eaglekit.capture.plan import CALIBRATION_READ_BYTES, calibration_text
     from eaglekit.errors import EaglekitError
-    from eaglekit.upgrade.capture import CALIBRATION_READ_BYTES, calibration_text
 
     folder = tmp_path_factory.mktemp("cal")
     big = folder / "big.txt"

@@ -104,7 +104,7 @@ def tiny_target(tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from eaglekit.upgrade.capture import calibration_text
+    from eaglekit.capture.plan import calibration_text
 
     path = str(tmp_path_factory.mktemp("tiny-target"))
     text, _ = calibration_text(None)

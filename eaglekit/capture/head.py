@@ -10,12 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eaglekit.errors import CheckpointError
-from eaglekit.io.checkpoint import INDEX_NAME, read_model_weights
+from eaglekit.io.checkpoint import read_model_weights
 from eaglekit.io.jsonfile import load_json_object, symlink_root
 from eaglekit.target import EMBEDDINGS, FINAL_NORM, LM_HEAD, TargetInfo
 
@@ -41,23 +40,6 @@ def sha256_of_files(folder: str, names: tuple[str, ...]) -> str | None:
             with open(path, "rb") as fh:
                 digest.update(name.encode() + b"\0" + fh.read() + b"\0")
     return "sha256:" + digest.hexdigest() if found else None
-
-
-def weights_fingerprint(folder: str) -> str:
-    """SHA-256 of the sorted safetensors headers (and the index): which tensors, of which dtypes, shapes and byte
-    offsets, without reading a tensor byte."""
-    digest = hashlib.sha256()
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        if name == INDEX_NAME:
-            with open(path, "rb") as fh:
-                digest.update(name.encode() + b"\0" + fh.read())
-        elif name.endswith(".safetensors"):
-            with open(path, "rb") as fh:
-                head = fh.read(8)
-                (length,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
-                digest.update(name.encode() + b"\0" + head + fh.read(min(length, 100 * 1024 * 1024)))
-    return "sha256:" + digest.hexdigest()
 
 
 def head_names(info: TargetInfo) -> dict[str, tuple[str, Any]]:

@@ -14,8 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from eaglekit.capture.sequence import CapturedSequence
-from eaglekit.errors import CheckpointError
-from eaglekit.finetune.hidden_states import (
+from eaglekit.capture.vllm_files import (
     DTYPE_NAMES,
     TOKENS,
     CaptureFileLayout,
@@ -24,6 +23,7 @@ from eaglekit.finetune.hidden_states import (
     read_layout,
     read_token_ids,
 )
+from eaglekit.errors import CheckpointError
 from eaglekit.target import TargetInfo
 
 

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from eaglekit.capture import store as st
 from eaglekit.capture.manifest import Manifest
+from eaglekit.capture.plan import HELD_OUT_FRACTION
 from eaglekit.capture.run import REFERENCE
+from eaglekit.capture.sequence import CalibrationRecords, CapturedSequence, LabelledStates
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.target import TargetInfo
 
@@ -89,6 +91,14 @@ class StoreRows:
             out[picked] = self._shard(index)[rows[picked] - self.starts[index]].to(torch.float32)
         return out
 
+    def in_memory(self) -> torch.Tensor:
+        """Every row of the view in the store's dtype (fp8 as float32), read shard by shard: for data that fits."""
+        import torch
+
+        rows = torch.cat([self._shard(i) for i in range(len(self.shards))]) if self.shards else torch.zeros(
+            (0, self.shape[1]))
+        return rows if self.rows is None else rows[self.rows]
+
     def __getitem__(self, key: Any) -> Any:
         import torch
 
@@ -144,13 +154,13 @@ def open_complete_store(store: str) -> Manifest:
 
 
 def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *, device: str = "cpu",
-                        max_resident: int = 2, quantization: str | None = None, soft_targets: int = 0):
-    """The store as eaglekit.finetune.data.TrainingData (aux rows streamed); the target's decoder is never read.
-    `soft_targets` k > 0 adds the target's top-k next-token probabilities, computed from id L like the labels."""
+                        max_resident: int = 2, quantization: str | None = None,
+                        soft_targets: int = 0) -> LabelledStates:
+    """The store as LabelledStates (aux rows streamed); the target's decoder is never read. `soft_targets` k > 0 adds
+    the target's top-k next-token probabilities, computed from id L like the labels."""
     import torch
 
     from eaglekit.capture.head import load_head
-    from eaglekit.finetune.data import TrainingData
 
     if max_resident < 1:
         raise UsageError("--max-resident-shards must be at least 1")
@@ -184,7 +194,7 @@ def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *,
         notes.append(f"soft targets: the target's top {soft_targets} next-token probabilities from id L, "
                      "renormalised over those in the draft vocabulary")
         digest.update(f"soft-targets={soft_targets}".encode())
-    return TrainingData(tokens=torch.cat(tokens), labels=torch.cat(labels), aux=rows,
+    return LabelledStates(tokens=torch.cat(tokens), labels=torch.cat(labels), aux=rows,
                         offsets=torch.tensor([0, *lengths], dtype=torch.long).cumsum(0), digest=digest.hexdigest(),
                         source=f"{os.path.abspath(store)} ({manifest.inputs.source})", notes=notes,
                         soft_ids=torch.cat(soft_ids) if soft_targets else None,
@@ -192,15 +202,14 @@ def read_training_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *,
 
 
 def calibration_from_store(store: str, info: TargetInfo, aux_ids: Sequence[int], *, max_tokens: int = 2048,
-                           quantization: str | None = None):
-    """upgrade's calibration capture (eaglekit.upgrade.capture.CalibrationCapture) read from a store.
+                           quantization: str | None = None) -> CalibrationRecords:
+    """upgrade's calibration records read from a store, each holding the states of `aux_ids`.
 
     A store of `capture --calibration` holds upgrade's own fit and held-out sequences; from any other store the
     first records up to `max_tokens` tokens are read, the last quarter of their tokens (whole records) held out."""
     import torch
 
     from eaglekit.capture.head import load_head
-    from eaglekit.upgrade.capture import HELD_OUT_FRACTION, CalibrationCapture, CapturedSequence
 
     manifest = open_complete_store(store)
     check_store_target(manifest, info, store, quantization=quantization)
@@ -210,10 +219,11 @@ def calibration_from_store(store: str, info: TargetInfo, aux_ids: Sequence[int],
     count = 0
     for shard in manifest.shards:
         tensors = st.read_shard(store, manifest, shard)
-        aux = tensors["aux"][:, columns].reshape(tensors["aux"].shape[0], -1)
+        aux = tensors["aux"][:, columns]
         bounds = tensors["offsets"].tolist()
         for lo, hi in zip(bounds, bounds[1:]):
-            records.append(CapturedSequence(tensors["token_ids"][lo:hi].clone(), aux[lo:hi].float()))
+            records.append(CapturedSequence(len(records), tuple(tensors["token_ids"][lo:hi].tolist()),
+                                            {i: aux[lo:hi, k].float() for k, i in enumerate(sorted(aux_ids))}))
             count += hi - lo
             if fit_records is None and count >= max_tokens:
                 break
@@ -223,11 +233,11 @@ def calibration_from_store(store: str, info: TargetInfo, aux_ids: Sequence[int],
         held, tail = 0, 0
         while held < len(records) - 1 and tail < count * HELD_OUT_FRACTION:
             held += 1
-            tail += int(records[-held].tokens.numel())
+            tail += len(records[-held].token_ids)
         fit_records = len(records) - held
     if not 0 < fit_records < len(records):
         raise UsageError(f"the store holds {len(records)} record(s): calibration needs some to fit and some held "
                          "out", store)
     embed = load_head(info).embed_tokens.to(torch.float32)
     where = f"the store {os.path.abspath(store)}: {manifest.inputs.source}"
-    return CalibrationCapture(records[:fit_records], records[fit_records:], where, embed)
+    return CalibrationRecords(records[:fit_records], records[fit_records:], where, embed)

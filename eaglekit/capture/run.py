@@ -20,9 +20,16 @@ from eaglekit import __version__
 from eaglekit.capture import store as st
 from eaglekit.capture import store_writer
 from eaglekit.capture.manifest import ID_CONVENTION, DataFile, Identity, Manifest, Plan
+from eaglekit.capture.plan import (
+    BUNDLED_DATA,
+    DataOptions,
+    SequencePlan,
+    calibration_sequences,
+    content_address,
+    plan_sequences,
+)
 from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import CaptureInterrupted, CheckpointError, EaglekitError, UsageError
-from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.quantization import refuse_emulation_on_declared, scheme
 from eaglekit.target import TargetInfo, read_target
@@ -69,8 +76,6 @@ class CaptureOptions:
                              "--generate, --context-tokens, --code-tokens or --templates")
         if self.calibration_file and not self.calibration:
             raise UsageError("--calibration-file needs --calibration")
-        if self.data.hidden_states:
-            raise UsageError("capture reads no --hidden-states: import such files with --import")
         if self.import_dir and (self.data != DataOptions() or self.calibration or self.engine != REFERENCE):
             raise UsageError("--import brings its own sequences and states: it cannot be combined with --data, "
                              "--generate, --templates, --calibration or --engine")
@@ -144,7 +149,7 @@ def capture_layer_ids(info: TargetInfo, opts: CaptureOptions) -> tuple[tuple[int
     return ids, where
 
 
-def _engine_block(opts: CaptureOptions) -> dict[str, Any]:
+def engine_block(opts: CaptureOptions) -> dict[str, Any]:
     """What computed the states: engine, its version, dtype and numerics (part of the store's identity)."""
     if opts.engine == REFERENCE:
         import torch
@@ -169,12 +174,13 @@ def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, A
                    opts: CaptureOptions, store: str) -> Identity:
     """The manifest's identity blocks (checked as a manifest's are on read): a rerun resumes only when every one
     is equal."""
-    from eaglekit.capture.head import config_digest, head_digest, tokenizer_identity, weights_fingerprint
+    from eaglekit.capture.head import config_digest, head_digest, tokenizer_identity
+    from eaglekit.provenance import target_weight_files, weights_fingerprint
 
     tokenizer = tokenizer_identity(info)
     return Identity.read({
         "target": {"config_sha256": config_digest(info), "weights_fingerprint": weights_fingerprint(
-                       os.path.dirname(os.path.abspath(info.path))), "head_sha256": head_digest(info),
+                       target_weight_files(info.path)), "head_sha256": head_digest(info),
                    "num_hidden_layers": info.num_layers, "hidden_size": info.hidden_size,
                    "vocab_size": info.vocab_size, "model_type": info.model_type,
                    "tokenizer_sha256": tokenizer["sha256"], "chat_template_sha256": tokenizer["chat_template_sha256"]},
@@ -189,8 +195,6 @@ def _plan(tokenizer, opts: CaptureOptions, on_stage: Stage | None) -> tuple[Sequ
     """(the sequences to capture, how many of them upgrade fits on when they are its calibration text)."""
     if not opts.calibration:
         return plan_sequences(tokenizer, opts.data, on_stage=on_stage), None
-    from eaglekit.upgrade.capture import calibration_sequences
-
     fit, held_out, where = calibration_sequences(tokenizer, text_file=opts.calibration_file,
                                                  max_tokens=opts.calibration_tokens)
     return SequencePlan(where, fit + held_out, [], opts.calibration_tokens, [],
@@ -219,8 +223,6 @@ def data_record(opts: CaptureOptions) -> tuple[DataFile | None, str]:
     """(the data the sequences are planned from, as the manifest records it: a file's name and SHA-256, never its
     folder; that data as the user named it); None for an import, whose files the import identifies."""
     from importlib import resources
-
-    from eaglekit.finetune.data import BUNDLED_DATA
 
     if opts.import_dir:
         return None, opts.import_dir
@@ -294,7 +296,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
     def answer(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         """--generate: the target's greedy answers, from the engine that runs the target."""
         if opts.engine == REFERENCE:
-            from eaglekit.finetune.data import generate_answers
+            from eaglekit.capture.reference import generate_answers
 
             return generate_answers(target(), prompts, max_new_tokens, on_stage=on_stage)
         from eaglekit.runtime.engine import EngineOptions, answers_with_vllm
@@ -307,7 +309,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
                                                     engine_args=dict(opts.engine_args)),
                                  context=info.max_position_embeddings)
 
-    engine = _engine_block(opts)
+    engine = engine_block(opts)
     return _Source(engine, inputs, list(plan.notes), lambda: plan.complete(opts.data, answer), records)
 
 

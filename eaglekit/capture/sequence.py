@@ -1,9 +1,11 @@
-"""What a capture backend yields: one sequence's token ids and the target's states at the requested layer ids."""
+"""What capture yields and what its readers return: one sequence's token ids and the target's states at the
+requested layer ids (CapturedSequence), and a store's sequences as labelled rows (LabelledStates)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -30,3 +32,55 @@ class CapturedSequence:
 
         state = self.states[layer_id].to(torch.float32)
         return state if self.scale is None else state * self.scale[:, None]
+
+    @property
+    def tokens(self) -> "torch.Tensor":
+        """The token ids as int64 [T]."""
+        import torch
+
+        return torch.tensor(self.token_ids, dtype=torch.long)
+
+    def joined(self, layer_ids: Sequence[int] | None = None) -> "torch.Tensor":
+        """float32 [T, K*H]: the states of `layer_ids` (default: every id held, ascending) side by side, as a draft
+        reads its K aux states."""
+        import torch
+
+        ids = sorted(self.states) if layer_ids is None else list(layer_ids)
+        return torch.cat([self.float_state(i) for i in ids], dim=-1)
+
+
+@dataclass
+class LabelledStates:
+    """Sequences as rows, concatenated: token ids [N], the target's next token at each row [N] (-100 where none is
+    known), the aux states [N, K*H] (a tensor or a store's lazily read rows) and the sequences' boundaries [S+1];
+    with soft targets also the target's top-k next tokens [N, k] and their probabilities [N, k]. `digest` names the
+    rows' content, `source` says where they came from."""
+
+    tokens: Any
+    labels: Any
+    aux: Any
+    offsets: Any
+    digest: str
+    source: str
+    notes: list[str] = field(default_factory=list)
+    soft_ids: Any = None
+    soft_probs: Any = None
+
+    @property
+    def sequences(self) -> int:
+        return int(self.offsets.numel()) - 1
+
+    @property
+    def positions(self) -> int:
+        return int(self.tokens.numel())
+
+
+@dataclass(frozen=True)
+class CalibrationRecords:
+    """upgrade's calibration states read from a store: the records it fits on and those it holds out, where they
+    came from, and the target's input embedding [V, H] (float32) for drafts that share it."""
+
+    fit: list[CapturedSequence]
+    held_out: list[CapturedSequence]
+    text_source: str
+    embed_tokens: Any

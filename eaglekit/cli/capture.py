@@ -87,8 +87,8 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
     only what is missing and ends byte-identical to an uninterrupted run. `finetune --store` and
     `upgrade --store` read the store without loading the target's decoder.
     """
+    from eaglekit.capture.plan import DataOptions
     from eaglekit.capture.run import CaptureOptions, capture_store
-    from eaglekit.finetune.data import DataOptions
 
     if data_file and prompts_file:
         raise UsageError("give --data or --prompts, not both")

@@ -159,7 +159,7 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
     zero) and no condition is resolved worse; otherwise one line says what was measured and it exits 1
     (--keep-unresolved writes it). OUT appears only when complete and validated; the source is never modified.
     """
-    from eaglekit.finetune.data import DataOptions
+    from eaglekit.capture.plan import DataOptions
     from eaglekit.finetune.evaluate import EvalOptions
     from eaglekit.finetune.options import FinetuneOptions
     from eaglekit.finetune.run import finetune

@@ -8,9 +8,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from eaglekit.capture.plan import DataOptions
 from eaglekit.decode.options import ENGINE_ALONE
 from eaglekit.errors import UsageError
-from eaglekit.finetune.data import DataOptions
 from eaglekit.finetune.evaluate import EvalOptions
 from eaglekit.runtime.engine import EngineOptions
 
@@ -19,6 +19,9 @@ from eaglekit.runtime.engine import EngineOptions
 class FinetuneOptions:
     target: str
     data: DataOptions = DataOptions()
+    import_dir: str | None = None  # states captured elsewhere (vLLM extract_hidden_states files)
+    captured_ids: tuple[int, ...] | None = None  # the layer ids vLLM captured into those files (default: the draft's)
+    cache_dir: str | None = None  # where captured states are stored (default: eaglekit.capture.cache's)
     train: Any = None  # eaglekit.finetune.train.TrainOptions (imported lazily: it needs torch)
     eval: EvalOptions | None = EvalOptions()
     device: str = "cpu"
@@ -55,9 +58,15 @@ def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
             opts.eval.check_resolvable()
     if not 0 <= opts.validation_fraction < 1:
         raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
-    if opts.store and opts.data != DataOptions(cache_dir=opts.data.cache_dir):
+    if opts.captured_ids is not None and not opts.import_dir:
+        raise UsageError("--captured-ids names the layers vLLM captured into --import: give --import too, or drop "
+                         "--captured-ids")
+    if opts.import_dir and opts.data != DataOptions():
+        raise UsageError("--import brings its own sequences: it cannot be combined with --data, --generate, "
+                         "--context-tokens, --code-tokens or --templates")
+    if opts.store and (opts.data != DataOptions() or opts.import_dir):
         raise UsageError("--store brings its own sequences: it cannot be combined with --data, --generate, "
-                         "--context-tokens, --code-tokens, --templates or --hidden-states")
+                         "--context-tokens, --code-tokens, --templates or --import")
     if opts.soft_targets and not opts.store:
         raise UsageError("--soft-targets needs --store: the teacher's probabilities are computed from a store's id-L "
                          "states (eaglekit capture)")
@@ -65,8 +74,8 @@ def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
         raise UsageError(f"--eval-engine vllm with --target-quantization {opts.target_quantization}: vLLM would "
                          "serve the target in full precision; measure the quantized target with --eval-engine "
                          "reference")
-    if opts.eval is not None and opts.eval.engine == ENGINE_ALONE and opts.data.hidden_states:
-        raise UsageError("--eval-engine vllm with --hidden-states: import the states into a store (eaglekit capture "
+    if opts.eval is not None and opts.eval.engine == ENGINE_ALONE and opts.import_dir:
+        raise UsageError("--eval-engine vllm with --import: import the states into a store (eaglekit capture "
                          "--import) and fine-tune with --store")
     if opts.soft_targets < 0:
         raise UsageError("--soft-targets must not be negative (0: the target's greedy tokens as labels)")
@@ -85,7 +94,8 @@ def options_dict(opts: FinetuneOptions) -> dict[str, Any]:
         return list(v) if isinstance(v, tuple) else v
 
     return {
-        "data": {k: plain(v) for k, v in asdict(opts.data).items()},
+        "data": {**{k: plain(v) for k, v in asdict(opts.data).items()}, "import": opts.import_dir,
+                 "captured_ids": plain(opts.captured_ids), "cache_dir": opts.cache_dir},
         "train": {k: plain(v) for k, v in asdict(opts.train).items()},
         "eval": {k: plain(v) for k, v in asdict(opts.eval).items()} if opts.eval else None,
         "device": opts.device, "target_dtype": opts.target_dtype, "target_quantization": opts.target_quantization,

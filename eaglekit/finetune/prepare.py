@@ -46,8 +46,8 @@ class Run:
 
     @property
     def reads_states(self) -> bool:
-        """States read from elsewhere (--hidden-states, --store): training never loads the target's decoder."""
-        return bool(self.opts.data.hidden_states or self.opts.store)
+        """States read from elsewhere (--import, --store): training never loads the target's decoder."""
+        return bool(self.opts.import_dir or self.opts.store)
 
     @property
     def evaluates(self) -> bool:
@@ -103,8 +103,8 @@ def _choose_eval_engine(run: Run) -> None:
     opts, info = run.opts, run.info
     assert opts.eval is not None
     asked = opts.eval.engine
-    if opts.data.hidden_states:
-        run.unevaluated = "--hidden-states: the target is not loaded"
+    if opts.import_dir:
+        run.unevaluated = "--import: the target is not loaded"
         return
     entries = target_tensors(os.path.dirname(os.path.abspath(info.path))) if opts.store else None
     decoder = entries is None or holds_decoder(info, entries)
@@ -192,16 +192,16 @@ def _source_spec(source: str, info: TargetInfo) -> DraftSpec:
 def _refuse_clobber(spec: DraftSpec, destination: str, checkpoint_dir: str, opts: FinetuneOptions) -> None:
     """Every path finetune writes (the output, --plot, the checkpoint folder, the data cache) against everything
     it reads, before any work."""
-    from eaglekit.finetune.data import default_cache_dir
+    from eaglekit.capture.cache import default_cache_dir
 
     writes = [Role(OUTPUT, destination), Role("--plot", opts.plot or ""),
               Role("--checkpoint-dir" if opts.checkpoint_dir else "--checkpoint-dir (default OUT.checkpoint)",
                    checkpoint_dir, makes_parents=True)]
-    if not opts.data.hidden_states and not opts.store:  # captured data is cached; states read elsewhere are not
-        writes.append(Role("--cache-dir" if opts.data.cache_dir else "--cache-dir (default)",
-                           opts.data.cache_dir or default_cache_dir(), makes_parents=True))
+    if not opts.import_dir and not opts.store:  # captured data is cached; states read elsewhere are not
+        writes.append(Role("--cache-dir" if opts.cache_dir else "--cache-dir (default)",
+                           opts.cache_dir or default_cache_dir(), makes_parents=True))
     reads = [*read_roles("source", spec.path), *target_roles(opts.target),
-             *read_roles("--hidden-states", opts.data.hidden_states), *read_roles("--data", opts.data.data_file),
+             *read_roles("--import", opts.import_dir), *read_roles("--data", opts.data.data_file),
              *read_roles("--store", opts.store),
              *read_roles("--eval-prompts", opts.eval.prompts_file if opts.eval else None)]
     refuse_clobber(writes, reads)

@@ -23,11 +23,10 @@ from typing import Any
 from eaglekit import __version__
 from eaglekit.decode.options import ENGINE_ALONE
 from eaglekit.errors import CheckpointError, NoGain
-from eaglekit.finetune.data import TrainingData, build_data, split_validation, target_identity
+from eaglekit.finetune.data import TrainingData, split_validation
 from eaglekit.finetune.evaluate import EvalOptions, Evaluation, held_out_prompts
 from eaglekit.finetune.options import FinetuneOptions, checked_options, options_dict
 from eaglekit.finetune.prepare import Run, prepare
-from eaglekit.io.jsonfile import load_json_object
 from eaglekit.quantization import scheme
 from eaglekit.redact import public_path, public_report
 from eaglekit.spec import DraftSpec
@@ -74,27 +73,8 @@ class FinetuneReport:
         }
 
 
-def _target_tensor(target_dir: str, names: tuple[str, ...]):
-    """One tensor straight from the target's safetensors (the embedding a draft borrows), without the model."""
-    from safetensors import safe_open
-
-    index = os.path.join(target_dir, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        weight_map = load_json_object(index, "target index").get("weight_map")
-        weight_map = weight_map if isinstance(weight_map, dict) else {}
-    else:
-        weight_map = {n: "model.safetensors" for n in names}
-    for name in names:
-        path = os.path.join(target_dir, str(weight_map.get(name, "")))
-        if os.path.isfile(path):
-            with safe_open(path, "pt") as fh:
-                if name in fh.keys():
-                    return fh.get_tensor(name)
-    raise CheckpointError(f"the target has none of {', '.join(names)}", target_dir)
-
-
 def _fingerprint(hashes: dict[str, str], data: TrainingData, opts: FinetuneOptions) -> str:
-    from eaglekit.finetune.data import content_address
+    from eaglekit.capture.plan import content_address
 
     return content_address({"source": hashes, "data": data.digest, "train": options_dict(opts)["train"],
                             "warm_start": opts.warm_start, "from_scratch": opts.from_scratch,
@@ -128,7 +108,7 @@ def _paired_evaluation(run: Run, output: str, ev: EvalOptions, on_stage: Stage |
 
 
 def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: TrainingData, result,
-                hashes: dict[str, str], target_files: dict[str, str] | None, warm: list[str],
+                hashes: dict[str, str], target: dict[str, str] | None, warm: list[str],
                 evaluation: Evaluation | None = None, written: str = "") -> dict[str, Any]:
     previous = spec.config.get("eaglekit")
     last = result.history[-1] if result.history else None
@@ -136,7 +116,7 @@ def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: Train
         "version": __version__, "command": "finetune", "function": "trained", "source": public_path(source),
         "source_eagle_version": spec.eagle_version, "source_files": hashes,
         "source_provenance": previous if isinstance(previous, dict) else None,
-        "target": public_path(opts.target), "target_files": target_files,
+        "target": public_path(opts.target), "target_identity": target,
         "data": {"source": data.source, "sha256": data.digest, "sequences": data.sequences,
                  "positions": data.positions},
         "options": options_dict(opts)["train"], "evaluation_options": options_dict(opts)["eval"],
@@ -172,7 +152,7 @@ def _no_step_gained(result) -> str:
 def written_because(evaluation: Evaluation | None) -> str:
     """Why an output was written, for its report and provenance."""
     if evaluation is None:
-        return "not evaluated (--no-eval, --hidden-states or --store): written unmeasured"
+        return "not evaluated (--no-eval, --import or --store): written unmeasured"
     return "resolved gain" if evaluation.gained else "without a resolved gain (--keep-unresolved)"
 
 
@@ -191,9 +171,8 @@ def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: 
 
 def _phases(run: Run, source: str, destination: str, started: float, on_stage: Stage | None,
             on_step) -> FinetuneReport:
-    data, target = _load_data(run, on_stage)
-    drafter, warm = _set_up_drafter(run, data, target)
-    del target  # compare loads its own; training needs only the captured data
+    data = _load_data(run, on_stage)
+    drafter, warm = _set_up_drafter(run, data)
     if on_stage:
         on_stage("training", 0, run.opts.train.steps)  # the held-out sequences are scored first
     result, checkpoints, hashes = _train(run, drafter, data, warm, on_step)
@@ -221,42 +200,57 @@ def _phases(run: Run, source: str, destination: str, started: float, on_stage: S
     return report
 
 
-def _load_data(run: Run, on_stage: Stage | None) -> tuple[TrainingData, Any]:
-    """The training data, and the target when the data is captured here: from a store (the decoder is never
-    loaded), from --hidden-states, or captured by the main rank and cached for the others. Data as wide as the
-    draft reads, or refused."""
+def _load_data(run: Run, on_stage: Stage | None) -> TrainingData:
+    """The training data: from a store (the decoder is never loaded), from --import's files, or captured by the
+    main rank into a store in the cache, which the other ranks then read. Data as wide as the draft reads, or
+    refused."""
+    from eaglekit.finetune.data import captured_data, imported_data
     from eaglekit.finetune.distributed import barrier
-    from eaglekit.target_model import load_target
 
     opts, info, ranks = run.opts, run.info, run.ranks
     t = time.perf_counter()
-    target = None if run.reads_states else load_target(opts.target, device=str(run.device), dtype=opts.target_dtype,
-                                                       quantization=opts.target_quantization)
-    if target is not None and target.num_layers != info.num_layers:
-        raise CheckpointError(f"target has {target.num_layers} layers, its config says {info.num_layers}", opts.target)
     assert run.spec.aux.ids is not None, "_source_spec refuses a draft without aux ids"
     aux_ids = tuple(sorted(run.spec.aux.ids))
     if opts.store:
         from eaglekit.capture.reader import read_training_store
 
-        data = read_training_store(opts.store, info, aux_ids, device=str(run.device),  # labels: a [rows, V] product
-                                   max_resident=opts.max_resident_shards, quantization=opts.target_quantization,
-                                   soft_targets=opts.soft_targets)
+        states = read_training_store(opts.store, info, aux_ids, device=str(run.device),  # labels: a [rows, V] product
+                                     max_resident=opts.max_resident_shards, quantization=opts.target_quantization,
+                                     soft_targets=opts.soft_targets)
+        data = TrainingData.of(states)
+    elif opts.import_dir:
+        data = imported_data(opts.import_dir, aux_ids, opts.captured_ids)
     else:
         if ranks.main:
-            data = build_data(target, opts.target, aux_ids, opts.data, on_stage=on_stage)
+            data = captured_data(info, aux_ids, opts, str(run.device), on_stage=on_stage)
         barrier(ranks)
-        if not ranks.main:  # the main rank has just cached it
-            data = build_data(target, opts.target, aux_ids, opts.data)
+        if not ranks.main:  # the main rank has just captured it into the cache
+            data = captured_data(info, aux_ids, opts, str(run.device))
     run.timings["data_s"] = time.perf_counter() - t
     k_t = data.aux.shape[1]
     if k_t != len(aux_ids) * info.hidden_size:
         raise CheckpointError(f"captured states are {k_t} wide, the draft reads {len(aux_ids)} × {info.hidden_size}",
-                              opts.store or opts.data.hidden_states or opts.target)
-    return data, target
+                              opts.store or opts.import_dir or opts.target)
+    return data
 
 
-def _set_up_drafter(run: Run, data: TrainingData, target):
+def _borrowed_head(run: Run):
+    """(embedding, lm_head) of the target for a draft that has none of its own (None where it has it), read from
+    the target's files; rounded through the run's target dtype where the target runs here, as it computes them."""
+    from eaglekit.capture.head import load_head
+    from eaglekit.target_model import resolve_dtype
+
+    spec = run.spec
+    if spec.has_embed_tokens and spec.has_lm_head:
+        return None, None
+    head = load_head(run.info)
+    if not run.reads_states:
+        dtype = resolve_dtype(run.opts.target_dtype, str(run.device))
+        head.embed_tokens, head.lm_head = (t.to(dtype).float() for t in (head.embed_tokens, head.lm_head))
+    return (None if spec.has_embed_tokens else head.embed_tokens), (None if spec.has_lm_head else head.lm_head)
+
+
+def _set_up_drafter(run: Run, data: TrainingData):
     """The drafter built from the source, borrowing the target's embedding and head where the draft has none; then
     re-initialised (--from-scratch) or warm-started (what upgrade switched on untrained, fitted to the data)."""
     import torch
@@ -265,11 +259,7 @@ def _set_up_drafter(run: Run, data: TrainingData, target):
     from eaglekit.finetune import warm_start
 
     spec, opts = run.spec, run.opts
-    if target is not None:
-        embed, head = target.embed_tokens, target.lm_head
-    else:
-        embed = None if spec.has_embed_tokens else _target_tensor(opts.target, ("model.embed_tokens.weight",))
-        head = None if spec.has_lm_head else _target_tensor(opts.target, ("lm_head.weight",))
+    embed, head = _borrowed_head(run)
     drafter = Drafter.from_spec(spec, device=run.device, dtype=torch.float32, embed_tokens=embed, lm_head=head)
     if run.unevaluated is not None:
         served = " --engine vllm" if opts.store else ""  # a store's target is typically too large to load here
@@ -322,6 +312,7 @@ def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: Trainin
     """Write the output staged, measure it against its source on held-out prompts, and publish it only with a
     resolved gain (or --keep-unresolved, which says so): a fine-tune that does not help is not written."""
     from eaglekit.finetune.output import write_output
+    from eaglekit.provenance import target_identity
 
     opts, destination = run.opts, run.destination
     eval_opts = opts.eval if run.evaluates else None
@@ -345,10 +336,10 @@ def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: Trainin
     t = time.perf_counter()
     if on_stage:
         on_stage("writing and validating the output", 0, 1)
-    target_files = None if run.reads_states else target_identity(opts.target)
+    target = None if run.reads_states else target_identity(run.info)
 
     def provenance(evaluation: Evaluation | None) -> dict[str, Any]:
-        return _provenance(run.source, run.spec, opts, data, result, hashes, target_files, run.notes, evaluation,
+        return _provenance(run.source, run.spec, opts, data, result, hashes, target, run.notes, evaluation,
                            written_because(evaluation))
 
     report.output["files"], report.findings, evaluation = write_output(destination, run.spec, drafter, changed,

@@ -8,10 +8,12 @@ least-squares fc_norm weights in place of unit ones.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import UsageError
 from eaglekit.provenance import norm_output_scale
 from eaglekit.spec import DraftSpec
@@ -32,15 +34,18 @@ def upgrade_changes(spec: DraftSpec) -> dict[str, bool]:
             "fc_norm_ones": "fc_norm added" in conversion and options.get("fc_norm_init") == "ones"}
 
 
-def _sequences(data, limit: int):
-    """Whole captured sequences (tokens and aux states) until `limit` rows are covered."""
-    from eaglekit.upgrade.capture import CapturedSequence
-
+def _sequences(data, limit: int, aux_ids: Sequence[int]) -> Iterator[CapturedSequence]:
+    """Whole captured sequences (tokens and the aux states of `aux_ids`, ascending) until `limit` rows are
+    covered."""
     offsets = data.offsets.tolist()
-    for lo, hi in zip(offsets, offsets[1:]):
+    ids = sorted(aux_ids)
+    for index, (lo, hi) in enumerate(zip(offsets, offsets[1:])):
         if lo >= limit:
             return
-        yield CapturedSequence(data.tokens[lo:hi], data.aux[lo:hi].float())
+        aux = data.aux[lo:hi].float()
+        width = aux.shape[1] // len(ids)
+        yield CapturedSequence(index, tuple(data.tokens[lo:hi].tolist()),
+                               {i: aux[:, k * width:(k + 1) * width] for k, i in enumerate(ids)})
 
 
 def calibrate_fc_norm(drafter, data, eps: float, dtype: str) -> int:
@@ -58,7 +63,7 @@ def calibrate_fc_norm(drafter, data, eps: float, dtype: str) -> int:
     return fit.tokens
 
 
-def rescale_for_norm_output(drafter, data) -> float | None:
+def rescale_for_norm_output(drafter, data, aux_ids: Sequence[int]) -> float | None:
     """Final norm weight := mean RMS of the pre-norm state; the old weight folded into lm_head. Returns c, or
     None when the draft borrows the target's head (nothing to fold into)."""
     from eaglekit.upgrade.start import fold_scale, prenorm_rms
@@ -66,7 +71,7 @@ def rescale_for_norm_output(drafter, data) -> float | None:
     if drafter.lm_head is None:
         return None
     with torch.no_grad():
-        c = float(prenorm_rms(drafter, list(_sequences(data, CALIBRATION_ROWS))).mean())
+        c = float(prenorm_rms(drafter, list(_sequences(data, CALIBRATION_ROWS, aux_ids))).mean())
         scale = torch.from_numpy(fold_scale(drafter.norm.weight.detach().float().cpu().numpy(), c))
         drafter.lm_head.weight.mul_(scale.to(drafter.lm_head.weight)[None, :])
         drafter.norm.weight.fill_(c)
@@ -98,7 +103,8 @@ def apply(drafter, spec: DraftSpec, data, mode: str) -> WarmStart:
                      "captured positions")
         changed |= {f"fc_norm.{i}.weight" for i in range(len(drafter.fc_norm))}
     if changes["norm_output"] and drafter.config.norm_output:
-        c = rescale_for_norm_output(drafter, data)
+        assert spec.aux.ids is not None, "finetune refuses a draft without aux ids"
+        c = rescale_for_norm_output(drafter, data, spec.aux.ids)
         if c is None:
             notes.append("warm start: norm_output not rescaled (the draft borrows the target's lm_head)")
         else:

@@ -1,5 +1,10 @@
 """Least-squares initial weights for added fc_norm layers, and the fidelity they achieve through `fc`.
 
+The target's states on the calibration text come from capture/ (a store of `capture --calibration`, or the
+target run in-process into one): its first three quarters of tokens feed the fit, the last quarter is held out to
+measure fidelity. Position 0 of every sequence is left out of the fit: that token's hidden state is an attention
+sink with outsized activations which would dominate it, and drafting proposes from later positions.
+
 For aux chunk k the runtime computes y = w ⊙ n with n = round(x · rsqrt(mean(x²) + eps)) (reference §9.1).
 Choosing w per channel c to minimise Σ_tokens (n_c·w_c − x_c)² gives w_c = Σ n_c·x_c / Σ n_c², so fc(y) stays
 as close as a per-channel scale allows to the original fc(x). The sums are accumulated in float64 over the
@@ -8,10 +13,12 @@ calibration tokens; the fidelity is measured on held-out tokens through the real
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from eaglekit.capture.sequence import CalibrationRecords, CapturedSequence
 from eaglekit.upgrade.encode import round_to
 
 
@@ -78,3 +85,34 @@ def fc_fidelity(fc_weight: np.ndarray, chunks: list[np.ndarray], weights: np.nda
     norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
     cos = dots / np.maximum(norms, 1e-30)
     return Fidelity(tokens=int(a.shape[0]), relative_error=rel, cosine=float(cos.mean()), min_cosine=float(cos.min()))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    weights: np.ndarray  # [K, T] float64
+    fit_tokens: int
+    calibrated: Fidelity  # on held-out tokens
+    ones: Fidelity  # the same tokens with unit fc_norm weights, for comparison
+    text_source: str
+
+
+def aux_chunks(part: Sequence[CapturedSequence]) -> list[np.ndarray]:
+    """The K aux states of `part` as K arrays [N, T] (ascending id; position 0 of each sequence left out)."""
+    ids = sorted(part[0].states)
+    return [np.concatenate([s.float_state(i)[1:].numpy() for s in part]) for i in ids]
+
+
+def fit_fc_norm(capture: CalibrationRecords, fc_weight: np.ndarray, *, eps: float, dtype: str) -> Calibration:
+    """Least-squares fc_norm weights from the fit part, measured through `fc_weight` on the held-out part."""
+    fit_chunks = aux_chunks(capture.fit)
+    fit = FcNormFit(len(fit_chunks), fit_chunks[0].shape[1], eps, dtype)
+    fit.update(fit_chunks)
+    weights = fit.weights()
+    held = aux_chunks(capture.held_out)
+    return Calibration(
+        weights=weights,
+        fit_tokens=fit.tokens,
+        calibrated=fc_fidelity(fc_weight, held, weights, eps, dtype),
+        ones=fc_fidelity(fc_weight, held, np.ones_like(weights), eps, dtype),
+        text_source=capture.text_source,
+    )

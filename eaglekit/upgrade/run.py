@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from eaglekit import __version__
+from eaglekit.capture.sequence import CalibrationRecords
 from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
@@ -17,7 +18,7 @@ from eaglekit.io.tensors import read_array
 from eaglekit.quantization import refuse_emulation_on_declared
 from eaglekit.redact import public_path, public_report
 from eaglekit.spec import DraftSpec, eagle_version
-from eaglekit.target import read_target
+from eaglekit.target import TargetInfo, read_target
 from eaglekit.upgrade.decide import Decisions, decide
 from eaglekit.upgrade.dialects import get_dialect
 from eaglekit.upgrade.materialize import out_tensors
@@ -65,6 +66,31 @@ def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions
     return public_report(block)  # written into config.json and the weights' metadata, which a push publishes
 
 
+def _calibration_states(target: TargetInfo, aux_ids: Sequence[int], opts: UpgradeOptions) -> CalibrationRecords:
+    """The target's states on the calibration text: read from --store (only the target's config and head tensors
+    are read), or captured through capture/ into a store in the cache (float32 states, as the target computes
+    them) and read back."""
+    import dataclasses
+
+    from eaglekit.capture.reader import calibration_from_store
+
+    def read(store: str) -> CalibrationRecords:
+        return calibration_from_store(store, target, aux_ids, max_tokens=opts.calibration_tokens,
+                                      quantization=opts.target_quantization)
+
+    if opts.store:
+        return read(opts.store)
+    from eaglekit.capture.cache import captured
+    from eaglekit.capture.run import CaptureOptions
+
+    capture = CaptureOptions(target=os.path.dirname(os.path.abspath(target.path)), aux_ids=tuple(aux_ids),
+                             device=opts.device, target_quantization=opts.target_quantization,
+                             store_dtype="float32", calibration=True, calibration_file=opts.calibration_file,
+                             calibration_tokens=opts.calibration_tokens)
+    with captured(capture) as done:
+        return dataclasses.replace(read(done.store), text_source=opts.calibration_file or "bundled")
+
+
 def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
                ) -> tuple[np.ndarray | None, FidelityReport | None, Start | None]:
     """One target pass over the calibration text, then what it feeds: the fc_norm fit and the norm_output rescale.
@@ -75,25 +101,17 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
         return np.ones((d.num_aux, d.target_hidden)), None, None
     if not (d.fc_norm_added or d.norm_output_rescale):
         return None, None, None
-    from eaglekit.upgrade.capture import capture_calibration, fit_fc_norm
+    from eaglekit.upgrade.calibrate import fit_fc_norm
 
     target = d.target
     if target is None:
         raise UsageError("calibrating fc_norm or the norm_output rescale needs --target (the model whose hidden "
                          "states it measures)")
-    if opts.store:  # the states were captured elsewhere: only the target's config and head tensors are read
-        from eaglekit.capture.reader import calibration_from_store
-
-        capture = calibration_from_store(opts.store, target, d.aux.ids, max_tokens=opts.calibration_tokens,
-                                         quantization=opts.target_quantization)
-    else:
-        capture = capture_calibration(os.path.dirname(target.path), d.aux.ids, text_file=opts.calibration_file,
-                                      max_tokens=opts.calibration_tokens, device=opts.device,
-                                      quantization=opts.target_quantization)
+    capture = _calibration_states(target, d.aux.ids, opts)
     weights = fidelity = start = None
     if d.fc_norm_added:
-        cal = fit_fc_norm(capture, d.num_aux, read_array(spec, "fc.weight", as_float32=True),
-                          eps=spec.geometry.rms_norm_eps, dtype=d.compute_dtype)
+        cal = fit_fc_norm(capture, read_array(spec, "fc.weight", as_float32=True), eps=spec.geometry.rms_norm_eps,
+                          dtype=d.compute_dtype)
         if not np.all(np.isfinite(cal.weights)):
             raise OutputError("calibration produced non-finite fc_norm weights (are the target's hidden states "
                               "finite?)", target.path)

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from eaglekit.capture.sequence import CalibrationRecords, CapturedSequence
 from eaglekit.upgrade.encode import round_to
 
 AGREEMENT_DEPTH = 3  # chained draft steps the agreement is measured at
@@ -40,14 +41,14 @@ class StartFidelity:
                 for k, v in asdict(self).items()}
 
 
-def _rows(seq, depth: int):
-    """(input ids [1, S-1], aux [1, S-1-depth+1, K*T]) of one sequence for a teacher-forced chain `depth` deep:
+def _rows(seq: CapturedSequence, depth: int):
+    """(input ids [1, S-1], aux [1, S-1-depth+1, K*T]) of one captured sequence for a teacher-forced chain `depth` deep:
     row i holds the state of position i, paired with token i+1."""
-    rows = len(seq.tokens) - depth
-    return seq.tokens[1:][None], seq.aux[:rows][None]
+    rows = len(seq.token_ids) - depth
+    return seq.tokens[1:][None], seq.joined()[:rows][None]
 
 
-def prenorm_rms(drafter, sequences: Sequence) -> np.ndarray:
+def prenorm_rms(drafter, sequences: Sequence[CapturedSequence]) -> np.ndarray:
     """Per position, the RMS of the first step's pre-norm state h (position 0, the attention sink, left out)."""
     import torch
 
@@ -59,7 +60,7 @@ def prenorm_rms(drafter, sequences: Sequence) -> np.ndarray:
         with torch.no_grad():
             out = []
             for seq in sequences:
-                if len(seq.tokens) < 3:
+                if len(seq.token_ids) < 3:
                     continue
                 ids, aux = _rows(seq, 1)
                 weight = drafter.norm.weight
@@ -75,7 +76,7 @@ def fold_scale(norm_weight: np.ndarray, scale: float) -> np.ndarray:
     return norm_weight.astype(np.float32) / np.float32(scale)
 
 
-def top1_chains(drafter, sequences: Sequence, depth: int = AGREEMENT_DEPTH) -> list[np.ndarray]:
+def top1_chains(drafter, sequences: Sequence[CapturedSequence], depth: int = AGREEMENT_DEPTH) -> list[np.ndarray]:
     """Per depth, the draft's top-1 (draft vocabulary) at every chained row, teacher forced."""
     import torch
 
@@ -84,7 +85,7 @@ def top1_chains(drafter, sequences: Sequence, depth: int = AGREEMENT_DEPTH) -> l
     per_depth: list[list[np.ndarray]] = [[] for _ in range(depth)]
     with torch.no_grad():
         for seq in sequences:
-            if len(seq.tokens) <= depth + 1:
+            if len(seq.token_ids) <= depth + 1:
                 continue
             ids, aux = _rows(seq, depth)
             weight = drafter.norm.weight
@@ -108,8 +109,8 @@ class Start:
     fidelity: StartFidelity
 
 
-def function_preserving_start(spec, capture, *, fc_norm_weights: np.ndarray | None, fc_norm_dtype: str,
-                              norm_dtype: str, head_dtype: str) -> Start:
+def function_preserving_start(spec, capture: CalibrationRecords, *, fc_norm_weights: np.ndarray | None,
+                              fc_norm_dtype: str, norm_dtype: str, head_dtype: str) -> Start:
     """Fit c on the capture's fit part and measure the start on its held-out part.
 
     `fc_norm_weights` [K, T] are the added fc_norm's (None when the source has no fc_norm to add). The drafter

@@ -18,8 +18,8 @@ def write_prompts(path: str, count: int = 12) -> str:
 
 def options(env, **changes):
     """CaptureOptions for `env` ({"target", "data"}): aux ids AUX, float32 shards of SHARD_TOKENS tokens."""
+    from eaglekit.capture.plan import DataOptions
     from eaglekit.capture.run import CaptureOptions
-    from eaglekit.finetune.data import DataOptions
 
     changes.setdefault("aux_ids", AUX)
     return CaptureOptions(target=env["target"], data=DataOptions(data_file=env["data"], **changes.pop("data", {})),

@@ -36,7 +36,7 @@ def make_target_with_tokenizer(path: str, *, layers: int = 4, hidden: int = 64, 
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from eaglekit.upgrade.capture import calibration_text
+    from eaglekit.capture.plan import calibration_text
 
     text, _ = calibration_text(None)
     tok = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from eaglekit.capture.sequence import LabelledStates
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.header import read_header
 from eaglekit.io.jsonfile import open_regular
@@ -151,6 +152,18 @@ def read_captured_states(directory: str, aux_ids: Sequence[int], *, captured_ids
         offsets.append(offsets[-1] + len(ids))
     return {"tokens": torch.cat(tokens), "labels": torch.cat(labels), "aux": torch.cat(aux),
             "offsets": torch.tensor(offsets, dtype=torch.int64)}
+
+
+def read_labelled_files(directory: str, aux_ids: Sequence[int], *, captured_ids: Sequence[int] | None = None
+                        ) -> LabelledStates:
+    """read_captured_states as labelled rows, named by the SHA-256 of their tokens, labels and boundaries."""
+    import hashlib
+
+    rows = read_captured_states(directory, aux_ids, captured_ids=captured_ids)
+    digest = hashlib.sha256()
+    for key in ("tokens", "labels", "offsets"):
+        digest.update(rows[key].contiguous().numpy().tobytes())
+    return LabelledStates(**rows, digest=digest.hexdigest(), source=os.path.abspath(directory))
 
 
 def _ids(ids: Sequence[int], what: str) -> tuple[int, ...]:

@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
 
+from eaglekit.capture.vllm_files import IGNORE_INDEX, read_captured_states  # noqa: E402
 from eaglekit.errors import CheckpointError, UsageError  # noqa: E402
-from eaglekit.finetune.hidden_states import IGNORE_INDEX, read_captured_states  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -170,7 +170,7 @@ def test_module_imports_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None; import eaglekit.finetune.hidden_states; "
+    code = ("import sys; sys.modules['torch'] = None; import eaglekit.capture.vllm_files; "
             "assert 'safetensors.torch' not in sys.modules")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
