@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from eaglekit.capture.plan import content_address
 from eaglekit.capture.run import (
-    REFERENCE,
     CaptureOptions,
     CaptureReport,
     Stage,
@@ -27,6 +26,7 @@ from eaglekit.capture.run import (
     data_record,
     engine_block,
 )
+from eaglekit.runner import REFERENCE
 from eaglekit.target import TargetInfo, read_target
 
 CACHE_FOLDER = "capture"

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from eaglekit.capture import store as st
 from eaglekit.capture.manifest import Manifest
 from eaglekit.capture.plan import HELD_OUT_FRACTION
-from eaglekit.capture.run import REFERENCE
 from eaglekit.capture.sequence import CalibrationRecords, CapturedSequence, LabelledStates
 from eaglekit.errors import CheckpointError, UsageError
+from eaglekit.runner import REFERENCE
 from eaglekit.target import TargetInfo
 
 if TYPE_CHECKING:

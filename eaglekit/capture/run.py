@@ -32,11 +32,10 @@ from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.errors import CaptureInterrupted, CheckpointError, EaglekitError, UsageError
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.quantization import refuse_emulation_on_declared, scheme
+from eaglekit.runner import REFERENCE, RUNNERS, Runner
 from eaglekit.target import TargetInfo, read_target
 
 Stage = Callable[[str, int, int], None]
-REFERENCE = "reference"  # the in-process backend; every other engine serves the target out of process
-ENGINES = (REFERENCE, "vllm")
 DEFAULT_SHARD_TOKENS = 1 << 14  # a shard of a 70B target (H 8192, 3 aux ids, bfloat16): about 1.3 GB
 
 
@@ -46,7 +45,7 @@ class CaptureOptions:
     data: DataOptions = DataOptions()
     draft: str | None = None  # its aux ids are captured
     aux_ids: tuple[int, ...] | None = None  # vLLM convention; default: the draft's, else the target's default
-    engine: str = "reference"
+    engine: Runner = REFERENCE
     tensor_parallel_size: int = 1
     engine_args: tuple[tuple[str, Any], ...] = ()  # LLM(...) keyword arguments, sorted by name
     engine_python: str | None = None
@@ -64,8 +63,8 @@ class CaptureOptions:
 
     def check(self) -> None:
         self.data.check()
-        if self.engine not in ENGINES:
-            raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if self.engine not in RUNNERS:
+            raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(RUNNERS)}")
         if self.shard_tokens < 1:
             raise UsageError("--shard-tokens must be at least 1")
         if self.tensor_parallel_size < 1:

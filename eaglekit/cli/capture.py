@@ -6,18 +6,19 @@ import click
 
 from eaglekit.cli.output import (
     aux_ids,
+    data_options,
+    deprecated_alias,
     emit_json,
     format_option,
     human_bytes,
     key_value_table,
-    list_items,
     out,
     target_path,
     target_quantization_option,
     vllm_options,
 )
 from eaglekit.cli.progress import StageProgress
-from eaglekit.errors import UsageError
+from eaglekit.runner import REFERENCE, RUNNERS
 
 EXAMPLES = """
 \b
@@ -33,21 +34,8 @@ Examples:
 @click.command("capture", epilog=EXAMPLES)
 @click.argument("target", callback=target_path)
 @click.argument("store")
-@click.option("--data", "data_file", type=click.Path(dir_okay=False),
-              help="JSONL text: {\"prompt\"}, {\"messages\"} or {\"text\"} per line (default: the bundled training "
-                   "prompts).")
-@click.option("--data-limit", type=int, help="Use only the first N records.")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), help="Same as --data.")
-@click.option("--generate", type=int, default=0, show_default=True,
-              help="Append the target's own greedy answer (up to N tokens) to each prompt, decoded by the engine.")
-@click.option("--context-tokens", type=int, default=0, show_default=True,
-              help="Prepend this many tokens of standard-library source to every --context-every-th prompt.")
-@click.option("--context-every", type=int, default=4, show_default=True)
-@click.option("--max-length", type=int, default=2048, show_default=True, help="Cut longer sequences.")
-@click.option("--code-tokens", type=int, default=0, show_default=True,
-              help="Also capture about this many tokens of Python standard-library source (plain text).")
-@click.option("--templates", default="chat", show_default=True,
-              help="Prompt shapes in turn: chat, system, raw (e.g. chat,system,raw).")
+@data_options("decoded by the engine")
+@deprecated_alias("--prompts", "--data", "data_file", type=click.Path(dir_okay=False))
 @click.option("--calibration", is_flag=True,
               help="Capture upgrade's calibration text (its fit and held-out sequences) for `upgrade --store`.")
 @click.option("--calibration-file", type=click.Path(dir_okay=False),
@@ -62,7 +50,7 @@ Examples:
 @click.option("--draft", help="Capture the aux layer ids this draft reads.")
 @click.option("--aux-layer-ids", help="Aux layer ids to capture (vLLM convention), e.g. 2,15,27 [default: the "
                                       "draft's, else the target's (2, L//2, L-3)]. Id L is always captured.")
-@click.option("--engine", type=click.Choice(["reference", "vllm"]), default="reference", show_default=True,
+@click.option("--engine", type=click.Choice(RUNNERS), default=REFERENCE, show_default=True,
               help="reference: the target loaded with transformers in this process; vllm: the serving engine "
                    "(tensor parallel, the served checkpoint's numerics).")
 @vllm_options("--engine vllm")
@@ -72,13 +60,13 @@ Examples:
               show_default=True, help="fp8: E4M3 with a float32 scale per token (half of bfloat16's bytes).")
 @click.option("--device", default="cpu", show_default=True, help="--engine reference: cpu or cuda[:N].")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-              show_default=True, help="Target dtype (auto: bfloat16 on CUDA, float32 on the CPU).")
+              show_default=True, help="--engine reference: the target's dtype (auto: bfloat16 on CUDA, float32 on the "
+                                      "CPU); --engine vllm: the dtype vLLM serves it in.")
 @target_quantization_option
 @click.option("--force", is_flag=True, help="Replace a store of another capture (its own files only).")
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
-def capture_command(target, store, data_file, data_limit, prompts_file, generate, context_tokens, context_every,
-                    max_length, code_tokens, templates, calibration, calibration_file, calibration_tokens, import_dir,
+def capture_command(target, store, data, calibration, calibration_file, calibration_tokens, import_dir,
                     captured_ids, draft, aux_layer_ids, engine, engine_options, shard_tokens, store_dtype, device,
                     dtype, target_quantization, force, no_progress, output_format):
     """Capture TARGET's hidden states (the draft's aux ids plus id L) into STORE, shard by shard.
@@ -87,17 +75,10 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
     only what is missing and ends byte-identical to an uninterrupted run. `finetune --store` and
     `upgrade --store` read the store without loading the target's decoder.
     """
-    from eaglekit.capture.plan import DataOptions
     from eaglekit.capture.run import CaptureOptions, capture_store
 
-    if data_file and prompts_file:
-        raise UsageError("give --data or --prompts, not both")
     opts = CaptureOptions(
-        target=target,
-        data=DataOptions(data_file=data_file or prompts_file, limit=data_limit, generate=generate,
-                         context_tokens=context_tokens, context_every=context_every, max_length=max_length,
-                         code_tokens=code_tokens, templates=tuple(list_items(templates))),
-        draft=draft, aux_ids=aux_ids(aux_layer_ids), engine=engine,
+        target=target, data=data, draft=draft, aux_ids=aux_ids(aux_layer_ids), engine=engine,
         tensor_parallel_size=engine_options.tensor_parallel_size,
         engine_args=tuple(sorted(engine_options.engine_args.items())), engine_python=engine_options.python,
         shard_tokens=shard_tokens,

@@ -18,6 +18,7 @@ from eaglekit.cli.output import (
     vllm_options,
 )
 from eaglekit.cli.progress import StageProgress
+from eaglekit.runner import REFERENCE, RUNNERS
 
 EXAMPLES = """
 \b
@@ -35,7 +36,7 @@ Examples:
 @decode_options
 @click.option("--save-report", type=click.Path(dir_okay=False), help="Also write the JSON report here.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
-@click.option("--engine", type=click.Choice(["reference", "vllm"]), default="reference", show_default=True,
+@click.option("--engine", type=click.Choice(RUNNERS), default=REFERENCE, show_default=True,
               help="reference: one target pass per prompt here, both drafts replayed on it; vllm: each draft served "
                    "by vLLM over every condition's first turns, paired by its per-request counters (any target "
                    "size).")

@@ -10,6 +10,8 @@ import click
 from eaglekit.cli.output import (
     SEED,
     aux_ids,
+    data_options,
+    deprecated_alias,
     emit_json,
     findings_table,
     format_option,
@@ -21,10 +23,12 @@ from eaglekit.cli.output import (
     styled,
     target_path,
     target_quantization_option,
+    template_list,
     vllm_options,
 )
 from eaglekit.cli.progress import TrainingProgress
-from eaglekit.finetune.evaluate import DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
+from eaglekit.finetune.evaluate import AUTO, DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
+from eaglekit.runner import RUNNERS
 
 if TYPE_CHECKING:
     pass
@@ -37,13 +41,9 @@ Examples:
   eaglekit finetune ./draft-31 ./tuned --target ./Llama-3.1-8B-Instruct --data chats.jsonl --device cuda \\
       --steps 2000 --checkpoint-every 200
   torchrun --nproc-per-node 4 -m eaglekit finetune ./draft-31 ./tuned --target ./target --device cuda
-  eaglekit finetune ./draft-31 ./tuned --target ./Kimi-K2.6 --hidden-states ./captured --captured-ids 2,30,58,61
+  eaglekit finetune ./draft-31 ./tuned --target ./Kimi-K2.6 --import ./captured --captured-ids 2,30,58,61
   eaglekit finetune ./draft-31 ./tuned --target ./Llama-3.1-70B-Instruct --store ./states
 """
-
-
-def _templates(text: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in text.replace(" ", ",").split(",") if t.strip())
 
 
 def _freeze(text: str) -> tuple[str, ...]:
@@ -56,24 +56,12 @@ def _freeze(text: str) -> tuple[str, ...]:
 @click.option("--target", required=True, callback=target_path,
               help="Target model: a folder (Hugging Face layout, safetensors) or a Hub id, read through the Hugging "
                    "Face cache.")
-@click.option("--data", "data_file", type=click.Path(dir_okay=False),
-              help="JSONL training text: {\"prompt\"}, {\"messages\"} or {\"text\"} per line (default: the bundled "
-                   "training prompts, disjoint from verify's).")
-@click.option("--data-limit", type=int, help="Use only the first N records.")
-@click.option("--generate", type=int, default=0, show_default=True,
-              help="Append the target's own greedy answer (up to N tokens) to each prompt before capturing.")
-@click.option("--context-tokens", type=int, default=0, show_default=True,
-              help="Prepend this many tokens of standard-library source to every --context-every-th prompt.")
-@click.option("--context-every", type=int, default=4, show_default=True)
-@click.option("--max-length", type=int, default=2048, show_default=True, help="Cut longer sequences.")
-@click.option("--code-tokens", type=int, default=0, show_default=True,
-              help="Also train on about this many tokens of Python standard-library source (plain text).")
-@click.option("--templates", default="chat", show_default=True,
-              help="Prompt shapes in turn, one per training prompt: chat, system (another system prompt), raw "
-                   "(Q:/A: text without the chat template); e.g. chat,system,raw.")
-@click.option("--hidden-states", type=click.Path(file_okay=False),
-              help="Aux states captured by vLLM's extract_hidden_states method (a target too big for this process).")
-@click.option("--captured-ids", help="The eagle_aux_hidden_state_layer_ids vLLM captured into --hidden-states "
+@data_options("before capturing")
+@click.option("--import", "import_dir", type=click.Path(file_okay=False),
+              help="Train on aux states vLLM's extract_hidden_states method wrote (a target too big for this "
+                   "process); the labels are the files' own next tokens.")
+@deprecated_alias("--hidden-states", "--import", "import_dir", type=click.Path(file_okay=False))
+@click.option("--captured-ids", help="The eagle_aux_hidden_state_layer_ids vLLM captured into --import's files "
                                      "(default: the draft's ids).")
 @click.option("--store", type=click.Path(file_okay=False),
               help="A hidden-state store written by `eaglekit capture`: train from it without loading the target's "
@@ -84,7 +72,8 @@ def _freeze(text: str) -> tuple[str, ...]:
               help="--store: train on the target's top-K next-token probabilities (from id L) instead of its greedy "
                    "token alone (0: greedy labels).")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
-              help="Where captured data is cached (default: ~/.cache/eaglekit/finetune).")
+              help="Where the target's captured states are stored, one store per target, aux ids and data, reused "
+                   "by a rerun (default: $EAGLEKIT_CACHE/capture, else ~/.cache/eaglekit/capture).")
 @click.option("--steps", type=int, default=100, show_default=True, help="Optimizer steps (0: only the warm start).")
 @click.option("--batch-tokens", type=int, default=2048, show_default=True, help="Rows per step (global batch).")
 @click.option("--depth", type=int, default=4, show_default=True, help="Unrolled draft steps (training-time test).")
@@ -111,8 +100,9 @@ def _freeze(text: str) -> tuple[str, ...]:
               help="Write the output even when its held-out gain over its source is not resolved (the report and "
                    "the provenance say so).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N] (under torchrun: one GPU per rank).")
-@click.option("--target-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
-              show_default=True, help="Target dtype for capture and evaluation.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="The target's dtype for capture and evaluation.")
+@deprecated_alias("--target-dtype", "--dtype", "dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
 @target_quantization_option
 @click.option("--checkpoint-every", type=int, default=0, show_default=True,
               help="Save a resumable checkpoint every N steps (Ctrl-C always saves one).")
@@ -130,7 +120,7 @@ def _freeze(text: str) -> tuple[str, ...]:
               help="Context settings of the held-out evaluation (comma list; 0 = prompts as they are).")
 @click.option("-k", "--eval-k", "--num-speculative-tokens", "k", type=int, default=3, show_default=True,
               help="Draft length of the held-out evaluation and of the kept step's selection: the k you serve.")
-@click.option("--eval-engine", type=click.Choice(["auto", "reference", "vllm"]), default="auto", show_default=True,
+@click.option("--eval-engine", type=click.Choice([AUTO, *RUNNERS]), default=AUTO, show_default=True,
               help="Who decodes the held-out check: reference (the target loaded here), vllm (both drafts served, "
                    "paired by vLLM's per-request counters; any target size), auto (the reference, or vLLM when a "
                    "--store run's target is too large for this device).")
@@ -141,11 +131,10 @@ def _freeze(text: str) -> tuple[str, ...]:
 @click.option("--force", is_flag=True, help="Replace a non-empty OUT (only once the new output is complete).")
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
-def finetune_command(draft, out_dir, target, data_file, data_limit, generate, context_tokens, context_every,
-                     max_length, code_tokens, templates, hidden_states, captured_ids, store, max_resident_shards,
+def finetune_command(draft, out_dir, target, data, import_dir, captured_ids, store, max_resident_shards,
                      soft_targets, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
                      depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
-                     keep_unresolved, device, target_dtype, target_quantization, checkpoint_every,
+                     keep_unresolved, device, dtype, target_quantization, checkpoint_every,
                      checkpoint_dir, resume, eval_prompts, eval_limit, eval_max_new_tokens, eval_templates,
                      eval_context_tokens, k, eval_engine, engine_options,
                      no_eval, plot,
@@ -159,7 +148,6 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
     zero) and no condition is resolved worse; otherwise one line says what was measured and it exits 1
     (--keep-unresolved writes it). OUT appears only when complete and validated; the source is never modified.
     """
-    from eaglekit.capture.plan import DataOptions
     from eaglekit.finetune.evaluate import EvalOptions
     from eaglekit.finetune.options import FinetuneOptions
     from eaglekit.finetune.run import finetune
@@ -168,22 +156,18 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
     if plot == "auto":
         plot = out_dir.rstrip("/\\") + "-finetune.png"
     evaluation = EvalOptions(prompts_file=eval_prompts, limit=eval_limit, max_new_tokens=eval_max_new_tokens, k=k,
-                             templates=_templates(eval_templates),
+                             templates=template_list(eval_templates),
                              context_tokens=int_list(eval_context_tokens, "--eval-context-tokens", "0,1024"),
                              engine=eval_engine)
     evaluation.check()  # with --no-eval too: a bad setting is refused, not silently ignored
     opts = FinetuneOptions(
         target=target,
-        data=DataOptions(data_file=data_file, limit=data_limit, generate=generate, context_tokens=context_tokens,
-                         context_every=context_every, max_length=max_length, code_tokens=code_tokens,
-                         templates=_templates(templates),
-                         hidden_states=hidden_states,
-                         captured_ids=aux_ids(captured_ids, "--captured-ids"), cache_dir=cache_dir),
+        data=data, import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"), cache_dir=cache_dir,
         train=TrainOptions(steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps,
                            depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed,
                            select_every=select_every),
         eval=None if no_eval else evaluation,
-        device=device, target_dtype=target_dtype, target_quantization=target_quantization,
+        device=device, target_dtype=dtype, target_quantization=target_quantization,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
         resume=resume, force=force, plot=plot, warm_start=warm_start, from_scratch=from_scratch,
         validation_fraction=validation_fraction, keep_unresolved=keep_unresolved, store=store,

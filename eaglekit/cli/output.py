@@ -50,11 +50,17 @@ def aux_ids(value: str | None, option: str = "--aux-layer-ids") -> tuple[int, ..
     return None if value is None else int_list(value, option, "2,15,27")
 
 
+def template_list(value: str) -> tuple[str, ...]:
+    """Template names from --templates, --template or --eval-templates (`chat,system,raw` or `chat raw`); each is
+    checked where the options are (eaglekit.decode.prompts.check_template)."""
+    return tuple(list_items(value))
+
+
 def conditions(context_tokens: str, template: str) -> dict[str, Any]:
     """VerifyOptions' condition fields from --context-tokens and --template: one value each is one condition, as
     before sweeps existed; lists are a sweep over every template with every context length."""
     contexts = int_list(context_tokens, "--context-tokens", "0,1024,2048")
-    templates = tuple(list_items(template))
+    templates = template_list(template)
     return {"context_tokens": contexts[0] if len(contexts) == 1 else contexts,
             "template": templates[0] if len(templates) == 1 else templates}
 
@@ -168,6 +174,77 @@ def vllm_options(when: str):
             engine = EngineOptions(python=engine_python, tensor_parallel_size=tensor_parallel_size,
                                    engine_args=parse_engine_args(engine_args))
             return fn(*args, engine_options=engine, **kwargs)
+
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
+_WARNED: set[str] = set()
+
+
+def deprecated_alias(alias: str, canonical: str, dest: str, **attrs: Any):
+    """`alias`, the old name of the option `canonical` (whose parameter is `dest`), kept for one release: listed in
+    --help as a deprecated alias, its value passed on as `dest`'s, and a warning on stderr (once) when it is used.
+    Both at once is a usage error."""
+    param = f"deprecated_{dest}"
+
+    def apply(fn):
+        @functools.wraps(fn)
+        def command(*args, **kwargs):
+            from click.core import ParameterSource
+
+            from eaglekit.errors import UsageError
+
+            value = kwargs.pop(param)
+            if value is not None:
+                if click.get_current_context().get_parameter_source(dest) == ParameterSource.COMMANDLINE:
+                    raise UsageError(f"give {canonical} or its deprecated alias {alias}, not both")
+                if alias not in _WARNED:
+                    _WARNED.add(alias)
+                    err.print(f"warning: {alias} is a deprecated alias of {canonical}; use {canonical}")
+                kwargs[dest] = value
+            return fn(*args, **kwargs)
+
+        return click.option(alias, param, default=None, hidden=False, help=f"deprecated alias of {canonical}",
+                            **attrs)(command)
+
+    return apply
+
+
+def data_options(produced_by: str):
+    """The data a capture runs the target on (capture, finetune), passed to the command as one `data`
+    (eaglekit.capture.plan.DataOptions). `produced_by` says who writes --generate's answers."""
+    options = [
+        click.option("--data", "data_file", type=click.Path(dir_okay=False),
+                     help="JSONL text: {\"prompt\"}, {\"messages\"} or {\"text\"} per line (default: the bundled "
+                          "training prompts, disjoint from verify's)."),
+        click.option("--data-limit", type=int, help="Use only the first N records."),
+        click.option("--generate", type=int, default=0, show_default=True,
+                     help=f"Append the target's own greedy answer (up to N tokens) to each prompt, {produced_by}."),
+        click.option("--context-tokens", type=int, default=0, show_default=True,
+                     help="Prepend this many tokens of standard-library source to every --context-every-th prompt."),
+        click.option("--context-every", type=int, default=4, show_default=True),
+        click.option("--max-length", type=int, default=2048, show_default=True, help="Cut longer sequences."),
+        click.option("--code-tokens", type=int, default=0, show_default=True,
+                     help="Add about this many tokens of Python standard-library source (plain text)."),
+        click.option("--templates", default="chat", show_default=True,
+                     help="Prompt shapes in turn, one per prompt: chat, system (another system prompt), raw (Q:/A: "
+                          "text without the chat template); e.g. chat,system,raw."),
+    ]
+
+    def apply(fn):
+        @functools.wraps(fn)
+        def command(*args, data_file, data_limit, generate, context_tokens, context_every, max_length, code_tokens,
+                    templates, **kwargs):
+            from eaglekit.capture.plan import DataOptions
+
+            data = DataOptions(data_file=data_file, limit=data_limit, generate=generate,
+                               context_tokens=context_tokens, context_every=context_every, max_length=max_length,
+                               code_tokens=code_tokens, templates=template_list(templates))
+            return fn(*args, data=data, **kwargs)
 
         for option in reversed(options):
             command = option(command)

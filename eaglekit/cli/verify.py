@@ -29,6 +29,7 @@ from eaglekit.cli.output import (
 from eaglekit.cli.progress import StageProgress
 from eaglekit.decode.stats import too_few, too_few_text
 from eaglekit.errors import EaglekitError, UsageError
+from eaglekit.runner import REFERENCE, RUNNERS
 
 EXAMPLES = """
 \b
@@ -59,7 +60,7 @@ Examples:
               help="Write the measured acceptance as specdec_bench's speculation_profile.json (schema 1.0; "
                    "conditional and marginal rates) and print vLLM's synthetic_acceptance_rates.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
-@click.option("--engine", type=click.Choice(["reference", "vllm", "both"]), default="reference", show_default=True,
+@click.option("--engine", type=click.Choice([*RUNNERS, "both"]), default=REFERENCE, show_default=True,
               help="reference: eaglekit's own decode; vllm: the same prompts through vLLM's offline API, measured by "
                    "vLLM's counters (any target size); both: the two side by side with a verdict.")
 @vllm_options("--engine vllm or both")

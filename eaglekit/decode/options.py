@@ -15,10 +15,11 @@ from eaglekit.errors import UsageError
 from eaglekit.io.outputs import Role
 from eaglekit.quantization import scheme
 from eaglekit.rules import checked_engines
+from eaglekit.runner import ENGINE_ALONE, REFERENCE, RUNNERS
 from eaglekit.runtime.engine import EngineOptions
 
-REFERENCE, ENGINE_ALONE, BOTH = "reference", "vllm", "both"
-ENGINES = (REFERENCE, ENGINE_ALONE, BOTH)
+BOTH = "both"
+ENGINES = (*RUNNERS, BOTH)
 """What verify runs: eaglekit's reference decode, the vLLM engine alone, or both and compares them."""
 
 

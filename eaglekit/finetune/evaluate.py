@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eaglekit.decode.options import ENGINE_ALONE, REFERENCE
 from eaglekit.decode.prompts import Prompt
+from eaglekit.runner import RUNNERS
 
 if TYPE_CHECKING:
     from eaglekit.decode.compare import CompareSweep
@@ -26,7 +26,7 @@ DEFAULT_TEMPLATES = ("chat", "system", "raw")
 DEFAULT_CONTEXTS = (0, 1024)
 REFERENCE_DECODE = "eaglekit's reference decode (the target loaded here)"
 AUTO = "auto"
-EVAL_ENGINES = (AUTO, REFERENCE, ENGINE_ALONE)
+EVAL_ENGINES = (AUTO, *RUNNERS)
 """Who decodes the paired check: eaglekit's reference (the target loaded here), vLLM (its per-request counters, any
 target size), or auto: the reference where the target loads here, vLLM where it is too large for this device."""
 

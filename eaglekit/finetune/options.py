@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.capture.plan import DataOptions
-from eaglekit.decode.options import ENGINE_ALONE
 from eaglekit.errors import UsageError
 from eaglekit.finetune.evaluate import EvalOptions
+from eaglekit.runner import ENGINE_ALONE
 from eaglekit.runtime.engine import EngineOptions
 
 

@@ -10,7 +10,6 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglekit.decode.options import ENGINE_ALONE, REFERENCE
 from eaglekit.errors import CheckpointError, EngineMissing, UsageError
 from eaglekit.families import load_draft
 from eaglekit.finetune.evaluate import AUTO, held_out_prompts
@@ -18,6 +17,7 @@ from eaglekit.finetune.options import FinetuneOptions
 from eaglekit.io.header import HeaderEntry
 from eaglekit.io.outputs import OUTPUT, Role, read_roles, refuse_clobber, target_roles
 from eaglekit.quantization import refuse_emulation_on_declared
+from eaglekit.runner import ENGINE_ALONE, REFERENCE
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo, holds_decoder, read_target, target_tensors
 

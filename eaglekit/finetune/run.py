@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
-from eaglekit.decode.options import ENGINE_ALONE
 from eaglekit.errors import CheckpointError, NoGain
 from eaglekit.finetune.data import TrainingData, split_validation
 from eaglekit.finetune.evaluate import EvalOptions, Evaluation, held_out_prompts
@@ -29,6 +28,7 @@ from eaglekit.finetune.options import FinetuneOptions, checked_options, options_
 from eaglekit.finetune.prepare import Run, prepare
 from eaglekit.quantization import scheme
 from eaglekit.redact import public_path, public_report
+from eaglekit.runner import ENGINE_ALONE
 from eaglekit.spec import DraftSpec
 
 Stage = Callable[[str, int, int], None]
