@@ -22,6 +22,7 @@ def no_work(monkeypatch):
     """Every command's work fails the test if it starts: a refusal must come first."""
     import eaglekit.bench.run
     import eaglekit.decode.setup
+    import eaglekit.finetune.data
     import eaglekit.finetune.run
     import eaglekit.verify.run
 
@@ -30,7 +31,7 @@ def no_work(monkeypatch):
 
     for module, name in ((eaglekit.decode.setup, "load_target"), (eaglekit.decode.setup, "load_tokenizer"),
                          (eaglekit.bench.run, "start_server"), (eaglekit.bench.run, "BenchClient"),
-                         (eaglekit.finetune.run, "build_data")):
+                         (eaglekit.finetune.data, "captured_data")):
         monkeypatch.setattr(module, name, work)
     for module, name in ((eaglekit.bench.run, "check_engine_available"),
                          (eaglekit.verify.run, "check_engine_available")):  # an engine is there (probing is no work)

@@ -102,8 +102,9 @@ def test_generate_takes_the_targets_answers_from_vllm_and_never_loads_the_target
         pytest.skip("no vLLM environment (scripts/vllm-env.sh)")
     import eaglekit.target_model
     from eaglekit.capture import store as st
+    from eaglekit.capture.plan import DataOptions, plan_sequences
+    from eaglekit.capture.reference import generate_answers
     from eaglekit.capture.run import CaptureOptions, capture_store
-    from eaglekit.finetune.data import DataOptions, generate_answers, plan_sequences
     from eaglekit.target import read_target
     from eaglekit.target_model import load_tokenizer
     from tests.support.capture import write_prompts

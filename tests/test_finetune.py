@@ -28,6 +28,7 @@ from eaglekit.families import load_draft  # noqa: E402
 from eaglekit.finetune.options import FinetuneOptions  # noqa: E402
 from eaglekit.finetune.run import finetune  # noqa: E402
 from eaglekit.finetune.train import TrainOptions  # noqa: E402
+from eaglekit.target import read_target  # noqa: E402
 from tests.support.cli import run_cli as run  # noqa: E402
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
@@ -56,9 +57,19 @@ def env(tmp_path_factory):
 def options(env, **changes) -> FinetuneOptions:
     train = dict(steps=8, batch_tokens=256, depth=3, lr=3e-3, log_every=2, seed=0)
     train.update(changes.pop("train", {}))
-    data = DataOptions(**{"data_file": env["data"], "cache_dir": env["cache"], **changes.pop("data", {})})
+    data = DataOptions(**{"data_file": env["data"], **changes.pop("data", {})})
+    changes.setdefault("cache_dir", env["cache"])
     changes.setdefault("validation_fraction", 0.0)  # these tests check the training loop itself, not the selection
     return FinetuneOptions(target=env["target"], data=data, train=TrainOptions(**train), eval=None, **changes)
+
+
+def captured(env, aux_ids, **data):
+    """finetune's training data for `aux_ids`, captured through capture/ into the cache store (or read back)."""
+    from eaglekit.finetune.data import captured_data
+
+    opts = FinetuneOptions(target=env["target"], data=DataOptions(data_file=env["data"], **data),
+                           cache_dir=env["cache"])
+    return captured_data(read_target(env["target"]), tuple(sorted(aux_ids)), opts, "cpu")
 
 
 def weights(path: str) -> dict[str, torch.Tensor]:
@@ -131,19 +142,22 @@ def test_frozen_groups_are_copied_bit_for_bit(env, tmp_path):
     assert changed == {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}
 
 
-def test_captured_data_is_cached_by_content_and_a_partial_file_is_never_read(env, tmp_path):
+def test_captured_data_is_a_store_in_the_cache_reused_by_a_rerun_and_a_damaged_shard_is_captured_again(env,
+                                                                                                        tmp_path):
     cache = str(tmp_path / "cache")
-    first = finetune(env["draft"], str(tmp_path / "a"), options(env, data={"cache_dir": cache}, train={"steps": 1}))
-    assert not first.data["reused"] and os.path.isfile(first.data["cache"])
-    second = finetune(env["draft"], str(tmp_path / "b"), options(env, data={"cache_dir": cache}, train={"steps": 1}))
+    first = finetune(env["draft"], str(tmp_path / "a"), options(env, cache_dir=cache, train={"steps": 1}))
+    assert not first.data["reused"] and os.path.isfile(os.path.join(first.data["cache"], "manifest.json"))
+    second = finetune(env["draft"], str(tmp_path / "b"), options(env, cache_dir=cache, train={"steps": 1}))
     assert second.data["reused"] and second.data["sha256"] == first.data["sha256"]
-    with open(first.data["cache"], "r+b") as fh:  # a torn write: the header survives, the data does not
-        fh.truncate(os.path.getsize(first.data["cache"]) // 2)
-    third = finetune(env["draft"], str(tmp_path / "c"), options(env, data={"cache_dir": cache}, train={"steps": 1}))
+    assert second.data["cache"] == first.data["cache"] and os.listdir(cache) == [os.path.basename(first.data["cache"])]
+    shard = sorted(n for n in os.listdir(first.data["cache"]) if n.startswith("shard"))[0]
+    with open(os.path.join(first.data["cache"], shard), "r+b") as fh:  # a torn write: the shard is cut short
+        fh.truncate(os.path.getsize(fh.name) // 2)
+    third = finetune(env["draft"], str(tmp_path / "c"), options(env, cache_dir=cache, train={"steps": 1}))
     assert not third.data["reused"] and third.data["sha256"] == first.data["sha256"]
     other = finetune(env["draft"], str(tmp_path / "d"),
-                     options(env, data={"cache_dir": cache, "max_length": 8}, train={"steps": 1}))
-    assert other.data["sha256"] != first.data["sha256"]
+                     options(env, cache_dir=cache, data={"max_length": 8}, train={"steps": 1}))
+    assert other.data["sha256"] != first.data["sha256"] and other.data["cache"] != first.data["cache"]
 
 
 def test_interrupt_saves_a_checkpoint_and_resume_equals_an_uninterrupted_run(env, tmp_path):
@@ -250,7 +264,7 @@ def test_vllm_captured_hidden_states_train_without_loading_the_target(env, tmp_p
                   str(folder / f"hs_{i}.safetensors"))
     out = str(tmp_path / "out")
     report = finetune(env["draft"], out, FinetuneOptions(
-        target=env["target"], data=DataOptions(hidden_states=str(folder)),
+        target=env["target"], import_dir=str(folder),
         train=TrainOptions(steps=3, batch_tokens=64, depth=2)))
     assert report.data["sequences"] == 6 and report.data["positions"] == sum(12 + i for i in range(6))
     assert "evaluation skipped" in report.notes[0] and os.path.isdir(out)
@@ -285,7 +299,7 @@ def test_usage_errors(env, tmp_path):
                            (["--depth-decay", "0.001", "--depth", "16"], "vanishes in float32"),
                            (["--checkpoint-every", "-1", "--no-eval"], "--checkpoint-every must not be negative"),
                            (["--no-eval", "--eval-context-tokens", "-5"], "--eval-context-tokens '-5'"),
-                           (["--captured-ids", "1,2,4"], "give --hidden-states too"),
+                           (["--captured-ids", "1,2,4"], "give --import too"),
                            (["--seed", str(2**64)], "torch takes seeds from -2^63 to 2^64 - 1"),
                            (["--resume", "--data", env["data"], "--cache-dir", env["cache"], "--no-eval"],
                             "no checkpoint to resume from")):
@@ -303,7 +317,6 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
     from eaglekit.drafter.model import Drafter
     from eaglekit.drafter.unroll import unrolled_steps
     from eaglekit.finetune import warm_start
-    from eaglekit.finetune.data import build_data
     from eaglekit.target_model import load_target
     from eaglekit.upgrade import UpgradeOptions, upgrade
 
@@ -316,7 +329,7 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
     warm_only = UpgradeOptions(target=str(config_only), fc_norm=False, norm_output=True)
     assert upgrade(source, upgraded, warm_only).function == "warm-start"
     target = load_target(env["target"])
-    data = build_data(target, env["target"], (1, 2, 4), DataOptions(data_file=env["data"], cache_dir=env["cache"]))
+    data = captured(env, (1, 2, 4))
 
     def drafter(path):
         return Drafter.from_spec(load_draft(path), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
@@ -350,7 +363,6 @@ def test_warm_start_keeps_every_logit_and_feeds_back_the_eagle3_state_rescaled(e
 def test_warm_start_fits_unit_fc_norm_weights(env, tmp_path):
     from eaglekit.drafter.model import Drafter
     from eaglekit.finetune import warm_start
-    from eaglekit.finetune.data import build_data
     from eaglekit.target_model import load_target
     from eaglekit.upgrade import UpgradeOptions, upgrade
 
@@ -359,7 +371,7 @@ def test_warm_start_fits_unit_fc_norm_weights(env, tmp_path):
     upgraded = str(tmp_path / "up")
     upgrade(source, upgraded, UpgradeOptions(target=env["target"], fc_norm_init="ones", norm_output=False))
     target = load_target(env["target"])
-    data = build_data(target, env["target"], (1, 2, 4), DataOptions(data_file=env["data"], cache_dir=env["cache"]))
+    data = captured(env, (1, 2, 4))
     spec = load_draft(upgraded)
     tuned = Drafter.from_spec(spec, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
     eagle3 = Drafter.from_spec(load_draft(source), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
@@ -378,7 +390,7 @@ def test_help_does_not_import_torch():
             "except SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "--hidden-states" in result.stdout and "torchrun" in result.stdout
+    assert "--import" in result.stdout and "torchrun" in result.stdout
 
 
 # ---------------------------------------------------------------- never worse than the source
@@ -403,7 +415,8 @@ def oracle(tmp_path_factory):
 def oracle_options(oracle, **changes) -> FinetuneOptions:
     train = dict(steps=6, batch_tokens=256, depth=3, lr=2e-4, log_every=2, seed=0, select_every=2)
     train.update(changes.pop("train", {}))
-    data = DataOptions(**{"data_file": oracle["data"], "cache_dir": oracle["cache"], **changes.pop("data", {})})
+    data = DataOptions(**{"data_file": oracle["data"], **changes.pop("data", {})})
+    changes.setdefault("cache_dir", oracle["cache"])
     changes.setdefault("eval", None)
     return FinetuneOptions(target=oracle["target"], data=data, train=TrainOptions(**train), **changes)
 
@@ -415,11 +428,10 @@ def _held_out_that_favours_the_start(env):
     import dataclasses
 
     from eaglekit.drafter.unroll import unrolled_steps
-    from eaglekit.finetune.data import build_data
     from eaglekit.target_model import load_target
 
     target = load_target(env["target"])
-    data = build_data(target, env["target"], (1, 2, 4), DataOptions(data_file=env["data"], cache_dir=env["cache"]))
+    data = captured(env, (1, 2, 4))
     drafter = _drafter(env, target)
     own = data.labels.clone()
     offsets = data.offsets.tolist()
@@ -508,7 +520,6 @@ def test_the_replayed_decode_counts_rounds_as_a_chain_decode_does(oracle):
     replays at τ = k + 1 on its target's own answers, and text that is not the target's greedy text has no round."""
     from eaglekit.drafter.model import Drafter
     from eaglekit.finetune.batches import draft_label_map
-    from eaglekit.finetune.data import build_data
     from eaglekit.finetune.replay import greedy_runs, replay_tau, rounds_accepted
     from eaglekit.target_model import load_target
 
@@ -520,12 +531,10 @@ def test_the_replayed_decode_counts_rounds_as_a_chain_decode_does(oracle):
 
     target = load_target(oracle["target"])
     drafter = Drafter.from_spec(load_draft(oracle["draft"]), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
-    answers = build_data(target, oracle["target"], load_draft(oracle["draft"]).aux.ids,
-                         DataOptions(data_file=oracle["data"], cache_dir=oracle["cache"], generate=12))
+    answers = captured(oracle, load_draft(oracle["draft"]).aux.ids, generate=12)
     replayed = replay_tau(drafter, answers, 3, 256, draft_label_map(drafter))
     assert replayed is not None and replayed.acceptance_length == 4.0 and replayed.rounds >= 12 * 2
-    text = build_data(target, oracle["target"], load_draft(oracle["draft"]).aux.ids,
-                      DataOptions(data_file=oracle["data"], cache_dir=oracle["cache"]))
+    text = captured(oracle, load_draft(oracle["draft"]).aux.ids)
     assert replay_tau(drafter, text, 3, 256, draft_label_map(drafter)) is None
 
 
@@ -665,8 +674,8 @@ def test_a_run_killed_while_its_output_is_measured_leaves_no_output(env, tmp_pat
 
 def test_finetune_captures_from_the_quantized_target_and_names_its_numerics(env, tmp_path):
     cache = str(tmp_path / "cache")
-    full = finetune(env["draft"], str(tmp_path / "full"), options(env, data={"cache_dir": cache}, train={"steps": 1}))
-    served = finetune(env["draft"], str(tmp_path / "int4"), options(env, data={"cache_dir": cache}, train={"steps": 1},
+    full = finetune(env["draft"], str(tmp_path / "full"), options(env, cache_dir=cache, train={"steps": 1}))
+    served = finetune(env["draft"], str(tmp_path / "int4"), options(env, cache_dir=cache, train={"steps": 1},
                                                                     target_quantization="int4"))
     # the served target's states are other data: captured afresh, never the full-precision cache
     assert not served.data["reused"] and served.data["cache"] != full.data["cache"]

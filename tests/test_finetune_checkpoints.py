@@ -149,21 +149,3 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_leaves_no_folder(
                                           "nothing was written"):
         save_checkpoint(Checkpoints(str(folder), 1, "run"), 3, params, optimizer, [])
     assert os.listdir(tmp_path) == []
-
-
-def test_a_full_disk_while_caching_captured_data_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
-    """safetensors reports the disk's failure as its own SafetensorError: it is still the one line."""
-    import safetensors.torch
-    from safetensors import SafetensorError
-
-    from eaglekit.errors import OutputError
-    from eaglekit.finetune.data import _save_cached
-
-    def full(*args, **kwargs):
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28) at path x")
-
-    monkeypatch.setattr(safetensors.torch, "save_file", full)
-    path = tmp_path / "cache" / "finetune" / "data.safetensors"
-    with pytest.raises(OutputError, match="cannot write the captured data \\(No space left on device\\)"):
-        _save_cached(str(path), "0" * 64, {"tokens": torch.zeros(3)})
-    assert os.listdir(tmp_path) == []

@@ -282,13 +282,14 @@ def test_counters_gone_during_a_measurement_leave_tau_unknown_and_push_takes_the
 @pytest.mark.parametrize("command", ["verify", "compare", "finetune"])
 def test_a_seed_torch_cannot_take_is_a_usage_error_before_any_work(tmp_path, monkeypatch, command, seed):
     import eaglekit.decode.setup
+    import eaglekit.finetune.data
     import eaglekit.finetune.run
 
     def work(*args, **kwargs):
         pytest.fail("the work started before --seed was checked")
 
     for module, name in ((eaglekit.decode.setup, "load_target"), (eaglekit.decode.setup, "load_tokenizer"),
-                         (eaglekit.finetune.run, "build_data"), (eaglekit.finetune.run, "finetune")):
+                         (eaglekit.finetune.data, "captured_data"), (eaglekit.finetune.run, "finetune")):
         monkeypatch.setattr(module, name, work)
     draft = make_draft(str(tmp_path / "draft"), "vllm")
     target = make_target_config(str(tmp_path / "target"))

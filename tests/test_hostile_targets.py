@@ -350,21 +350,28 @@ def test_a_50_mb_prompt_line_is_refused_in_bounded_time(tmp_path, tiny):
                 contains=f"Error: {path}: line 2: 50,000,000 characters cannot fit the target's 256-token context")
 
 
-def test_finetune_data_is_cut_at_the_context_and_says_which_records(tmp_path, tiny):
-    from eaglekit.finetune.data import DataOptions, build_data
+def test_finetune_data_is_cut_at_the_context_and_says_which_records(tmp_path, tiny, monkeypatch):
+    import eaglekit.target_model
+    from eaglekit.capture.plan import DataOptions
+    from eaglekit.finetune.data import captured_data
+    from eaglekit.finetune.options import FinetuneOptions
+    from eaglekit.target import read_target
 
     target, _ = tiny
-    model = load_target(target)
-    model.tokenizer = CountingTokenizer(model.tokenizer)
+    counted = []
+    load_tokenizer = eaglekit.target_model.load_tokenizer
+    monkeypatch.setattr(eaglekit.target_model, "load_tokenizer",
+                        lambda *a, **kw: counted.append(CountingTokenizer(load_tokenizer(*a, **kw))) or counted[-1])
     path = str(tmp_path / "data.jsonl")
     with open(path, "w") as fh:
         fh.write(json.dumps({"prompt": "Say hi."}) + "\n" + json.dumps({"prompt": "x " * 3_000_000}) + "\n")
-    data = build_data(model, target, (0, 1, 2), DataOptions(data_file=path, max_length=4096,
-                                                            cache_dir=str(tmp_path / "cache")))
+    opts = FinetuneOptions(target=target, data=DataOptions(data_file=path, max_length=4096),
+                           cache_dir=str(tmp_path / "cache"))
+    data = captured_data(read_target(target), (0, 1, 2), opts, "cpu")
     lengths = (data.offsets[1:] - data.offsets[:-1]).tolist()
     assert lengths[1] == 256 and lengths[0] < 256
     assert any("1 record(s)" in note and "line 2" in note and "256-token context" in note for note in data.notes)
-    assert model.tokenizer.longest <= 256 * longest_token_chars(model.tokenizer)
+    assert counted and all(t.longest <= 256 * longest_token_chars(t) for t in counted)
 
 
 @FEW

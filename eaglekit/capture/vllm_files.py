@@ -163,7 +163,8 @@ def read_labelled_files(directory: str, aux_ids: Sequence[int], *, captured_ids:
     digest = hashlib.sha256()
     for key in ("tokens", "labels", "offsets"):
         digest.update(rows[key].contiguous().numpy().tobytes())
-    return LabelledStates(**rows, digest=digest.hexdigest(), source=os.path.abspath(directory))
+    return LabelledStates(tokens=rows["tokens"], labels=rows["labels"], aux=rows["aux"], offsets=rows["offsets"],
+                          digest=digest.hexdigest(), source=os.path.abspath(directory))
 
 
 def _ids(ids: Sequence[int], what: str) -> tuple[int, ...]:
