@@ -48,6 +48,10 @@ def _own_share_of_the_machine() -> None:
 
 _own_share_of_the_machine()
 
+# the stores finetune and upgrade capture into (eaglekit.capture.cache) go to a folder of this run, never $HOME's
+os.environ["EAGLEKIT_CACHE"] = tempfile.mkdtemp(prefix="eaglekit-cache-")
+atexit.register(shutil.rmtree, os.environ["EAGLEKIT_CACHE"], ignore_errors=True)
+
 # Read by @triton.jit at decoration time: must be set before any kernel module is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

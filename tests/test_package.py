@@ -257,3 +257,67 @@ def test_helpers_live_in_tests_support_and_no_module_imports_a_test_module():
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             found += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith("tests.test_")]
     assert found == []
+
+
+def test_capture_depends_on_neither_finetune_nor_upgrade():
+    """capture/ is the one producer of the target's states; finetune and upgrade read them through it, never the
+    reverse: no module of eaglekit.capture imports eaglekit.finetune or eaglekit.upgrade (lazy imports included)."""
+    graph = _module_imports()
+    reverse = {name: sorted(m for m in imports if m.split(".")[:2] in (["eaglekit", "finetune"],
+                                                                        ["eaglekit", "upgrade"]))
+               for name, imports in graph.items() if name.startswith("eaglekit.capture")}
+    assert {name: found for name, found in reverse.items() if found} == {}
+
+
+CAPTURE_PRIMITIVES = {"capture_with_reference", "capture_with_vllm", "imported_records", "generate_answers"}
+"""The functions that run the target (or read an engine's files) to produce its states or answers: capture/'s own."""
+HOOKS = {"output_hidden_states", "register_forward_hook"}
+"""What reads a model's hidden states in process: the target adapter's (eaglekit.target_model) and capture/'s (a
+forward pre-hook also changes inputs: eaglekit.quantization's emulate served numerics with them)."""
+TARGET_RUNNERS = ("eaglekit/capture/", "eaglekit/decode/", "eaglekit/target_model.py")
+"""Where the target may be run for its states: capture/, and the decode loops, which draft from them as served."""
+
+
+def _captures_states(path: str, source: str) -> list[str]:
+    """What in one module runs the target to capture its hidden states: a capture primitive named, a hidden-state
+    hook, or a target's forward asked for layer ids (`target.forward(tokens, ids, ...)`)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute)
+                 else [a.name for a in node.names] if isinstance(node, ast.ImportFrom)
+                 else [k.arg for k in node.keywords if k.arg] if isinstance(node, ast.Call) else [])
+        if not path.startswith("eaglekit/capture/"):
+            found += [f"{name} (line {node.lineno})" for name in names if name in CAPTURE_PRIMITIVES]
+        if not path.startswith(TARGET_RUNNERS):
+            found += [f"{name} (line {node.lineno})" for name in names if name in HOOKS]
+            func = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(func, ast.Attribute) and func.attr == "forward" and len(node.args) >= 2
+                    and "target" in ast.unparse(func.value).lower()):
+                found.append(f"{ast.unparse(func)}(…, layer ids) (line {node.lineno})")
+    return found
+
+
+def test_only_capture_runs_the_target_to_capture_its_hidden_states():
+    """finetune, upgrade and every other module get the target's states from capture/ (a store, or the in-process
+    capture into one), so there is one record type, one format and one identity for them."""
+    import pathlib
+
+    root = pathlib.Path(eaglekit.__file__).parent.parent
+    found = {}
+    for path in sorted((root / "eaglekit").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if hits := _captures_states(rel, path.read_text(encoding="utf-8")):
+            found[rel] = hits
+    assert found == {}
+
+
+@pytest.mark.parametrize("path, source", [
+    ("eaglekit/finetune/data.py", "def capture(target, seq, ids):\n    return target.forward(seq, ids).aux\n"),
+    ("eaglekit/upgrade/run.py", "from eaglekit.capture.reference import capture_with_reference\n"),
+    ("eaglekit/verify/run.py", "def states(model, ids):\n    return model(ids, output_hidden_states=True)\n"),
+])
+def test_the_capture_scan_sees_a_capture_outside_capture(path, source):
+    assert _captures_states(path, source)
+    assert not _captures_states("eaglekit/capture/reference.py", source)
