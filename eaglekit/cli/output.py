@@ -182,13 +182,10 @@ def vllm_options(when: str):
     return apply
 
 
-_WARNED: set[str] = set()
-
-
 def deprecated_alias(alias: str, canonical: str, dest: str, **attrs: Any):
     """`alias`, the old name of the option `canonical` (whose parameter is `dest`), kept for one release: listed in
-    --help as a deprecated alias, its value passed on as `dest`'s, and a warning on stderr (once) when it is used.
-    Both at once is a usage error."""
+    --help as a deprecated alias, its value passed on as `dest`'s, and one warning on stderr per command that uses
+    it. Both at once is a usage error."""
     param = f"deprecated_{dest}"
 
     def apply(fn):
@@ -200,10 +197,12 @@ def deprecated_alias(alias: str, canonical: str, dest: str, **attrs: Any):
 
             value = kwargs.pop(param)
             if value is not None:
-                if click.get_current_context().get_parameter_source(dest) == ParameterSource.COMMANDLINE:
+                ctx = click.get_current_context()
+                if ctx.get_parameter_source(dest) == ParameterSource.COMMANDLINE:
                     raise UsageError(f"give {canonical} or its deprecated alias {alias}, not both")
-                if alias not in _WARNED:
-                    _WARNED.add(alias)
+                warned = ctx.meta.setdefault("eaglekit.deprecated_aliases", set())
+                if alias not in warned:
+                    warned.add(alias)
                     err.print(f"warning: {alias} is a deprecated alias of {canonical}; use {canonical}")
                 kwargs[dest] = value
             return fn(*args, **kwargs)
