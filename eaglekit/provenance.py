@@ -44,7 +44,8 @@ def weights_fingerprint(paths: list[str]) -> str:
     its size and its first FINGERPRINT_LEADING_BYTES (header, metadata and tensor table).
 
     Bounded reads whatever the target's size. Two checkpoints of one architecture and layout (a base model and its
-    instruct tune) have equal headers: a store tells them apart by its head digest, a report by the config."""
+    instruct tune) have equal headers: a store and a report tell them apart by the head digest beside it
+    (target_identity)."""
     digest = hashlib.sha256()
     for path in sorted(paths, key=os.path.basename):
         name = os.path.basename(path)
@@ -147,9 +148,26 @@ def finetune_without_gain(config: dict) -> str | None:
 
 
 def target_identity(info) -> dict[str, str]:
-    """A target's config hash and weights fingerprint: what its captured states, reports and provenance bind to."""
+    """A target's config hash, weights fingerprint and, where its safetensors hold them, the digest of its final
+    norm and lm_head (eaglekit.target.head_digest): what its captured states, reports and provenance bind to, as a
+    store's manifest does."""
+    head = head_identity(info)
     return {"config_sha256": sha256_file(info.path),
-            "weights_fingerprint": weights_fingerprint(target_weight_files(info.path))}
+            "weights_fingerprint": weights_fingerprint(target_weight_files(info.path)),
+            **({"head_sha256": head} if head else {})}
+
+
+def head_identity(info) -> str | None:
+    """The head digest of a safetensors target; None for a GGUF or a folder whose files hold no final norm and
+    lm_head (a config alone)."""
+    from eaglekit.target import head_digest
+
+    if info.path.endswith(".gguf"):
+        return None
+    try:
+        return head_digest(info)
+    except CheckpointError:
+        return None
 
 
 def measured_files(spec, info) -> dict:

@@ -242,6 +242,39 @@ def read_target(path: str, *, weights: bool = False, decoder: bool = True) -> Ta
 EMBEDDINGS, FINAL_NORM, LM_HEAD = "embed_tokens.weight", "norm.weight", "lm_head.weight"
 
 
+def head_names(info: TargetInfo) -> dict[str, tuple[str, Any]]:
+    """role (embed, norm, lm_head) -> (file, header entry) of the target tensor that plays it, in its safetensors."""
+    folder = os.path.dirname(os.path.abspath(info.path))
+    entries = read_model_weights(folder, symlink_root(folder))
+    embed = next((n for n in entries if n == EMBEDDINGS or n.endswith("." + EMBEDDINGS)), None)
+    if embed is None:
+        raise CheckpointError(f"target weights hold no {EMBEDDINGS}", folder)
+    prefix = embed[: -len(EMBEDDINGS)]
+    head = next((n for n in entries if n == LM_HEAD or n.endswith("." + LM_HEAD)), None)
+    if head is None and not info.tie_word_embeddings:
+        raise CheckpointError(f"target weights hold no {LM_HEAD} and the config does not tie it", folder)
+    if prefix + FINAL_NORM not in entries:
+        raise CheckpointError(f"target weights hold no final norm {prefix + FINAL_NORM}", folder)
+    return {"embed": entries[embed], "norm": entries[prefix + FINAL_NORM], "lm_head": entries[head or embed]}
+
+
+def head_digest(info: TargetInfo) -> str:
+    """SHA-256 of the final norm and lm_head bytes: what turns id L into the target's tokens, and what tells apart
+    two targets of one config and layout (a base model and its tune), whose weights fingerprints are equal."""
+    import hashlib
+
+    from eaglekit.io.writer import iter_file_chunks
+
+    folder = os.path.dirname(os.path.abspath(info.path))
+    digest, names = hashlib.sha256(), head_names(info)
+    for role in ("norm", "lm_head"):
+        rel, entry = names[role]
+        digest.update(f"{role}\0{entry.dtype}\0{list(entry.shape)}\0".encode())
+        for chunk in iter_file_chunks(os.path.join(folder, rel), entry.start, entry.end):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
 def check_target_weights(info: TargetInfo, extra_layers=None, *, required: bool = False, decoder: bool = True,
                          quantized: bool = False) -> None:
     """The safetensors next to the target's config, read through the checked reader (headers, index against

@@ -21,8 +21,8 @@ def pair(tmp_path):
 def no_work(monkeypatch):
     """Every command's work fails the test if it starts: a refusal must come first."""
     import eaglekit.bench.run
+    import eaglekit.capture.cache
     import eaglekit.decode.setup
-    import eaglekit.finetune.data
     import eaglekit.finetune.run
     import eaglekit.verify.run
 
@@ -31,7 +31,7 @@ def no_work(monkeypatch):
 
     for module, name in ((eaglekit.decode.setup, "load_target"), (eaglekit.decode.setup, "load_tokenizer"),
                          (eaglekit.bench.run, "start_server"), (eaglekit.bench.run, "BenchClient"),
-                         (eaglekit.finetune.data, "captured_data")):
+                         (eaglekit.capture.cache, "capture_store")):
         monkeypatch.setattr(module, name, work)
     for module, name in ((eaglekit.bench.run, "check_engine_available"),
                          (eaglekit.verify.run, "check_engine_available")):  # an engine is there (probing is no work)

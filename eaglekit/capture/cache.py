@@ -1,5 +1,5 @@
 """The in-process capture of `finetune --target` and `upgrade --target`: the target run by the reference backend
-into a store in the cache, named by what identifies its states (the target by its config, weight headers and
+into a store in the cache, named by what identifies its states (the target by its config, weight headers, head and
 tokenizer, the engine and its numerics, the aux ids, the data plan, the store's dtype), so a rerun on the same
 inputs reads that store back, and an interrupted one resumes it, as `capture` does.
 
@@ -44,6 +44,7 @@ def cache_key(info: TargetInfo, opts: CaptureOptions) -> str:
     from eaglekit.capture.head import config_digest, tokenizer_identity
     from eaglekit.capture.store import FORMAT
     from eaglekit.provenance import target_weight_files, weights_fingerprint
+    from eaglekit.target import head_digest
 
     aux_ids, _ = capture_layer_ids(info, opts)
     data, _ = data_record(opts)
@@ -51,7 +52,8 @@ def cache_key(info: TargetInfo, opts: CaptureOptions) -> str:
             else {**dataclasses.asdict(opts.data), "data_file": None})
     return content_address({
         "format": FORMAT, "config": config_digest(info), "tokenizer": tokenizer_identity(info),
-        "weights": weights_fingerprint(target_weight_files(info.path)), "aux_ids": list(aux_ids),
+        "weights": weights_fingerprint(target_weight_files(info.path)), "head": head_digest(info),
+        "aux_ids": list(aux_ids),
         "engine": engine_block(opts), "data": data.to_dict() if data else None, "plan": plan,
         "store": {"dtype": opts.store_dtype, "shard_tokens": opts.shard_tokens}})
 
@@ -87,7 +89,7 @@ def captured(opts: CaptureOptions, cache_dir: str | None = None, *, on_stage: St
              ) -> Iterator[CachedCapture]:
     """The complete store of `opts` (reference engine only): read from the cache, resumed, or captured now."""
     assert opts.engine == REFERENCE and not opts.import_dir
-    info = read_target(opts.target)
+    info = read_target(opts.target, weights=True)  # its weights are checked before a cache entry is named
     folder = cache_dir or default_cache_dir()
     why = _writable(folder)
     temporary = tempfile.mkdtemp(prefix="eaglekit-capture-") if why else None

@@ -13,10 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eaglekit.errors import CheckpointError
-from eaglekit.io.checkpoint import read_model_weights
-from eaglekit.io.jsonfile import load_json_object, symlink_root
-from eaglekit.target import EMBEDDINGS, FINAL_NORM, LM_HEAD, TargetInfo
+from eaglekit.io.jsonfile import load_json_object
+from eaglekit.target import TargetInfo, head_names
 
 if TYPE_CHECKING:
     import torch
@@ -40,36 +38,6 @@ def sha256_of_files(folder: str, names: tuple[str, ...]) -> str | None:
             with open(path, "rb") as fh:
                 digest.update(name.encode() + b"\0" + fh.read() + b"\0")
     return "sha256:" + digest.hexdigest() if found else None
-
-
-def head_names(info: TargetInfo) -> dict[str, tuple[str, Any]]:
-    """role (embed, norm, lm_head) -> (file, header entry) of the target tensor that plays it."""
-    folder = folder_of(info)
-    entries = read_model_weights(folder, symlink_root(folder))
-    embed = next((n for n in entries if n == EMBEDDINGS or n.endswith("." + EMBEDDINGS)), None)
-    if embed is None:
-        raise CheckpointError(f"target weights hold no {EMBEDDINGS}", folder)
-    prefix = embed[: -len(EMBEDDINGS)]
-    head = next((n for n in entries if n == LM_HEAD or n.endswith("." + LM_HEAD)), None)
-    if head is None and not info.tie_word_embeddings:
-        raise CheckpointError(f"target weights hold no {LM_HEAD} and the config does not tie it", folder)
-    if prefix + FINAL_NORM not in entries:
-        raise CheckpointError(f"target weights hold no final norm {prefix + FINAL_NORM}", folder)
-    return {"embed": entries[embed], "norm": entries[prefix + FINAL_NORM], "lm_head": entries[head or embed]}
-
-
-def head_digest(info: TargetInfo) -> str:
-    """SHA-256 of the final norm and lm_head bytes: what turns id L into the target's tokens."""
-    from eaglekit.io.writer import iter_file_chunks
-
-    folder = folder_of(info)
-    digest = hashlib.sha256()
-    for role in ("norm", "lm_head"):
-        rel, entry = head_names(info)[role]
-        digest.update(f"{role}\0{entry.dtype}\0{list(entry.shape)}\0".encode())
-        for chunk in iter_file_chunks(os.path.join(folder, rel), entry.start, entry.end):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
 
 
 def config_digest(info: TargetInfo) -> str:

@@ -116,7 +116,8 @@ class StoreRows:
 def check_store_target(manifest: Manifest, info: TargetInfo, where: str, *,
                        quantization: str | None = None) -> None:
     """Refuse, in one line, a store captured from another target, tokenizer or numerics than this run's."""
-    from eaglekit.capture.head import config_digest, head_digest, tokenizer_identity
+    from eaglekit.capture.head import config_digest, tokenizer_identity
+    from eaglekit.target import head_digest
 
     held = manifest.target.to_dict()
     tokenizer = tokenizer_identity(info)

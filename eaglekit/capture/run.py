@@ -173,8 +173,9 @@ def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, A
                    opts: CaptureOptions, store: str) -> Identity:
     """The manifest's identity blocks (checked as a manifest's are on read): a rerun resumes only when every one
     is equal."""
-    from eaglekit.capture.head import config_digest, head_digest, tokenizer_identity
+    from eaglekit.capture.head import config_digest, tokenizer_identity
     from eaglekit.provenance import target_weight_files, weights_fingerprint
+    from eaglekit.target import head_digest
 
     tokenizer = tokenizer_identity(info)
     return Identity.read({

@@ -36,12 +36,13 @@ class VerifyReportFile:
 
 @dataclass(frozen=True)
 class PushTarget:
-    """The target a push declares: the Hub id its card names, and the config.json and weights fingerprint of the
-    local folder given as --target (a verify report that measured that folder recorded both)."""
+    """The target a push declares: the Hub id its card names, and the config.json, weights fingerprint and head
+    digest of the local folder given as --target (a verify report that measured that folder recorded them)."""
 
     repo_id: str | None
     config: str | None
     weights: str | None = None
+    head: str | None = None
 
 
 VERDICTS = ("passed", "lossless", "exact_match")
@@ -315,12 +316,25 @@ def declared_target(value: str | None, spec: DraftSpec, hub_id: str | None = Non
     if value and os.path.exists(value):
         config = target_config_path(value)
         name = hub_id or load_json_object(config, "target config").get("_name_or_path")
-        return PushTarget(name if is_repo_id(name) else None, config, weights_fingerprint(target_weight_files(config)))
+        return PushTarget(name if is_repo_id(name) else None, config, weights_fingerprint(target_weight_files(config)),
+                          _head_identity(config))
     if value and not REPO_ID.match(value):
         raise UsageError(f"--target {quoted(value)} is neither a Hub id (ORG/NAME) nor an existing folder")
     if value and hub_id and value != hub_id:
         raise UsageError(f"--target {quoted(value)} and --target-id {quoted(hub_id)} name two different Hub models")
     return PushTarget(value or hub_id or recorded_target(spec), None)
+
+
+def _head_identity(config: str) -> str | None:
+    """The head digest of the local target `config` names (eaglekit.provenance.head_identity); None where its
+    config or files say of no head: a report that recorded one is then told the weights differ."""
+    from eaglekit.provenance import head_identity
+    from eaglekit.target import read_target
+
+    try:
+        return head_identity(read_target(config, decoder=False))
+    except CheckpointError:
+        return None
 
 
 def _hub_config(repo_id: str, endpoint: str, token: str | None, offline: bool = False) -> str | None:
@@ -339,9 +353,9 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTa
                       endpoint: str = HUB_ENDPOINTS[0], token: str | None = None,
                       offline: bool = False) -> list[str]:
     """Why a verify report does not describe the files being pushed, or the target this push declares; empty: it
-    does. The target is compared as the report records it: by config.json hash and weights fingerprint with a
-    local --target folder, by Hub id, and a local copy of unrecorded origin by hash with the Hub id's config.json
-    (fetched from `endpoint` when not cached, unless `offline`)."""
+    does. The target is compared as the report records it: by config.json hash, weights fingerprint and head
+    digest with a local --target folder, by Hub id, and a local copy of unrecorded origin by hash with the Hub
+    id's config.json (fetched from `endpoint` when not cached, unless `offline`)."""
     from eaglekit.provenance import hash_files, sha256_file, source_files
 
     measured = report.get("measured")
@@ -366,7 +380,8 @@ def report_mismatches(report: Mapping[str, Any], spec: DraftSpec, target: PushTa
             problems.append(f"it was measured against a target whose config.json is not the one in {where}")
         elif not recorded.get("weights_fingerprint"):
             problems.append("the report does not record the target's weights (it predates weight binding)")
-        elif recorded["weights_fingerprint"] != target.weights:
+        elif (recorded["weights_fingerprint"] != target.weights
+              or recorded.get("head_sha256", target.head) != target.head):
             problems.append(f"it was measured against a target whose weights are not the ones in {where}")
     elif target.repo_id and is_repo_id(origin):
         if origin != target.repo_id:
