@@ -749,6 +749,82 @@ def test_a_server_that_never_answers_times_out_with_one_line(draft_dir, rules, c
     assert time.perf_counter() - started < 30 and accepted
 
 
+def _hostile_hub(answer):
+    """A loopback endpoint whose every connection gets `answer(connection)` after its request; (endpoint, stop)."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve(conn):
+        with conn:
+            try:
+                conn.recv(65536)
+                answer(conn, stop)
+            except OSError:
+                pass  # the client gave up
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    def close():
+        stop.set()
+        listener.close()
+
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", close
+
+
+def _trickle(part):
+    """Sends its status line and headers, or (`part` = body) headers then a body, a byte every 0.2 s for 20 s."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
+
+    def answer(conn, stop):
+        if part == "body":
+            conn.sendall(head)
+        for _ in range(100):
+            if stop.is_set():
+                return
+            conn.sendall(head[:1] if part == "headers" else b" ")
+            stop.wait(0.2)
+
+    return answer
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_hub_that_trickles_its_answer_is_cut_off_with_one_line(draft_dir, rules, capsys, monkeypatch, part):
+    """Each read gets a byte well within the timeout: only a bound on the whole exchange ends it."""
+    monkeypatch.setenv("EAGLEKIT_HUB_TIMEOUT", "0.5")
+    endpoint, close = _hostile_hub(_trickle(part))
+    try:
+        code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_x", "--endpoint", endpoint)
+    finally:
+        close()
+    assert code == 1 and err.count("\n") == 1 and "no complete answer within the time allowed" in err, err
+
+
+def test_a_hub_answer_declaring_gigabytes_is_refused_before_its_body(draft_dir, rules, capsys, monkeypatch):
+    def answer(conn, stop):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8589934592\r\n\r\n{")
+        stop.wait(20)
+
+    endpoint, close = _hostile_hub(answer)
+    try:
+        code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_x", "--endpoint", endpoint)
+    finally:
+        close()
+    assert code == 1 and err.count("\n") == 1 and "answer declares more than 64 MiB" in err, err
+
+
 @pytest.mark.parametrize("route, payload", [("create_repo", b"<html>not json"), ("create_repo", b"[1, 2]"),
                                             ("preupload", b"{\"files\": 5}"), ("commit", b"null")])
 def test_garbage_answers_are_one_line(fake_hub, draft_dir, rules, capsys, monkeypatch, route, payload):
