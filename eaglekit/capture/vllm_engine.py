@@ -7,7 +7,10 @@ sequence is one prompt of one token; its states, all of them from the prefill, c
 in a spool folder that this side reads and deletes in order, so neither side holds more than about two batches.
 Prefix caching is off (a cached prefix would be a prefix without states); chunked prefill changes nothing (the
 states accumulate in vLLM's cache until the request is done). Under tensor parallelism the states are the
-residual stream after the all-reduce, the same on every rank, and rank 0 alone writes them.
+residual stream after the all-reduce, the same on every rank (vLLM's cache layer for them holds K x hidden per token
+on each rank, vllm/model_executor/models/extract_hidden_states.py, 0.32.0), and rank 0 alone writes them. A size
+that does not divide the target's heads is refused before vLLM starts; on vLLM's CPU build the ranks' threads are
+bound by eaglekit where vLLM's own binding cannot (eaglekit.engines.vllm.cpu_threads_bind).
 """
 
 from __future__ import annotations
