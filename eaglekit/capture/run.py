@@ -19,8 +19,10 @@ from typing import Any
 from eaglekit import __version__
 from eaglekit.capture import store as st
 from eaglekit.capture import store_writer
+from eaglekit.capture.manifest import ENGINE_ENVIRONMENT as ENVIRONMENT
 from eaglekit.capture.manifest import ID_CONVENTION, DataFile, Identity, Manifest, Plan
 from eaglekit.capture.sequence import CapturedSequence
+from eaglekit.engines.vllm import tensor_parallel_refusal
 from eaglekit.errors import CaptureInterrupted, CheckpointError, EaglekitError, UsageError
 from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
@@ -158,11 +160,17 @@ def _engine_block(opts: CaptureOptions) -> dict[str, Any]:
         return {"name": "reference", "version": f"transformers {transformers.__version__}, torch {torch.__version__}",
                 "dtype": resolved, "quantization": served.name if served else None, "tensor_parallel_size": 1,
                 "engine_args": {}}
-    from eaglekit.runtime.engine import EngineOptions, check_engine_available
+    from eaglekit.runtime.engine import EngineOptions, cpu_engine_environment, local_ranks, probe_engine
 
-    version = check_engine_available(EngineOptions(python=opts.engine_python))
-    return {"name": opts.engine, "version": f"vllm {version}", "dtype": opts.dtype, "quantization": "as served",
-            "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": dict(opts.engine_args)}
+    engine = EngineOptions(python=opts.engine_python, tensor_parallel_size=opts.tensor_parallel_size,
+                           engine_args=dict(opts.engine_args))
+    probe = probe_engine(engine)
+    block = {"name": opts.engine, "version": f"vllm {probe.version}", "dtype": opts.dtype, "quantization": "as served",
+             "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": dict(opts.engine_args)}
+    environment = cpu_engine_environment(probe.device_type, local_ranks(engine))
+    if environment:
+        block[ENVIRONMENT] = environment  # what eaglekit set for vLLM (the user's own settings are theirs)
+    return block
 
 
 def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, Any], inputs: dict[str, Any],
@@ -289,7 +297,8 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
 
         return capture_with_vllm(opts.target, sequences, layer_ids, python=opts.engine_python,
                                  tensor_parallel_size=opts.tensor_parallel_size, engine_args=dict(opts.engine_args),
-                                 dtype=opts.dtype, version=engine["version"].removeprefix("vllm "))
+                                 dtype=opts.dtype, version=engine["version"].removeprefix("vllm "),
+                                 environment=engine.get(ENVIRONMENT, {}))
 
     def answer(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         """--generate: the target's greedy answers, from the engine that runs the target."""
@@ -304,7 +313,8 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
         return answers_with_vllm(opts.target, prompts, max_new_tokens=max_new_tokens, dtype=opts.dtype,
                                  opts=EngineOptions(python=opts.engine_python,
                                                     tensor_parallel_size=opts.tensor_parallel_size,
-                                                    engine_args=dict(opts.engine_args)),
+                                                    engine_args=dict(opts.engine_args),
+                                                    environment=engine.get(ENVIRONMENT, {})),
                                  context=info.max_position_embeddings)
 
     engine = _engine_block(opts)
@@ -367,6 +377,9 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
     started = time.perf_counter()
     opts.check()
     info = read_target(opts.target, decoder=not opts.import_dir)  # an import needs the target's facts only
+    refusal = tensor_parallel_refusal(info, opts.tensor_parallel_size) if opts.engine != REFERENCE else None
+    if refusal:
+        raise UsageError(refusal, info.path)
     refuse_emulation_on_declared(opts.target_quantization, info)
     aux_ids, ids_from = capture_layer_ids(info, opts)
     refuse_clobber([Role("store", store)], [*target_roles(opts.target), *read_roles("--draft", opts.draft),
