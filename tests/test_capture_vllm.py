@@ -56,7 +56,6 @@ def _reference(sequences: list[list[int]], layer_ids: list[int]) -> list[dict[in
     return out
 
 
-@pytest.mark.slow
 def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
     python = VLLM_PYTHON
     if python is None:
@@ -93,7 +92,6 @@ def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
     assert not torch.allclose(records[0].states[layer_ids[0]], records[0].states[layer_ids[1]])
 
 
-@pytest.mark.slow
 def test_generate_takes_the_targets_answers_from_vllm_and_never_loads_the_target_here(monkeypatch, tmp_path):
     """`capture --engine vllm --generate`: vLLM answers the prompts (one engine run), then captures prompt + answer
     (a second); the answers are the reference target's greedy answers, and eaglekit's process never loads the
@@ -223,7 +221,6 @@ def _store_states(store: str) -> tuple[list[int], dict[int, torch.Tensor]]:
     return torch.cat([s["token_ids"] for s in shards]).tolist(), states
 
 
-@pytest.mark.slow
 def test_tensor_parallel_capture_equals_the_reference_hooks(monkeypatch, tmp_path):
     """`capture --engine vllm --tensor-parallel-size 3` (SmolLM2's 9 heads: 3 is the smallest size vLLM splits them
     over) stores one full-width copy of the states, equal to the reference hooks' store of the same data. No

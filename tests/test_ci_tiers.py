@@ -151,3 +151,36 @@ def test_an_unmarked_test_that_starts_an_engine_or_loads_smollm2_fails_naming_th
                         "test_unmarked_runs_another_program": "PASSED", "test_unmarked_loads_smollm2": "FAILED"}, out
     assert f"starts a real engine ({engine}) but is not marked engine" in out
     assert "test_unmarked_loads_smollm2 loads SmolLM2 but is not marked model or engine" in out
+
+
+def _tier_expressions() -> dict[str, str]:
+    """Each tier of scripts/test-tiers.sh → its marker expression (the fast tier's is pyproject.toml's default)."""
+    import shlex
+    import tomllib
+
+    addopts = shlex.split(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+                          ["addopts"])
+    default = addopts[addopts.index("-m") + 1]
+    tiers = {}
+    for line in (REPO / "scripts" / "test-tiers.sh").read_text().splitlines():
+        if line.startswith("tier "):
+            words = shlex.split(line)
+            tiers[words[1]] = words[words.index("-m") + 1] if "-m" in words else default
+    return tiers
+
+
+def test_every_test_belongs_to_exactly_one_tier_and_pytest_alone_runs_the_fast_one():
+    """For every combination of the tier markers a test can carry, exactly one tier of the CI script selects it."""
+    from itertools import combinations
+
+    from _pytest.mark.expression import Expression
+
+    tiers = _tier_expressions()
+    assert list(tiers) == ["fast", "triton", "model", "engine"]
+    markers = ("model", "engine", "triton", "cuda")
+    for size in range(len(markers) + 1):
+        for carried in combinations(markers, size):
+            chosen = [name for name, expr in tiers.items()
+                      if Expression.compile(expr).evaluate(lambda marker, carried=carried: marker in carried)]
+            assert len(chosen) == 1, (carried, chosen)
+    assert tiers["fast"] == "not model and not engine and not triton"

@@ -483,7 +483,6 @@ def _eval(**kw):
     return EvalOptions(**{"limit": 6, "max_new_tokens": 16, "context_tokens": (0,), **kw})
 
 
-@pytest.mark.slow
 def test_a_finetune_resolved_worse_on_smollm2_writes_nothing_and_says_why(tmp_path):
     """The bundled EAGLE-3 drafter on SmolLM2 retrained from scratch for two steps: resolved worse, not written."""
     from eaglekit.upgrade import UpgradeOptions, upgrade
