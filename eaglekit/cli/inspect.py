@@ -46,10 +46,12 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
     """Show exactly what a draft checkpoint is: layout, geometry, aux ids, vocab map, flags, findings.
 
     A hidden-state store (`eaglekit capture`) is shown from its manifest and shard headers."""
-    from eaglekit.capture.store import describe_store, is_store
+    from eaglekit.capture import is_store
     from eaglekit.inspection import inspect_draft
 
     if is_store(path):
+        from eaglekit.capture.store import describe_store
+
         doc = describe_store(path)
         emit_json(doc) if output_format == "json" else render_store(doc)
         return
