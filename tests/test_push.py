@@ -180,7 +180,7 @@ def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, 
     readme = repo.files()["README.md"].decode()
     assert readme == doc["card"]
     for row in ("| Lossless (greedy output identical to the target's) | yes |", TAU_ROW,
-                "| Acceptance rate per draft position | 0.80, 0.60, 0.41 |",
+                "| — | 1 | 0.80 | — | — | — |\n| — | 2 | 0.60 | — | — | — |\n| — | 3 | 0.41 | — | — | — |",
                 "| Reference-decode speed ratio (batch 1, not a serving engine: see `eaglekit bench`) | 2.01× |",
                 "| Prompts | mt-bench (80) |", "| Device | NVIDIA H200 |",
                 "| Tokens/s with the draft, eaglekit's reference decode | 120.5 |"):
@@ -471,7 +471,10 @@ def test_malformed_report_is_one_line(fake_hub, draft_dir, rules, tmp_path, caps
 
 @pytest.mark.parametrize("field, value", [("lossless", "no"), ("acceptance_length", float("nan")),
                                           ("acceptance_length", 0.5), ("per_position_acceptance", [0.5, 7]),
-                                          ("tokens_per_s_spec", "fast")])
+                                          ("tokens_per_s_spec", "fast"),
+                                          ("acceptance_length_interval", {"low": 2.0, "high": 1.5}),
+                                          ("per_position_acceptance_interval", [{"low": 0.2, "high": 1.3}]),
+                                          ("per_position_acceptance_interval", "wide")])
 def test_a_report_that_would_make_the_card_lie_is_refused(fake_hub, draft_dir, rules, tmp_path, capsys, field, value):
     report = tmp_path / "verify.json"
     report.write_text(json.dumps({"lossless": True, "acceptance_length": 1.8, "measured": measured(draft_dir),

@@ -21,7 +21,6 @@ from eaglekit.errors import CheckpointError, quoted
 
 FORMAT = "eaglekit-hidden-states"
 VERSION = 1
-MANIFEST = "manifest.json"
 ID_CONVENTION = "vllm"  # layer ids as hidden_states indices (input-of-layer), as vLLM's eagle3 runners capture them
 SHARD_PREFIX, SHARD_SUFFIX = "shard-", ".safetensors"
 STORE_DTYPES = ("bfloat16", "float32", "fp8")

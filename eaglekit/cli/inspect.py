@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
 
 from eaglekit.cli.output import (
     emit_json,
@@ -16,11 +14,13 @@ from eaglekit.cli.output import (
     human_bytes,
     identifier_table,
     key_value_table,
-    out,
     shell_command,
     styled,
     target_path,
 )
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 EXAMPLES = """
 \b
@@ -46,10 +46,12 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
     """Show exactly what a draft checkpoint is: layout, geometry, aux ids, vocab map, flags, findings.
 
     A hidden-state store (`eaglekit capture`) is shown from its manifest and shard headers."""
-    from eaglekit.capture.store import describe_store, is_store
+    from eaglekit.capture import is_store
     from eaglekit.inspection import inspect_draft
 
     if is_store(path):
+        from eaglekit.capture.store import describe_store
+
         doc = describe_store(path)
         emit_json(doc) if output_format == "json" else render_store(doc)
         return
@@ -93,6 +95,11 @@ def _parallel_rows(parallel: dict | None) -> list[tuple[str, str]]:
 
 
 def render(doc: dict) -> None:
+    from rich.panel import Panel
+    from rich.table import Table
+
+    from eaglekit.cli.output import out
+
     flags = ", ".join(f"{k}={doc[k]}" for k in ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual"))
     geometry = (f"H={doc['hidden_size']}  T={doc['target_hidden_size']}  I={doc['intermediate_size']}  "
                 f"layers={doc['num_layers']}")
@@ -156,6 +163,10 @@ def render(doc: dict) -> None:
 def render_other_method(doc: dict) -> None:
     """A draft of another speculative method: the one line that names it and its vLLM method, then what its
     config says."""
+    from rich.panel import Panel
+
+    from eaglekit.cli.output import out
+
     m, vllm = doc["speculative_method"], doc["speculative_method"]["vllm"]
     layers = m["target_layer_ids"]
     rows = [
@@ -190,6 +201,10 @@ def _serve_config(doc: dict) -> str:
 
 
 def render_store(doc: dict) -> None:
+    from rich.panel import Panel
+
+    from eaglekit.cli.output import out
+
     target, ids, engine, store = doc["target"], doc["layer_ids"], doc["engine"], doc["store"]
     progress = "complete" if doc["complete"] else "incomplete: rerun the capture to finish it"
     rows = [

@@ -1,4 +1,6 @@
-"""Rendering shared by every command: rich for people on stdout, diagnostics on stderr, JSON for scripts."""
+"""Rendering shared by every command: rich for people on stdout, diagnostics on stderr, JSON for scripts.
+
+rich is imported when a table or a console is first needed: a command that prints JSON never loads it."""
 
 from __future__ import annotations
 
@@ -7,17 +9,33 @@ import json
 import math
 import textwrap
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-# markup=False: names, paths and messages come from untrusted files and are printed as they are, never as
-# rich markup; styles are applied through Text (styled()) only.
-out = Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
-err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+CONSOLES = ("out", "err")
+
+
+@functools.cache
+def console(name: str) -> Console:
+    """The console `out` (stdout) or `err` (stderr), made on first use. markup=False: names, paths and messages
+    come from untrusted files and are printed as they are, never as rich markup; styles are applied through Text
+    (styled()) only."""
+    from rich.console import Console
+
+    return Console(stderr=name == "err", highlight=False, soft_wrap=False, markup=False, emoji=False)
+
+
+def __getattr__(name: str) -> Console:
+    """`from eaglekit.cli.output import out` (or `err`): the console, made then."""
+    if name in CONSOLES:
+        return console(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 format_option = click.option(
     "--format", "output_format", type=click.Choice(["human", "json"]), default="human", show_default=True,
@@ -83,6 +101,8 @@ def quantization_text(served: dict | None) -> str:
 
 def acceptance_text(block: dict) -> Text:
     """What a report's τ means and the rule it was counted under, then the labels its figures carry."""
+    from rich.text import Text
+
     from eaglekit.engines.vllm import describe_acceptance
 
     shown = Text(describe_acceptance(block))
@@ -226,6 +246,8 @@ def decode_options(fn):
 
 def styled(*parts: str | tuple[str, str]) -> Text:
     """Text from plain strings and (text, style) pairs: the only way output gets styles."""
+    from rich.text import Text
+
     return Text.assemble(*parts)
 
 
@@ -295,7 +317,7 @@ def finish_report(doc: dict, output_format: str, render: Callable[[dict], None],
         return
     render(doc)
     if written:
-        out.print(f"plot: {written}")
+        console("out").print(f"plot: {written}")
 
 
 ROWS_PER_CODE = 10
@@ -304,6 +326,8 @@ still prints a screen, not megabytes (--format json lists every finding)."""
 
 
 def findings_table(findings: list[dict], title: str = "Findings") -> Table:
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("code", no_wrap=True)
     table.add_column("severity", no_wrap=True)
@@ -326,22 +350,24 @@ def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, p
     """Print rows whose cells are names to copy (tensor names, paths): a table when it fits the terminal with
     every identifier whole, else each row as `first — column: value; …` lines within the width (an 80-column log
     keeps every header and every identifier whole); only the `prose` column may wrap."""
+    from rich.table import Table
+
     fixed = [c for c in columns if c != prose]
     widths = {c: max([len(c)] + [len(str(r[columns.index(c)])) for r in rows]) for c in columns}
     needed = sum(widths[c] for c in fixed) + 3 * len(columns) + 1 + (12 if prose else 0)
-    if needed <= out.width:
+    if needed <= console("out").width:
         table = Table(title=title, title_justify="left")
         for c in columns:
             table.add_column(c, no_wrap=c != prose, overflow="fold" if c == prose else "ignore")
         for r in rows:
             table.add_row(*[str(v) for v in r])
-        out.print(table)
+        console("out").print(table)
         return
-    out.print(title)
+    console("out").print(title)
     for r in rows:
         named = [f"{column}: {value}" for column, value in zip(columns[1:], r[1:]) if str(value)]
-        for line in packed_lines(f"  {r[0]} —", [f"{n};" for n in named[:-1]] + named[-1:], out.width):
-            out.print(line, soft_wrap=True)
+        for line in packed_lines(f"  {r[0]} —", [f"{n};" for n in named[:-1]] + named[-1:], console("out").width):
+            console("out").print(line, soft_wrap=True)
 
 
 def packed_lines(head: str, units: list[str], width: int, indent: str = "    ") -> list[str]:
@@ -409,6 +435,9 @@ def command_lines(label: str, command: str, width: int) -> list[str]:
 
 
 def key_value_table(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=title, title_justify="left", show_header=False, expand=False, box=None, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")  # a long path or id is folded, never cut
@@ -421,22 +450,23 @@ def key_value_panel(rows: list[tuple[str, Any]], title: Text) -> None:
     """`rows` in a titled panel when its longest identifier (a path: the longest run without a space) fits beside
     its key; else as `key: value` lines within the width, so a narrow log shows every path whole."""
     from rich.panel import Panel
+    from rich.text import Text
 
     values = [(key, value.plain if isinstance(value, Text) else "—" if value is None else str(value))
               for key, value in rows]
     key_width = max(len(key) for key, _ in values)
     longest = max(len(word) for _, value in values for word in value.split())
-    if key_width + longest + 8 <= out.width:
-        out.print(Panel(key_value_table(rows), title=title, expand=False))
+    if key_width + longest + 8 <= console("out").width:
+        console("out").print(Panel(key_value_table(rows), title=title, expand=False))
         return
-    out.print(title)
+    console("out").print(title)
     for key, value in values:
         first, *more = value.split("\n")
-        for line in packed_lines(f"  {key}:", first.split(), out.width):
-            out.print(line, soft_wrap=True)
+        for line in packed_lines(f"  {key}:", first.split(), console("out").width):
+            console("out").print(line, soft_wrap=True)
         for extra in more:
-            for line in packed_lines("    ", extra.split(), out.width):
-                out.print(line, soft_wrap=True)
+            for line in packed_lines("    ", extra.split(), console("out").width):
+                console("out").print(line, soft_wrap=True)
 
 
 def human_bytes(n: int) -> str:

@@ -31,7 +31,7 @@ from eaglekit.decode.prompts import Prompt, encode
 from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
 from eaglekit.decode.setup import decode_setup, turns
 from eaglekit.decode.speculative import ReplayVerifier, capture_pass, speculative_decode
-from eaglekit.decode.stats import paired_difference, pooled, sample_marker, summary, tau_interval
+from eaglekit.decode.stats import paired_difference, sample_marker, summary
 from eaglekit.errors import UsageError
 
 
@@ -55,9 +55,8 @@ class CompareReport:
     b: Measured
 
     def _summary(self, m: Measured, picked: list[int]) -> dict:
-        cs, gs = [m.counters[i] for i in picked], [self.conversations[i] for i in picked]
-        return summary(pooled(cs, self.settings.num_speculative_tokens), tau_interval(cs, gs), len(picked),
-                       len(set(gs)))
+        return summary([m.counters[i] for i in picked], [self.conversations[i] for i in picked],
+                       self.settings.num_speculative_tokens)
 
     def _difference(self, picked: list[int]) -> dict:
         groups = [self.conversations[i] for i in picked]
