@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
-from contextlib import contextmanager
 
 import click
 from rich.table import Table
@@ -14,7 +12,6 @@ from eaglekit.cli.output import (
     aux_ids,
     command_lines,
     emit_json,
-    err,
     findings_table,
     format_option,
     human_bytes,
@@ -26,6 +23,7 @@ from eaglekit.cli.output import (
     target_path,
     target_quantization_option,
 )
+from eaglekit.cli.progress import ProgressLog
 from eaglekit.errors import UsageError
 
 EXAMPLES = """
@@ -51,20 +49,6 @@ def parse_size(text: str) -> int:
     if not m or unit not in _UNITS:
         raise UsageError(f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB or 2GiB")
     return int(float(m.group(1)) * _UNITS[unit])
-
-
-@contextmanager
-def _progress(enabled: bool):
-    """(on_start, advance) callbacks driving a transient progress bar on stderr, or no-ops."""
-    if not enabled:
-        yield None, None
-        return
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    with Progress(TextColumn("{task.description}", style="progress.description", markup=False), BarColumn(),
-                  DownloadColumn(), TransferSpeedColumn(), console=err, transient=True) as bar:
-        task = bar.add_task("writing", total=None)
-        yield (lambda total: bar.update(task, total=total)), (lambda n: bar.advance(task, n))
 
 
 @click.command("upgrade", epilog=EXAMPLES)
@@ -106,10 +90,11 @@ def _progress(enabled: bool):
 @click.option("--store", type=click.Path(file_okay=False),
               help="Calibrate from a hidden-state store (`eaglekit capture TARGET STORE --calibration`) instead of "
                    "running the target: --target then needs only its config, tokenizer, embeddings and head.")
+@click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
 def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_convention, fc_norm_init, calibration_file,
                     target_quantization, fc_norm, norm_output, to, dtype, max_shard_size, dry_run, force, allow_pickle,
-                    subfolder, revision, device, store, output_format):
+                    subfolder, revision, device, store, no_progress, output_format):
     """Write SRC as a correct EAGLE-3.1 draft for vLLM (or SGLang / speculators) in DST.
 
     With the target's weights, adds fc_norm and switches on norm_output by default, both set up to keep the
@@ -131,9 +116,8 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
         max_shard_size=parse_size(max_shard_size), dry_run=dry_run, force=force, allow_pickle=allow_pickle,
         subfolder=subfolder, revision=revision, device=device, store=store,
     )
-    show_bar = output_format == "human" and not dry_run and sys.stderr.isatty()
-    with _progress(show_bar) as (on_start, advance):
-        report = upgrade(src, dst, options, progress=advance, on_start=on_start)
+    with ProgressLog("upgrade", not dry_run and not no_progress) as progress:
+        report = upgrade(src, dst, options, progress=progress)
     doc = report.to_dict()
     if output_format == "json":
         emit_json(doc)
