@@ -53,3 +53,19 @@ def counted(progress: Progress | None, name: str, items: Iterable[T], total: int
         yield item
         sink.advance()
     sink.done()
+
+
+class Within:
+    """Progress of a step run inside a larger one: each stage name carries the larger step's name first."""
+
+    def __init__(self, progress: Progress | None, prefix: str):
+        self.progress, self.prefix = quiet(progress), prefix
+
+    def stage(self, name: str, total: int | None = None, unit: str = "") -> None:
+        self.progress.stage(f"{self.prefix}: {name}", total, unit)
+
+    def advance(self, n: int = 1) -> None:
+        self.progress.advance(n)
+
+    def done(self) -> None:
+        self.progress.done()

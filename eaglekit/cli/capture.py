@@ -16,7 +16,7 @@ from eaglekit.cli.output import (
     target_quantization_option,
     vllm_options,
 )
-from eaglekit.cli.progress import StageProgress
+from eaglekit.cli.progress import ProgressLog
 from eaglekit.errors import UsageError
 
 EXAMPLES = """
@@ -104,8 +104,8 @@ def capture_command(target, store, data_file, data_limit, prompts_file, generate
         store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force,
         calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens,
         import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"))
-    with StageProgress("capture", not no_progress) as progress:
-        report = capture_store(store, opts, on_stage=progress.on_stage)
+    with ProgressLog("capture", not no_progress) as progress:
+        report = capture_store(store, opts, progress=progress)
     doc = report.to_dict()
     if output_format == "json":
         emit_json(doc)

@@ -23,7 +23,7 @@ from eaglekit.cli.output import (
     target_quantization_option,
     vllm_options,
 )
-from eaglekit.cli.progress import TrainingProgress
+from eaglekit.cli.progress import ProgressLog, training_figures
 from eaglekit.finetune.evaluate import DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
 
 if TYPE_CHECKING:
@@ -191,8 +191,8 @@ def finetune_command(draft, out_dir, target, data_file, data_limit, generate, co
         engine=engine_options,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
-    with TrainingProgress("finetune", not no_progress and main_rank, steps) as progress:
-        report = finetune(draft, out_dir, opts, on_stage=progress.on_stage, on_step=progress.on_step)
+    with ProgressLog("finetune", not no_progress and main_rank) as progress:
+        report = finetune(draft, out_dir, opts, progress=progress, on_step=training_figures(progress))
     if report.rank:
         return
     doc = report.to_dict()

@@ -163,3 +163,21 @@ class ProgressLog:
     def _beat(self) -> None:
         while not self.stopped.wait(POLL_S):
             self.tick()
+
+
+def training_figures(progress: ProgressLog) -> Callable[[int, Any, dict], None]:
+    """finetune's `on_step`: the step's loss, depth-0 top-1 and tokens/s on a terminal's bar; a line per logged
+    step (every --log-every) in a log. The step count itself comes through the progress protocol."""
+
+    def on_step(done: int, record: Any, live: dict) -> None:
+        if not progress.enabled:
+            return
+        if progress.bar is not None:
+            progress.note(f"training: loss {live['loss']:.3f}, depth-0 top-1 {live['accuracy']:.1%}, "
+                          f"{live['tokens_per_s']:.0f} tok/s")
+        elif record is not None:
+            accuracy = " ".join(f"{a:.2f}" for a in record.accuracy)
+            progress.note(f"step {done}: loss {record.loss:.3f}, top-1 by depth {accuracy}, "
+                          f"{record.tokens_per_s:.0f} tok/s")
+
+    return on_step

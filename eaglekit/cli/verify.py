@@ -26,7 +26,7 @@ from eaglekit.cli.output import (
     vllm_options,
     write_report,
 )
-from eaglekit.cli.progress import StageProgress
+from eaglekit.cli.progress import ProgressLog
 from eaglekit.decode.stats import too_few, too_few_text
 from eaglekit.errors import EaglekitError, UsageError
 
@@ -98,9 +98,8 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
             raise UsageError("--plot draws the reference decode's conditions: use --engine reference or both")
         check_plot_path(plot)
     if options.engine_only:
-        with StageProgress("verify", not no_progress) as progress:
-            progress.text("vLLM: the target alone, then with the draft")
-            doc = verify_in_engine(draft, target, options)
+        with ProgressLog("verify", not no_progress) as progress:
+            doc = verify_in_engine(draft, target, options, progress=progress)
         if save_report:
             write_report(save_report, doc)
         if profile_out:
@@ -110,8 +109,8 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
             raise EaglekitError(f"{draft}: vLLM's speculative output differs from its own target-only output on "
                                 f"prompt(s) {doc['engine']['mismatched_prompts']}")
         return
-    with StageProgress("verify", not no_progress) as progress:
-        sweep = verify_conditions(draft, target, options, on_prompt=progress.item)
+    with ProgressLog("verify", not no_progress) as progress:
+        sweep = verify_conditions(draft, target, options, progress=progress)
     doc = sweep.to_dict()
     if save_report:
         write_report(save_report, doc)

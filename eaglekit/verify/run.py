@@ -207,7 +207,7 @@ def served_section(spec: DraftSpec, info, rules: ValidationReport, options: Veri
     return doc
 
 
-def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
+def verify_in_engine(draft: str, target: str, options: VerifyOptions, *, progress: Progress | None = None) -> dict:
     """--engine vllm: the engine alone (a target of any size, with vLLM's tensor parallelism); the tokenizer is the
     only part of the target loaded here."""
     options.check()
@@ -224,6 +224,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
                          "(the reference decodes the answers and vLLM gets the same turns) or --turns first")
     encoded = [encode(p, setup.tokenizer, context_tokens=options.condition.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
+    quiet(progress).stage(f"vLLM: the target alone, then with the draft, on {len(encoded)} prompts")
     run = run_vllm(spec.path, target, encoded, k=setup.k, max_new_tokens=setup.max_new_tokens, dtype=dtype,
                    opts=options.engine_options, context=info.max_position_embeddings)
     groups = [p.conversation or p.name for p in prompts.prompts]
