@@ -229,12 +229,12 @@ def generate_answers(target, prompts: list[list[int]], max_new_tokens: int, *, b
     import torch
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    progress = quiet(progress)
-    progress.stage(f"generating answers to {len(prompts):,} prompts", len(prompts) * max_new_tokens, "tokens")
+    sink = quiet(progress)
+    sink.stage(f"generating answers to {len(prompts):,} prompts", len(prompts) * max_new_tokens, "tokens")
 
     class EveryStep(StoppingCriteria):  # called once per generated token of the batch: it only reports
         def __call__(self, input_ids, scores, **kwargs):
-            progress.advance(int(input_ids.shape[0]))
+            sink.advance(int(input_ids.shape[0]))
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     eos = sorted(target.eos_token_ids)
@@ -258,8 +258,8 @@ def generate_answers(target, prompts: list[list[int]], max_new_tokens: int, *, b
             stop = next((n for n, t in enumerate(tokens) if t in eos), None)
             answers[i] = tokens if stop is None else tokens[: stop + 1]
         done += len(idx)
-        progress.advance(len(idx) * max_new_tokens - len(idx) * (out.shape[1] - width))  # rows stopped early
-    progress.done()
+        sink.advance(len(idx) * max_new_tokens - len(idx) * (out.shape[1] - width))  # rows stopped early
+    sink.done()
     return answers
 
 
