@@ -148,7 +148,7 @@ class ProgressLog:
             return f"{self.name}: done, {clock_text(elapsed)} since"
         counted = f"{self.count:,}/{_count(self.total, self.unit)}" if self.total is not None else \
             (_count(self.count, self.unit) if self.count else "")
-        parts = [p for p in (counted, f"{clock_text(elapsed)} in this stage") if p]
+        parts = [p for p in (counted, clock_text(elapsed)) if p]
         if self.total and 0 < self.count < self.total and elapsed >= ETA_AFTER_S:
             parts.append(f"ETA {clock_text(elapsed / self.count * (self.total - self.count))}")
         return f"{self.name}: {', '.join(parts)}"

@@ -108,8 +108,8 @@ def capture_calibration(target_dir: str, aux_ids: tuple[int, ...], *, text_file:
     if target.tokenizer is None:
         raise CheckpointError("the target has no tokenizer; calibration needs one to read the text", target_dir)
     fit, held_out, where = calibration_sequences(target.tokenizer, text_file=text_file, max_tokens=max_tokens)
-    tokens_in = sum(len(s) for s in fit + held_out)
-    progress.stage(f"{purpose} on {tokens_in:,} tokens", len(fit) + len(held_out), "sequences")
+    tokens_in = sum(map(len, fit + held_out))
+    progress.stage(purpose, tokens_in, "tokens")
 
     def run(part: list[list[int]]) -> list[CapturedSequence]:
         out = []
@@ -117,7 +117,7 @@ def capture_calibration(target_dir: str, aux_ids: tuple[int, ...], *, text_file:
             tokens = torch.tensor([seq], dtype=torch.long)
             aux = target.forward(tokens, aux_ids, logits_to_keep=1).aux
             out.append(CapturedSequence(tokens[0], torch.cat([a[0].float().cpu() for a in aux], dim=-1)))
-            progress.advance()
+            progress.advance(len(seq))
         return out
 
     captured = CalibrationCapture(run(fit), run(held_out), where, target.embed_tokens.detach().float().cpu())

@@ -81,8 +81,7 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions, progress: Pr
     if target is None:
         raise UsageError("calibrating fc_norm or the norm_output rescale needs --target (the model whose hidden "
                          "states it measures)")
-    what = " and ".join(w for w, on in (("fc_norm", d.fc_norm_added), ("the norm_output rescale",
-                                                                      d.norm_output_rescale)) if on)
+    what = ", ".join(w for w, on in (("fc_norm", d.fc_norm_added), ("rescale", d.norm_output_rescale)) if on)
     if opts.store:  # the states were captured elsewhere: only the target's config and head tensors are read
         from eaglekit.capture.reader import calibration_from_store
 
@@ -94,6 +93,7 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions, progress: Pr
                                       max_tokens=opts.calibration_tokens, device=opts.device,
                                       quantization=opts.target_quantization, progress=progress,
                                       purpose=f"calibrating {what}")
+    progress.stage(f"fitting {what} and measuring it on held-out tokens")
     weights = fidelity = start = None
     if d.fc_norm_added:
         cal = fit_fc_norm(capture, d.num_aux, read_array(spec, "fc.weight", as_float32=True),
