@@ -13,13 +13,15 @@ from eaglekit.cli.output import (
     emit_json,
     findings_table,
     format_option,
+    given_paths,
     human_bytes,
     identifier_table,
     key_value_table,
     out,
-    shell_command,
+    print_fix,
     styled,
     target_path,
+    with_given,
 )
 
 EXAMPLES = """
@@ -51,7 +53,7 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
 
     if is_store(path):
         doc = describe_store(path)
-        emit_json(doc) if output_format == "json" else render_store(doc)
+        emit_json(doc) if output_format == "json" else render_store(with_given(doc, given_paths([path])))
         return
 
     report = inspect_draft(path, subfolder=subfolder, revision=revision, target=target, allow_pickle=allow_pickle,
@@ -59,7 +61,9 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
     doc = report.to_dict()
     if output_format == "json":
         emit_json(doc)
-    elif doc.get("eagle3_draft") is False:
+        return
+    doc = with_given(doc, given_paths([path], [target], resolved={doc["path"]: path}))
+    if doc.get("eagle3_draft") is False:
         render_other_method(doc)
     else:
         render(doc)
@@ -140,8 +144,7 @@ def render(doc: dict) -> None:
     out.print(serving)
     for s in doc["serving"]:
         if s["verdict"] == "after conversion" and s["fix"]:
-            fix = shell_command(s["fix"])  # a command to copy: never wrapped
-            out.print(styled(f"{s['engine']}: ", (fix, "bold")), soft_wrap=True)
+            print_fix(f"{s['engine']}: ", s["fix"])
 
     if doc["findings"]:
         out.print(findings_table(doc["findings"]))

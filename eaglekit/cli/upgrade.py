@@ -10,18 +10,21 @@ from rich.text import Text
 
 from eaglekit.cli.output import (
     aux_ids,
-    command_lines,
     emit_json,
     findings_table,
     format_option,
+    given_paths,
     human_bytes,
     identifier_table,
     key_value_panel,
     out,
+    print_fix,
+    print_prose,
     quantization_text,
     styled,
     target_path,
     target_quantization_option,
+    with_given,
 )
 from eaglekit.cli.progress import ProgressLog
 from eaglekit.errors import UsageError
@@ -122,7 +125,16 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
     if output_format == "json":
         emit_json(doc)
     else:
-        render(doc)
+        render(with_given(doc, given_paths([src, dst, calibration_file, store], [target],
+                                           resolved={doc["source"]["path"]: src, **_tuned_sibling(dst)})))
+
+
+def _tuned_sibling(dst: str) -> dict[str, str]:
+    """The next command's `DST-tuned`, absolute in the report → beside DST as the user typed it."""
+    import os
+
+    typed = f"{dst.rstrip('/') or dst}-tuned"
+    return {f"{form}-tuned": typed for form in {os.path.abspath(dst), os.path.realpath(dst)}}
 
 
 def _ids_line(aux: dict) -> Text:
@@ -179,12 +191,10 @@ def render(doc: dict) -> None:
         seconds = doc["timings"].get("total_s", 0.0)
         checked = (f"read back and checked against {engine.label}'s eagle3 loader" if engine.needs_conversion
                    else f"validated for {engine.label}")
-        out.print(styled(("Wrote", "green"), f" {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
-                         f"{checked}."))
+        print_prose("Wrote", f"{dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; {checked}.", "green")
     if doc["next_command"]:
         label = "serve: " if engine.needs_conversion else "next: "
-        for line in command_lines(label, doc["next_command"], out.width):  # a command to copy: never wrapped
-            out.print(line, soft_wrap=True)
+        print_fix(label, doc["next_command"], style="")
     if doc["next_command"] and not engine.needs_conversion:
         out.print("  (trains the new function; until then this draft accepts fewer tokens than its source)")
     elif doc["next_step"]:
