@@ -10,6 +10,7 @@ from eaglekit.cli.output import (
     decode_options,
     finish_report,
     format_option,
+    given_paths,
     identifier_table,
     key_value_table,
     out,
@@ -64,7 +65,8 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
         check_plot_path(plot)
     if options.engine_only:
         check_engine_available(engine_options)
-    with ProgressLog("compare", not no_progress) as progress:
+    given = given_paths([draft_a, draft_b, prompts_file, save_report, plot], [target])
+    with ProgressLog("compare", not no_progress, given=given) as progress:
         if options.engine_only:
             served = compare_in_vllm(draft_a, draft_b, target, options, progress=progress)
             sweep, doc = served.sweep, {**served.sweep.to_dict(), "engine": served.describe()}
@@ -72,7 +74,7 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
             sweep = compare_conditions(draft_a, draft_b, target, options, progress=progress)
             doc = sweep.to_dict()
     finish_report(doc, output_format, render, save_report=save_report,
-                  draw=(lambda: plot_compare(sweep, plot)) if plot else None)
+                  draw=(lambda: plot_compare(sweep, plot)) if plot else None, given=given)
 
 
 def _interval(diff: dict) -> str:

@@ -11,13 +11,13 @@ from rich.text import Text
 
 from eaglekit.cli.output import (
     emit_json,
-    findings_table,
     format_option,
     given_paths,
     human_bytes,
     identifier_table,
     key_value_table,
     out,
+    print_findings,
     print_fix,
     styled,
     target_path,
@@ -147,7 +147,7 @@ def render(doc: dict) -> None:
             print_fix(f"{s['engine']}: ", s["fix"])
 
     if doc["findings"]:
-        out.print(findings_table(doc["findings"]))
+        print_findings(doc["findings"])
     else:
         out.print(styled(("No findings.", "green")))
     if "tensors" in doc:

@@ -291,16 +291,16 @@ def write_report(path: str, doc: Any) -> None:
 
 
 def finish_report(doc: dict, output_format: str, render: Callable[[dict], None], *, save_report: str | None = None,
-                  draw: Callable[[], str] | None = None) -> None:
+                  draw: Callable[[], str] | None = None, given: dict[str, str] | None = None) -> None:
     """A measuring command's last steps: its JSON written to --save-report, its plot drawn, then the JSON or the
-    tables (and where the plot went) printed."""
+    tables (and where the plot went) printed, the tables naming paths as the user typed them (`given`)."""
     if save_report:
         write_report(save_report, doc)
     written = draw() if draw else None
     if output_format == "json":
         emit_json(doc)
         return
-    render(doc)
+    render(with_given(doc, given or {}))
     if written:
         out.print(f"plot: {written}")
 
@@ -310,23 +310,45 @@ ROWS_PER_CODE = 10
 still prints a screen, not megabytes (--format json lists every finding)."""
 
 
-def findings_table(findings: list[dict], title: str = "Findings") -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
-    table.add_column("code", no_wrap=True)
-    table.add_column("severity", no_wrap=True)
-    table.add_column("pitfall", no_wrap=True)
-    table.add_column("message")
+def findings_rows(findings: list[dict]) -> list[tuple[str, str, str, str]]:
+    """(code, severity, pitfall, message) per finding shown: at most ROWS_PER_CODE of a code, then a count."""
+    rows: list[tuple[str, str, str, str]] = []
     shown: dict[str, int] = {}
     for f in findings:
         shown[f["code"]] = shown.get(f["code"], 0) + 1
         if shown[f["code"]] <= ROWS_PER_CODE:
-            sev = f["severity"]
-            table.add_row(f["code"], styled((sev, SEVERITY_STYLE.get(sev, ""))), f.get("pitfall") or "", f["message"])
-    for code, count in shown.items():
-        if count > ROWS_PER_CODE:
-            table.add_row(code, "", "", f"… and {count - ROWS_PER_CODE:,} more {code} findings (--format json lists "
-                                        "them all)")
-    return table
+            rows.append((f["code"], f["severity"], f.get("pitfall") or "", f["message"]))
+    rows += [(code, "", "", f"… and {count - ROWS_PER_CODE:,} more {code} findings (--format json lists them all)")
+             for code, count in shown.items() if count > ROWS_PER_CODE]
+    return rows
+
+
+TABLE_FRAME = 4 * 2 + 5
+"""What a four-column table with borders takes beside its cells: a space each side of each cell, five rules."""
+
+
+def print_findings(findings: list[dict], title: str = "Findings") -> None:
+    """Findings as a table when every word of every message fits its column; else one finding per line group
+    (`code severity pitfall — message` wrapped at spaces), so a path or command in a message is never cut."""
+    rows = findings_rows(findings)
+    fixed = [max([len(header)] + [len(r[i]) for r in rows]) for i, header in enumerate(("code", "severity",
+                                                                                          "pitfall"))]
+    room = out.width - TABLE_FRAME - sum(fixed)
+    if all(len(word) <= room for r in rows for word in r[3].split()):
+        table = Table(title=title, title_justify="left", expand=False)
+        for header in ("code", "severity", "pitfall"):
+            table.add_column(header, no_wrap=True)
+        table.add_column("message")
+        for code, severity, pitfall, message in rows:
+            table.add_row(code, styled((severity, SEVERITY_STYLE.get(severity, ""))), pitfall, message)
+        out.print(table)
+        return
+    out.print(title)
+    for code, severity, pitfall, message in rows:
+        head = " ".join(p for p in (code, severity, pitfall) if p)
+        for i, line in enumerate(packed_lines(f"  {head} —", message.split(), out.width)):
+            out.print(line if i else styled((line[:len(code) + 2], "bold"), line[len(code) + 2:]),
+                      soft_wrap=True)
 
 
 def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, prose: str | None = None) -> None:

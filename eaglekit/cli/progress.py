@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from eaglekit.cli.output import err
+from eaglekit.cli.output import err, with_given
 
 HEARTBEAT_S = 10.0
 """Without a terminal, a line at least this often while a command works (documented in docs/cli.md)."""
@@ -38,11 +38,13 @@ def _count(n: int, unit: str) -> str:
 
 class ProgressLog:
     """The CLI's `eaglekit.progress.Progress`: it renders the stages the library reports. `clock` and `write` are
-    injectable so the heartbeat can be tested without waiting."""
+    injectable so the heartbeat can be tested without waiting; `given` (output.given_paths) names the files a stage
+    reads as the user typed them."""
 
     def __init__(self, command: str, enabled: bool = True, *, tty: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic, write: Callable[[str], None] | None = None):
-        self.command, self.enabled = command, enabled
+                 clock: Callable[[], float] = time.monotonic, write: Callable[[str], None] | None = None,
+                 given: dict[str, str] | None = None):
+        self.command, self.enabled, self.given = command, enabled, given or {}
         self.tty = err.is_terminal if tty is None else tty
         self.clock = clock
         self.write = write or (lambda line: click.echo(line, err=True))
@@ -89,6 +91,7 @@ class ProgressLog:
 
     # the Progress protocol
     def stage(self, name: str, total: int | None = None, unit: str = "") -> None:
+        name = with_given(name, self.given)
         with self.lock:
             self.name, self.total, self.unit, self.count, self.running = name, total, unit, 0, True
             self.stage_started = self.clock()

@@ -11,13 +11,13 @@ from rich.text import Text
 from eaglekit.cli.output import (
     aux_ids,
     emit_json,
-    findings_table,
     format_option,
     given_paths,
     human_bytes,
     identifier_table,
     key_value_panel,
     out,
+    print_findings,
     print_fix,
     print_prose,
     quantization_text,
@@ -182,7 +182,7 @@ def render(doc: dict) -> None:
     _print_tensors(doc)
     shown = [f for f in doc["findings"] if f["severity"] != "info"]
     if shown:
-        out.print(findings_table(shown, title="Validation of the output (no errors)"))
+        print_findings(shown, title="Validation of the output (no errors)")
     for warning in doc["warnings"]:
         out.print(styled(("warning:", "yellow"), f" {warning}"))
     if doc["dry_run"]:

@@ -8,10 +8,10 @@ from rich.table import Table
 from eaglekit.cli.output import (
     SEVERITY_STYLE,
     emit_json,
-    findings_table,
     format_option,
     given_paths,
     out,
+    print_findings,
     print_fix,
     print_prose,
     styled,
@@ -101,7 +101,7 @@ def render_report(doc: dict, family: str, producer: str) -> None:
         print_prose("wrong target? ", doc["target_mismatch"], "bold yellow")
     findings = sorted(doc["findings"], key=lambda f: (_ORDER[f["severity"]], f["code"]))
     if findings:
-        out.print(findings_table(findings))
+        print_findings(findings)
     counts = f"{doc['errors']} error(s), {doc['warnings']} warning(s), {doc['infos']} info"
     if len(doc["engines"]) > 1 or any(e["settings"] for e in doc["engines"]):
         for e in doc["engines"]:

@@ -14,16 +14,18 @@ from eaglekit.cli.output import (
     conditions,
     decode_options,
     emit_json,
-    findings_table,
     format_option,
+    given_paths,
     identifier_table,
     key_value_table,
     out,
+    print_findings,
     quantization_text,
     sampling_text,
     shell_command,
     styled,
     vllm_options,
+    with_given,
     write_report,
 )
 from eaglekit.cli.progress import ProgressLog
@@ -109,7 +111,8 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
             raise EaglekitError(f"{draft}: vLLM's speculative output differs from its own target-only output on "
                                 f"prompt(s) {doc['engine']['mismatched_prompts']}")
         return
-    with ProgressLog("verify", not no_progress) as progress:
+    given = given_paths([draft, prompts_file, save_report, plot, profile_out], [target])
+    with ProgressLog("verify", not no_progress, given=given) as progress:
         sweep = verify_conditions(draft, target, options, progress=progress)
     doc = sweep.to_dict()
     if save_report:
@@ -121,7 +124,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
     if output_format == "json":
         emit_json(doc)
     else:
-        render(doc, draft)
+        render(with_given(doc, given), draft)
         if profile is not None:
             render_profile(profile, profile_out)
         if written:
@@ -215,7 +218,7 @@ def _header(doc: dict, prompts: str) -> None:
     ], title="eaglekit verify"))
     out.print()
     if doc["checks"]:
-        out.print(findings_table(doc["checks"], title="Compatibility"))
+        print_findings(doc["checks"], title="Compatibility")
     else:
         out.print(styled(("Compatibility: ", "bold"), ("the draft fits the target, and vLLM reads the files as this "
                                                      "decode does", "green")))
