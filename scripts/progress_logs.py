@@ -29,7 +29,7 @@ RUNS = [
      "--max-new-tokens 16"),
     ("capture", "capture SmolLM2-135M-Instruct states --data train.jsonl --generate 8"),
     ("finetune", "finetune draft-31 draft-31-tuned --target SmolLM2-135M-Instruct --data train.jsonl "
-     "--generate 8 --steps 4 --select-every 2 --no-eval"),
+     "--generate 8 --steps 4 --select-every 2 --no-eval --cache-dir finetune-cache"),
 ]
 """(title, arguments): each run on the one before's output where it needs one (finetune trains upgrade's)."""
 
@@ -65,7 +65,7 @@ a timestamped line when each stage starts — what it does, on how much — and,
 least every {HEARTBEAT_S:g} s with the count done in it and the time spent; an ETA appears only after a stage has run
 {ETA_AFTER_S:g} s and finished a unit. Lines of the first {QUIET_START_S:g} s are held back and written together, so a
 command refused at once leaves only its one error line. `--no-progress` silences all of it; stdout (the report)
-is never touched.
+is never touched. Each command below ran as `eaglekit ARGS >report.txt 2>progress.log`; the block shows the log.
 
 The logs below are real runs on SmolLM2-135M-Instruct (CPU, float32, a shared 2-core machine, so the counts
 move slowly), written by `python scripts/progress_logs.py TARGET_FOLDER`, with short settings: a
@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("target", type=Path, help="the SmolLM2-135M-Instruct folder")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "progress-logs.md")
     opts = parser.parse_args()
+    from eaglekit.cli.output import command_lines
     sections = []
     with tempfile.TemporaryDirectory(prefix="progress-logs-") as scratch:
         work = Path(scratch)
@@ -91,7 +92,7 @@ def main() -> None:
                 sys.exit(f"eaglekit {args} exited {code}:\n" + "\n".join(lines[-5:]))
             print(f"{title}: {len(lines)} lines in {seconds:.0f} s", file=sys.stderr)
             log = "\n".join(lines)
-            shell = f"$ eaglekit {args} >report.txt 2>progress.log; cat progress.log"
+            shell = "\n".join(command_lines("$ ", f"eaglekit {args}", 80))
             sections.append(f"## {title}\n\n```\n{shell}\n{log}\n```\n\n({seconds:.0f} s in all.)\n\n")
     opts.out.write_text(page(sections), encoding="utf-8")
 

@@ -8,7 +8,7 @@ import math
 import os
 import re
 import textwrap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import click
@@ -323,32 +323,34 @@ def findings_rows(findings: list[dict]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-TABLE_FRAME = 4 * 2 + 5
-"""What a four-column table with borders takes beside its cells: a space each side of each cell, five rules."""
-
-
-def print_findings(findings: list[dict], title: str = "Findings") -> None:
-    """Findings as a table when every word of every message fits its column; else one finding per line group
-    (`code severity pitfall — message` wrapped at spaces), so a path or command in a message is never cut."""
-    rows = findings_rows(findings)
-    fixed = [max([len(header)] + [len(r[i]) for r in rows]) for i, header in enumerate(("code", "severity",
-                                                                                          "pitfall"))]
-    room = out.width - TABLE_FRAME - sum(fixed)
-    if all(len(word) <= room for r in rows for word in r[3].split()):
+def print_prose_table(title: str, headers: tuple[str, ...], rows: Sequence[tuple[str, ...]],
+                      styles: dict[int, Callable[[str], str | None]] | None = None) -> None:
+    """Rows whose last cell is prose: a table when every word of that prose fits its column, else one row per line
+    group (`first second … — prose` wrapped at spaces), so a path or command in the prose is never cut or split.
+    `styles` gives a column's style from its value."""
+    styles = styles or {}
+    fixed = [max([len(header)] + [len(r[i]) for r in rows]) for i, header in enumerate(headers[:-1])]
+    room = out.width - 3 * len(headers) - 1 - sum(fixed)  # a space each side of each cell, a rule between them
+    if all(len(word) <= room for r in rows for word in r[-1].split()):
         table = Table(title=title, title_justify="left", expand=False)
-        for header in ("code", "severity", "pitfall"):
+        for header in headers[:-1]:
             table.add_column(header, no_wrap=True)
-        table.add_column("message")
-        for code, severity, pitfall, message in rows:
-            table.add_row(code, styled((severity, SEVERITY_STYLE.get(severity, ""))), pitfall, message)
+        table.add_column(headers[-1])
+        for r in rows:
+            table.add_row(*[styled((v, styles[i](v) or "")) if i in styles else v for i, v in enumerate(r)])
         out.print(table)
         return
     out.print(title)
-    for code, severity, pitfall, message in rows:
-        head = " ".join(p for p in (code, severity, pitfall) if p)
-        for i, line in enumerate(packed_lines(f"  {head} —", message.split(), out.width)):
-            out.print(line if i else styled((line[:len(code) + 2], "bold"), line[len(code) + 2:]),
-                      soft_wrap=True)
+    for r in rows:
+        head = " ".join(v for v in r[:-1] if v)
+        for i, line in enumerate(packed_lines(f"  {head} —", r[-1].split(), out.width)):
+            out.print(line if i else styled((line[:len(r[0]) + 2], "bold"), line[len(r[0]) + 2:]), soft_wrap=True)
+
+
+def print_findings(findings: list[dict], title: str = "Findings") -> None:
+    """Findings as print_prose_table lays them out: a path or command in a message is never cut."""
+    print_prose_table(title, ("code", "severity", "pitfall", "message"), findings_rows(findings),
+                      {1: SEVERITY_STYLE.get})
 
 
 def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, prose: str | None = None) -> None:
@@ -431,13 +433,15 @@ def is_command(text: str) -> bool:
 
 def fix_lines(label: str, fix: str, width: int) -> list[str]:
     """A fix after `label` within `width`: a command continued with ` \\` between arguments (command_lines), a
-    sentence wrapped at its spaces (a path in it is never split)."""
+    sentence wrapped at its spaces (a path in it is never split), its control characters as escapes."""
+    from eaglekit.redact import printable
+
     if is_command(fix):
         try:
             return command_lines(label, fix, width)
         except ValueError:  # not a command shlex can split: shown as a sentence
             pass
-    return packed_lines(label.rstrip(), fix.split(), width)
+    return packed_lines(label.rstrip(), printable(fix).split(), width)
 
 
 def print_fix(label: str, fix: str, style: str = "bold") -> None:
