@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -58,22 +59,20 @@ def page(sections: list[str]) -> str:
     from eaglekit.cli.progress import ETA_AFTER_S, HEARTBEAT_S, QUIET_START_S
 
     body = "".join(sections)
-    return f"""# Progress without a terminal
-
-On a terminal each long command shows one transient bar on stderr. Without one (a log file, CI, a pipe) it writes
-a timestamped line when each stage starts — what it does, on how much — and, while a stage runs, a status line at
-least every {HEARTBEAT_S:g} s with the count done in it and the time spent; an ETA appears only after a stage has run
-{ETA_AFTER_S:g} s and finished a unit. Lines of the first {QUIET_START_S:g} s are held back and written together, so a
-command refused at once leaves only its one error line. `--no-progress` silences all of it; stdout (the report)
-is never touched. Each command below ran as `eaglekit ARGS >report.txt 2>progress.log`; the block shows the log.
-
-The logs below are real runs on SmolLM2-135M-Instruct (CPU, float32, a shared 2-core machine, so the counts
-move slowly), written by `python scripts/progress_logs.py TARGET_FOLDER`, with short settings: a
-{CALIBRATION_CHARS:,}-character calibration text, 4 training prompts answered with up to 8 tokens, 2 verify
-prompts and 1 compare prompt of 16 new tokens, 4 training steps without the held-out evaluation. `bench` (which
-starts a vLLM server) follows the same contract; it is not run here.
-
-{body}"""
+    intro = (f"On a terminal each long command shows one transient bar on stderr. Without one (a log file, CI, a "
+             f"pipe) it writes a timestamped line when each stage starts — what it does, on how much — and, while a "
+             f"stage runs, a status line at least every {HEARTBEAT_S:g} s with the count done in it and the time "
+             f"spent; an ETA appears only after a stage has run {ETA_AFTER_S:g} s and finished a unit. Lines of the "
+             f"first {QUIET_START_S:g} s are held back and written together, so a command refused at once leaves only "
+             "its one error line. `--no-progress` silences all of it; stdout (the report) is never touched.")
+    settings = ("The logs below are real runs on SmolLM2-135M-Instruct (CPU, float32, a shared 2-core machine, so "
+                "the counts move slowly), written by `python scripts/progress_logs.py TARGET_FOLDER`. Each command "
+                "ran as `eaglekit ARGS >report.txt 2>progress.log`; its block shows the log. Short settings: a "
+                f"{CALIBRATION_CHARS:,}-character calibration text, {len(PROMPTS)} training prompts answered with up "
+                "to 8 tokens, 2 verify prompts and 1 compare prompt of 16 new tokens, 4 training steps without the "
+                "held-out evaluation. `bench` (which starts a vLLM server) reports through the same contract; it is "
+                "not run here.")
+    return f"# Progress without a terminal\n\n{textwrap.fill(intro, 116)}\n\n{textwrap.fill(settings, 116)}\n\n{body}"
 
 
 def main() -> None:
