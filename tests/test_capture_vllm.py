@@ -21,6 +21,7 @@ from eaglekit.capture.vllm_engine import capture_with_vllm  # noqa: E402
 from eaglekit.errors import EngineError, UsageError  # noqa: E402
 from tests.support.engines import VLLM_PYTHON, stand_in_python  # noqa: E402
 from tests.support.factory import make_target_config  # noqa: E402
+from tests.support.progress import Recorder  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -68,15 +69,16 @@ def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
     assert aux is not None
     layer_ids = sorted({*aux, info.num_layers})
     sequences = _sequences(16)
-    stages: list[tuple[str, int, int]] = []
+    stages = Recorder()
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # eaglekit sizes vLLM's KV cache itself
     capture = capture_with_vllm(smollm2_path(), sequences, layer_ids, python=python, dtype="float32",
                                 engine_args={"max_num_batched_tokens": 64},
-                                progress=lambda *stage: stages.append(stage))
+                                progress=stages)
     records = list(capture)
     assert [r.index for r in records] == list(range(len(sequences)))
     assert [list(r.token_ids) for r in records] == sequences
-    assert stages[0] == ("starting vLLM", 0, 1) and stages[-1] == ("capturing target states", 16, 16)
+    assert stages.stages == [("starting vLLM", None, ""), ("capturing target states in vLLM", 16, "sequences")]
+    assert stages.advanced == [0, 16]
     reference = _reference(sequences, layer_ids)
     worst = {}
     for record, expected in zip(records, reference):

@@ -110,3 +110,16 @@ def test_the_dependencies_checked_are_the_ones_pyproject_declares(monkeypatch, t
         monkeypatch.setenv(engine, str(tmp_path / "none"))
     doctor_rows = rows(run_cli(["doctor", "--format", "json"]))
     assert all(dist in doctor_rows for dist in names(project["dependencies"]))
+
+
+def test_a_path_wider_than_the_detail_column_is_printed_whole(tmp_path, monkeypatch):
+    """A long llama.cpp build path in an 80-column log: the rows become lines, the path is never split or cut."""
+    from eaglekit.cli.output import out
+
+    build = tmp_path / ("a-build-folder-with-a-long-name-" * 2) / "llama"
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", str(tmp_path / "no-such-env" / "bin" / "python"))
+    monkeypatch.setenv("EAGLEKIT_LLAMA_CPP", str(build))
+    monkeypatch.setattr(out, "_width", 80)
+    human = run_cli(["doctor"]).stdout
+    assert str(build) in human.split() and "…" not in human
+    assert all(len(line) <= 80 or len(line.split()) == 1 for line in human.splitlines()), human  # a path alone

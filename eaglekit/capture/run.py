@@ -26,10 +26,10 @@ from eaglekit.engines.vllm import tensor_parallel_refusal
 from eaglekit.errors import CaptureInterrupted, CheckpointError, EaglekitError, UsageError
 from eaglekit.finetune.data import DataOptions, SequencePlan, content_address, plan_sequences
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
+from eaglekit.progress import Progress, quiet
 from eaglekit.quantization import refuse_emulation_on_declared, scheme
 from eaglekit.target import TargetInfo, read_target
 
-Stage = Callable[[str, int, int], None]
 REFERENCE = "reference"  # the in-process backend; every other engine serves the target out of process
 ENGINES = (REFERENCE, "vllm")
 DEFAULT_SHARD_TOKENS = 1 << 14  # a shard of a 70B target (H 8192, 3 aux ids, bfloat16): about 1.3 GB
@@ -193,10 +193,10 @@ def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, A
     }, store)
 
 
-def _plan(tokenizer, opts: CaptureOptions, on_stage: Stage | None) -> tuple[SequencePlan, int | None]:
+def _plan(tokenizer, opts: CaptureOptions, progress: Progress) -> tuple[SequencePlan, int | None]:
     """(the sequences to capture, how many of them upgrade fits on when they are its calibration text)."""
     if not opts.calibration:
-        return plan_sequences(tokenizer, opts.data, on_stage=on_stage), None
+        return plan_sequences(tokenizer, opts.data, progress=progress), None
     from eaglekit.upgrade.capture import calibration_sequences
 
     fit, held_out, where = calibration_sequences(tokenizer, text_file=opts.calibration_file,
@@ -254,7 +254,7 @@ class _Source:
 
 
 def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions, data: DataFile,
-                   on_stage: Stage | None) -> _Source:
+                   progress: Progress) -> _Source:
     """The target run by the reference hooks or vLLM on the planned data (or calibration text), which the store
     names by `data` (the file's name, not the local path the plan was read from)."""
     from eaglekit.target_model import load_tokenizer
@@ -263,7 +263,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
     tokenizer = load_tokenizer(folder, info)
     if tokenizer is None:
         raise CheckpointError("the target has no tokenizer; capture needs one to encode the data", folder)
-    plan, fit_records = _plan(tokenizer, opts, on_stage)
+    plan, fit_records = _plan(tokenizer, opts, progress)
     inputs: dict[str, Any] = {
         "sha256": content_address({"prompts": hashlib.sha256(json.dumps(plan.prompts).encode()).hexdigest(),
                                    "code": hashlib.sha256(json.dumps(plan.code).encode()).hexdigest(),
@@ -280,8 +280,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
         if not loaded:
             from eaglekit.target_model import load_target
 
-            if on_stage:
-                on_stage("loading the target", 0, 1)
+            progress.stage("loading the target")
             loaded.append(load_target(folder, device=opts.device, dtype=opts.dtype,
                                       quantization=opts.target_quantization))
         return loaded[0]
@@ -305,11 +304,10 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
         if opts.engine == REFERENCE:
             from eaglekit.finetune.data import generate_answers
 
-            return generate_answers(target(), prompts, max_new_tokens, on_stage=on_stage)
+            return generate_answers(target(), prompts, max_new_tokens, progress=progress)
         from eaglekit.runtime.engine import EngineOptions, answers_with_vllm
 
-        if on_stage:
-            on_stage("generating answers in vLLM", 0, len(prompts))
+        progress.stage(f"generating answers to {len(prompts):,} prompts in vLLM")
         return answers_with_vllm(opts.target, prompts, max_new_tokens=max_new_tokens, dtype=opts.dtype,
                                  opts=EngineOptions(python=opts.engine_python,
                                                     tensor_parallel_size=opts.tensor_parallel_size,
@@ -346,14 +344,15 @@ def _imported_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOpti
 
 
 def _write_records(store: str, writer: store_writer.StoreWriter, source: _Source, sequences: list[list[int]],
-                   on_stage: Stage | None) -> None:
+                   progress: Progress) -> None:
     """Capture the records the store does not hold yet, then mark it complete."""
     start = writer.next_record
     if start < len(sequences):
-        for record in source.records(sequences[start:]):
+        left = sequences[start:]
+        progress.stage(f"capturing target states on {sum(map(len, left)):,} tokens", len(left), "sequences")
+        for record in source.records(left):
             writer.add(dataclasses.replace(record, index=record.index + start))
-            if on_stage:
-                on_stage("capturing target states", writer.next_record, len(sequences))
+            progress.advance()
         writer.flush()
     if writer.next_record != len(sequences):
         raise CheckpointError(f"the capture backend returned {writer.next_record - start} of "
@@ -371,10 +370,11 @@ def _discard(store: str, created: bool) -> None:
             os.rmdir(store)
 
 
-def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = None) -> CaptureReport:
+def capture_store(store: str, opts: CaptureOptions, *, progress: Progress | None = None) -> CaptureReport:
     """Capture (or complete) the hidden-state store at `store` for `opts.target` on `opts.data` (or import
-    `opts.import_dir`'s vLLM files into it)."""
+    `opts.import_dir`'s vLLM files into it); `progress` hears of each long step."""
     started = time.perf_counter()
+    progress = quiet(progress)
     opts.check()
     info = read_target(opts.target, decoder=not opts.import_dir)  # an import needs the target's facts only
     refusal = tensor_parallel_refusal(info, opts.tensor_parallel_size) if opts.engine != REFERENCE else None
@@ -389,7 +389,7 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
     data, shown = data_record(opts)
     st.check_before_capture(store, data, shown, force=opts.force)  # before any work, in the user's terms
     source = _imported_source(info, aux_ids, opts) if data is None else _engine_source(info, aux_ids, opts, data,
-                                                                                      on_stage)
+                                                                                      progress)
     created = not os.path.lexists(store)
     with st.store_lock(store):
         identity = store_identity(info, aux_ids, source.engine, source.inputs, opts, store)
@@ -407,7 +407,7 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
         writer = store_writer.StoreWriter(store, manifest, done)
         start = writer.next_record
         try:
-            _write_records(store, writer, source, sequences, on_stage)
+            _write_records(store, writer, source, sequences, progress)
         except KeyboardInterrupt:
             kept = writer.done[-1].end_record if writer.done else 0
             raise CaptureInterrupted(f"interrupted after {kept} of {len(sequences)} records ({len(writer.done)} "

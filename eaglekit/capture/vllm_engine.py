@@ -21,12 +21,13 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 from eaglekit.capture.sequence import CapturedSequence
 from eaglekit.engines.vllm import tensor_parallel_refusal
 from eaglekit.errors import EngineError, UsageError
+from eaglekit.progress import Progress, quiet
 from eaglekit.runtime import processes
 from eaglekit.runtime.engine import (
     EngineOptions,
@@ -46,7 +47,6 @@ OWN_SETTINGS = ("speculative_config", "kv_transfer_config")
 POLL_S = 0.02
 STALL_S = 3600.0  # no record for this long (the engine start included): vLLM is taken to hang
 STOP_S = 120.0  # for vLLM to shut down once every file is read
-Progress = Callable[[str, int, int], None]
 
 
 class VllmCapture(Iterator[CapturedSequence]):
@@ -75,9 +75,9 @@ def capture_with_vllm(target: str, sequences: Sequence[Sequence[int]], layer_ids
     """Sequence i's token ids through vLLM, record i its states at `layer_ids` (vLLM's convention: id i enters
     decoder layer i, 0 the embeddings, L the last layer's output before the final norm), [T, H] on the CPU in the
     engine's dtype. Arguments are checked and vLLM's presence probed before this returns; vLLM starts at the
-    first record. `engine_args` are LLM(...) keyword arguments; `progress(stage, done, total)` hears of the engine
-    start and of each record; `version`: vLLM's, when the caller has probed it already; `environment`: variables
-    added to vLLM's (without it, those runtime.engine.cpu_engine_environment chooses)."""
+    first record. `engine_args` are LLM(...) keyword arguments; `progress` hears of the engine start and of each
+    record; `version`: vLLM's, when the caller has probed it already; `environment`: variables added to vLLM's
+    (without it, those runtime.engine.cpu_engine_environment chooses)."""
     from eaglekit.target import read_target
 
     opts = EngineOptions(python=python, tensor_parallel_size=tensor_parallel_size, engine_args=dict(engine_args or {}))
@@ -131,8 +131,8 @@ def _records(python: str, request: dict[str, Any], sequences: Sequence[Sequence[
         env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"),
                    PYTHONPATH=os.pathsep.join(p for p in (work, os.environ.get("PYTHONPATH")) if p),
                    **request["environment"])
-        if progress:
-            progress("starting vLLM", 0, 1)
+        progress = quiet(progress)
+        progress.stage("starting vLLM")
         with open(log_path, "wb") as log:
             proc = processes.start(python, [script, request_path], stdout=log, env=env, cwd=work)
         try:
@@ -141,8 +141,9 @@ def _records(python: str, request: dict[str, Any], sequences: Sequence[Sequence[
                 _await(path, proc, log_path, index)
                 record = _read(path, index, seq, ids, hidden)
                 os.remove(path)
-                if progress:
-                    progress("capturing target states", index + 1, len(sequences))
+                if index == 0:
+                    progress.stage("capturing target states in vLLM", len(sequences), "sequences")
+                progress.advance()
                 yield record
             _await(os.path.join(spool, "generated.json"), proc, log_path, len(sequences))
             with open(os.path.join(spool, "generated.json"), encoding="utf-8") as fh:

@@ -9,14 +9,16 @@ import click
 
 from eaglekit.cli.output import (
     emit_json,
-    findings_table,
     format_option,
+    given_paths,
     human_bytes,
     identifier_table,
     key_value_table,
-    shell_command,
+    print_findings,
+    print_fix,
     styled,
     target_path,
+    with_given,
 )
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
         from eaglekit.capture.store import describe_store
 
         doc = describe_store(path)
-        emit_json(doc) if output_format == "json" else render_store(doc)
+        emit_json(doc) if output_format == "json" else render_store(with_given(doc, given_paths([path])))
         return
 
     report = inspect_draft(path, subfolder=subfolder, revision=revision, target=target, allow_pickle=allow_pickle,
@@ -61,7 +63,9 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
     doc = report.to_dict()
     if output_format == "json":
         emit_json(doc)
-    elif doc.get("eagle3_draft") is False:
+        return
+    doc = with_given(doc, given_paths([path], [target], resolved={doc["path"]: path}))
+    if doc.get("eagle3_draft") is False:
         render_other_method(doc)
     else:
         render(doc)
@@ -147,11 +151,10 @@ def render(doc: dict) -> None:
     out.print(serving)
     for s in doc["serving"]:
         if s["verdict"] == "after conversion" and s["fix"]:
-            fix = shell_command(s["fix"])  # a command to copy: never wrapped
-            out.print(styled(f"{s['engine']}: ", (fix, "bold")), soft_wrap=True)
+            print_fix(f"{s['engine']}: ", s["fix"])
 
     if doc["findings"]:
-        out.print(findings_table(doc["findings"]))
+        print_findings(doc["findings"])
     else:
         out.print(styled(("No findings.", "green")))
     if "tensors" in doc:

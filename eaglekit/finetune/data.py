@@ -30,6 +30,7 @@ from eaglekit.decode.prompts import (
     target_context,
 )
 from eaglekit.errors import CheckpointError, OutputError, UsageError
+from eaglekit.progress import Progress, quiet
 
 DATA_FORMAT = "1"
 BUNDLED_DATA = "eaglekit/data/prompts/train.jsonl"
@@ -45,8 +46,6 @@ CODE_MODULES = ("os", "posixpath", "subprocess", "threading", "queue", "socket",
 assert not set(TRAINING_CONTEXT_MODULES) & set(CONTEXT_MODULES)
 assert not set(CODE_MODULES) & (set(CONTEXT_MODULES) | set(TRAINING_CONTEXT_MODULES))
 
-Stage = Callable[[str, int, int], None]
-"""on_stage(what, done, total): progress of a long data step."""
 
 
 @dataclass(frozen=True)
@@ -224,9 +223,19 @@ def left_padded(prompts: Sequence[Sequence[int]], pad: int):
 
 
 def generate_answers(target, prompts: list[list[int]], max_new_tokens: int, *, batch_tokens: int = 8192,
-                     on_stage: Stage | None = None) -> list[list[int]]:
-    """The target's greedy continuation of each prompt (left-padded batches of similar length)."""
+                     progress: Progress | None = None) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (left-padded batches of similar length); `progress` counts
+    the tokens of every sequence as each generate step makes them, not only when a batch ends."""
     import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    sink = quiet(progress)
+    sink.stage(f"generating answers to {len(prompts):,} prompts", len(prompts) * max_new_tokens, "tokens")
+
+    class EveryStep(StoppingCriteria):  # called once per generated token of the batch: it only reports
+        def __call__(self, input_ids, scores, **kwargs):
+            sink.advance(int(input_ids.shape[0]))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     eos = sorted(target.eos_token_ids)
     pad = eos[0] if eos else 0
@@ -242,32 +251,34 @@ def generate_answers(target, prompts: list[list[int]], max_new_tokens: int, *, b
         with torch.inference_mode():
             out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
-                                        eos_token_id=eos or None, temperature=None, top_p=None, top_k=None)
+                                        eos_token_id=eos or None, temperature=None, top_p=None, top_k=None,
+                                        stopping_criteria=StoppingCriteriaList([EveryStep()]))
         for row, i in enumerate(idx):
             tokens = out[row, width:].tolist()
             stop = next((n for n, t in enumerate(tokens) if t in eos), None)
             answers[i] = tokens if stop is None else tokens[: stop + 1]
         done += len(idx)
-        if on_stage:
-            on_stage("generating answers", done, len(order))
+        sink.advance(len(idx) * max_new_tokens - len(idx) * (out.shape[1] - width))  # rows stopped early
+    sink.done()
     return answers
 
 
 def capture(target, sequences: list[list[int]], aux_ids: Sequence[int], *,
-            on_stage: Stage | None = None) -> dict[str, Any]:
+            progress: Progress | None = None) -> dict[str, Any]:
     """One target pass per sequence: labels (greedy next token at every position) and aux states (bf16)."""
     import torch
 
+    progress = quiet(progress)
+    progress.stage(f"capturing target states on {sum(map(len, sequences)):,} tokens", len(sequences), "sequences")
     ids = tuple(sorted(aux_ids))
     tokens, labels, aux, offsets = [], [], [], [0]
-    for i, seq in enumerate(sequences):
+    for seq in sequences:
         result = target.forward(torch.tensor([seq]), ids)
         tokens.append(torch.tensor(seq, dtype=torch.long))
         labels.append(result.logits[0].argmax(-1).to("cpu", torch.long))
         aux.append(torch.cat([a[0] for a in result.aux], -1).to("cpu", torch.bfloat16))
         offsets.append(offsets[-1] + len(seq))
-        if on_stage:
-            on_stage("capturing target states", i + 1, len(sequences))
+        progress.advance()
     return {"tokens": torch.cat(tokens), "labels": torch.cat(labels), "aux": torch.cat(aux),
             "offsets": torch.tensor(offsets, dtype=torch.long)}
 
@@ -331,11 +342,10 @@ class SequencePlan:
         return prompts + self.code
 
 
-def plan_sequences(tokenizer, opts: DataOptions, *, on_stage: Stage | None = None) -> SequencePlan:
+def plan_sequences(tokenizer, opts: DataOptions, *, progress: Progress | None = None) -> SequencePlan:
     """The training prompts encoded with the target's tokenizer (templates, context, cuts), plus code chunks."""
     name, prompts = training_prompts(opts)
-    if on_stage:
-        on_stage("encoding prompts", 0, len(prompts))
+    quiet(progress).stage(f"encoding {len(prompts):,} prompts of {name}")
     sequences = encode_all(prompts, tokenizer, opts, name)
     limit = sequence_limit(tokenizer, opts)
     code = code_sequences(tokenizer, opts.code_tokens, min(512, limit)) if opts.code_tokens else []
@@ -356,7 +366,7 @@ def plan_sequences(tokenizer, opts: DataOptions, *, on_stage: Stage | None = Non
 
 
 def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOptions, *,
-               on_stage: Stage | None = None) -> TrainingData:
+               progress: Progress | None = None) -> TrainingData:
     """Captured training data for `aux_ids` (vLLM convention), from the cache when the same data was built."""
     opts.check()
     started = time.perf_counter()
@@ -367,7 +377,7 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
         return TrainingData(**captured, digest=_digest(captured), source=os.path.abspath(opts.hidden_states),
                             seconds=time.perf_counter() - started)
 
-    plan = plan_sequences(target.tokenizer, opts, on_stage=on_stage)
+    plan = plan_sequences(target.tokenizer, opts, progress=progress)
     digest = content_address({
         "format": DATA_FORMAT, "target": target_identity(target_dir), "dtype": str(target.dtype),
         "quantization": target.quantization.name if target.quantization else None,
@@ -381,8 +391,8 @@ def build_data(target, target_dir: str, aux_ids: Sequence[int], opts: DataOption
     cache_path: str | None = path
     reused, notes = data is not None, list(plan.notes)
     if data is None:
-        sequences = plan.complete(opts, lambda prompts, n: generate_answers(target, prompts, n, on_stage=on_stage))
-        data = capture(target, sequences, aux_ids, on_stage=on_stage)
+        sequences = plan.complete(opts, lambda prompts, n: generate_answers(target, prompts, n, progress=progress))
+        data = capture(target, sequences, aux_ids, progress=progress)
         try:
             _save_cached(path, digest, data)
         except (OSError, OutputError) as exc:  # training goes on without a cache

@@ -17,6 +17,7 @@ import numpy as np
 
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.jsonfile import open_regular
+from eaglekit.progress import Progress, quiet
 from eaglekit.upgrade.calibrate import FcNormFit, Fidelity, fc_fidelity
 
 SEQUENCE_LENGTH = 256
@@ -91,18 +92,24 @@ def calibration_sequences(tokenizer, *, text_file: str | None = None, max_tokens
 
 
 def capture_calibration(target_dir: str, aux_ids: tuple[int, ...], *, text_file: str | None = None,
-                        max_tokens: int = 2048, device: str = "cpu",
-                        quantization: str | None = None) -> CalibrationCapture:
+                        max_tokens: int = 2048, device: str = "cpu", quantization: str | None = None,
+                        progress: Progress | None = None, purpose: str = "capturing calibration states"
+                        ) -> CalibrationCapture:
     """One target pass over the calibration text, keeping tokens and the aux states `aux_ids` (vLLM convention);
-    with `quantization`, the target computes as that format serves it (the states a served drafter sees)."""
+    with `quantization`, the target computes as that format serves it (the states a served drafter sees).
+    `progress` hears of the load, then of the pass (`purpose` names it) sequence by sequence."""
     import torch
 
     from eaglekit.target_model import load_target
 
+    progress = quiet(progress)
+    progress.stage("loading the target")
     target = load_target(target_dir, device=device, dtype="auto", quantization=quantization)
     if target.tokenizer is None:
         raise CheckpointError("the target has no tokenizer; calibration needs one to read the text", target_dir)
     fit, held_out, where = calibration_sequences(target.tokenizer, text_file=text_file, max_tokens=max_tokens)
+    tokens_in = sum(map(len, fit + held_out))
+    progress.stage(purpose, tokens_in, "tokens")
 
     def run(part: list[list[int]]) -> list[CapturedSequence]:
         out = []
@@ -110,9 +117,12 @@ def capture_calibration(target_dir: str, aux_ids: tuple[int, ...], *, text_file:
             tokens = torch.tensor([seq], dtype=torch.long)
             aux = target.forward(tokens, aux_ids, logits_to_keep=1).aux
             out.append(CapturedSequence(tokens[0], torch.cat([a[0].float().cpu() for a in aux], dim=-1)))
+            progress.advance(len(seq))
         return out
 
-    return CalibrationCapture(run(fit), run(held_out), where, target.embed_tokens.detach().float().cpu())
+    captured = CalibrationCapture(run(fit), run(held_out), where, target.embed_tokens.detach().float().cpu())
+    progress.done()
+    return captured
 
 
 def fit_fc_norm(capture: CalibrationCapture, num_aux: int, fc_weight: np.ndarray, *, eps: float,

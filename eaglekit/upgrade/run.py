@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.io.tensors import read_array
+from eaglekit.progress import Progress, quiet
 from eaglekit.quantization import refuse_emulation_on_declared
 from eaglekit.redact import public_path, public_report
 from eaglekit.spec import DraftSpec, eagle_version
@@ -65,7 +65,7 @@ def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions
     return public_report(block)  # written into config.json and the weights' metadata, which a push publishes
 
 
-def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
+def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions, progress: Progress
                ) -> tuple[np.ndarray | None, FidelityReport | None, Start | None]:
     """One target pass over the calibration text, then what it feeds: the fc_norm fit and the norm_output rescale.
 
@@ -81,15 +81,19 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
     if target is None:
         raise UsageError("calibrating fc_norm or the norm_output rescale needs --target (the model whose hidden "
                          "states it measures)")
+    what = ", ".join(w for w, on in (("fc_norm", d.fc_norm_added), ("rescale", d.norm_output_rescale)) if on)
     if opts.store:  # the states were captured elsewhere: only the target's config and head tensors are read
         from eaglekit.capture.reader import calibration_from_store
 
+        progress.stage(f"calibrating {what} from the store's states")
         capture = calibration_from_store(opts.store, target, d.aux.ids, max_tokens=opts.calibration_tokens,
                                          quantization=opts.target_quantization)
     else:
         capture = capture_calibration(os.path.dirname(target.path), d.aux.ids, text_file=opts.calibration_file,
                                       max_tokens=opts.calibration_tokens, device=opts.device,
-                                      quantization=opts.target_quantization)
+                                      quantization=opts.target_quantization, progress=progress,
+                                      purpose=f"calibrating {what}")
+    progress.stage(f"fitting {what} and measuring it on held-out tokens")
     weights = fidelity = start = None
     if d.fc_norm_added:
         cal = fit_fc_norm(capture, d.num_aux, read_array(spec, "fc.weight", as_float32=True),
@@ -160,15 +164,15 @@ def _arrays(d: Decisions, vocab: VocabPlan, weights: np.ndarray | None, start: S
 
 
 def upgrade(source: str, destination: str, options: UpgradeOptions | None = None, *,
-            progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None
-            ) -> UpgradeReport:
+            progress: Progress | None = None) -> UpgradeReport:
     """Write `source` as a vLLM-ready (or SGLang / speculators / TensorRT-LLM / llama.cpp GGUF) EAGLE-3.1 or EAGLE-3
     draft at `destination`: decide, plan, (calibrate), then the dialect's writer writes, checks and publishes.
 
-    `on_start(total_bytes)` is called once before streaming and `progress(nbytes)` as bytes are written.
+    `progress` hears of the long steps: the target's load and calibration pass, the write (in bytes), the read-back.
     """
     opts = options or UpgradeOptions()
     opts.check()
+    progress = quiet(progress)
     started = time.perf_counter()
     target = read_target(opts.target, decoder=not opts.store) if opts.target else None
     if target is not None:
@@ -196,7 +200,7 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
     calibrate_s = 0.0
     if not opts.dry_run:
         t = time.perf_counter()
-        weights, fidelity, start = _calibrate(spec, opts, d)
+        weights, fidelity, start = _calibrate(spec, opts, d, progress)
         calibrate_s = time.perf_counter() - t
     report = _report(source, destination, spec, d, vocab, plan, config, opts, fidelity, start)
     job = OutputJob(
@@ -204,7 +208,7 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
         tensors=lambda: out_tensors(spec, plan, _arrays(d, vocab, weights, start), vocab.row_order),
         provenance=lambda digests: _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity,
                                                start),
-        report=report, target=target, progress=progress, on_start=on_start)
+        report=report, target=target, progress=progress)
     report.tensors, report.config, report.output["total_bytes"] = dialect.WRITER.contents(job)
     if opts.dry_run:
         if refusal:
