@@ -26,6 +26,19 @@ sys.path.insert(0, REPO)
 DRAFTERS = os.path.join(REPO, "examples", "drafters")
 
 
+class Printed:
+    """Each stage the bench reports, as a line on stderr."""
+
+    def stage(self, name: str, total: int | None = None, unit: str = "") -> None:
+        print(name, file=sys.stderr)
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def done(self) -> None:
+        pass
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="SmolLM2 directory (default: .cache/smollm2, materialised if missing)")
@@ -38,6 +51,7 @@ def main(argv=None) -> None:
     os.environ.setdefault("EAGLEKIT_VLLM_PYTHON", os.path.join(REPO, ".vllm-env", "bin", "python"))
 
     from eaglekit.bench.run import BenchOptions, run_bench
+    from eaglekit.progress import Within
     from eaglekit.runtime.engine import EngineOptions
     from eaglekit.upgrade import UpgradeOptions, upgrade
     from examples.smollm2 import materialize_smollm2
@@ -53,8 +67,7 @@ def main(argv=None) -> None:
     for label, (name, upgrade_options) in keep.items():
         out = os.path.join(work, name)
         upgrade(os.path.join(DRAFTERS, name), out, upgrade_options)
-        reports[label] = run_bench(out, target, options,
-                                   on_stage=lambda text, label=label: print(f"[{label}] {text}", file=sys.stderr))
+        reports[label] = run_bench(out, target, options, progress=Within(Printed(), f"[{label}]"))
     engine = next(iter(reports.values())).engine
     print(f"# vLLM {engine['version']} on {engine['device_name']} ({engine['device_type']}), {args.dtype}, "
           f"k={args.k}, {next(iter(reports.values())).prompts['count']} held-out prompts, up to "

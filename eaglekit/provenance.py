@@ -6,7 +6,6 @@ SHA-256 (LFS blobs), which is used as is.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import struct
@@ -25,6 +24,8 @@ def sha256_file(path: str) -> str:
     blob = os.path.basename(os.path.realpath(path))
     if os.path.islink(path) and _SHA256_BLOB.match(blob):
         return "sha256:" + blob
+    import hashlib  # here: the rules read this module's config checks, and OpenSSL's start-up is not free
+
     digest = hashlib.sha256()
     buf = bytearray(HASH_BUFFER)  # one buffer for the whole file: no fresh pages to fault in per chunk
     view = memoryview(buf)
@@ -46,6 +47,8 @@ def weights_fingerprint(paths: list[str]) -> str:
     Bounded reads whatever the target's size. Two checkpoints of one architecture and layout (a base model and its
     instruct tune) have equal headers: a store and a report tell them apart by the head digest beside it
     (target_identity)."""
+    import hashlib  # here: the rules read this module's config checks, and OpenSSL's start-up is not free
+
     digest = hashlib.sha256()
     for path in sorted(paths, key=os.path.basename):
         name = os.path.basename(path)

@@ -31,6 +31,7 @@ class TargetInfo:
     name_or_path: str | None = None  # what the config records as its origin (often a Hub id)
     derived_from: str | None = None  # how a local copy differs from that origin (DERIVED_FROM), e.g. dequantised
     quantization: DeclaredQuantization | None = None  # the numerics its quantization_config declares
+    num_attention_heads: int | None = None  # as written (None: not written, or a GGUF target)
 
     @property
     def default_aux_ids(self) -> tuple[int, ...]:
@@ -233,6 +234,7 @@ def read_target(path: str, *, weights: bool = False, decoder: bool = True) -> Ta
         name_or_path=name if isinstance(name, str) else None,
         derived_from=derived[:MAX_DERIVED_CHARS] if isinstance(derived := cfg.get(DERIVED_FROM), str) else None,
         quantization=declared_quantization(cfg),
+        num_attention_heads=text.get("num_attention_heads"),
     )
     check_target_weights(info, text.get("num_nextn_predict_layers"), required=weights, decoder=decoder,
                          quantized="quantization_config" in cfg or "quantization_config" in text)

@@ -64,7 +64,7 @@ import pytest  # noqa: E402
 # the helpers' asserts report their operands as a test's own do
 pytest.register_assert_rewrite("tests.support")
 
-pytest_plugins = ["tests.support.hub", "tests.support.smollm2", "tests.support.tiers"]
+pytest_plugins = ["tests.support.hub", "tests.support.smollm2", "tests.support.tiers", "tests.support.guard"]
 
 
 @pytest.fixture(autouse=True)

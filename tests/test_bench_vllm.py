@@ -19,7 +19,7 @@ from tests.support.cli import run_cli  # noqa: E402
 from tests.support.engines import DRAFTERS, REPO, VLLM_PYTHON  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow,
+pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")]
 SCHEMA = json.loads((REPO / "eaglekit" / "schemas" / "bench-report.schema.json").read_text())
 

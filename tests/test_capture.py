@@ -22,6 +22,7 @@ from eaglekit.io.header import read_header  # noqa: E402
 from eaglekit.target_model import load_target  # noqa: E402
 from tests.support.capture import AUX, SHARD_TOKENS, options, write_prompts  # noqa: E402
 from tests.support.cli import run_cli  # noqa: E402
+from tests.support.progress import Recorder  # noqa: E402
 from tests.support.targets import make_target_with_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.model
@@ -82,12 +83,20 @@ sys.path.insert(0, {REPO!r})
 from tests.support.capture import options
 from eaglekit.capture.run import capture_store
 
-def on_stage(what, done, total):
-    manifest = os.path.join({store!r}, "manifest.json")
-    if os.path.isfile(manifest) and len(json.load(open(manifest))["shards"]) >= 2:
-        os.kill(os.getpid(), signal.SIGKILL)
+class KillAfterTwoShards:
+    def stage(self, name, total=None, unit=""):
+        pass
 
-capture_store({store!r}, options({{"target": {env['target']!r}, "data": {env['data']!r}}}), on_stage=on_stage)
+    def done(self):
+        pass
+
+    def advance(self, n=1):
+        manifest = os.path.join({store!r}, "manifest.json")
+        if os.path.isfile(manifest) and len(json.load(open(manifest))["shards"]) >= 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+capture_store({store!r}, options({{"target": {env['target']!r}, "data": {env['data']!r}}}),
+              progress=KillAfterTwoShards())
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": REPO})
@@ -103,12 +112,13 @@ capture_store({store!r}, options({{"target": {env['target']!r}, "data": {env['da
 def test_an_interrupt_keeps_the_published_shards_and_torn_ones_are_captured_again(env, whole, tmp_path):
     store = str(tmp_path / "store")
 
-    def interrupt(what, done, total):
-        if os.path.isfile(os.path.join(store, st.MANIFEST)) and len(st.read_manifest(store).shards) >= 3:
-            raise KeyboardInterrupt
+    class InterruptAfterThreeShards(Recorder):
+        def advance(self, n: int = 1) -> None:
+            if os.path.isfile(os.path.join(store, st.MANIFEST)) and len(st.read_manifest(store).shards) >= 3:
+                raise KeyboardInterrupt
 
     with pytest.raises(CaptureInterrupted, match="rerun the same command to resume"):
-        capture_store(store, options(env), on_stage=interrupt)
+        capture_store(store, options(env), progress=InterruptAfterThreeShards())
     manifest = st.read_manifest(store)
     shards = manifest.shards
     assert len(shards) == 3

@@ -21,6 +21,7 @@ from eaglekit.capture.vllm_engine import capture_with_vllm  # noqa: E402
 from eaglekit.errors import EngineError, UsageError  # noqa: E402
 from tests.support.engines import VLLM_PYTHON, stand_in_python  # noqa: E402
 from tests.support.factory import make_target_config  # noqa: E402
+from tests.support.progress import Recorder  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -56,7 +57,6 @@ def _reference(sequences: list[list[int]], layer_ids: list[int]) -> list[dict[in
     return out
 
 
-@pytest.mark.slow
 def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
     python = VLLM_PYTHON
     if python is None:
@@ -69,15 +69,16 @@ def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
     assert aux is not None
     layer_ids = sorted({*aux, info.num_layers})
     sequences = _sequences(16)
-    stages: list[tuple[str, int, int]] = []
+    stages = Recorder()
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # eaglekit sizes vLLM's KV cache itself
     capture = capture_with_vllm(smollm2_path(), sequences, layer_ids, python=python, dtype="float32",
                                 engine_args={"max_num_batched_tokens": 64},
-                                progress=lambda *stage: stages.append(stage))
+                                progress=stages)
     records = list(capture)
     assert [r.index for r in records] == list(range(len(sequences)))
     assert [list(r.token_ids) for r in records] == sequences
-    assert stages[0] == ("starting vLLM", 0, 1) and stages[-1] == ("capturing target states", 16, 16)
+    assert stages.stages == [("starting vLLM", None, ""), ("capturing target states in vLLM", 16, "sequences")]
+    assert stages.advanced == [0, 16]
     reference = _reference(sequences, layer_ids)
     worst = {}
     for record, expected in zip(records, reference):
@@ -93,7 +94,6 @@ def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
     assert not torch.allclose(records[0].states[layer_ids[0]], records[0].states[layer_ids[1]])
 
 
-@pytest.mark.slow
 def test_generate_takes_the_targets_answers_from_vllm_and_never_loads_the_target_here(monkeypatch, tmp_path):
     """`capture --engine vllm --generate`: vLLM answers the prompts (one engine run), then captures prompt + answer
     (a second); the answers are the reference target's greedy answers, and eaglekit's process never loads the
@@ -207,3 +207,106 @@ def test_arguments_vllm_would_take_wrongly_are_refused_before_it_starts(tmp_path
         capture_with_vllm(make_target_config(str(tmp_path / "target")), sequences, layer_ids,
                           python=str(tmp_path / "no-python"),
                           engine_args=args)
+
+
+TP_MIN_COSINE = 0.9999  # float32 on both sides: only the order of the ranks' all-reduce sums differs
+
+
+def _store_states(store: str) -> tuple[list[int], dict[int, torch.Tensor]]:
+    """A store's token ids and its states by layer id, every record in order."""
+    from eaglekit.capture import store as st
+
+    manifest = st.read_manifest(store)
+    shards = [st.read_shard(store, manifest, shard) for shard in manifest.shards]
+    aux = torch.cat([s["aux"] for s in shards])
+    states = {i: aux[:, j] for j, i in enumerate(manifest.layer_ids.aux)}
+    states[manifest.layer_ids.last] = torch.cat([s["last"] for s in shards])
+    return torch.cat([s["token_ids"] for s in shards]).tolist(), states
+
+
+def test_tensor_parallel_capture_equals_the_reference_hooks(monkeypatch, tmp_path):
+    """`capture --engine vllm --tensor-parallel-size 3` (SmolLM2's 9 heads: 3 is the smallest size vLLM splits them
+    over) stores one full-width copy of the states, equal to the reference hooks' store of the same data. No
+    variable is set here: eaglekit binds the CPU build's threads itself where the machine has fewer memory nodes
+    than ranks, sizes its KV cache, and records the binding in the manifest."""
+    if VLLM_PYTHON is None:
+        pytest.skip("no vLLM environment (scripts/vllm-env.sh)")
+    from eaglekit.capture import store as st
+    from eaglekit.engines.vllm import CPU_THREADS_BIND, cpu_threads_bind
+    from eaglekit.runtime.engine import memory_nodes
+    from tests.support.capture import write_prompts
+    from tests.support.cli import run_cli
+
+    for name in (CPU_THREADS_BIND, "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(name, raising=False)  # the user's choices, when made, are left alone: here none is
+    data = write_prompts(str(tmp_path / "prompts.jsonl"), count=2)
+    common = ["--data", data, "--max-length", "40", "--aux-layer-ids", "2,15,27", "--store-dtype", "float32",
+              "--dtype", "float32", "--no-progress"]
+    served, reference = str(tmp_path / "served"), str(tmp_path / "reference")
+    result = run_cli(["capture", smollm2_path(), served, *common, "--engine", "vllm", "--tensor-parallel-size", "3",
+                      "--engine-python", VLLM_PYTHON])
+    assert result.exit_code == 0, result.output
+    assert run_cli(["capture", smollm2_path(), reference, *common]).exit_code == 0
+    engine = st.read_manifest(served).engine
+    assert engine.tensor_parallel_size == 3
+    bind = cpu_threads_bind(sorted(os.sched_getaffinity(0)), len(memory_nodes(os.environ)), 3, os.environ)
+    assert engine.extra.get("environment") == ({CPU_THREADS_BIND: bind} if bind else None)
+    served_ids, got = _store_states(served)
+    reference_ids, expected = _store_states(reference)
+    assert served_ids == reference_ids and sorted(got) == sorted(expected) == [2, 15, 27, 30]
+    worst = {i: float(torch.nn.functional.cosine_similarity(got[i], expected[i], dim=-1).min()) for i in got}
+    print(f"\nTP=3 min cosine per layer id: {worst}; threads bound {bind}")
+    assert all(c >= TP_MIN_COSINE for c in worst.values()), worst
+    assert all(got[i].shape == expected[i].shape for i in got)
+    assert not torch.allclose(got[2], got[15])  # the comparison can tell layers apart
+
+
+STATES_AND_BINDING = """
+import json, os, sys, time
+import torch
+from safetensors.torch import save_file
+request = json.load(open(sys.argv[-1]))
+spool, ids = request["spool"], request["layer_ids"]
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bind.txt"), "w") as fh:
+    fh.write(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "unset"))
+seqs = [json.loads(line) for line in open(request["sequences"])]
+for i, seq in enumerate(seqs):
+    states = torch.stack([torch.full((len(seq), 64), 1.0 + k) for k in ids], dim=1)
+    save_file({"hidden_states": states, "token_ids": torch.tensor(seq)}, f"{spool}/{i}.safetensors.partial")
+    os.replace(f"{spool}/{i}.safetensors.partial", f"{spool}/{i}.safetensors")
+json.dump({"init_s": 1.0, "generate_s": 1.0, "sequences": len(seqs)}, open(f"{spool}/generated.json", "w"))
+while not os.path.exists(f"{spool}/close"):
+    time.sleep(0.01)
+"""
+
+
+def test_the_cpu_thread_binding_reaches_vllm_and_the_manifest_and_the_users_own_is_kept(monkeypatch, tmp_path):
+    """vLLM's CPU build (as its probe says) at 2 ranks on 2 CPUs of one memory node: eaglekit binds a CPU per rank,
+    passes the binding to vLLM's environment and records it in the manifest; a user's own binding reaches vLLM
+    untouched, is not recorded as eaglekit's, and does not make a finished store another capture."""
+    from eaglekit.capture import store as st
+    from eaglekit.capture.plan import DataOptions
+    from eaglekit.capture.run import CaptureOptions, capture_store
+    from eaglekit.engines.vllm import CPU_THREADS_BIND
+    from eaglekit.runtime import engine as runtime_engine
+    from tests.support.capture import write_prompts
+    from tests.support.targets import make_target_with_tokenizer
+
+    target = make_target_with_tokenizer(str(tmp_path / "target"))  # 4 attention heads
+    monkeypatch.delenv(CPU_THREADS_BIND, raising=False)
+    monkeypatch.delenv("VLLM_CPU_SIM_MULTI_NUMA", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(runtime_engine, "memory_nodes", lambda environ: [0])
+    opts = CaptureOptions(target=target, data=DataOptions(data_file=write_prompts(str(tmp_path / "p.jsonl"), 2)),
+                          engine="vllm", engine_python=stand_in_python(tmp_path, STATES_AND_BINDING, device="cpu"),
+                          tensor_parallel_size=2, aux_ids=(1, 2), store_dtype="float32", dtype="float32")
+    bound = tmp_path / "bind.txt"
+    assert capture_store(str(tmp_path / "ours"), opts).complete
+    assert bound.read_text() == "0|1"
+    assert st.read_manifest(str(tmp_path / "ours")).engine.extra == {"environment": {CPU_THREADS_BIND: "0|1"}}
+    monkeypatch.setenv(CPU_THREADS_BIND, "0-1|0-1")
+    assert capture_store(str(tmp_path / "theirs"), opts).complete
+    assert bound.read_text() == "0-1|0-1"
+    assert st.read_manifest(str(tmp_path / "theirs")).engine.extra == {}
+    rerun = capture_store(str(tmp_path / "ours"), opts)  # the binding describes the run; it does not decide a resume
+    assert rerun.complete and rerun.captured_records == 0

@@ -6,6 +6,7 @@ its skips by reason. Checked on tiny pytest runs of fake skips."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,3 +108,79 @@ def test_the_llamacpp_build_without_cmake_or_a_compiler_names_them_and_fails_onl
     assert result.returncode == (1 if ci else 0), result.stderr
     assert "cmake, c++ (a C++ compiler) not found on PATH (apt-get install cmake g++)" in line
     assert line.startswith("Error: ") == ci and not (tmp_path / "build").exists()
+
+
+GUARDED = '''
+import subprocess
+
+import pytest
+
+from tests.support.smollm2 import smollm2_path
+
+ENGINE = {engine!r}
+
+
+def test_unmarked_starts_an_engine():
+    subprocess.run([ENGINE, "-c", "pass"], check=True)
+
+
+@pytest.mark.engine
+def test_marked_starts_an_engine():
+    subprocess.run([ENGINE, "-c", "pass"], check=True)
+
+
+def test_unmarked_runs_another_program():
+    subprocess.run(["true"], check=True)
+
+
+def test_unmarked_loads_smollm2():
+    smollm2_path()
+'''
+
+
+def test_an_unmarked_test_that_starts_an_engine_or_loads_smollm2_fails_naming_the_marker(tmp_path, monkeypatch):
+    """The guard the tiers stand on: the engine here is a stand-in named as vLLM's interpreter is named."""
+    engine = tmp_path / "vllm-python"
+    engine.symlink_to(sys.executable)
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", str(engine))
+    result = tiny_run(tmp_path, False, {"test_guarded.py": GUARDED.format(engine=str(engine))},
+                      "-p", "tests.support.guard", "-rA")
+    out = result.stdout
+    outcomes = {name: outcome for outcome, name in re.findall(r"^(PASSED|FAILED) test_guarded.py::(\w+)", out, re.M)}
+    assert outcomes == {"test_unmarked_starts_an_engine": "FAILED", "test_marked_starts_an_engine": "PASSED",
+                        "test_unmarked_runs_another_program": "PASSED", "test_unmarked_loads_smollm2": "FAILED"}, out
+    assert f"starts a real engine ({engine}) but is not marked engine" in out
+    assert "test_unmarked_loads_smollm2 loads SmolLM2 but is not marked model or engine" in out
+
+
+def _tier_expressions() -> dict[str, str]:
+    """Each tier of scripts/test-tiers.sh → its marker expression (the fast tier's is pyproject.toml's default)."""
+    import shlex
+    import tomllib
+
+    addopts = shlex.split(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+                          ["addopts"])
+    default = addopts[addopts.index("-m") + 1]
+    tiers = {}
+    for line in (REPO / "scripts" / "test-tiers.sh").read_text().splitlines():
+        if line.startswith("tier "):
+            words = shlex.split(line)
+            tiers[words[1]] = words[words.index("-m") + 1] if "-m" in words else default
+    return tiers
+
+
+def test_every_test_belongs_to_exactly_one_tier_and_pytest_alone_runs_the_fast_one():
+    """For every combination of the tier markers a test can carry, exactly one tier of the CI script selects it."""
+    from itertools import combinations
+
+    from _pytest.mark.expression import Expression
+
+    tiers = _tier_expressions()
+    assert list(tiers) == ["fast", "triton", "model", "engine"]
+    markers = ("model", "engine", "triton", "cuda")
+    for size in range(len(markers) + 1):
+        for carried in combinations(markers, size):
+            chosen = [name for name, expr in tiers.items()
+                      if Expression.compile(expr).evaluate(lambda marker, carried=carried: marker in carried)]
+            assert len(chosen) == 1, (carried, chosen)
+    assert tiers["fast"] == "not model and not engine and not triton"

@@ -245,7 +245,6 @@ def test_plot_and_sweep_refusals_are_one_line_before_any_decode(env, tmp_path):
 # --- the bundled drafters on SmolLM2 -----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_each_condition_replays_what_verify_measures_live(tmp_path):
     """The raw template through compare's replay gives each prompt the τ verify's live decode gives it, and the
     trained drafters accept drafts under every condition."""
@@ -263,7 +262,6 @@ def test_each_condition_replays_what_verify_measures_live(tmp_path):
         assert condition["categories"]["all"]["a"]["acceptance_length"] > 1.2, condition["template"]
 
 
-@pytest.mark.slow
 def test_one_target_pass_for_many_drafts_measures_what_pairs_measure(tmp_path):
     """compare_against replays every draft on one target decode: each result equals its own pairwise compare."""
     from eaglekit.decode.compare import compare_against, compare_conditions

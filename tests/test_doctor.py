@@ -70,6 +70,7 @@ def test_a_missing_core_dependency_is_the_only_exit_1(monkeypatch, tmp_path):
     from eaglekit import doctor
 
     monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", str(tmp_path / "none"))
+    monkeypatch.setenv("EAGLEKIT_LLAMA_CPP", str(tmp_path / "none"))  # the engines are the engine tier's
     core = doctor.core_modules()
     monkeypatch.setattr(doctor, "core_modules", lambda: {**core, "no_such_module_xyz": "no-such-dist"})
     result = run_cli(["doctor", "--format", "json"])
@@ -89,7 +90,7 @@ def test_doctor_never_imports_torch_itself(tmp_path):
     assert any(c["name"] == "torch" for c in json.loads(done.stdout)["checks"])
 
 
-def test_the_dependencies_checked_are_the_ones_pyproject_declares():
+def test_the_dependencies_checked_are_the_ones_pyproject_declares(monkeypatch, tmp_path):
     """The doctor reads the installed metadata, so a dependency added to pyproject.toml is checked without a second
     list to keep in step."""
     tomllib = pytest.importorskip("tomllib")
@@ -105,5 +106,20 @@ def test_the_dependencies_checked_are_the_ones_pyproject_declares():
               if extra not in doctor.GATHERING_EXTRAS}
     assert {(doctor.import_name(d), e) for e, dists in extras.items() for d in dists} == set(
         doctor.optional_modules().items())
+    for engine in ("EAGLEKIT_VLLM_PYTHON", "EAGLEKIT_LLAMA_CPP"):  # the engines are the engine tier's
+        monkeypatch.setenv(engine, str(tmp_path / "none"))
     doctor_rows = rows(run_cli(["doctor", "--format", "json"]))
     assert all(dist in doctor_rows for dist in names(project["dependencies"]))
+
+
+def test_a_path_wider_than_the_detail_column_is_printed_whole(tmp_path, monkeypatch):
+    """A long llama.cpp build path in an 80-column log: the rows become lines, the path is never split or cut."""
+    from eaglekit.cli.output import out
+
+    build = tmp_path / ("a-build-folder-with-a-long-name-" * 2) / "llama"
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", str(tmp_path / "no-such-env" / "bin" / "python"))
+    monkeypatch.setenv("EAGLEKIT_LLAMA_CPP", str(build))
+    monkeypatch.setattr(out, "_width", 80)
+    human = run_cli(["doctor"]).stdout
+    assert str(build) in human.split() and "…" not in human
+    assert all(len(line) <= 80 or len(line.split()) == 1 for line in human.splitlines()), human  # a path alone

@@ -18,7 +18,7 @@ from tests.support.engines import DRAFTERS, REPO, VLLM_PYTHON  # noqa: E402
 from tests.support.smollm2 import smollm2_path  # noqa: E402
 
 RUN = ["--limit", "2", "--max-new-tokens", "32", "--dtype", "float32", "--engine", "both", "--format", "json"]
-pytestmark = [pytest.mark.engine, pytest.mark.slow,
+pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")]
 
 

@@ -237,7 +237,6 @@ print("REPORT " + json.dumps(report))
 
 
 @pytest.mark.engine
-@pytest.mark.slow
 @pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")
 def test_vllms_own_class_loads_every_parameter_of_the_upgraded_draft(tmp_path):
     """vLLM's config path and Eagle3Qwen3ForCausalLM, built on CPU outside an engine: the source is refused, each

@@ -321,7 +321,6 @@ def _load_in_vllm(target: str, draft: str) -> dict:
 
 
 @pytest.mark.engine
-@pytest.mark.slow
 @pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")
 def test_vllm_loads_the_upgraded_peagle_with_every_parameter_and_refuses_the_source(tmp_path):
     target = make_target_config(str(tmp_path / "target"))

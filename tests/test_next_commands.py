@@ -45,11 +45,11 @@ def next_line(stdout: str) -> str:
 
 def test_a_warm_start_names_the_target_and_output_it_was_given(folders):
     source, target, tmp_path = folders
-    out = tmp_path / "warm start"  # upgrade names its output by its absolute path
     result = run_cli(["upgrade", source, "warm start", "--target", target, "--fc-norm"])
     assert result.exit_code == 0, result.stderr
     command = next_line(result.stdout)
-    assert shlex.split(command) == ["eaglekit", "finetune", str(out), f"{out}-tuned", "--target", target]
+    assert shlex.split(command) == ["eaglekit", "finetune", "warm start", "warm start-tuned", "--target", target]
+    assert str(tmp_path) not in result.stdout  # every path as the user typed it
     code, error = pasted(command)
     assert code != USAGE_ERROR and "cannot load the target model" in error  # parsed; the target has no weights
 

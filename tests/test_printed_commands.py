@@ -20,7 +20,9 @@ COMMAND = re.compile(r"^\s*(?:[\w.]+:\s+)?(eaglekit \S.*)$")
 
 
 def printed_commands(text: str) -> list[str]:
-    return [m.group(1) for line in text.splitlines() if (m := COMMAND.match(line))]
+    """The commands printed to paste, each with its ` \\`-continued lines joined as a shell joins them."""
+    joined = re.sub(r" \\\n\s*", " ", text)
+    return [m.group(1) for line in joined.splitlines() if (m := COMMAND.match(line))]
 
 
 def tree_digest(folder: str) -> str:

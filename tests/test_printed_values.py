@@ -134,10 +134,10 @@ def test_a_next_command_pasted_from_a_narrow_terminal_names_the_same_arguments(t
     arguments only, never inside a quoted one (where ` \\` would become part of the path)."""
     make_draft(str(tmp_path / "source draft with a long name"), "modelopt")
     make_target_config(str(tmp_path / "the target folder with spaces"))
-    out = tmp_path / "warm start output folder"
-    stdout = upgrade_at(columns, str(tmp_path), "source draft with a long name", "warm start output folder",
+    out = "warm start output folder"  # printed as typed, relative to where the user ran it
+    stdout = upgrade_at(columns, str(tmp_path), "source draft with a long name", out,
                         "--target", "the target folder with spaces", "--fc-norm")
-    assert shlex.split(printed_command(stdout)) == ["eaglekit", "finetune", str(out), f"{out}-tuned", "--target",
+    assert shlex.split(printed_command(stdout)) == ["eaglekit", "finetune", out, f"{out}-tuned", "--target",
                                                     "the target folder with spaces"]
     for line in stdout[stdout.index("next: "):].splitlines()[:-1]:
         if line.endswith(" \\"):
@@ -155,8 +155,7 @@ def test_a_command_naming_a_path_with_a_newline_stays_on_its_lines_and_bash_read
     command = printed_command(stdout)
     argv = subprocess.run(["bash", "-c", "printf '%s\\0' " + command.removeprefix("eaglekit ")],
                           capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
-    out = str(tmp_path / hostile)
-    assert argv == ["finetune", out, f"{out}-tuned", "--target", "target"]
+    assert argv == ["finetune", hostile, f"{hostile}-tuned", "--target", "target"]  # as typed, from where it ran
 
 
 def test_shell_words_round_trip_through_bash():

@@ -1,61 +1,120 @@
-"""Progress in a log: timestamped lines with an ETA, a heartbeat through silent steps, and none in a command's
-first seconds (a refusal before the work stays the one line on stderr)."""
+"""The progress renderer without a terminal: a line when a stage starts, a heartbeat while it runs, no ETA before
+one can be estimated, nothing from a command that ends in its first seconds; driven by a fake clock."""
 
 from __future__ import annotations
 
 import re
-import time
 
 import eaglekit.cli.progress as progress_module
-from eaglekit.cli.progress import StageProgress
+from eaglekit.cli.progress import ETA_AFTER_S, HEARTBEAT_S, QUIET_START_S, ProgressLog
+from eaglekit.progress import Within, counted
 
-LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] verify: ")
+LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] verify: (.*)$")
 
 
-def test_a_log_gets_timestamped_lines_with_an_eta(monkeypatch, capsys):
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _log(clock: FakeClock, lines: list[str], enabled: bool = True) -> ProgressLog:
+    """A log renderer on `clock` whose quiet start is already over (the quiet start has a test of its own)."""
+    log = ProgressLog("verify", enabled, tty=False, clock=clock, write=lines.append)
+    clock.now += QUIET_START_S
+    log.tick()
+    return log
+
+
+def _texts(lines: list[str]) -> list[str]:
+    matches = [LINE.match(line) for line in lines]
+    assert all(matches), lines
+    return [m.group(1) for m in matches if m]
+
+
+def test_a_stage_prints_when_it_starts_and_names_how_much():
+    clock, lines = FakeClock(), []
+    log = _log(clock, lines)
+    log.stage("loading the target")
+    log.stage("calibrating fc_norm on 2,048 tokens", 8, "sequences")
+    assert _texts(lines) == ["loading the target", "calibrating fc_norm on 2,048 tokens (8 sequences)"]
+
+
+def test_no_eta_before_one_unit_is_done_and_some_seconds_have_passed():
+    clock, lines = FakeClock(), []
+    log = _log(clock, lines)
+    log.stage("prompt 1/2: target alone", 16, "tokens")
+    clock.now += HEARTBEAT_S  # a heartbeat with nothing done: a count, no ETA
+    log.tick()
+    log.advance(4)  # one unit done, but within ETA_AFTER_S of a fresh line: no line, and no estimate yet
+    log.stage("prompt 1/2: speculative", 16, "tokens")
+    log.advance(1)
+    clock.now += ETA_AFTER_S / 2
+    assert "ETA" not in log.status()
+    clock.now += HEARTBEAT_S
+    log.advance(1)  # the throttle lets a line through, now with an estimate from 2 tokens in the stage's time
+    texts = _texts(lines)
+    assert texts[1] == "prompt 1/2: target alone: 0/16 tokens, 0:10"
+    assert re.fullmatch(r"prompt 1/2: speculative: 2/16 tokens, 0:12, ETA 1:27", texts[-1]), texts
+    assert not any("ETA" in t for t in texts[:-1])
+
+
+def test_the_heartbeat_keeps_every_gap_within_its_period():
+    clock, lines = FakeClock(), []
+    log = _log(clock, lines)
+    log.stage("capturing target states on 512 tokens", 4, "sequences")
+    stamps = [clock.now]
+    for _ in range(100):  # a poll a second, as the heartbeat thread does
+        clock.now += progress_module.POLL_S
+        before = len(lines)
+        log.tick()
+        if len(lines) > before:
+            stamps.append(clock.now)
+    assert len(stamps) == 11 and max(b - a for a, b in zip(stamps, stamps[1:])) <= HEARTBEAT_S
+    assert _texts(lines)[-1] == "capturing target states on 512 tokens: 0/4 sequences, 1:40"
+
+
+def test_a_stage_that_ended_says_so_in_the_heartbeat():
+    clock, lines = FakeClock(), []
+    log = _log(clock, lines)
+    for _ in counted(Within(log, "held-out evaluation"), "prompts", range(3), 3, "prompts"):
+        clock.now += 1
+    clock.now += HEARTBEAT_S
+    log.tick()
+    assert _texts(lines) == ["held-out evaluation: prompts (3 prompts)",
+                             "held-out evaluation: prompts: done, 0:10 since"]
+
+
+def test_the_first_seconds_are_held_then_written_and_a_short_command_writes_nothing():
+    clock, lines = FakeClock(), []
+    log = ProgressLog("verify", tty=False, clock=clock, write=lines.append)
+    log.stage("loading the target")
+    clock.now += QUIET_START_S / 2
+    log.tick()
+    assert lines == []  # a refusal here would stay the one line on stderr
+    clock.now += QUIET_START_S
+    log.tick()
+    assert _texts(lines) == ["loading the target"]
+    silenced: list[str] = []
+    off = _log(FakeClock(), silenced, enabled=False)
+    off.stage("loading the target")
+    off.clock.now += HEARTBEAT_S * 3  # type: ignore[attr-defined]
+    off.tick()
+    assert silenced == []
+
+
+def test_the_heartbeat_thread_writes_while_the_library_is_silent(monkeypatch):
+    """The real thread, on a real clock shortened: a stage that reports nothing still gets lines."""
+    import time
+
     monkeypatch.setattr(progress_module, "QUIET_START_S", 0.0)
-    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 3600.0)  # only the lines that always print
-    with StageProgress("verify", tty=False) as progress:
-        progress.stage_update("loading the target")
-        progress.item(1, 4, "first prompt")
-        progress.item(4, 4, "last prompt")
-    lines = capsys.readouterr().err.splitlines()
-    assert all(LINE.match(line) for line in lines) and len(lines) == 3
-    assert lines[0].endswith("loading the target")
-    assert re.search(r"prompts 1/4, ETA \d+:\d\d$", lines[1]) and lines[-1].endswith("prompts 4/4")
-
-
-def test_a_silent_step_still_shows_it_is_alive(monkeypatch, capsys):
-    monkeypatch.setattr(progress_module, "QUIET_START_S", 0.0)
-    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.01)  # the heartbeat waits at least a second
-    with StageProgress("verify", tty=False) as progress:
-        progress.text("vLLM: the target alone")
-        time.sleep(1.5)
-    lines = capsys.readouterr().err.splitlines()
-    assert any(line.endswith("in this step)") and "vLLM: the target alone" in line for line in lines)
-
-
-def test_nothing_in_the_first_seconds_and_nothing_when_silenced(capsys):
-    with StageProgress("verify", tty=False) as progress:
-        progress.item(1, 2, "a")
-    with StageProgress("verify", False, tty=False) as progress:
-        progress.started -= 60
-        progress.item(1, 2, "a")
-    assert capsys.readouterr().err == ""
-
-
-def test_training_between_logged_steps_is_named_by_its_step_count(monkeypatch, capsys):
-    """The heartbeat during training says which step it is on, not the stage that came before it."""
-    from eaglekit.cli.progress import TrainingProgress
-
-    monkeypatch.setattr(progress_module, "QUIET_START_S", 0.0)
-    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.01)
-    with TrainingProgress("finetune", True, 100) as progress:
-        progress.tty = False
-        progress.stage_update("encoding prompts", 0, 535)
-        progress.on_step(7, None, {"loss": 1.0, "accuracy": 0.5, "tokens_per_s": 10.0})
-        time.sleep(1.5)
-    lines = capsys.readouterr().err.splitlines()
-    assert re.search(r"finetune: training 7/100, ETA \d+:\d\d$", "\n".join(lines), re.M), lines
-    beats = [line for line in lines if line.endswith("in this step)")]
-    assert beats and all("training 7/100 (" in line for line in beats), lines
+    monkeypatch.setattr(progress_module, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(progress_module, "POLL_S", 0.05)
+    lines: list[str] = []
+    with ProgressLog("verify", tty=False, write=lines.append) as log:
+        log.stage("vLLM: the target alone, then with the draft")
+        time.sleep(1.0)
+    beats = [t for t in _texts(lines) if t.startswith("vLLM: the target alone, then with the draft: ")]
+    assert len(beats) >= 2 and all(re.search(r": \d+:\d\d$", t) for t in beats), lines

@@ -180,7 +180,7 @@ def test_cli_json_push_with_verify_report(fake_hub, draft_dir, rules, tmp_path, 
     readme = repo.files()["README.md"].decode()
     assert readme == doc["card"]
     for row in ("| Lossless (greedy output identical to the target's) | yes |", TAU_ROW,
-                "| Acceptance rate per draft position | 0.80, 0.60, 0.41 |",
+                "| — | 1 | 0.80 | — | — | — |\n| — | 2 | 0.60 | — | — | — |\n| — | 3 | 0.41 | — | — | — |",
                 "| Reference-decode speed ratio (batch 1, not a serving engine: see `eaglekit bench`) | 2.01× |",
                 "| Prompts | mt-bench (80) |", "| Device | NVIDIA H200 |",
                 "| Tokens/s with the draft, eaglekit's reference decode | 120.5 |"):
@@ -471,7 +471,10 @@ def test_malformed_report_is_one_line(fake_hub, draft_dir, rules, tmp_path, caps
 
 @pytest.mark.parametrize("field, value", [("lossless", "no"), ("acceptance_length", float("nan")),
                                           ("acceptance_length", 0.5), ("per_position_acceptance", [0.5, 7]),
-                                          ("tokens_per_s_spec", "fast")])
+                                          ("tokens_per_s_spec", "fast"),
+                                          ("acceptance_length_interval", {"low": 2.0, "high": 1.5}),
+                                          ("per_position_acceptance_interval", [{"low": 0.2, "high": 1.3}]),
+                                          ("per_position_acceptance_interval", "wide")])
 def test_a_report_that_would_make_the_card_lie_is_refused(fake_hub, draft_dir, rules, tmp_path, capsys, field, value):
     report = tmp_path / "verify.json"
     report.write_text(json.dumps({"lossless": True, "acceptance_length": 1.8, "measured": measured(draft_dir),
@@ -747,6 +750,82 @@ def test_a_server_that_never_answers_times_out_with_one_line(draft_dir, rules, c
         listener.close()
     assert code == 1 and err.count("\n") == 1 and "Timeout" in err and endpoint in err
     assert time.perf_counter() - started < 30 and accepted
+
+
+def _hostile_hub(answer):
+    """A loopback endpoint whose every connection gets `answer(connection)` after its request; (endpoint, stop)."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve(conn):
+        with conn:
+            try:
+                conn.recv(65536)
+                answer(conn, stop)
+            except OSError:
+                pass  # the client gave up
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    def close():
+        stop.set()
+        listener.close()
+
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", close
+
+
+def _trickle(part):
+    """Sends its status line and headers, or (`part` = body) headers then a body, a byte every 0.2 s for 20 s."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
+
+    def answer(conn, stop):
+        if part == "body":
+            conn.sendall(head)
+        for _ in range(100):
+            if stop.is_set():
+                return
+            conn.sendall(head[:1] if part == "headers" else b" ")
+            stop.wait(0.2)
+
+    return answer
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_hub_that_trickles_its_answer_is_cut_off_with_one_line(draft_dir, rules, capsys, monkeypatch, part):
+    """Each read gets a byte well within the timeout: only a bound on the whole exchange ends it."""
+    monkeypatch.setenv("EAGLEKIT_HUB_TIMEOUT", "0.5")
+    endpoint, close = _hostile_hub(_trickle(part))
+    try:
+        code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_x", "--endpoint", endpoint)
+    finally:
+        close()
+    assert code == 1 and err.count("\n") == 1 and "no complete answer within the time allowed" in err, err
+
+
+def test_a_hub_answer_declaring_gigabytes_is_refused_before_its_body(draft_dir, rules, capsys, monkeypatch):
+    def answer(conn, stop):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8589934592\r\n\r\n{")
+        stop.wait(20)
+
+    endpoint, close = _hostile_hub(answer)
+    try:
+        code, out, err = run_cli(capsys, draft_dir, "--repo-id", REPO, "--token", "hf_x", "--endpoint", endpoint)
+    finally:
+        close()
+    assert code == 1 and err.count("\n") == 1 and "answer declares more than 64 MiB" in err, err
 
 
 @pytest.mark.parametrize("route, payload", [("create_repo", b"<html>not json"), ("create_repo", b"[1, 2]"),

@@ -121,7 +121,6 @@ def lossless_draft(tmp_path_factory) -> str:
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fp8", "nvfp4"])
 def test_verify_is_lossless_against_the_quantized_target_and_names_its_numerics(lossless_draft, name):
     import jsonschema
@@ -138,7 +137,6 @@ def test_verify_is_lossless_against_the_quantized_target_and_names_its_numerics(
     assert 1.0 <= doc["acceptance_length"] <= 4.0
 
 
-@pytest.mark.slow
 def test_nvfp4_changes_what_the_target_decodes():
     """The emulation is real: the same prompt, greedy, decodes to other tokens under NVFP4."""
     from eaglekit.target_model import load_target

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.engines import REPO, VLLM_PYTHON
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow,
+pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (scripts/vllm-env.sh)")]
 
 KERNEL_CHECK = r"""

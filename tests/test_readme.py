@@ -18,7 +18,7 @@ def test_every_rule_is_listed_with_its_title_and_severity():
 def test_ci_runs_the_readme_test_command_verbatim():
     ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
     command = ci.strip().splitlines()[-1]
-    assert command.endswith("python -m pytest -q -n 2")
+    assert command.endswith("&& scripts/test-tiers.sh")
     assert f"```bash\n{command}\n```" in README
 
 

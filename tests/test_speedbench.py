@@ -331,7 +331,6 @@ def test_compare_a_draft_with_itself_and_with_another(env, tmp_path):
         everything["b"]["acceptance_length"] - everything["a"]["acceptance_length"])
 
 
-@pytest.mark.slow
 def test_compare_replays_exactly_what_verify_measures_live(tmp_path):
     """Bundled EAGLE-3 vs EAGLE-3.1 on SmolLM2: each draft's τ from the replay equals verify's live decode."""
     repo = os.path.join(os.path.dirname(__file__), "..")

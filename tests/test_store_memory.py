@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 from tests.support.factory import make_draft  # noqa: E402
 from tests.support.targets import make_target_with_tokenizer  # noqa: E402
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+pytestmark = pytest.mark.model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD_TOKENS = 16_384

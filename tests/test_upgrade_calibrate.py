@@ -195,7 +195,6 @@ def test_calibration_text_from_a_file(tiny_target, tmp_path):
     assert report.fidelity.text == str(text)
 
 
-@pytest.mark.slow
 def test_calibration_on_smollm2(tmp_path):
     """SmolLM2-135M (L=30, T=576): a real trained target, its default aux layers (2, 15, 27)."""
     pytest.importorskip("gguf")

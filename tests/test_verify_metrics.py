@@ -70,3 +70,36 @@ def test_the_speed_ratio_interval_resamples_prompts_timed_both_ways():
     assert steady is not None and steady.low == steady.high == 2.0
     noisy = pooled_speed_ratio_interval([(20, 1.0), (20, 4.0), (20, 1.0), (20, 5.0)] * 3, [(10, 1.0)] * 12)
     assert noisy is not None and noisy.low < 1.0 < noisy.high  # a spread that holds 1x: the ratio says nothing
+
+
+def _counter(k: int, rounds: list[int]) -> AcceptanceCounter:
+    c = AcceptanceCounter(k)
+    for accepted in rounds:
+        c.record(accepted)
+    return c
+
+
+def test_each_draft_positions_rate_has_a_bootstrap_interval_over_conversations():
+    from eaglekit.decode.stats import MIN_SAMPLES, per_position_intervals, tau_interval
+
+    steady = [_counter(3, [3, 1, 0, 2])] * MIN_SAMPLES  # every conversation alike: no spread at any depth
+    groups = [f"c{i}" for i in range(MIN_SAMPLES)]
+    intervals = per_position_intervals(steady, groups)
+    assert intervals is not None and [(i.low, i.high) for i in intervals] == [(0.75, 0.75), (0.5, 0.5), (0.25, 0.25)]
+    assert per_position_intervals(steady[:-1], groups[:-1]) is None  # too few conversations to estimate
+
+    rng = random.Random(7)
+    mixed = [_counter(3, [rng.randint(0, 3) for _ in range(12)]) for _ in range(2 * MIN_SAMPLES)]
+    pooled = _counter(3, [])
+    for c in mixed:
+        pooled.merge(c)
+    as_pairs = [f"turns-{i // 2}" for i in range(2 * MIN_SAMPLES)]  # two turns per conversation: resampled together
+    intervals = per_position_intervals(mixed, as_pairs)
+    assert intervals is not None and len(intervals) == 3
+    for rate, interval in zip(pooled.per_position, intervals):
+        assert 0 <= interval.low < rate < interval.high <= 1
+    # drawn with τ's seed over the same conversations: at k = 1, τ = 1 + the one rate in every resample
+    single = [_counter(1, [rng.randint(0, 1) for _ in range(12)]) for _ in range(MIN_SAMPLES)]
+    tau, (rate,) = tau_interval(single, groups), per_position_intervals(single, groups) or [None]
+    assert tau is not None and rate is not None and rate.low < rate.high
+    assert (tau.low, tau.high) == pytest.approx((1 + rate.low, 1 + rate.high), abs=1e-12)

@@ -43,7 +43,6 @@ def prompt_ids(smollm2):
     return [encode(p, smollm2.tokenizer) for p in bundled_prompts().prompts[:2]]
 
 
-@pytest.mark.slow
 def test_oracle_and_random_bracket_the_metric(smollm2, prompt_ids):
     k = 3
     for ids in prompt_ids:
@@ -66,7 +65,6 @@ def eagle3_report(smollm2_dir):
     return _verify(EAGLE3, smollm2_dir, diagnose=True)
 
 
-@pytest.mark.slow
 def test_trained_eagle3_drafter_is_lossless_and_accepts(eagle3_report):
     report = eagle3_report
     assert report.lossless and report.exact
@@ -77,7 +75,6 @@ def test_trained_eagle3_drafter_is_lossless_and_accepts(eagle3_report):
     assert report.diagnosis.verdict == "declared", report.diagnosis.message
 
 
-@pytest.mark.slow
 def test_trained_eagle31_drafter_is_lossless_and_its_feedback_stays_normalised(smollm2_dir, eagle3_report):
     report = _verify(EAGLE31, smollm2_dir, limit=4)
     assert report.lossless and report.eagle_version == "3.1"
@@ -98,7 +95,6 @@ def _shifted_copy(source, dst) -> str:
     return ",".join(str(i + 1) for i in written)  # SpecForge writes output-of-layer ids: input-of-layer = +1
 
 
-@pytest.mark.slow
 def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_dir, eagle3_report, tmp_path,
                                                                         monkeypatch):
     true_ids = _shifted_copy(EAGLE3, tmp_path / "shifted")
@@ -126,7 +122,6 @@ def test_shifted_aux_ids_lower_acceptance_and_diagnose_names_the_shift(smollm2_d
     assert by_name["aux ids -1"] == pytest.approx(eagle3_report.acceptance_length, abs=0.1)
 
 
-@pytest.mark.slow
 def test_diagnose_names_a_shift_the_eagle31_drafter_barely_feels(smollm2_dir, tmp_path):
     """fc_norm rescales each aux state, so one layer off costs the 3.1 drafter little τ; the paired first-draft
     probabilities still separate the readings."""
@@ -137,7 +132,6 @@ def test_diagnose_names_a_shift_the_eagle31_drafter_barely_feels(smollm2_dir, tm
     assert f"--aux-layer-ids {true_ids} " in d.fix
 
 
-@pytest.mark.slow
 def test_diagnose_names_a_lost_norm_output_flag(smollm2_dir, tmp_path):
     """The EAGLE-3.1 drafter with `norm_output: false`, as a runtime or converter that drops the flag serves it
     (P9, P38): first drafts are unchanged, later ones suffer, and the sweep names the flag."""

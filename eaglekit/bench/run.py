@@ -37,6 +37,7 @@ from eaglekit.engines.vllm import acceptance_settings, speculative_config
 from eaglekit.errors import EngineError, UsageError
 from eaglekit.io.outputs import Role
 from eaglekit.io.urls import check_http_url
+from eaglekit.progress import Progress, quiet
 from eaglekit.provenance import measured_files
 from eaglekit.redact import public_flags, public_path
 from eaglekit.runtime.endpoint import PER_POSITION, Endpoint, ServedModel, counted_between
@@ -142,11 +143,13 @@ class PromptGroup:
 
 
 def run_bench(draft: str, target: str | None, options: BenchOptions,
-              on_stage: Callable[[str], None] | None = None) -> BenchReport:
+              progress: Progress | None = None) -> BenchReport:
     """Measure `draft` against `target` in vLLM at every concurrency of `options`; see the module docstring. With
-    `options.base_url` the servers are already running (`_bench_running`) and `target` may be None."""
+    `options.base_url` the servers are already running (`_bench_running`) and `target` may be None. `progress`
+    hears of each server start and each measured run as a stage."""
     options.check()
-    say = on_stage or (lambda _: None)
+    say = quiet(progress).stage
+    say("reading the draft")
     if options.base_url:
         return _bench_running(draft, target, options, say)
     if target is None:

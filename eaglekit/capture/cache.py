@@ -20,12 +20,12 @@ from eaglekit.capture.plan import content_address
 from eaglekit.capture.run import (
     CaptureOptions,
     CaptureReport,
-    Stage,
     capture_layer_ids,
     capture_store,
     data_record,
     engine_block,
 )
+from eaglekit.progress import Progress
 from eaglekit.runner import REFERENCE
 from eaglekit.target import TargetInfo, read_target
 
@@ -85,9 +85,10 @@ def _writable(folder: str) -> str | None:
 
 
 @contextlib.contextmanager
-def captured(opts: CaptureOptions, cache_dir: str | None = None, *, on_stage: Stage | None = None
-             ) -> Iterator[CachedCapture]:
-    """The complete store of `opts` (reference engine only): read from the cache, resumed, or captured now."""
+def captured(opts: CaptureOptions, cache_dir: str | None = None, *, progress: Progress | None = None,
+             purpose: str = "capturing calibration states") -> Iterator[CachedCapture]:
+    """The complete store of `opts` (reference engine only): read from the cache, resumed, or captured now;
+    `progress` and `purpose` as capture_store takes them."""
     assert opts.engine == REFERENCE and not opts.import_dir
     info = read_target(opts.target, weights=True)  # its weights are checked before a cache entry is named
     folder = cache_dir or default_cache_dir()
@@ -95,7 +96,8 @@ def captured(opts: CaptureOptions, cache_dir: str | None = None, *, on_stage: St
     temporary = tempfile.mkdtemp(prefix="eaglekit-capture-") if why else None
     store = os.path.join(temporary or folder, cache_key(info, opts))
     try:
-        report = capture_store(store, dataclasses.replace(opts, force=True), on_stage=on_stage)
+        report = capture_store(store, dataclasses.replace(opts, force=True), progress=progress,
+                               purpose=purpose)
         if why:
             report.notes.append(f"the captured states were not cached ({folder}: {why})")
         yield CachedCapture(store, report, cached=temporary is None)

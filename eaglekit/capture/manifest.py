@@ -21,7 +21,6 @@ from eaglekit.errors import CheckpointError, quoted
 
 FORMAT = "eaglekit-hidden-states"
 VERSION = 1
-MANIFEST = "manifest.json"
 ID_CONVENTION = "vllm"  # layer ids as hidden_states indices (input-of-layer), as vLLM's eagle3 runners capture them
 SHARD_PREFIX, SHARD_SUFFIX = "shard-", ".safetensors"
 STORE_DTYPES = ("bfloat16", "float32", "fp8")
@@ -34,9 +33,12 @@ INDEX_BYTES = 8  # an int64 token id or record offset: every shard holds `tokens
 _DIGEST = re.compile(r"(sha256:)?[0-9a-f]{64}\Z")
 IDENTITY_KEYS = ("target", "layer_ids", "engine", "inputs", "store")
 """The manifest blocks a rerun must match to resume (the rest says how far the capture got)."""
-DESCRIPTIVE = ("inputs.source", "inputs.data")
-"""Identity fields that describe the inputs without deciding them: the content address `inputs.sha256` decides
-(and `inputs.data` is compared before any work, in the user's terms: eaglekit.capture.store.check_before_capture)."""
+ENGINE_ENVIRONMENT = "environment"
+"""The engine block's record of the variables eaglekit set in the engine's environment (a CPU thread binding)."""
+DESCRIPTIVE = ("inputs.source", "inputs.data", f"engine.{ENGINE_ENVIRONMENT}")
+"""Identity fields that describe without deciding: the content address `inputs.sha256` decides (and `inputs.data`
+is compared before any work, in the user's terms: eaglekit.capture.store.check_before_capture); how the engine's
+threads were placed on a machine does not decide what it computes."""
 
 
 def shard_name(index: int) -> str:

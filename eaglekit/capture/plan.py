@@ -28,6 +28,7 @@ from eaglekit.decode.prompts import (
 )
 from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.io.jsonfile import open_regular
+from eaglekit.progress import Progress, quiet
 
 BUNDLED_DATA = "eaglekit/data/prompts/train.jsonl"
 TRAINING_CONTEXT_MODULES = ("shutil", "tempfile", "logging", "glob", "fnmatch", "locale", "gettext", "tokenize",
@@ -41,9 +42,6 @@ CODE_MODULES = ("os", "posixpath", "subprocess", "threading", "queue", "socket",
 """Plain source-code text for training (--code-tokens), disjoint from both context lists."""
 assert not set(TRAINING_CONTEXT_MODULES) & set(CONTEXT_MODULES)
 assert not set(CODE_MODULES) & (set(CONTEXT_MODULES) | set(TRAINING_CONTEXT_MODULES))
-
-Stage = Callable[[str, int, int], None]
-"""on_stage(what, done, total): progress of a long data step."""
 
 SEQUENCE_LENGTH = 256
 HELD_OUT_FRACTION = 0.25
@@ -160,11 +158,10 @@ class SequencePlan:
         return prompts + self.code
 
 
-def plan_sequences(tokenizer, opts: DataOptions, *, on_stage: Stage | None = None) -> SequencePlan:
+def plan_sequences(tokenizer, opts: DataOptions, *, progress: Progress | None = None) -> SequencePlan:
     """The training prompts encoded with the target's tokenizer (templates, context, cuts), plus code chunks."""
     name, prompts = training_prompts(opts)
-    if on_stage:
-        on_stage("encoding prompts", 0, len(prompts))
+    quiet(progress).stage(f"encoding {len(prompts):,} prompts of {name}")
     sequences = encode_all(prompts, tokenizer, opts, name)
     limit = sequence_limit(tokenizer, opts)
     code = code_sequences(tokenizer, opts.code_tokens, min(512, limit)) if opts.code_tokens else []

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from eaglekit.capture.plan import Stage
 from eaglekit.capture.sequence import CapturedSequence
+from eaglekit.progress import Progress, quiet
 
 
 def capture_with_reference(target, sequences: Sequence[Sequence[int]], layer_ids: Sequence[int]
@@ -39,9 +39,19 @@ def left_padded(prompts: Sequence[Sequence[int]], pad: int):
 
 
 def generate_answers(target, prompts: list[list[int]], max_new_tokens: int, *, batch_tokens: int = 8192,
-                     on_stage: Stage | None = None) -> list[list[int]]:
-    """The target's greedy continuation of each prompt (left-padded batches of similar length)."""
+                     progress: Progress | None = None) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (left-padded batches of similar length); `progress` counts
+    the tokens of every sequence as each generate step makes them, not only when a batch ends."""
     import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    sink = quiet(progress)
+    sink.stage(f"generating answers to {len(prompts):,} prompts", len(prompts) * max_new_tokens, "tokens")
+
+    class EveryStep(StoppingCriteria):  # called once per generated token of the batch: it only reports
+        def __call__(self, input_ids, scores, **kwargs):
+            sink.advance(int(input_ids.shape[0]))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     eos = sorted(target.eos_token_ids)
     pad = eos[0] if eos else 0
@@ -57,12 +67,13 @@ def generate_answers(target, prompts: list[list[int]], max_new_tokens: int, *, b
         with torch.inference_mode():
             out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
-                                        eos_token_id=eos or None, temperature=None, top_p=None, top_k=None)
+                                        eos_token_id=eos or None, temperature=None, top_p=None, top_k=None,
+                                        stopping_criteria=StoppingCriteriaList([EveryStep()]))
         for row, i in enumerate(idx):
             tokens = out[row, width:].tolist()
             stop = next((n for n, t in enumerate(tokens) if t in eos), None)
             answers[i] = tokens if stop is None else tokens[: stop + 1]
         done += len(idx)
-        if on_stage:
-            on_stage("generating answers", done, len(order))
+        sink.advance(len(idx) * max_new_tokens - len(idx) * (out.shape[1] - width))  # rows stopped early
+    sink.done()
     return answers

@@ -19,6 +19,7 @@ from typing import Any
 from eaglekit import __version__
 from eaglekit.capture import store as st
 from eaglekit.capture import store_writer
+from eaglekit.capture.manifest import ENGINE_ENVIRONMENT as ENVIRONMENT
 from eaglekit.capture.manifest import ID_CONVENTION, DataFile, Identity, Manifest, Plan
 from eaglekit.capture.plan import (
     BUNDLED_DATA,
@@ -29,13 +30,14 @@ from eaglekit.capture.plan import (
     plan_sequences,
 )
 from eaglekit.capture.sequence import CapturedSequence
+from eaglekit.engines.vllm import tensor_parallel_refusal
 from eaglekit.errors import CaptureInterrupted, CheckpointError, EaglekitError, UsageError
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
+from eaglekit.progress import Progress, quiet
 from eaglekit.quantization import refuse_emulation_on_declared, scheme
 from eaglekit.runner import REFERENCE, RUNNERS, Runner
 from eaglekit.target import TargetInfo, read_target
 
-Stage = Callable[[str, int, int], None]
 DEFAULT_SHARD_TOKENS = 1 << 14  # a shard of a 70B target (H 8192, 3 aux ids, bfloat16): about 1.3 GB
 
 
@@ -162,11 +164,17 @@ def engine_block(opts: CaptureOptions) -> dict[str, Any]:
         return {"name": "reference", "version": f"transformers {transformers.__version__}, torch {torch.__version__}",
                 "dtype": resolved, "quantization": served.name if served else None, "tensor_parallel_size": 1,
                 "engine_args": {}}
-    from eaglekit.runtime.engine import EngineOptions, check_engine_available
+    from eaglekit.runtime.engine import EngineOptions, cpu_engine_environment, local_ranks, probe_engine
 
-    version = check_engine_available(EngineOptions(python=opts.engine_python))
-    return {"name": opts.engine, "version": f"vllm {version}", "dtype": opts.dtype, "quantization": "as served",
-            "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": dict(opts.engine_args)}
+    engine = EngineOptions(python=opts.engine_python, tensor_parallel_size=opts.tensor_parallel_size,
+                           engine_args=dict(opts.engine_args))
+    probe = probe_engine(engine)
+    block = {"name": opts.engine, "version": f"vllm {probe.version}", "dtype": opts.dtype, "quantization": "as served",
+             "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": dict(opts.engine_args)}
+    environment = cpu_engine_environment(probe.device_type, local_ranks(engine))
+    if environment:
+        block[ENVIRONMENT] = environment  # what eaglekit set for vLLM (the user's own settings are theirs)
+    return block
 
 
 def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, Any], inputs: dict[str, Any],
@@ -191,10 +199,10 @@ def store_identity(info: TargetInfo, aux_ids: Sequence[int], engine: dict[str, A
     }, store)
 
 
-def _plan(tokenizer, opts: CaptureOptions, on_stage: Stage | None) -> tuple[SequencePlan, int | None]:
+def _plan(tokenizer, opts: CaptureOptions, progress: Progress) -> tuple[SequencePlan, int | None]:
     """(the sequences to capture, how many of them upgrade fits on when they are its calibration text)."""
     if not opts.calibration:
-        return plan_sequences(tokenizer, opts.data, on_stage=on_stage), None
+        return plan_sequences(tokenizer, opts.data, progress=progress), None
     fit, held_out, where = calibration_sequences(tokenizer, text_file=opts.calibration_file,
                                                  max_tokens=opts.calibration_tokens)
     return SequencePlan(where, fit + held_out, [], opts.calibration_tokens, [],
@@ -248,7 +256,7 @@ class _Source:
 
 
 def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOptions, data: DataFile,
-                   on_stage: Stage | None) -> _Source:
+                   progress: Progress) -> _Source:
     """The target run by the reference hooks or vLLM on the planned data (or calibration text), which the store
     names by `data` (the file's name, not the local path the plan was read from)."""
     from eaglekit.target_model import load_tokenizer
@@ -257,7 +265,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
     tokenizer = load_tokenizer(folder, info)
     if tokenizer is None:
         raise CheckpointError("the target has no tokenizer; capture needs one to encode the data", folder)
-    plan, fit_records = _plan(tokenizer, opts, on_stage)
+    plan, fit_records = _plan(tokenizer, opts, progress)
     inputs: dict[str, Any] = {
         "sha256": content_address({"prompts": hashlib.sha256(json.dumps(plan.prompts).encode()).hexdigest(),
                                    "code": hashlib.sha256(json.dumps(plan.code).encode()).hexdigest(),
@@ -274,8 +282,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
         if not loaded:
             from eaglekit.target_model import load_target
 
-            if on_stage:
-                on_stage("loading the target", 0, 1)
+            progress.stage("loading the target")
             loaded.append(load_target(folder, device=opts.device, dtype=opts.dtype,
                                       quantization=opts.target_quantization))
         return loaded[0]
@@ -291,22 +298,23 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
 
         return capture_with_vllm(opts.target, sequences, layer_ids, python=opts.engine_python,
                                  tensor_parallel_size=opts.tensor_parallel_size, engine_args=dict(opts.engine_args),
-                                 dtype=opts.dtype, version=engine["version"].removeprefix("vllm "))
+                                 dtype=opts.dtype, version=engine["version"].removeprefix("vllm "),
+                                 environment=engine.get(ENVIRONMENT, {}))
 
     def answer(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         """--generate: the target's greedy answers, from the engine that runs the target."""
         if opts.engine == REFERENCE:
             from eaglekit.capture.reference import generate_answers
 
-            return generate_answers(target(), prompts, max_new_tokens, on_stage=on_stage)
+            return generate_answers(target(), prompts, max_new_tokens, progress=progress)
         from eaglekit.runtime.engine import EngineOptions, answers_with_vllm
 
-        if on_stage:
-            on_stage("generating answers in vLLM", 0, len(prompts))
+        progress.stage(f"generating answers to {len(prompts):,} prompts in vLLM")
         return answers_with_vllm(opts.target, prompts, max_new_tokens=max_new_tokens, dtype=opts.dtype,
                                  opts=EngineOptions(python=opts.engine_python,
                                                     tensor_parallel_size=opts.tensor_parallel_size,
-                                                    engine_args=dict(opts.engine_args)),
+                                                    engine_args=dict(opts.engine_args),
+                                                    environment=engine.get(ENVIRONMENT, {})),
                                  context=info.max_position_embeddings)
 
     engine = engine_block(opts)
@@ -338,14 +346,21 @@ def _imported_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOpti
 
 
 def _write_records(store: str, writer: store_writer.StoreWriter, source: _Source, sequences: list[list[int]],
-                   on_stage: Stage | None) -> None:
-    """Capture the records the store does not hold yet, then mark it complete."""
+                   progress: Progress, calibrating: str | None) -> None:
+    """Capture the records the store does not hold yet, then mark it complete. A calibration capture's stage is
+    named `calibrating` and counted in tokens (its text is a few long sequences), any other in sequences."""
     start = writer.next_record
     if start < len(sequences):
-        for record in source.records(sequences[start:]):
+        left = sequences[start:]
+        records = source.records(left)  # the reference target loads here, before its pass is announced
+        tokens = sum(map(len, left))
+        if calibrating:
+            progress.stage(calibrating, tokens, "tokens")
+        else:
+            progress.stage(f"capturing target states on {tokens:,} tokens", len(left), "sequences")
+        for record in records:
             writer.add(dataclasses.replace(record, index=record.index + start))
-            if on_stage:
-                on_stage("capturing target states", writer.next_record, len(sequences))
+            progress.advance(len(record.token_ids) if calibrating else 1)
         writer.flush()
     if writer.next_record != len(sequences):
         raise CheckpointError(f"the capture backend returned {writer.next_record - start} of "
@@ -363,12 +378,18 @@ def _discard(store: str, created: bool) -> None:
             os.rmdir(store)
 
 
-def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = None) -> CaptureReport:
+def capture_store(store: str, opts: CaptureOptions, *, progress: Progress | None = None,
+                  purpose: str = "capturing calibration states") -> CaptureReport:
     """Capture (or complete) the hidden-state store at `store` for `opts.target` on `opts.data` (or import
-    `opts.import_dir`'s vLLM files into it)."""
+    `opts.import_dir`'s vLLM files into it); `progress` hears of each long step, a calibration capture's pass
+    named by `purpose` (upgrade names what it calibrates)."""
     started = time.perf_counter()
+    progress = quiet(progress)
     opts.check()
     info = read_target(opts.target, decoder=not opts.import_dir)  # an import needs the target's facts only
+    refusal = tensor_parallel_refusal(info, opts.tensor_parallel_size) if opts.engine != REFERENCE else None
+    if refusal:
+        raise UsageError(refusal, info.path)
     refuse_emulation_on_declared(opts.target_quantization, info)
     aux_ids, ids_from = capture_layer_ids(info, opts)
     refuse_clobber([Role("store", store)], [*target_roles(opts.target), *read_roles("--draft", opts.draft),
@@ -378,7 +399,7 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
     data, shown = data_record(opts)
     st.check_before_capture(store, data, shown, force=opts.force)  # before any work, in the user's terms
     source = _imported_source(info, aux_ids, opts) if data is None else _engine_source(info, aux_ids, opts, data,
-                                                                                      on_stage)
+                                                                                      progress)
     created = not os.path.lexists(store)
     with st.store_lock(store):
         identity = store_identity(info, aux_ids, source.engine, source.inputs, opts, store)
@@ -396,7 +417,7 @@ def capture_store(store: str, opts: CaptureOptions, *, on_stage: Stage | None = 
         writer = store_writer.StoreWriter(store, manifest, done)
         start = writer.next_record
         try:
-            _write_records(store, writer, source, sequences, on_stage)
+            _write_records(store, writer, source, sequences, progress, purpose if opts.calibration else None)
         except KeyboardInterrupt:
             kept = writer.done[-1].end_record if writer.done else 0
             raise CaptureInterrupted(f"interrupted after {kept} of {len(sequences)} records ({len(writer.done)} "

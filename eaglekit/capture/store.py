@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from eaglekit.capture import MANIFEST
 from eaglekit.capture.manifest import (
     FORMAT,
-    MANIFEST,
     SHARD_PREFIX,
     SHARD_SUFFIX,
     STORE_DTYPES,
@@ -367,11 +367,6 @@ def shard_intact(store: str, shard: Shard) -> bool:
         return sha256_file(path) == shard.sha256
     except (OSError, CheckpointError):
         return False
-
-
-def is_store(path: str) -> bool:
-    """Whether `path` is a folder holding a store's manifest (what `inspect` shows as a store)."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, MANIFEST))
 
 
 def describe_store(store: str) -> dict[str, Any]:

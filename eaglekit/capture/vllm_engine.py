@@ -7,7 +7,10 @@ sequence is one prompt of one token; its states, all of them from the prefill, c
 in a spool folder that this side reads and deletes in order, so neither side holds more than about two batches.
 Prefix caching is off (a cached prefix would be a prefix without states); chunked prefill changes nothing (the
 states accumulate in vLLM's cache until the request is done). Under tensor parallelism the states are the
-residual stream after the all-reduce, the same on every rank, and rank 0 alone writes them.
+residual stream after the all-reduce, the same on every rank (vLLM's cache layer for them holds K x hidden per token
+on each rank, vllm/model_executor/models/extract_hidden_states.py, 0.32.0), and rank 0 alone writes them. A size
+that does not divide the target's heads is refused before vLLM starts; on vLLM's CPU build the ranks' threads are
+bound by eaglekit where vLLM's own binding cannot (eaglekit.engines.vllm.cpu_threads_bind).
 """
 
 from __future__ import annotations
@@ -18,13 +21,22 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 from eaglekit.capture.sequence import CapturedSequence
+from eaglekit.engines.vllm import tensor_parallel_refusal
 from eaglekit.errors import EngineError, UsageError
+from eaglekit.progress import Progress, quiet
 from eaglekit.runtime import processes
-from eaglekit.runtime.engine import EngineOptions, check_engine_available, fitted_model_len, root_cause
+from eaglekit.runtime.engine import (
+    EngineOptions,
+    cpu_engine_environment,
+    fitted_model_len,
+    local_ranks,
+    probe_engine,
+    root_cause,
+)
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_capture_worker.py")
 SIZER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "vllm_worker.py")
@@ -35,7 +47,6 @@ OWN_SETTINGS = ("speculative_config", "kv_transfer_config")
 POLL_S = 0.02
 STALL_S = 3600.0  # no record for this long (the engine start included): vLLM is taken to hang
 STOP_S = 120.0  # for vLLM to shut down once every file is read
-Progress = Callable[[str, int, int], None]
 
 
 class VllmCapture(Iterator[CapturedSequence]):
@@ -59,12 +70,14 @@ class VllmCapture(Iterator[CapturedSequence]):
 def capture_with_vllm(target: str, sequences: Sequence[Sequence[int]], layer_ids: Sequence[int], *,
                       python: str | None = None, tensor_parallel_size: int = 1,
                       engine_args: Mapping[str, Any] | None = None, dtype: str = "float32",
-                      progress: Progress | None = None, version: str | None = None) -> VllmCapture:
+                      progress: Progress | None = None, version: str | None = None,
+                      environment: Mapping[str, str] | None = None) -> VllmCapture:
     """Sequence i's token ids through vLLM, record i its states at `layer_ids` (vLLM's convention: id i enters
     decoder layer i, 0 the embeddings, L the last layer's output before the final norm), [T, H] on the CPU in the
     engine's dtype. Arguments are checked and vLLM's presence probed before this returns; vLLM starts at the
-    first record. `engine_args` are LLM(...) keyword arguments; `progress(stage, done, total)` hears of the engine
-    start and of each record; `version`: vLLM's, when the caller has probed it already."""
+    first record. `engine_args` are LLM(...) keyword arguments; `progress` hears of the engine start and of each
+    record; `version`: vLLM's, when the caller has probed it already; `environment`: variables added to vLLM's
+    (without it, those runtime.engine.cpu_engine_environment chooses)."""
     from eaglekit.target import read_target
 
     opts = EngineOptions(python=python, tensor_parallel_size=tensor_parallel_size, engine_args=dict(engine_args or {}))
@@ -86,10 +99,17 @@ def capture_with_vllm(target: str, sequences: Sequence[Sequence[int]], layer_ids
     if longest + 1 > int(model_len):
         raise UsageError(f"a sequence of {longest:,} tokens exceeds vLLM's max_model_len {int(model_len):,} "
                          "(the target's context, or --engine-arg max_model_len)", info.path)
-    version = version or check_engine_available(opts)
+    refusal = tensor_parallel_refusal(info, tensor_parallel_size)
+    if refusal:
+        raise UsageError(refusal, info.path)
+    if version is None or environment is None:
+        probe = probe_engine(opts)
+        version = version or probe.version
+        if environment is None:
+            environment = cpu_engine_environment(probe.device_type, local_ranks(opts))
     request = {"target": os.path.abspath(target), "dtype": dtype, "tensor_parallel_size": tensor_parallel_size,
                "engine_args": {**opts.engine_args, "max_model_len": int(model_len)}, "layer_ids": ids,
-               "batch_size": BATCH, "module": MODULE, "vllm_worker": SIZER}
+               "batch_size": BATCH, "module": MODULE, "vllm_worker": SIZER, "environment": dict(environment)}
     return VllmCapture(version, opts.interpreter, request, sequences, ids, info.hidden_size, progress)
 
 
@@ -109,9 +129,10 @@ def _records(python: str, request: dict[str, Any], sequences: Sequence[Sequence[
             json.dump({**request, "spool": spool, "sequences": os.path.join(work, "sequences.jsonl")}, fh)
         log_path = os.path.join(work, "vllm.log")
         env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"),
-                   PYTHONPATH=os.pathsep.join(p for p in (work, os.environ.get("PYTHONPATH")) if p))
-        if progress:
-            progress("starting vLLM", 0, 1)
+                   PYTHONPATH=os.pathsep.join(p for p in (work, os.environ.get("PYTHONPATH")) if p),
+                   **request["environment"])
+        progress = quiet(progress)
+        progress.stage("starting vLLM")
         with open(log_path, "wb") as log:
             proc = processes.start(python, [script, request_path], stdout=log, env=env, cwd=work)
         try:
@@ -120,8 +141,9 @@ def _records(python: str, request: dict[str, Any], sequences: Sequence[Sequence[
                 _await(path, proc, log_path, index)
                 record = _read(path, index, seq, ids, hidden)
                 os.remove(path)
-                if progress:
-                    progress("capturing target states", index + 1, len(sequences))
+                if index == 0:
+                    progress.stage("capturing target states in vLLM", len(sequences), "sequences")
+                progress.advance()
                 yield record
             _await(os.path.join(spool, "generated.json"), proc, log_path, len(sequences))
             with open(os.path.join(spool, "generated.json"), encoding="utf-8") as fh:

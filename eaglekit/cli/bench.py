@@ -11,6 +11,7 @@ from eaglekit.cli.output import (
     acceptance_text,
     finish_report,
     format_option,
+    given_paths,
     int_list,
     key_value_table,
     out,
@@ -20,7 +21,7 @@ from eaglekit.cli.output import (
     target_path,
     vllm_options,
 )
-from eaglekit.cli.progress import StageProgress
+from eaglekit.cli.progress import ProgressLog
 from eaglekit.decode.stats import too_few_text
 
 EXAMPLES = """
@@ -117,11 +118,11 @@ def bench_command(ctx, draft, target, base_url, baseline_url, api_key, engine, c
         raise UsageError("--target is required unless --base-url names a running server")
     if plot:
         check_plot_path(plot)
-    with StageProgress("bench") as progress:
-        progress.text("reading the draft")
-        report = run_bench(draft, target, options, on_stage=progress.text)
+    typed = given_paths([draft, prompts_file, save_report, plot], [target])
+    with ProgressLog("bench", given=typed) as progress:
+        report = run_bench(draft, target, options, progress=progress)
     finish_report(report.to_dict(), output_format, render, save_report=save_report,
-                  draw=(lambda: plot_bench(report, plot)) if plot else None)
+                  draw=(lambda: plot_bench(report, plot)) if plot else None, given=typed)
 
 
 def _given(ctx: click.Context, option: str) -> bool:

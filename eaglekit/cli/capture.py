@@ -10,14 +10,16 @@ from eaglekit.cli.output import (
     deprecated_alias,
     emit_json,
     format_option,
+    given_paths,
     human_bytes,
     key_value_table,
     out,
     target_path,
     target_quantization_option,
     vllm_options,
+    with_given,
 )
-from eaglekit.cli.progress import StageProgress
+from eaglekit.cli.progress import ProgressLog
 from eaglekit.runner import REFERENCE, RUNNERS
 
 EXAMPLES = """
@@ -85,13 +87,14 @@ def capture_command(target, store, data, calibration, calibration_file, calibrat
         store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force,
         calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens,
         import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"))
-    with StageProgress("capture", not no_progress) as progress:
-        report = capture_store(store, opts, on_stage=progress.on_stage)
+    given = given_paths([store, data.data_file, calibration_file, import_dir, draft], [target])
+    with ProgressLog("capture", not no_progress, given=given) as progress:
+        report = capture_store(store, opts, progress=progress)
     doc = report.to_dict()
     if output_format == "json":
         emit_json(doc)
     else:
-        render(doc)
+        render(with_given(doc, given))
 
 
 def render(doc: dict) -> None:

@@ -10,6 +10,7 @@ from eaglekit.cli.output import (
     decode_options,
     finish_report,
     format_option,
+    given_paths,
     identifier_table,
     key_value_table,
     out,
@@ -17,7 +18,7 @@ from eaglekit.cli.output import (
     sampling_text,
     vllm_options,
 )
-from eaglekit.cli.progress import StageProgress
+from eaglekit.cli.progress import ProgressLog
 from eaglekit.runner import REFERENCE, RUNNERS
 
 EXAMPLES = """
@@ -65,16 +66,16 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
         check_plot_path(plot)
     if options.engine_only:
         check_engine_available(engine_options)
-    with StageProgress("compare", not no_progress) as progress:
+    given = given_paths([draft_a, draft_b, prompts_file, save_report, plot], [target])
+    with ProgressLog("compare", not no_progress, given=given) as progress:
         if options.engine_only:
-            served = compare_in_vllm(draft_a, draft_b, target, options,
-                                     on_draft=lambda done, total: progress.on_stage("drafts served", done, total))
+            served = compare_in_vllm(draft_a, draft_b, target, options, progress=progress)
             sweep, doc = served.sweep, {**served.sweep.to_dict(), "engine": served.describe()}
         else:
-            sweep = compare_conditions(draft_a, draft_b, target, options, on_prompt=progress.item)
+            sweep = compare_conditions(draft_a, draft_b, target, options, progress=progress)
             doc = sweep.to_dict()
     finish_report(doc, output_format, render, save_report=save_report,
-                  draw=(lambda: plot_compare(sweep, plot)) if plot else None)
+                  draw=(lambda: plot_compare(sweep, plot)) if plot else None, given=given)
 
 
 def _interval(diff: dict) -> str:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.table import Table
 
-from eaglekit.cli.output import emit_json, format_option, out, printable_doc, shell_command, styled
+from eaglekit.cli.output import emit_json, format_option, out, print_fix, print_prose_table, printable_doc
 
 EXAMPLES = """
 \b
@@ -39,15 +38,11 @@ def doctor_command(timeout_s, output_format):
 
 
 def render(doc: dict) -> None:
+    fixes = [(c["name"], c["fix"]) for c in doc["checks"] if c["fix"]]  # print_fix quotes each word it prints
     doc = printable_doc(doc)  # versions, paths and messages probed from this machine's installs
-    table = Table(title=f"eaglekit doctor ({doc['eaglekit_version']})", title_justify="left")
-    table.add_column("name", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("detail", overflow="fold")
-    for check in doc["checks"]:
-        table.add_row(check["name"], styled((check["status"], STATUS_STYLE[check["status"]])), check["detail"])
-    out.print(table)
-    for check in doc["checks"]:
-        if check["fix"]:
-            out.print(f"{check['name']}: fix: {shell_command(check['fix'])}", soft_wrap=True)
+    rows = [(c["name"], c["status"], c["detail"]) for c in doc["checks"]]
+    print_prose_table(f"eaglekit doctor ({doc['eaglekit_version']})", ("name", "status", "detail"), rows,
+                      {1: STATUS_STYLE.get})
+    for name, fix in fixes:
+        print_fix(f"{name}: fix: ", fix, style="")
     out.print("eaglekit can run" if doc["usable"] else "eaglekit cannot run: fix the core rows above")

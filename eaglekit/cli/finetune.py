@@ -13,11 +13,12 @@ from eaglekit.cli.output import (
     data_options,
     deprecated_alias,
     emit_json,
-    findings_table,
     format_option,
+    given_paths,
     int_list,
     key_value_table,
     out,
+    print_findings,
     quantization_text,
     shell_word,
     styled,
@@ -25,8 +26,9 @@ from eaglekit.cli.output import (
     target_quantization_option,
     template_list,
     vllm_options,
+    with_given,
 )
-from eaglekit.cli.progress import TrainingProgress
+from eaglekit.cli.progress import ProgressLog, training_figures
 from eaglekit.finetune.evaluate import AUTO, DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
 from eaglekit.runner import RUNNERS
 
@@ -175,15 +177,17 @@ def finetune_command(draft, out_dir, target, data, import_dir, captured_ids, sto
         engine=engine_options,
     )
     main_rank = os.environ.get("RANK", "0") == "0"
-    with TrainingProgress("finetune", not no_progress and main_rank, steps) as progress:
-        report = finetune(draft, out_dir, opts, on_stage=progress.on_stage, on_step=progress.on_step)
+    given = given_paths([draft, out_dir, data.data_file, store, import_dir, eval_prompts, cache_dir, checkpoint_dir,
+                         plot], [target])
+    with ProgressLog("finetune", not no_progress and main_rank, given=given) as progress:
+        report = finetune(draft, out_dir, opts, progress=progress, on_step=training_figures(progress))
     if report.rank:
         return
     doc = report.to_dict()
     if output_format == "json":
         emit_json(doc)
     else:
-        render(doc)
+        render(with_given(doc, given))
 
 
 def _tau(entry: dict) -> str:
@@ -251,7 +255,7 @@ def render(doc: dict) -> None:
                       "(the paired 95 % interval's half-width)")
     warnings = [f for f in doc["findings"] if f["severity"] != "info"]
     if warnings:
-        out.print(findings_table(warnings))
+        print_findings(warnings)
     for note in doc["notes"]:
         out.print(f"note: {note}")
     if doc["plot"]:

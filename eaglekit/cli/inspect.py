@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
 
 from eaglekit.cli.output import (
     emit_json,
-    findings_table,
     format_option,
+    given_paths,
     human_bytes,
     identifier_table,
     key_value_table,
-    out,
-    shell_command,
+    print_findings,
+    print_fix,
     styled,
     target_path,
+    with_given,
 )
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 EXAMPLES = """
 \b
@@ -46,12 +48,14 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
     """Show exactly what a draft checkpoint is: layout, geometry, aux ids, vocab map, flags, findings.
 
     A hidden-state store (`eaglekit capture`) is shown from its manifest and shard headers."""
-    from eaglekit.capture.store import describe_store, is_store
+    from eaglekit.capture import is_store
     from eaglekit.inspection import inspect_draft
 
     if is_store(path):
+        from eaglekit.capture.store import describe_store
+
         doc = describe_store(path)
-        emit_json(doc) if output_format == "json" else render_store(doc)
+        emit_json(doc) if output_format == "json" else render_store(with_given(doc, given_paths([path])))
         return
 
     report = inspect_draft(path, subfolder=subfolder, revision=revision, target=target, allow_pickle=allow_pickle,
@@ -59,7 +63,9 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
     doc = report.to_dict()
     if output_format == "json":
         emit_json(doc)
-    elif doc.get("eagle3_draft") is False:
+        return
+    doc = with_given(doc, given_paths([path], [target], resolved={doc["path"]: path}))
+    if doc.get("eagle3_draft") is False:
         render_other_method(doc)
     else:
         render(doc)
@@ -93,6 +99,11 @@ def _parallel_rows(parallel: dict | None) -> list[tuple[str, str]]:
 
 
 def render(doc: dict) -> None:
+    from rich.panel import Panel
+    from rich.table import Table
+
+    from eaglekit.cli.output import out
+
     flags = ", ".join(f"{k}={doc[k]}" for k in ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual"))
     geometry = (f"H={doc['hidden_size']}  T={doc['target_hidden_size']}  I={doc['intermediate_size']}  "
                 f"layers={doc['num_layers']}")
@@ -140,11 +151,10 @@ def render(doc: dict) -> None:
     out.print(serving)
     for s in doc["serving"]:
         if s["verdict"] == "after conversion" and s["fix"]:
-            fix = shell_command(s["fix"])  # a command to copy: never wrapped
-            out.print(styled(f"{s['engine']}: ", (fix, "bold")), soft_wrap=True)
+            print_fix(f"{s['engine']}: ", s["fix"])
 
     if doc["findings"]:
-        out.print(findings_table(doc["findings"]))
+        print_findings(doc["findings"])
     else:
         out.print(styled(("No findings.", "green")))
     if "tensors" in doc:
@@ -156,6 +166,10 @@ def render(doc: dict) -> None:
 def render_other_method(doc: dict) -> None:
     """A draft of another speculative method: the one line that names it and its vLLM method, then what its
     config says."""
+    from rich.panel import Panel
+
+    from eaglekit.cli.output import out
+
     m, vllm = doc["speculative_method"], doc["speculative_method"]["vllm"]
     layers = m["target_layer_ids"]
     rows = [
@@ -190,6 +204,10 @@ def _serve_config(doc: dict) -> str:
 
 
 def render_store(doc: dict) -> None:
+    from rich.panel import Panel
+
+    from eaglekit.cli.output import out
+
     target, ids, engine, store = doc["target"], doc["layer_ids"], doc["engine"], doc["store"]
     progress = "complete" if doc["complete"] else "incomplete: rerun the capture to finish it"
     rows = [

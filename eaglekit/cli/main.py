@@ -11,7 +11,6 @@ import warnings
 import click
 
 from eaglekit import __version__
-from eaglekit.doctor import optional_modules
 
 # name -> (module, attribute, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -204,6 +203,8 @@ def _run(args: list[str], debug: bool) -> None:
         _fail(f"Error: interrupted ({signal_name}); no output was left behind", _interrupted_status(), "Interrupted",
               args)
     except ModuleNotFoundError as exc:
+        from eaglekit.doctor import optional_modules
+
         module = (exc.name or "").split(".")[0]
         extra = optional_modules().get(module)
         if extra is None or debug:

@@ -1,23 +1,43 @@
-"""Rendering shared by every command: rich for people on stdout, diagnostics on stderr, JSON for scripts."""
+"""Rendering shared by every command: rich for people on stdout, diagnostics on stderr, JSON for scripts.
+
+rich is imported when a table or a console is first needed: a command that prints JSON never loads it."""
 
 from __future__ import annotations
 
 import functools
 import json
 import math
+import os
+import re
 import textwrap
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-# markup=False: names, paths and messages come from untrusted files and are printed as they are, never as
-# rich markup; styles are applied through Text (styled()) only.
-out = Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
-err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+CONSOLES = ("out", "err")
+
+
+@functools.cache
+def console(name: str) -> Console:
+    """The console `out` (stdout) or `err` (stderr), made on first use. markup=False: names, paths and messages
+    come from untrusted files and are printed as they are, never as rich markup; styles are applied through Text
+    (styled()) only."""
+    from rich.console import Console
+
+    return Console(stderr=name == "err", highlight=False, soft_wrap=False, markup=False, emoji=False)
+
+
+def __getattr__(name: str) -> Console:
+    """`from eaglekit.cli.output import out` (or `err`): the console, made then."""
+    if name in CONSOLES:
+        return console(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 format_option = click.option(
     "--format", "output_format", type=click.Choice(["human", "json"]), default="human", show_default=True,
@@ -69,7 +89,12 @@ def target_path(ctx: click.Context, param: click.Parameter, value: str | None) -
     """--target: a local folder, its config.json, or a Hub id (through the Hugging Face cache, as DRAFT is)."""
     from eaglekit.target import resolve_target
 
-    return None if value is None else resolve_target(value)
+    if value is None:
+        return None
+    resolved = resolve_target(value)
+    if resolved != value:  # a Hub id: the report names its cached snapshot, the user the id
+        ctx.meta.setdefault(GIVEN_KEY, {})[resolved] = value
+    return resolved
 
 
 target_quantization_option = click.option(
@@ -89,6 +114,8 @@ def quantization_text(served: dict | None) -> str:
 
 def acceptance_text(block: dict) -> Text:
     """What a report's τ means and the rule it was counted under, then the labels its figures carry."""
+    from rich.text import Text
+
     from eaglekit.engines.vllm import describe_acceptance
 
     shown = Text(describe_acceptance(block))
@@ -203,7 +230,7 @@ def deprecated_alias(alias: str, canonical: str, dest: str, **attrs: Any):
                 warned = ctx.meta.setdefault("eaglekit.deprecated_aliases", set())
                 if alias not in warned:
                     warned.add(alias)
-                    err.print(f"warning: {alias} is a deprecated alias of {canonical}; use {canonical}")
+                    console("err").print(f"warning: {alias} is a deprecated alias of {canonical}; use {canonical}")
                 kwargs[dest] = value
             return fn(*args, **kwargs)
 
@@ -302,6 +329,8 @@ def decode_options(fn):
 
 def styled(*parts: str | tuple[str, str]) -> Text:
     """Text from plain strings and (text, style) pairs: the only way output gets styles."""
+    from rich.text import Text
+
     return Text.assemble(*parts)
 
 
@@ -360,18 +389,18 @@ def write_report(path: str, doc: Any) -> None:
 
 
 def finish_report(doc: dict, output_format: str, render: Callable[[dict], None], *, save_report: str | None = None,
-                  draw: Callable[[], str] | None = None) -> None:
+                  draw: Callable[[], str] | None = None, given: dict[str, str] | None = None) -> None:
     """A measuring command's last steps: its JSON written to --save-report, its plot drawn, then the JSON or the
-    tables (and where the plot went) printed."""
+    tables (and where the plot went) printed, the tables naming paths as the user typed them (`given`)."""
     if save_report:
         write_report(save_report, doc)
     written = draw() if draw else None
     if output_format == "json":
         emit_json(doc)
         return
-    render(doc)
+    render(with_given(doc, given or {}))
     if written:
-        out.print(f"plot: {written}")
+        console("out").print(f"plot: {written}")
 
 
 ROWS_PER_CODE = 10
@@ -379,45 +408,74 @@ ROWS_PER_CODE = 10
 still prints a screen, not megabytes (--format json lists every finding)."""
 
 
-def findings_table(findings: list[dict], title: str = "Findings") -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
-    table.add_column("code", no_wrap=True)
-    table.add_column("severity", no_wrap=True)
-    table.add_column("pitfall", no_wrap=True)
-    table.add_column("message")
+def findings_rows(findings: list[dict]) -> list[tuple[str, str, str, str]]:
+    """(code, severity, pitfall, message) per finding shown: at most ROWS_PER_CODE of a code, then a count."""
+    rows: list[tuple[str, str, str, str]] = []
     shown: dict[str, int] = {}
     for f in findings:
         shown[f["code"]] = shown.get(f["code"], 0) + 1
         if shown[f["code"]] <= ROWS_PER_CODE:
-            sev = f["severity"]
-            table.add_row(f["code"], styled((sev, SEVERITY_STYLE.get(sev, ""))), f.get("pitfall") or "", f["message"])
-    for code, count in shown.items():
-        if count > ROWS_PER_CODE:
-            table.add_row(code, "", "", f"… and {count - ROWS_PER_CODE:,} more {code} findings (--format json lists "
-                                        "them all)")
-    return table
+            rows.append((f["code"], f["severity"], f.get("pitfall") or "", f["message"]))
+    rows += [(code, "", "", f"… and {count - ROWS_PER_CODE:,} more {code} findings (--format json lists them all)")
+             for code, count in shown.items() if count > ROWS_PER_CODE]
+    return rows
+
+
+def print_prose_table(title: str, headers: tuple[str, ...], rows: Sequence[tuple[str, ...]],
+                      styles: dict[int, Callable[[str], str | None]] | None = None) -> None:
+    """Rows whose last cell is prose: a table when every word of that prose fits its column, else one row per line
+    group (`first second … — prose` wrapped at spaces), so a path or command in the prose is never cut or split.
+    `styles` gives a column's style from its value."""
+    screen = console("out")
+    styles = styles or {}
+    fixed = [max([len(header)] + [len(r[i]) for r in rows]) for i, header in enumerate(headers[:-1])]
+    room = screen.width - 3 * len(headers) - 1 - sum(fixed)  # a space each side of each cell, a rule between them
+    if all(len(word) <= room for r in rows for word in r[-1].split()):
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left", expand=False)
+        for header in headers[:-1]:
+            table.add_column(header, no_wrap=True)
+        table.add_column(headers[-1])
+        for r in rows:
+            table.add_row(*[styled((v, styles[i](v) or "")) if i in styles else v for i, v in enumerate(r)])
+        screen.print(table)
+        return
+    screen.print(title)
+    for r in rows:
+        head = " ".join(v for v in r[:-1] if v)
+        for i, line in enumerate(packed_lines(f"  {head} —", r[-1].split(), screen.width)):
+            screen.print(line if i else styled((line[:len(r[0]) + 2], "bold"), line[len(r[0]) + 2:]), soft_wrap=True)
+
+
+def print_findings(findings: list[dict], title: str = "Findings") -> None:
+    """Findings as print_prose_table lays them out: a path or command in a message is never cut."""
+    print_prose_table(title, ("code", "severity", "pitfall", "message"), findings_rows(findings),
+                      {1: SEVERITY_STYLE.get})
 
 
 def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, prose: str | None = None) -> None:
     """Print rows whose cells are names to copy (tensor names, paths): a table when it fits the terminal with
     every identifier whole, else each row as `first — column: value; …` lines within the width (an 80-column log
     keeps every header and every identifier whole); only the `prose` column may wrap."""
+    from rich.table import Table
+
     fixed = [c for c in columns if c != prose]
     widths = {c: max([len(c)] + [len(str(r[columns.index(c)])) for r in rows]) for c in columns}
     needed = sum(widths[c] for c in fixed) + 3 * len(columns) + 1 + (12 if prose else 0)
-    if needed <= out.width:
+    if needed <= console("out").width:
         table = Table(title=title, title_justify="left")
         for c in columns:
             table.add_column(c, no_wrap=c != prose, overflow="fold" if c == prose else "ignore")
         for r in rows:
             table.add_row(*[str(v) for v in r])
-        out.print(table)
+        console("out").print(table)
         return
-    out.print(title)
+    console("out").print(title)
     for r in rows:
         named = [f"{column}: {value}" for column, value in zip(columns[1:], r[1:]) if str(value)]
-        for line in packed_lines(f"  {r[0]} —", [f"{n};" for n in named[:-1]] + named[-1:], out.width):
-            out.print(line, soft_wrap=True)
+        for line in packed_lines(f"  {r[0]} —", [f"{n};" for n in named[:-1]] + named[-1:], console("out").width):
+            console("out").print(line, soft_wrap=True)
 
 
 def packed_lines(head: str, units: list[str], width: int, indent: str = "    ") -> list[str]:
@@ -464,16 +522,104 @@ def shell_command(command: str) -> str:
         return printable(command)
 
 
+SHELL_OPERATORS = frozenset({"&&", "||", "|", ";"})
+"""Words of a printed command that join commands: kept as they are (quoted, they would be arguments)."""
+COMMAND_WORDS = frozenset({"eaglekit", "python", "python3", "pip", "bash", "sh", "git", "cmake", "make"})
+
+
+def is_command(text: str) -> bool:
+    """Whether a fix is a command to paste (else a sentence to read): it starts with a program eaglekit's fixes
+    run, or a script or binary by its path."""
+    first = text.split(maxsplit=1)[0] if text.strip() else ""
+    return first in COMMAND_WORDS or first.endswith(".sh") or "/bin/" in first
+
+
+def fix_lines(label: str, fix: str, width: int) -> list[str]:
+    """A fix after `label` within `width`: a command continued with ` \\` between arguments (command_lines), a
+    sentence wrapped at its spaces (a path in it is never split), its control characters as escapes."""
+    from eaglekit.redact import printable
+
+    if is_command(fix):
+        try:
+            return command_lines(label, fix, width)
+        except ValueError:  # not a command shlex can split: shown as a sentence
+            pass
+    return packed_lines(label.rstrip(), printable(fix).split(), width)
+
+
+def print_fix(label: str, fix: str, style: str = "bold") -> None:
+    """A fix on stdout as fix_lines lays it out, the fix itself in `style`."""
+    screen = console("out")
+    for i, line in enumerate(fix_lines(label, fix, screen.width)):
+        head = label.rstrip() if i == 0 else ""
+        screen.print(styled(head, (line[len(head):], style)), soft_wrap=True)
+
+
+GIVEN_KEY = "eaglekit.given"
+"""Where target_path keeps what a Hub id resolved to (click's context meta), for given_paths."""
+
+
+def print_prose(head: str, text: str, head_style: str = "", indent: str = "  ") -> None:
+    """`head` (in `head_style`) and a sentence wrapped at its spaces within the width: a path or name in it is
+    never split, one wider than a line stands whole on its own line."""
+    screen = console("out")
+    start = head.rstrip() if head.strip() else head
+    for i, line in enumerate(packed_lines(start, text.split(), screen.width, indent)):
+        if i == 0 and start.strip():
+            screen.print(styled((line[:len(start)], head_style), line[len(start):]), soft_wrap=True)
+        else:
+            screen.print(line, soft_wrap=True)
+
+
+def given_paths(paths: Iterable[str | None], targets: Iterable[str | None] = (), *,
+                resolved: dict[str, str] | None = None) -> dict[str, str]:
+    """How the paths the user typed appear in a report (absolute, with symlinks resolved; a target's config.json
+    by its folder; a Hub id's cached snapshot, from `resolved` or --target's callback) → as the user typed them,
+    for with_given."""
+    context = click.get_current_context(silent=True)
+    given: dict[str, str] = dict(context.meta.get(GIVEN_KEY, {}) if context else {})
+    given.update({path: typed for path, typed in (resolved or {}).items() if path != typed})
+    for path, is_target in [*((p, False) for p in paths), *((p, True) for p in targets)]:
+        if not path or path.startswith("hf://"):
+            continue
+        forms = {os.path.abspath(path), os.path.realpath(path)}
+        given.update({form: path for form in forms if form != path})
+        if is_target and os.path.isfile(path):  # a config.json or GGUF file: the report names its folder
+            folder = os.path.dirname(path) or "."
+            given.update({os.path.dirname(form): folder for form in forms if os.path.dirname(form) != folder})
+    return given
+
+
+def with_given(doc: Any, given: dict[str, str]) -> Any:
+    """A report with every path the user typed written as typed (the human renderers print it; JSON keeps its own
+    form): a whole path or the head of a longer one, never a part of another name."""
+    if not given:
+        return doc
+    pattern = re.compile(r"(?<![\w./-])(" + "|".join(re.escape(k) for k in sorted(given, key=len, reverse=True))
+                         + r")(?=$|[/\s'\"),;:\]`])")
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return pattern.sub(lambda m: given[m.group(1)], value)
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(doc)
+
+
 def command_lines(label: str, command: str, width: int) -> list[str]:
     """A shell command after `label`, on one line when it fits `width`, else continued with ` \\` line ends (a shell
     joins them when the lines are pasted) between arguments only: an argument is never split, and one wider than a
     line stands whole on a line of its own. Each argument is quoted by shell_word."""
     import shlex
 
-    words = [shell_word(w) for w in shlex.split(command)]
+    words = [w if w in SHELL_OPERATORS else shell_word(w) for w in shlex.split(command)]
     if len(label) + len(" ".join(words)) <= width:
         return [label + " ".join(words)]
-    lines, line = [], label.rstrip()
+    lines, line = [], label.rstrip() if label.strip() else label
     for word in words:
         if line.strip() and len(line) + 1 + len(word) + 2 > width:
             lines.append(line)
@@ -485,6 +631,9 @@ def command_lines(label: str, command: str, width: int) -> list[str]:
 
 
 def key_value_table(rows: list[tuple[str, Any]], title: str | None = None) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=title, title_justify="left", show_header=False, expand=False, box=None, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")  # a long path or id is folded, never cut
@@ -497,22 +646,23 @@ def key_value_panel(rows: list[tuple[str, Any]], title: Text) -> None:
     """`rows` in a titled panel when its longest identifier (a path: the longest run without a space) fits beside
     its key; else as `key: value` lines within the width, so a narrow log shows every path whole."""
     from rich.panel import Panel
+    from rich.text import Text
 
     values = [(key, value.plain if isinstance(value, Text) else "—" if value is None else str(value))
               for key, value in rows]
     key_width = max(len(key) for key, _ in values)
     longest = max(len(word) for _, value in values for word in value.split())
-    if key_width + longest + 8 <= out.width:
-        out.print(Panel(key_value_table(rows), title=title, expand=False))
+    if key_width + longest + 8 <= console("out").width:
+        console("out").print(Panel(key_value_table(rows), title=title, expand=False))
         return
-    out.print(title)
+    console("out").print(title)
     for key, value in values:
         first, *more = value.split("\n")
-        for line in packed_lines(f"  {key}:", first.split(), out.width):
-            out.print(line, soft_wrap=True)
+        for line in packed_lines(f"  {key}:", first.split(), console("out").width):
+            console("out").print(line, soft_wrap=True)
         for extra in more:
-            for line in packed_lines("    ", extra.split(), out.width):
-                out.print(line, soft_wrap=True)
+            for line in packed_lines("    ", extra.split(), console("out").width):
+                console("out").print(line, soft_wrap=True)
 
 
 def human_bytes(n: int) -> str:

@@ -8,10 +8,10 @@ from rich.table import Table
 from eaglekit.cli.output import (
     emit_json,
     err,
-    findings_table,
     format_option,
     human_bytes,
     out,
+    print_findings,
     printable_doc,
     styled,
     write_text_atomically,
@@ -135,7 +135,7 @@ def render(doc: dict) -> None:
         files.add_row(f["path"], human_bytes(f["size"]), f["sha256"][:16] + "…")
     out.print(files)
     if doc["findings"]:
-        out.print(findings_table(doc["findings"], title="Validation (vLLM)"))
+        print_findings(doc["findings"], title="Validation (vLLM)")
     for warning in doc["warnings"]:
         err.print(styled(("warning:", "yellow"), f" {warning}"))
     if doc["forced"]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
-from contextlib import contextmanager
 
 import click
 from rich.table import Table
@@ -12,20 +10,23 @@ from rich.text import Text
 
 from eaglekit.cli.output import (
     aux_ids,
-    command_lines,
     emit_json,
-    err,
-    findings_table,
     format_option,
+    given_paths,
     human_bytes,
     identifier_table,
     key_value_panel,
     out,
+    print_findings,
+    print_fix,
+    print_prose,
     quantization_text,
     styled,
     target_path,
     target_quantization_option,
+    with_given,
 )
+from eaglekit.cli.progress import ProgressLog
 from eaglekit.errors import UsageError
 
 EXAMPLES = """
@@ -51,20 +52,6 @@ def parse_size(text: str) -> int:
     if not m or unit not in _UNITS:
         raise UsageError(f"--max-shard-size {text!r}: expected a size such as 5GB, 500MB or 2GiB")
     return int(float(m.group(1)) * _UNITS[unit])
-
-
-@contextmanager
-def _progress(enabled: bool):
-    """(on_start, advance) callbacks driving a transient progress bar on stderr, or no-ops."""
-    if not enabled:
-        yield None, None
-        return
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    with Progress(TextColumn("{task.description}", style="progress.description", markup=False), BarColumn(),
-                  DownloadColumn(), TransferSpeedColumn(), console=err, transient=True) as bar:
-        task = bar.add_task("writing", total=None)
-        yield (lambda total: bar.update(task, total=total)), (lambda n: bar.advance(task, n))
 
 
 @click.command("upgrade", epilog=EXAMPLES)
@@ -106,10 +93,11 @@ def _progress(enabled: bool):
 @click.option("--store", type=click.Path(file_okay=False),
               help="Calibrate from a hidden-state store (`eaglekit capture TARGET STORE --calibration`) instead of "
                    "running the target: --target then needs only its config, tokenizer, embeddings and head.")
+@click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
 def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_convention, fc_norm_init, calibration_file,
                     target_quantization, fc_norm, norm_output, to, dtype, max_shard_size, dry_run, force, allow_pickle,
-                    subfolder, revision, device, store, output_format):
+                    subfolder, revision, device, store, no_progress, output_format):
     """Write SRC as a correct EAGLE-3.1 draft for vLLM (or SGLang / speculators) in DST.
 
     With the target's weights, adds fc_norm and switches on norm_output by default, both set up to keep the
@@ -131,14 +119,22 @@ def upgrade_command(src, dst, source_family, target, aux_layer_ids, aux_conventi
         max_shard_size=parse_size(max_shard_size), dry_run=dry_run, force=force, allow_pickle=allow_pickle,
         subfolder=subfolder, revision=revision, device=device, store=store,
     )
-    show_bar = output_format == "human" and not dry_run and sys.stderr.isatty()
-    with _progress(show_bar) as (on_start, advance):
-        report = upgrade(src, dst, options, progress=advance, on_start=on_start)
+    with ProgressLog("upgrade", not dry_run and not no_progress) as progress:
+        report = upgrade(src, dst, options, progress=progress)
     doc = report.to_dict()
     if output_format == "json":
         emit_json(doc)
     else:
-        render(doc)
+        render(with_given(doc, given_paths([src, dst, calibration_file, store], [target],
+                                           resolved={doc["source"]["path"]: src, **_tuned_sibling(dst)})))
+
+
+def _tuned_sibling(dst: str) -> dict[str, str]:
+    """The next command's `DST-tuned`, absolute in the report → beside DST as the user typed it."""
+    import os
+
+    typed = f"{dst.rstrip('/') or dst}-tuned"
+    return {f"{form}-tuned": typed for form in {os.path.abspath(dst), os.path.realpath(dst)}}
 
 
 def _ids_line(aux: dict) -> Text:
@@ -186,7 +182,7 @@ def render(doc: dict) -> None:
     _print_tensors(doc)
     shown = [f for f in doc["findings"] if f["severity"] != "info"]
     if shown:
-        out.print(findings_table(shown, title="Validation of the output (no errors)"))
+        print_findings(shown, title="Validation of the output (no errors)")
     for warning in doc["warnings"]:
         out.print(styled(("warning:", "yellow"), f" {warning}"))
     if doc["dry_run"]:
@@ -195,12 +191,10 @@ def render(doc: dict) -> None:
         seconds = doc["timings"].get("total_s", 0.0)
         checked = (f"read back and checked against {engine.label}'s eagle3 loader" if engine.needs_conversion
                    else f"validated for {engine.label}")
-        out.print(styled(("Wrote", "green"), f" {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
-                         f"{checked}."))
+        print_prose("Wrote", f"{dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; {checked}.", "green")
     if doc["next_command"]:
         label = "serve: " if engine.needs_conversion else "next: "
-        for line in command_lines(label, doc["next_command"], out.width):  # a command to copy: never wrapped
-            out.print(line, soft_wrap=True)
+        print_fix(label, doc["next_command"], style="")
     if doc["next_command"] and not engine.needs_conversion:
         out.print("  (trains the new function; until then this draft accepts fewer tokens than its source)")
     elif doc["next_step"]:

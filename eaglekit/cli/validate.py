@@ -8,12 +8,15 @@ from rich.table import Table
 from eaglekit.cli.output import (
     SEVERITY_STYLE,
     emit_json,
-    findings_table,
     format_option,
+    given_paths,
     out,
-    shell_command,
+    print_findings,
+    print_fix,
+    print_prose,
     styled,
     target_path,
+    with_given,
 )
 from eaglekit.engines import RECORDS
 
@@ -73,14 +76,16 @@ def validate_command(ctx, path, target, engine, engine_version, deep, strict, li
                           target=target_info)
     except NotEagle3DraftError as exc:  # recognised, and not an EAGLE-3 draft: it fails, and says what serves it
         other = validation_report(exc.path or path, exc.draft, strict)
-        emit_json(other) if output_format == "json" else render_other_method(other)
+        given = given_paths([path], resolved={exc.path: path} if exc.path else None)
+        emit_json(other) if output_format == "json" else render_other_method(with_given(other, given))
         ctx.exit(1)
     report = run_rules(spec, target=target_info, engine=engine, engine_version=engine_version, deep=deep)
     doc = report.to_dict(strict=strict)
     if output_format == "json":
         emit_json(doc)
     else:
-        render_report(doc, spec.family, spec.producer)
+        render_report(with_given(doc, given_paths([path], [target], resolved={spec.path: path})), spec.family,
+                      spec.producer)
     if report.failed(strict):
         ctx.exit(1)
 
@@ -93,10 +98,10 @@ def render_report(doc: dict, family: str, producer: str) -> None:
     out.print(styled((doc["path"], "bold"), f"  {family} — {producer}"))
     out.print(f"checked: {checked}" + (f" (engine: {engines})" if engines else ""))
     if doc["target_mismatch"]:
-        out.print(styled(("wrong target? ", "bold yellow"), doc["target_mismatch"]), soft_wrap=True)
+        print_prose("wrong target? ", doc["target_mismatch"], "bold yellow")
     findings = sorted(doc["findings"], key=lambda f: (_ORDER[f["severity"]], f["code"]))
     if findings:
-        out.print(findings_table(findings))
+        print_findings(findings)
     counts = f"{doc['errors']} error(s), {doc['warnings']} warning(s), {doc['infos']} info"
     if len(doc["engines"]) > 1 or any(e["settings"] for e in doc["engines"]):
         for e in doc["engines"]:
@@ -106,18 +111,18 @@ def render_report(doc: dict, family: str, producer: str) -> None:
             needs = f" with {'; '.join(e['settings'])}" if e["ok"] and e["settings"] else ""
             out.print(styled(f"{e['engine']} {e['version']}: ", verdict, needs), soft_wrap=True)
             if len(doc["engines"]) > 1 and e["fix"]:
-                out.print(styled("  fix: ", (shell_command(e["fix"]), "bold")), soft_wrap=True)
+                print_fix("  fix: ", e["fix"])
             elif len(doc["engines"]) > 1 and e["ok"] and record.needs_conversion:
-                out.print(f"  {record.conversion_hint()}", soft_wrap=True)
+                print_prose("  ", record.conversion_hint(), indent="    ")
     for note in doc["conflicts"]:
         out.print(styled(("conflict: ", "bold yellow"), note))
     if doc["fix"] and len(doc["engines"]) == 1:
         record = engine_record(doc["engines"][0]["engine"])
         out.print(f"convert ({record.label} loads GGUF only; the source is never changed):" if record.needs_conversion
                   else "fix (rewrites what the engine rules check, validates its output, never changes the source):")
-        out.print(styled("  ", (shell_command(doc["fix"]), "bold")), soft_wrap=True)  # a command to copy: never wrapped
+        print_fix("  ", doc["fix"])
     elif len(doc["engines"]) == 1 and engine_record(doc["engines"][0]["engine"]).needs_conversion and doc["ok"]:
-        out.print(engine_record(doc["engines"][0]["engine"]).conversion_hint(), soft_wrap=True)
+        print_prose("", engine_record(doc["engines"][0]["engine"]).conversion_hint())
     if doc["ok"]:
         out.print(styled(("PASSED", "green"), f": {counts}"))
     else:
@@ -129,9 +134,8 @@ def render_other_method(doc: dict) -> None:
     method = doc["speculative_method"]
     out.print(styled((doc["path"], "bold"), f"  {method['family']} — {method['producer']}"))
     if method["vllm"]["problem"]:
-        out.print(styled(("vLLM: ", "bold yellow"), method["vllm"]["problem"]), soft_wrap=True)
-    out.print(styled(("FAILED", "bold red"), f": {method['summary']} (`eaglekit inspect` shows what it reads)"),
-              soft_wrap=True)
+        print_prose("vLLM: ", method["vllm"]["problem"], "bold yellow")
+    print_prose("FAILED:", f"{method['summary']} (`eaglekit inspect` shows what it reads)", "bold red")
 
 
 def render_rules(rules: list[dict]) -> None:

@@ -14,19 +14,21 @@ from eaglekit.cli.output import (
     conditions,
     decode_options,
     emit_json,
-    findings_table,
     format_option,
+    given_paths,
     identifier_table,
     key_value_table,
     out,
+    print_findings,
     quantization_text,
     sampling_text,
     shell_command,
     styled,
     vllm_options,
+    with_given,
     write_report,
 )
-from eaglekit.cli.progress import StageProgress
+from eaglekit.cli.progress import ProgressLog
 from eaglekit.decode.stats import too_few, too_few_text
 from eaglekit.errors import EaglekitError, UsageError
 from eaglekit.runner import REFERENCE, RUNNERS
@@ -99,9 +101,8 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
             raise UsageError("--plot draws the reference decode's conditions: use --engine reference or both")
         check_plot_path(plot)
     if options.engine_only:
-        with StageProgress("verify", not no_progress) as progress:
-            progress.text("vLLM: the target alone, then with the draft")
-            doc = verify_in_engine(draft, target, options)
+        with ProgressLog("verify", not no_progress) as progress:
+            doc = verify_in_engine(draft, target, options, progress=progress)
         if save_report:
             write_report(save_report, doc)
         if profile_out:
@@ -111,8 +112,9 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
             raise EaglekitError(f"{draft}: vLLM's speculative output differs from its own target-only output on "
                                 f"prompt(s) {doc['engine']['mismatched_prompts']}")
         return
-    with StageProgress("verify", not no_progress) as progress:
-        sweep = verify_conditions(draft, target, options, on_prompt=progress.item)
+    given = given_paths([draft, prompts_file, save_report, plot, profile_out], [target])
+    with ProgressLog("verify", not no_progress, given=given) as progress:
+        sweep = verify_conditions(draft, target, options, progress=progress)
     doc = sweep.to_dict()
     if save_report:
         write_report(save_report, doc)
@@ -123,7 +125,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
     if output_format == "json":
         emit_json(doc)
     else:
-        render(doc, draft)
+        render(with_given(doc, given), draft)
         if profile is not None:
             render_profile(profile, profile_out)
         if written:
@@ -217,7 +219,7 @@ def _header(doc: dict, prompts: str) -> None:
     ], title="eaglekit verify"))
     out.print()
     if doc["checks"]:
-        out.print(findings_table(doc["checks"], title="Compatibility"))
+        print_findings(doc["checks"], title="Compatibility")
     else:
         out.print(styled(("Compatibility: ", "bold"), ("the draft fits the target, and vLLM reads the files as this "
                                                      "decode does", "green")))

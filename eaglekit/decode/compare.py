@@ -18,7 +18,7 @@ prompt (greedy speculative decoding is lossless, so both drafts meet the target'
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +29,11 @@ from eaglekit.decode.options import VerifyOptions
 from eaglekit.decode.prefix import SharedPrefix
 from eaglekit.decode.prompts import Prompt, encode
 from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
-from eaglekit.decode.setup import decode_setup, turns
+from eaglekit.decode.setup import decode_setup, turn_label, turns
 from eaglekit.decode.speculative import ReplayVerifier, capture_pass, speculative_decode
-from eaglekit.decode.stats import paired_difference, pooled, sample_marker, summary, tau_interval
+from eaglekit.decode.stats import paired_difference, sample_marker, summary
 from eaglekit.errors import UsageError
+from eaglekit.progress import Progress, quiet
 
 
 @dataclass
@@ -55,9 +56,8 @@ class CompareReport:
     b: Measured
 
     def _summary(self, m: Measured, picked: list[int]) -> dict:
-        cs, gs = [m.counters[i] for i in picked], [self.conversations[i] for i in picked]
-        return summary(pooled(cs, self.settings.num_speculative_tokens), tau_interval(cs, gs), len(picked),
-                       len(set(gs)))
+        return summary([m.counters[i] for i in picked], [self.conversations[i] for i in picked],
+                       self.settings.num_speculative_tokens)
 
     def _difference(self, picked: list[int]) -> dict:
         groups = [self.conversations[i] for i in picked]
@@ -136,48 +136,53 @@ class CompareSweep:
 
 
 def compare(draft_a: str, draft_b: str, target: str, options: VerifyOptions = VerifyOptions(), *,
-            on_prompt: Callable[[int, int, str], None] | None = None) -> CompareReport:
+            progress: Progress | None = None) -> CompareReport:
     """Measure both drafts on one captured target pass per prompt turn under one condition; refuse either before
     decoding if it does not fit the target."""
     options.check()
     if len(options.conditions) > 1:
         raise UsageError("compare() measures one condition: compare_conditions() runs several --context-tokens or "
                          "--template values")
-    return compare_conditions(draft_a, draft_b, target, options, on_prompt=on_prompt).reports[0]
+    return compare_conditions(draft_a, draft_b, target, options, progress=progress).reports[0]
 
 
 def compare_conditions(draft_a: str, draft_b: str, target: str, options: VerifyOptions = VerifyOptions(), *,
-                       on_prompt: Callable[[int, int, str], None] | None = None) -> CompareSweep:
+                       progress: Progress | None = None) -> CompareSweep:
     """compare under every condition of `options` (each template with each context length); the target and both
     drafters are loaded once."""
-    return compare_against(draft_a, [draft_b], target, options, on_prompt=on_prompt)[0]
+    return compare_against(draft_a, [draft_b], target, options, progress=progress)[0]
 
 
 def compare_against(reference: str, drafts: Sequence[str], target: str, options: VerifyOptions = VerifyOptions(), *,
-                    on_prompt: Callable[[int, int, str], None] | None = None) -> list[CompareSweep]:
+                    progress: Progress | None = None) -> list[CompareSweep]:
     """Each of `drafts` against `reference` under every condition of `options`: the target decodes each prompt once
     per condition and every drafter is replayed on that pass, so N drafts cost one target decode, not N. One sweep
     per draft, in order (A = the reference).
 
     Each prompt turn is decoded under every condition before the next turn, through one `SharedPrefix`: its greedy
     decode, its capture and the same prompt under a longer context share the rows of the prompt they have in
-    common, so a long context is prefilled once per prompt, not once per pass and condition."""
+    common, so a long context is prefilled once per prompt, not once per pass and condition. `progress` hears of
+    the target's load, each target decode token by token, and each turn's drafts replayed on it."""
     options.check()
+    progress = quiet(progress)
     names = ["draft A", "draft B"] if len(drafts) == 1 else ["reference", *(f"draft {i + 1}"
                                                                             for i in range(len(drafts)))]
     k = options.num_speculative_tokens
-    setup = decode_setup(list(zip(names, (reference, *drafts))), target, options, lookahead=k + 1)
+    setup = decode_setup(list(zip(names, (reference, *drafts))), target, options, lookahead=k + 1,
+                         progress=progress)
     model, conditions = setup.target_model, options.conditions
     drafters = [setup.drafter(draft) for draft in setup.drafts]
     captured = sorted({i for draft in setup.drafts for i in draft.aux_ids})
     prefix = SharedPrefix(model, captured, options.prefill_chunk)
-    streams = [turns(setup.prompts, model, options.at(c), lookahead=k + 1, prefix=prefix) for c in conditions]
+    streams = [turns(setup.prompts, model, options.at(c), lookahead=k + 1, prefix=prefix, progress=progress)
+               for c in conditions]
     measured = [[Measured(d.path, d.spec.eagle_version, list(d.aux_ids)) for d in setup.drafts] for _ in conditions]
     asked: list[list[Prompt]] = [[] for _ in conditions]
-    total = setup.prompts.turns * len(conditions)
     for turn in range(setup.prompts.turns):
-        for index, (condition, stream) in enumerate(zip(conditions, streams)):
+        for index, stream in enumerate(streams):
             prompt, ids, plain = next(stream)
+            progress.stage(f"{turn_label(turn + 1, setup.prompts.turns)}: the drafts on the target's pass",
+                           len(drafters), "drafts")
             capture = capture_pass(model, ids, plain.tokens, captured, prefix=prefix)
             for drafter, m in zip(drafters, measured[index]):
                 proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + k + 2,
@@ -185,10 +190,8 @@ def compare_against(reference: str, drafts: Sequence[str], target: str, options:
                 run = speculative_decode(ReplayVerifier(capture, m.aux_layer_ids), proposer, ids, k=k,
                                          max_new_tokens=setup.max_new_tokens, eos_ids=setup.eos_ids)
                 m.counters.append(run.counter)
+                progress.advance()
             asked[index].append(prompt)
-            if on_prompt is not None:
-                label = f"{condition.label}: {prompt.name}" if len(conditions) > 1 else prompt.name
-                on_prompt(turn * len(conditions) + index + 1, total, label)
     sweeps: list[list[CompareReport]] = [[] for _ in drafts]
     for condition, (a, *others), prompts in zip(conditions, measured, asked):
         settings = setup.settings(condition)
@@ -216,7 +219,7 @@ class EngineComparison:
 
 
 def compare_in_vllm(draft_a: str, draft_b: str, target: str, options: VerifyOptions, *,
-                    on_draft: Callable[[int, int], None] | None = None) -> EngineComparison:
+                    progress: Progress | None = None) -> EngineComparison:
     """Both drafts served by vLLM (options.engine_options: its Python, tensor parallelism, engine arguments) on every
     condition's first turns, one engine start per draft; the tokenizer is the only part of the target loaded here.
     Its per-request counters pair the drafts prompt by prompt, as compare_conditions pairs the reference's."""
@@ -234,13 +237,10 @@ def compare_in_vllm(draft_a: str, draft_b: str, target: str, options: VerifyOpti
     every = [ids for condition in options.conditions for ids in encoded[condition]]
     runs = []
     for done, draft in enumerate(setup.drafts):
-        if on_draft is not None:
-            on_draft(done, len(setup.drafts))
+        quiet(progress).stage(f"{draft.name} in vLLM ({done + 1}/{len(setup.drafts)}), {len(every)} prompts")
         runs.append(draft_in_vllm(draft.path, target, every, k=setup.k, max_new_tokens=setup.max_new_tokens,
                                   dtype=setup.dtype, opts=options.engine_options,
                                   context=setup.info.max_position_embeddings))
-    if on_draft is not None:
-        on_draft(len(setup.drafts), len(setup.drafts))
     engine = f"vLLM {runs[0].version}"
     names = [p.name for p in prompts.prompts]
     categories = [p.category for p in prompts.prompts]

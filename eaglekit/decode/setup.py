@@ -23,6 +23,7 @@ from eaglekit.errors import IncompatibleDraftError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.findings import Finding
 from eaglekit.io.outputs import read_roles, refuse_clobber, target_roles
+from eaglekit.progress import Progress, quiet
 from eaglekit.quantization import refuse_emulation_on_declared
 from eaglekit.rules import ValidationReport, decode_findings, run_rules
 from eaglekit.spec import DraftSpec
@@ -94,7 +95,7 @@ class DecodeSetup:
 
 
 def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: VerifyOptions, *,
-                 load_model: bool = True, lookahead: int = 0) -> DecodeSetup:
+                 load_model: bool = True, lookahead: int = 0, progress: Progress | None = None) -> DecodeSetup:
     """Read and check every (name, path) draft against `target`, choose the prompts and load the target (its
     tokenizer only without `load_model`); refuse, before any decode, a draft that does not fit, an output that
     would overwrite an input, or a prompt with no room for `options.max_new_tokens` + `lookahead` tokens."""
@@ -106,6 +107,7 @@ def decode_setup(drafts: Sequence[tuple[str, str]], target: str, options: Verify
     checked = tuple(_checked(name, spec, info, options) for name, spec in specs)
     prompts = select_prompts(options)
     if load_model:
+        quiet(progress).stage("loading the target")
         model = load_target(target, device=options.device, dtype=options.dtype,
                             quantization=options.target_quantization)
         refuse_prompts_past_context(prompts, model, options, lookahead)
@@ -227,22 +229,33 @@ def _refuse_context_past_prompt(prompt, model: TargetModel, condition: Condition
                          f"{max(0, condition.context_tokens - over):,} tokens of context fit")
 
 
+def turn_label(done: int, total: int) -> str:
+    """How a progress stage names the prompt turn it works on."""
+    return f"prompt {done}/{total}"
+
+
 def turns(prompts: PromptSet, model: TargetModel, options: VerifyOptions, lookahead: int = 0,
-          prefix: SharedPrefix | None = None):
+          prefix: SharedPrefix | None = None, progress: Progress | None = None):
     """(prompt, token ids, the target's own decode) for every prompt and each of its follow-up turns, under the one
     condition of `options`; a follow-up is asked after the target's answer to the turn before, as a served
     conversation would be. The target decodes greedily, or samples (one generator seeded from `options` across
     every turn) when `options` ask for a temperature.
     `lookahead` decodes that many tokens past --max-new-tokens (a replay's last round reads them); each prompt's
-    prefill goes through `prefix` (shared with the passes that follow), else one chunked as `options` say."""
+    prefill goes through `prefix` (shared with the passes that follow), else one chunked as `options` say.
+    `progress` hears of each target decode as the stage `prompt N/M: target alone`, token by token."""
     sampler = sampler_for(options.sampling)
+    progress = quiet(progress)
+    done = 0
     for index, first in enumerate(prompts.prompts):
         prompt = with_context(first, model.tokenizer, options.condition.context_tokens, index)
         while True:
             ids = encode(prompt, model.tokenizer, template=options.condition.template)
+            done += 1
+            progress.stage(f"{turn_label(done, prompts.turns)}: target alone", options.max_new_tokens + lookahead,
+                           "tokens")
             plain = greedy_decode(model, ids, max_new_tokens=options.max_new_tokens + lookahead,
                                   eos_ids=model.eos_token_ids, sampler=sampler,
-                                  prefix=prefix or SharedPrefix(model, (), options.prefill_chunk))
+                                  prefix=prefix or SharedPrefix(model, (), options.prefill_chunk), progress=progress)
             yield prompt, ids, plain
             if not prompt.follow_ups:
                 break

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.decode.prefix import SharedPrefix
 from eaglekit.errors import CheckpointError
+from eaglekit.progress import Progress, quiet
 from eaglekit.target_model import TargetModel
 
 if TYPE_CHECKING:
@@ -115,11 +116,13 @@ def check_room(target: TargetModel, prompt: Sequence[int], max_new_tokens: int) 
 
 def greedy_decode(target: TargetModel, prompt: Sequence[int], *, max_new_tokens: int,
                   eos_ids: Collection[int] = (), sampler: RejectionSampler | None = None,
-                  prefix: SharedPrefix | None = None) -> GreedyResult:
+                  prefix: SharedPrefix | None = None, progress: Progress | None = None) -> GreedyResult:
     """The target's own continuation, one token per forward with its KV cache: greedy, or drawn by `sampler`. The
-    prompt's prefill goes through `prefix` (chunked, and after the rows it shares with the prefix's last run)."""
+    prompt's prefill goes through `prefix` (chunked, and after the rows it shares with the prefix's last run);
+    `progress` advances by each token."""
     import torch
 
+    progress = quiet(progress)
     check_room(target, prompt, max_new_tokens)
     start = time.perf_counter()
     tokens: list[int] = []
@@ -132,6 +135,7 @@ def greedy_decode(target: TargetModel, prompt: Sequence[int], *, max_new_tokens:
         token = int(top.indices[0]) if sampler is None else sampler.sample(result.logits[0, -1])
         tokens.append(token)
         margins.append(float(top.values[0] - top.values[1]))
+        progress.advance()
         if len(tokens) >= max_new_tokens or token in eos_ids:
             break
         result = target.forward(torch.tensor([[token]], dtype=torch.long), (), result.past, logits_to_keep=1)
@@ -226,10 +230,11 @@ class ReplayVerifier:
 
 def speculative_decode(verifier: Verifier, proposer: Proposer, prompt: Sequence[int], *, k: int,
                        max_new_tokens: int, eos_ids: Collection[int] = (),
-                       sampler: RejectionSampler | None = None) -> SpecResult:
+                       sampler: RejectionSampler | None = None, progress: Progress | None = None) -> SpecResult:
     """Speculative decoding: draft k, verify k+1 rows at once; greedy keeps the longest matching prefix + the
     target's next token, a `sampler` accepts and emits as vLLM's rejection sampler does (it needs the verifier's
-    logits: a live target)."""
+    logits: a live target). `progress` advances by the tokens each round emits."""
+    progress = quiet(progress)
     clock = Clock()
     counter = AcceptanceCounter(k)
     start = time.perf_counter()
@@ -266,6 +271,7 @@ def speculative_decode(verifier: Verifier, proposer: Proposer, prompt: Sequence[
         counter.record(accepted)
         out.extend(drafts[:accepted])
         out.append(bonus)
+        progress.advance(accepted + 1)
         if len(out) >= max_new_tokens or any(t in eos_ids for t in out[-accepted - 1 :]):
             break
         mark = time.perf_counter()

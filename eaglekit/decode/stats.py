@@ -14,7 +14,7 @@ estimate with `too_few_samples` instead, and every renderer says so rather than 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,14 @@ def _interval(samples: list[float], level: float) -> Interval:
     return Interval(percentile(samples, tail), percentile(samples, 1 - tail), level)
 
 
+def _draws(n: int, resamples: int, seed: int) -> Iterator[list[int]]:
+    """The bootstrap's resamples: `resamples` draws of n indices with replacement, the same for every statistic
+    estimated with one seed, so τ and each position's rate are estimated over the same resampled conversations."""
+    rng = random.Random(seed)
+    for _ in range(resamples):
+        yield [rng.randrange(n) for _ in range(n)]
+
+
 def _tau(cells: Sequence[tuple[int, int]]) -> float:
     drafts = sum(d for d, _ in cells)
     return 1.0 + sum(a for _, a in cells) / drafts if drafts else 1.0
@@ -93,9 +101,29 @@ def tau_interval(counters: Sequence[AcceptanceCounter], groups: Sequence[str], *
     cells = _groups(counters, groups)
     if too_few(len(cells)):
         return None
-    rng = random.Random(seed)
-    n = len(cells)
-    return _interval([_tau([cells[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)], level)
+    return _interval([_tau([cells[i] for i in picks]) for picks in _draws(len(cells), resamples, seed)], level)
+
+
+def per_position_intervals(counters: Sequence[AcceptanceCounter], groups: Sequence[str], *,
+                           resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> list[Interval] | None:
+    """tau_interval's bootstrap for each draft position's unconditional rate (pooled: rounds whose first i+1 drafts
+    were accepted over all rounds), one interval per position; None below MIN_SAMPLES conversations."""
+    per_group: dict[str, AcceptanceCounter] = {}
+    for counter, group in zip(counters, groups):
+        per_group.setdefault(group, AcceptanceCounter(counter.k)).merge(counter)
+    cells = list(per_group.values())
+    if too_few(len(cells)):
+        return None
+    samples: list[list[float]] = [[] for _ in range(cells[0].k)]
+    for picks in _draws(len(cells), resamples, seed):
+        drafts = sum(cells[i].drafts for i in picks)
+        for position, column in enumerate(samples):
+            column.append(sum(cells[i].accepted_at[position] for i in picks) / drafts if drafts else 0.0)
+    return [_interval(column, level) for column in samples]
+
+
+def intervals_dict(intervals: Sequence[Interval] | None) -> list[dict] | None:
+    return [i.to_dict() for i in intervals] if intervals is not None else None
 
 
 def _pair_interval(pairs: list[tuple[Any, Any]], statistic: Callable[[list[tuple[Any, Any]]], float], method: str,
@@ -148,22 +176,22 @@ def paired_difference(a: Sequence[AcceptanceCounter], b: Sequence[AcceptanceCoun
     point = _tau(cells_b) - _tau(cells_a)
     if too_few(len(cells_a)):
         return point, None
-    rng = random.Random(seed)
-    n = len(cells_a)
-    samples = []
-    for _ in range(resamples):
-        picks = [rng.randrange(n) for _ in range(n)]
-        samples.append(_tau([cells_b[i] for i in picks]) - _tau([cells_a[i] for i in picks]))
+    samples = [_tau([cells_b[i] for i in picks]) - _tau([cells_a[i] for i in picks])
+               for picks in _draws(len(cells_a), resamples, seed)]
     return point, _interval(samples, level)
 
 
-def summary(counter: AcceptanceCounter, interval: Interval | None, prompts: int, conversations: int) -> dict:
-    """The report's row for one set of prompts: pooled counters, both rate definitions and the interval (over
-    conversations, so they are its samples)."""
-    return {"prompts": prompts, "conversations": conversations, "num_drafts": counter.drafts,
+def summary(counters: Sequence[AcceptanceCounter], groups: Sequence[str], k: int) -> dict:
+    """The report's row for one set of prompts (one counter each, `groups` their conversations): pooled counters,
+    both rate definitions and the intervals of τ and of each position's rate (over conversations, so they are its
+    samples)."""
+    counter, interval, conversations = pooled(counters, k), tau_interval(counters, groups), len(set(groups))
+    return {"prompts": len(counters), "conversations": conversations, "num_drafts": counter.drafts,
             "num_accepted_tokens": counter.accepted, "acceptance_length": counter.acceptance_length,
             "acceptance_length_interval": interval.to_dict() if interval else None, **sample_marker(conversations),
-            "per_position_acceptance": counter.per_position, "conditional_acceptance": counter.conditional}
+            "per_position_acceptance": counter.per_position,
+            "per_position_acceptance_interval": intervals_dict(per_position_intervals(counters, groups)),
+            "conditional_acceptance": counter.conditional}
 
 
 def by_category(counters: Sequence[AcceptanceCounter], categories: Sequence[str | None], groups: Sequence[str],
@@ -173,6 +201,5 @@ def by_category(counters: Sequence[AcceptanceCounter], categories: Sequence[str 
     out: dict[str, dict] = {}
     for name in dict.fromkeys(names):
         picked = [i for i, n in enumerate(names) if n == name]
-        cs, gs = [counters[i] for i in picked], [groups[i] for i in picked]
-        out[name] = summary(pooled(cs, k), tau_interval(cs, gs), len(picked), len(set(gs)))
+        out[name] = summary([counters[i] for i in picked], [groups[i] for i in picked], k)
     return out

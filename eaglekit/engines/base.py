@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -113,9 +114,9 @@ class Engine:
         GGUF engine the target's GGUF file, whose tokenizer goes into the draft. None when the conversion needs a
         GGUF file that is not known (the target was given as a folder holding none, or not at all)."""
         if not self.needs_conversion:
-            return "" if target is None else f" --target {target_folder(target)}"
+            return "" if target is None else f" --target {shlex.quote(target_folder(target))}"
         gguf = target_gguf(target)
-        return None if gguf is None else f" --target {gguf}"
+        return None if gguf is None else f" --target {shlex.quote(gguf)}"
 
     def conversion_hint(self) -> str:
         """What the conversion needs when no runnable command can be printed."""

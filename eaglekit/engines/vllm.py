@@ -603,3 +603,62 @@ RECORD = Engine(
     rules_module="eaglekit.rules.engine_vllm", requirements=vllm_requirements, serve=serve_command,
     settings=settings, read_ids=read_ids,
 )
+
+
+# Tensor parallelism: ModelConfig.verify_with_parallel_config (vllm/config/model.py, 0.32.0) raises "Total number of
+# attention heads (H) must be divisible by tensor parallel size (N)." once the engine has started.
+def tensor_parallel_refusal(target: TargetInfo, tensor_parallel_size: int) -> str | None:
+    """Why vLLM refuses to split `target` over `tensor_parallel_size` ranks (None: it does not), said before it
+    starts."""
+    heads = target.num_attention_heads
+    if heads is None or tensor_parallel_size <= 1 or heads % tensor_parallel_size == 0:
+        return None
+    sizes = [n for n in range(2, heads + 1) if heads % n == 0][:4]
+    return (f"--tensor-parallel-size {tensor_parallel_size}: the target has {heads} attention heads, which vLLM "
+            f"splits evenly over the ranks; sizes that divide them: 1, {', '.join(map(str, sizes))}")
+
+
+# The CPU build's OpenMP thread binding: OMPProcessManager (vllm/utils/ompmultiprocessing.py, 0.32.0) reads
+# VLLM_CPU_OMP_THREADS_BIND (vllm/envs.py: default "auto"). "auto" gives local rank r the CPUs of the r-th memory
+# node the process may use (/proc/self/status Mems_allowed_list, narrowed by CPU_VISIBLE_MEMORY_NODES,
+# vllm/utils/cpu_resource_utils.py) and asserts "Not enough allowed NUMA nodes to bind threads of N local
+# CPUWorkers" when there are fewer nodes than local ranks; "nobind" leaves threads alone; anything else is one CPU
+# list per local rank ("0-3,8"), separated by "|", and must hold exactly as many lists as local ranks.
+# VLLM_CPU_SIM_MULTI_NUMA (any value but "0") splits the CPUs itself and asserts "auto".
+CPU_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+CPU_THREADS_AUTO = "auto"
+CPU_THREADS_SEPARATOR = "|"
+CPU_SIMULATED_NODES = "VLLM_CPU_SIM_MULTI_NUMA"
+CPU_VISIBLE_MEMORY_NODES = "CPU_VISIBLE_MEMORY_NODES"
+
+
+def cpu_threads_bind(cpus: list[int], memory_nodes: int, ranks: int, environ: Mapping[str, str]) -> str | None:
+    """The VLLM_CPU_OMP_THREADS_BIND a CPU run of `ranks` local ranks needs, or None where vLLM's own "auto"
+    binding works (a memory node per rank) or the user has chosen (the variable, or simulated nodes, is set).
+    `cpus` are the CPU ids the process may run on; with at least one per rank each rank gets a contiguous share of
+    its own, else rank r shares CPU cpus[r mod len(cpus)] with others."""
+    if CPU_THREADS_BIND in environ or environ.get(CPU_SIMULATED_NODES, "0") != "0" or not cpus:
+        return None
+    if ranks <= max(1, memory_nodes):
+        return None
+    ordered = sorted(set(cpus))
+    if len(ordered) < ranks:
+        return CPU_THREADS_SEPARATOR.join(str(ordered[r % len(ordered)]) for r in range(ranks))
+    share, extra = divmod(len(ordered), ranks)
+    lists, start = [], 0
+    for r in range(ranks):
+        end = start + share + (1 if r < extra else 0)
+        lists.append(_cpu_list(ordered[start:end]))
+        start = end
+    return CPU_THREADS_SEPARATOR.join(lists)
+
+
+def _cpu_list(ids: list[int]) -> str:
+    """Ascending CPU ids in vLLM's list syntax: runs as ranges ("0-3,8")."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)

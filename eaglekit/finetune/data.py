@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.capture.sequence import LabelledStates
+from eaglekit.progress import Progress
 from eaglekit.target import TargetInfo
-
-Stage = Callable[[str, int, int], None]
-"""on_stage(what, done, total): progress of a long data step."""
 
 
 @dataclass
@@ -65,7 +62,7 @@ def split_validation(data: TrainingData, fraction: float) -> tuple[TrainingData,
 
 
 def captured_data(info: TargetInfo, aux_ids: tuple[int, ...], opts, device: str, *,
-                  on_stage: Stage | None = None) -> TrainingData:
+                  progress: Progress | None = None) -> TrainingData:
     """The data `opts` (eaglekit.finetune.options.FinetuneOptions) plans, captured on `device` by the reference
     backend into a store in the cache (or read back from it), every row in memory as the training loop reads it."""
     from eaglekit.capture.cache import captured
@@ -75,7 +72,7 @@ def captured_data(info: TargetInfo, aux_ids: tuple[int, ...], opts, device: str,
     started = time.perf_counter()
     capture = CaptureOptions(target=opts.target, data=opts.data, aux_ids=aux_ids, device=device,
                              dtype=opts.target_dtype, target_quantization=opts.target_quantization)
-    with captured(capture, opts.cache_dir, on_stage=on_stage) as done:
+    with captured(capture, opts.cache_dir, progress=progress) as done:
         rows = read_training_store(done.store, info, aux_ids, device=device, quantization=opts.target_quantization)
         rows = dataclasses.replace(rows, aux=rows.aux.in_memory(), source=done.report.data,
                                    notes=list(done.plan_notes))

@@ -14,6 +14,7 @@ from eaglekit.errors import OutputError
 from eaglekit.families import load_draft
 from eaglekit.finetune.evaluate import Evaluation
 from eaglekit.io.dtypes import torch_dtype
+from eaglekit.progress import Progress, quiet
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 
@@ -73,9 +74,11 @@ Findings = list[dict[str, Any]]
 
 def write_output(destination: str, spec: DraftSpec, drafter, trained: set[str],
                  provenance: Callable[[Evaluation | None], dict[str, Any]], info: TargetInfo, force: bool,
-                 judge: Callable[[str], Evaluation | None]) -> tuple[list[str], Findings, Evaluation | None]:
+                 judge: Callable[[str], Evaluation | None], progress: Progress | None = None
+                 ) -> tuple[list[str], Findings, Evaluation | None]:
     """Write into a staging folder, read it back and validate it, let `judge` measure it against the source (it
     raises to refuse), then publish with the measurement in the provenance. (files, findings, evaluation)."""
+    progress = quiet(progress)
     from eaglekit.io.publish import Staged, publish
     from eaglekit.io.writer import write_checkpoint_weights, write_json
 
@@ -87,12 +90,15 @@ def write_output(destination: str, spec: DraftSpec, drafter, trained: set[str],
         write_json(os.path.join(stage.path, "config.json"), {**spec.config, "eaglekit": block})
 
     def read_back(stage: Staged) -> tuple[Findings, Evaluation | None]:
+        progress.stage("reading the staged output back and validating it")
         findings = check_output(stage.path, spec, info)
         evaluation = judge(stage.path)
+        progress.stage("writing the output with its measurement and publishing it")
         if evaluation is not None:  # the same weights, with the measurement in their provenance
             write(stage, evaluation)
         return findings, evaluation
 
+    progress.stage("writing the output (staged)")
     checked = publish(destination, write, replace=force, folder=True, read_back=read_back)
     assert checked is not None, "read_back returns its findings"
     findings, evaluation = checked

@@ -176,7 +176,7 @@ def _source_spec(source: str, info: TargetInfo) -> DraftSpec:
         raise UsageError("a P-EAGLE draft (parallel drafting): finetune trains EAGLE-3's sequential training-time "
                          "test, not the mask-slot objective it was trained with, and would unlearn it", spec.path)
     if not spec.facts.vllm_layout:
-        converted = f"{source.rstrip('/')}-vllm"
+        converted = f"{os.path.basename(os.path.abspath(source))}-vllm"  # in the current folder, not the source's
         keep = ["--no-fc-norm", "--no-norm-output"] if spec.eagle_version == "3" else []  # its function, as it is
         raise UsageError(f"finetune trains drafts in vLLM's layout; this one reads as {spec.family}: run "
                          f"`{shlex.join(['eaglekit', 'upgrade', source, converted, *keep])}` first and fine-tune "

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +25,11 @@ from eaglekit.finetune.data import TrainingData, split_validation
 from eaglekit.finetune.evaluate import EvalOptions, Evaluation, held_out_prompts
 from eaglekit.finetune.options import FinetuneOptions, checked_options, options_dict
 from eaglekit.finetune.prepare import Run, prepare
+from eaglekit.progress import Progress, Within, quiet
 from eaglekit.quantization import scheme
 from eaglekit.redact import public_path, public_report
 from eaglekit.runner import ENGINE_ALONE
 from eaglekit.spec import DraftSpec
-
-Stage = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -81,11 +79,11 @@ def _fingerprint(hashes: dict[str, str], data: TrainingData, opts: FinetuneOptio
                             "validation_fraction": opts.validation_fraction})
 
 
-def _paired_evaluation(run: Run, output: str, ev: EvalOptions, on_stage: Stage | None) -> Evaluation:
+def _paired_evaluation(run: Run, output: str, ev: EvalOptions, progress: Progress) -> Evaluation:
     """The output against its source on held-out prompts under every condition: one target pass per prompt and
     condition for both (compare), or, in vLLM, one engine run per draft over every condition's prompts."""
     opts = run.opts
-    what = "held-out τ, output vs source (paired)"
+    progress = Within(progress, "held-out evaluation")
     if run.eval_engine == ENGINE_ALONE:
         import torch
 
@@ -94,17 +92,15 @@ def _paired_evaluation(run: Run, output: str, ev: EvalOptions, on_stage: Stage |
         if run.device.type == "cuda":  # vLLM sizes itself by the device's free memory: return training's cache
             torch.cuda.empty_cache()
 
-        drafts = (lambda done, total: on_stage(f"{what}, in vLLM", done, total)) if on_stage else None
         served = compare_in_vllm(run.spec.path, output, opts.target,
-                                 ev.decode_options(dtype=opts.target_dtype, engine=opts.engine), on_draft=drafts)
+                                 ev.decode_options(dtype=opts.target_dtype, engine=opts.engine), progress=progress)
         return Evaluation.of(served.sweep, served.describe())
     from eaglekit.decode.compare import compare_conditions
 
-    progress = (lambda done, total, name: on_stage(what, done, total)) if on_stage else None
     # a quantized target is evaluated in float64 (quantization.py: its own rounding must not flip the format's)
     dtype = "auto" if opts.target_quantization else opts.target_dtype
     decode = dataclasses.replace(ev.decode_options(opts.device, dtype), target_quantization=opts.target_quantization)
-    return Evaluation.of(compare_conditions(run.spec.path, output, opts.target, decode, on_prompt=progress))
+    return Evaluation.of(compare_conditions(run.spec.path, output, opts.target, decode, progress=progress))
 
 
 def _provenance(source: str, spec: DraftSpec, opts: FinetuneOptions, data: TrainingData, result,
@@ -156,26 +152,27 @@ def written_because(evaluation: Evaluation | None) -> str:
     return "resolved gain" if evaluation.gained else "without a resolved gain (--keep-unresolved)"
 
 
-def finetune(source: str, destination: str, opts: FinetuneOptions, *, on_stage: Stage | None = None,
+def finetune(source: str, destination: str, opts: FinetuneOptions, *, progress: Progress | None = None,
              on_step=None) -> FinetuneReport:
-    """Fine-tune `source` against `opts.target` with the training-time test; write the result to `destination`."""
+    """Fine-tune `source` against `opts.target` with the training-time test; write the result to `destination`.
+    `progress` hears of every long step (load, data, each training step, evaluation, write); `on_step` gets each
+    step's figures (eaglekit.finetune.train.train)."""
     from eaglekit.finetune.distributed import leave_distributed
 
     started = time.perf_counter()
     run = prepare(source, destination, checked_options(opts))
     try:
-        return _phases(run, source, destination, started, on_stage, on_step)
+        return _phases(run, source, destination, started, quiet(progress), on_step)
     finally:
         leave_distributed(run.ranks)
 
 
-def _phases(run: Run, source: str, destination: str, started: float, on_stage: Stage | None,
+def _phases(run: Run, source: str, destination: str, started: float, progress: Progress,
             on_step) -> FinetuneReport:
-    data = _load_data(run, on_stage)
+    data = _load_data(run, progress)
+    progress.stage("setting up the drafter")
     drafter, warm = _set_up_drafter(run, data)
-    if on_stage:
-        on_stage("training", 0, run.opts.train.steps)  # the held-out sequences are scored first
-    result, checkpoints, hashes = _train(run, drafter, data, warm, on_step)
+    result, checkpoints, hashes = _train(run, drafter, data, warm, on_step, progress)
     if kept_the_source(result, warm.changed, run.opts) and not run.opts.keep_unresolved:
         raise NoGain(f"no gain found, nothing was written: {_no_step_gained(result)}; the output would equal its "
                      "input (--keep-unresolved writes it anyway)", os.path.abspath(destination))
@@ -187,7 +184,7 @@ def _phases(run: Run, source: str, destination: str, started: float, on_stage: S
         rank=run.ranks.rank)
     if not run.ranks.main:
         return report
-    _evaluate_and_write(run, report, drafter, data, result, set(result.trained) | warm.changed, hashes, on_stage)
+    _evaluate_and_write(run, report, drafter, data, result, set(result.trained) | warm.changed, hashes, progress)
     if run.opts.plot and result.history:
         from eaglekit.finetune.plot import plot_history
 
@@ -200,7 +197,7 @@ def _phases(run: Run, source: str, destination: str, started: float, on_stage: S
     return report
 
 
-def _load_data(run: Run, on_stage: Stage | None) -> TrainingData:
+def _load_data(run: Run, progress: Progress) -> TrainingData:
     """The training data: from a store (the decoder is never loaded), from --import's files, or captured by the
     main rank into a store in the cache, which the other ranks then read. Data as wide as the draft reads, or
     refused."""
@@ -214,15 +211,17 @@ def _load_data(run: Run, on_stage: Stage | None) -> TrainingData:
     if opts.store:
         from eaglekit.capture.reader import read_training_store
 
+        progress.stage("reading the store")
         states = read_training_store(opts.store, info, aux_ids, device=str(run.device),  # labels: a [rows, V] product
                                      max_resident=opts.max_resident_shards, quantization=opts.target_quantization,
                                      soft_targets=opts.soft_targets)
         data = TrainingData.of(states)
     elif opts.import_dir:
+        progress.stage("reading the imported states")
         data = imported_data(opts.import_dir, aux_ids, opts.captured_ids)
     else:
         if ranks.main:
-            data = captured_data(info, aux_ids, opts, str(run.device), on_stage=on_stage)
+            data = captured_data(info, aux_ids, opts, str(run.device), progress=progress)
         barrier(ranks)
         if not ranks.main:  # the main rank has just captured it into the cache
             data = captured_data(info, aux_ids, opts, str(run.device))
@@ -278,7 +277,7 @@ def _set_up_drafter(run: Run, data: TrainingData):
     return drafter, warm
 
 
-def _train(run: Run, drafter, data: TrainingData, warm, on_step):
+def _train(run: Run, drafter, data: TrainingData, warm, on_step, progress: Progress):
     """Train on all but the held-out sequences, which choose the step whose weights are kept; checkpoints carry
     a fingerprint of the source, data and options, so a resume takes only this run's. (result, checkpoints,
     source hashes)."""
@@ -297,7 +296,7 @@ def _train(run: Run, drafter, data: TrainingData, warm, on_step):
     t = time.perf_counter()
     drafter.train()
     result = train(drafter, train_data, opts.train, ranks=run.ranks, checkpoints=checkpoints, resume=opts.resume,
-                   on_step=on_step, lr_scales=warm.lr_scales, validation=held_out,
+                   on_step=on_step, progress=progress, lr_scales=warm.lr_scales, validation=held_out,
                    select_k=opts.eval.k if opts.eval is not None else EvalOptions().k)
     drafter.eval()
     run.timings["train_s"] = time.perf_counter() - t
@@ -308,7 +307,7 @@ def _train(run: Run, drafter, data: TrainingData, warm, on_step):
 
 
 def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: TrainingData, result, changed: set[str],
-                        hashes: dict[str, str], on_stage: Stage | None) -> None:
+                        hashes: dict[str, str], progress: Progress) -> None:
     """Write the output staged, measure it against its source on held-out prompts, and publish it only with a
     resolved gain (or --keep-unresolved, which says so): a fine-tune that does not help is not written."""
     from eaglekit.finetune.output import write_output
@@ -325,7 +324,7 @@ def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: Trainin
         if eval_opts is None:
             return None
         t = time.perf_counter()
-        evaluation = _paired_evaluation(run, staged, eval_opts, on_stage)
+        evaluation = _paired_evaluation(run, staged, eval_opts, progress)
         run.timings["eval_s"] = time.perf_counter() - t
         if not evaluation.gained and not opts.keep_unresolved:
             found = "no resolved gain" if evaluation.gain.too_few else "no gain found"
@@ -334,8 +333,6 @@ def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: Trainin
         return evaluation
 
     t = time.perf_counter()
-    if on_stage:
-        on_stage("writing and validating the output", 0, 1)
     target = None if run.reads_states else target_identity(run.info)
 
     def provenance(evaluation: Evaluation | None) -> dict[str, Any]:
@@ -343,7 +340,8 @@ def _evaluate_and_write(run: Run, report: FinetuneReport, drafter, data: Trainin
                            written_because(evaluation))
 
     report.output["files"], report.findings, evaluation = write_output(destination, run.spec, drafter, changed,
-                                                                       provenance, run.info, opts.force, judge)
+                                                                       provenance, run.info, opts.force, judge,
+                                                                       progress)
     report.written = written_because(evaluation)
     if evaluation is not None:
         report.evaluation = {"measured_by": evaluation.measured_by, "before": [p.before for p in evaluation.paired],

@@ -42,6 +42,7 @@ from eaglekit.finetune.checkpoints import (
 )
 from eaglekit.finetune.distributed import Ranks, all_reduce, owned_sequences, reading_per_rank
 from eaglekit.finetune.objective import UnrolledObjective, validate
+from eaglekit.progress import Progress, quiet
 
 FREEZE_GROUPS: dict[str, tuple[str, ...]] = {
     "fc": ("fc.",),
@@ -325,7 +326,8 @@ class _Selection:
 def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
           checkpoints: Checkpoints = Checkpoints(None), resume: bool = False,
           on_step: Callable[[int, StepRecord | None, dict[str, float]], None] | None = None,
-          lr_scales: dict[str, float] | None = None, validation=None, select_k: int = 3) -> TrainResult:
+          progress: Progress | None = None, lr_scales: dict[str, float] | None = None, validation=None,
+          select_k: int = 3) -> TrainResult:
     """Train `drafter` in place on `data` (eaglekit.finetune.data.TrainingData); returns the loss history.
 
     With `validation` (held-out TrainingData) the drafter is scored on it before training and every
@@ -334,7 +336,8 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     training that does not help the held-out drafts returns the weights it started from.
 
     `on_step(done, record_or_None, live)` is called after every step; `live` holds the step's loss, first-depth
-    accuracy and tokens/s (for a progress bar), `record` is set every `log_every` steps and at the end.
+    accuracy and tokens/s (for a progress bar), `record` is set every `log_every` steps and at the end;
+    `progress` hears of the held-out scoring and of each step.
     `lr_scales` multiplies the learning rate of the named tensors (a warm start's rescaled ones)."""
     opts.check()
     torch.manual_seed(opts.seed)
@@ -354,7 +357,11 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
     window = _Window(opts.depth)
     done, positions = start, 0
     selection = _Selection(loop, validation, select_k)
+    progress = quiet(progress)
+    if validation is not None:
+        progress.stage("scoring the held-out sequences before training")
     selection.begin(kept, start)
+    progress.stage("training", opts.steps - start, "steps")
     try:
         for step in range(start, opts.steps):
             live, rows = loop.step(step, next(stream), owned, window)
@@ -369,6 +376,7 @@ def train(drafter: Drafter, data, opts: TrainOptions, *, ranks: Ranks = Ranks(),
             if ranks.main and checkpoints.directory and checkpoints.every and done % checkpoints.every == 0 \
                     and done < opts.steps:
                 save_checkpoint(checkpoints, done, loop.params, loop.optimizer, history, selection.held_out())
+            progress.advance()
             if on_step is not None:
                 on_step(done, record, live)
     except KeyboardInterrupt:

@@ -18,7 +18,13 @@ from urllib.parse import urlsplit
 
 from eaglekit.config_view import nested
 from eaglekit.errors import quoted
-from eaglekit.io.hub_client import bounded_hub_client, quiet_hub_logging, transport_errors, without_credentials
+from eaglekit.io.hub_client import (
+    bounded_hub_client,
+    quiet_hub_logging,
+    transport_errors,
+    transport_failure,
+    without_credentials,
+)
 
 WRITE_ROLES = frozenset({"write", "admin"})  # classic tokens that may write wherever their account may
 MEMBER_WRITE_ROLES = frozenset({"admin", "write", "contributor"})  # org roles that may create and write repos
@@ -165,7 +171,9 @@ def _ask(call: Callable[[], Any], where: str, what: str) -> tuple[Any, int | Non
         if status == 401:
             return None, status, f"the token was refused by {where} (401)"
         return None, status, f"{where} answered HTTP {status}: {what} was not checked"
-    except (connect_error, transport_error, OSError):
+    except connect_error:
         return None, None, f"cannot reach {where}: {what} was not checked"
+    except (transport_error, OSError) as exc:
+        return None, None, f"no usable answer from {where} ({transport_failure(exc)}): {what} was not checked"
     except (ValueError, KeyError, TypeError, AttributeError):
         return None, None, f"{where}'s answer is not what the Hub sends: {what} was not checked"

@@ -34,9 +34,6 @@ def verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = (), *,
     rule = report.get("acceptance_settings")
     if isinstance(rule, Mapping):
         rows.append(("Acceptance counted under", text(describe_acceptance(rule))))
-    per_position = report.get("per_position_acceptance")
-    if isinstance(per_position, list) and per_position:
-        rows.append(("Acceptance rate per draft position", ", ".join(number(p) for p in per_position)))
     if "num_speculative_tokens" in report:
         rows.append(("Speculative tokens k", number(report["num_speculative_tokens"])))
     spec_tps, target_tps = report.get("tokens_per_s_spec"), report.get("tokens_per_s_target")
@@ -49,8 +46,8 @@ def verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = (), *,
     if isinstance(spec_tps, (int, float)) and isinstance(target_tps, (int, float)) and target_tps > 0:
         rows.append(("Reference-decode speed ratio (batch 1, not a serving engine: see `eaglekit bench`)",
                      f"{spec_tps / target_tps:.2f}×"))
-    prompts = report.get("prompts")
-    if isinstance(prompts, Mapping):
+    prompts = nested(measurements(report)[0][1], "prompts")
+    if prompts:
         rows.append(("Prompts", f"{text(prompts.get('name', 'unnamed'))} ({number(prompts.get('count', '?'))})"))
     for key, label in (("dtype", "dtype"), ("device", "Device")):
         if key in report:
@@ -67,7 +64,73 @@ def verify_section(report: Mapping[str, Any], mismatches: Sequence[str] = (), *,
     warning = ("> **Warning: these figures were measured on other files** than the ones published "
                f"({'; '.join(mismatches)}); this card was pushed with `--force`.\n\n") if mismatches else ""
     return (f"## Verification\n\n{warning}Measured with `eaglekit verify` against the target.\n\n| | |\n|---|---|\n"
-            f"{table}\n{rule_labels(rule)}")
+            f"{table}\n{rule_labels(rule)}{tau_by_context(report)}{acceptance_by_depth(report)}")
+
+
+def measurements(report: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """Each condition a verify report measured with its figures: a sweep's conditions (template, context length),
+    else the report itself under the context length its prompts record."""
+    conditions = report.get("conditions")
+    if isinstance(conditions, list):
+        return [(c, c) for c in conditions if isinstance(c, Mapping)]
+    return [({"context_tokens": nested(report, "prompts").get("context_tokens")}, report)]
+
+
+def _interval_cell(figures: Mapping[str, Any], interval: Any) -> str:
+    """An interval as the card writes it: low–high, or why there is none."""
+    if figures.get("too_few_samples") is True:
+        return f"n={number(figures.get('samples'))}, too few to estimate an interval"
+    if isinstance(interval, Mapping):
+        return f"{number(interval.get('low'))}–{number(interval.get('high'))}"
+    return "—"
+
+
+def _condition_cells(condition: Mapping[str, Any], sweep: bool) -> str:
+    context = condition.get("context_tokens")
+    return ((f"| {text(condition.get('template', '?'))} " if sweep else "")
+            + f"| {'—' if context is None else number(context)} ")
+
+
+def tau_by_context(report: Mapping[str, Any]) -> str:
+    """τ under each condition of a sweep (template × context length), with its interval and n: where the draft
+    holds as the prompt grows and where it drifts. Empty for a report of one condition (its τ is the table's)."""
+    if not isinstance(report.get("conditions"), list):
+        return ""
+    lines = ["", "### τ by context length", "",
+             f"{POOLED_TAU} per condition, with its 95 % bootstrap interval over conversations; n: conversations.", "",
+             "| Template | Context tokens | Pooled τ | 95 % interval | n | Lossless |", "|---|---|---|---|---|---|"]
+    for condition, figures in measurements(report):
+        lossless = figures.get("lossless")
+        lines.append(_condition_cells(condition, True) + f"| {number(figures.get('acceptance_length'))} | "
+                     f"{_interval_cell(figures, figures.get('acceptance_length_interval'))} | "
+                     f"{number(figures.get('samples', '—'))} | "
+                     f"{'—' if lossless is None else 'yes' if lossless is True else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def acceptance_by_depth(report: Mapping[str, Any]) -> str:
+    """The acceptance rate at each draft depth 1..k with its interval and n, under each condition measured: where
+    along the chain the draft holds and where it drifts."""
+    found = [(c, f) for c, f in measurements(report) if isinstance(f.get("per_position_acceptance"), list)
+             and f["per_position_acceptance"]]
+    if not found:
+        return ""
+    sweep = isinstance(report.get("conditions"), list)
+    lines = ["", "### Acceptance by draft depth", "",
+             "At depth d: the share of drafting rounds whose first d drafts were all accepted (vLLM's per-position "
+             "rate), with its 95 % bootstrap interval over conversations; given the drafts before it: the rate at d "
+             "over the rate at d − 1; n: conversations.", "",
+             ("| Template " if sweep else "") + "| Context tokens | Draft depth | Acceptance rate | 95 % interval | "
+             "Given the drafts before it | n |", "|---" * (7 if sweep else 6) + "|"]
+    for condition, figures in found:
+        rates, conditional = figures["per_position_acceptance"], figures.get("conditional_acceptance") or []
+        intervals = figures.get("per_position_acceptance_interval")
+        for depth, rate in enumerate(rates, 1):
+            interval = intervals[depth - 1] if isinstance(intervals, list) and len(intervals) == len(rates) else None
+            given = number(conditional[depth - 1]) if len(conditional) == len(rates) else "—"
+            lines.append(_condition_cells(condition, sweep) + f"| {depth} | {number(rate)} | "
+                         f"{_interval_cell(figures, interval)} | {given} | {number(figures.get('samples', '—'))} |")
+    return "\n".join(lines) + "\n"
 
 
 def rule_labels(rule: Any) -> str:

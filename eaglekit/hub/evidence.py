@@ -81,7 +81,7 @@ def load_report(path: str) -> VerifyReportFile:
     conditions = report.get("conditions")
     for figures in [report] + (conditions if isinstance(conditions, list) else []):
         if isinstance(figures, Mapping):
-            problem = contradicting_verdicts(figures) or impossible_figures(figures, k)
+            problem = contradicting_verdicts(figures) or impossible_figures(figures, k) or impossible_intervals(figures)
             if problem:
                 raise CheckpointError(problem, path)
     refuse_not_a_drafters_acceptance(report, path)
@@ -301,6 +301,32 @@ def impossible_figures(figures: Mapping[str, Any], k: int | None) -> str | None:
         counted = 1 + accepted / drafts if drafts else 1.0
         if abs(counted - tau) > FIGURE_TOLERANCE:
             return f"acceptance_length {tau} does not match its counters (1 + {accepted} accepted / {drafts} rounds)"
+    return None
+
+
+def _ordered(interval: Any) -> bool:
+    if not isinstance(interval, Mapping):
+        return False
+    low: Any = interval.get("low")
+    high: Any = interval.get("high")
+    return finite(low) and finite(high) and low <= high
+
+
+def impossible_intervals(figures: Mapping[str, Any]) -> str | None:
+    """Why an interval the card would print cannot be one (its low above its high, a rate's outside [0, 1], not one
+    per draft position); None when each can."""
+    tau = figures.get("acceptance_length_interval")
+    if tau is not None and not _ordered(tau):
+        return "acceptance_length_interval must have finite bounds, its low at most its high"
+    positions = figures.get("per_position_acceptance_interval")
+    if positions is None:
+        return None
+    if not (isinstance(positions, list) and all(_ordered(i) and 0 <= i["low"] and i["high"] <= 1 for i in positions)):
+        return "per_position_acceptance_interval must list intervals within [0, 1], each low at most its high"
+    rates = figures.get("per_position_acceptance")
+    if isinstance(rates, list) and len(positions) != len(rates):
+        return (f"per_position_acceptance_interval lists {len(positions)} draft positions, per_position_acceptance "
+                f"{len(rates)}")
     return None
 
 

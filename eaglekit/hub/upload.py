@@ -20,7 +20,7 @@ from typing import Any
 
 from eaglekit.errors import EaglekitError, UsageError, quoted
 from eaglekit.io.checkpoint import INDEX_NAME
-from eaglekit.io.hub_client import bounded_hub_client, transport_errors, without_credentials
+from eaglekit.io.hub_client import bounded_hub_client, transport_errors, transport_failure, without_credentials
 from eaglekit.spec import DraftSpec
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ def _hub_errors(endpoint: str, repo_id: str, revision: str | None) -> Iterator[N
     except connect_error:
         raise EaglekitError(f"cannot reach {endpoint}") from None
     except transport_error as exc:
-        raise EaglekitError(f"cannot reach {endpoint}: {type(exc).__name__}") from None
+        raise EaglekitError(f"no usable answer from {endpoint}: {transport_failure(exc)}") from None
     except RevisionNotFoundError:
         raise EaglekitError(f"revision {quoted(revision)} does not exist in {repo_id} on {endpoint}") from None
     except HfHubHTTPError as exc:

@@ -205,8 +205,12 @@ def fix_command(spec: DraftSpec, findings: list[Finding], engine: str) -> str | 
 
 
 def upgrade_command(record: Engine, draft: str, target: str, keep: str = "") -> str:
-    """The upgrade that writes what `record`'s engine reads, as validate prints it and explain names it."""
-    return f"eaglekit upgrade {draft} {record.upgrade_output(draft)}{target}{record.upgrade_flag()}{keep}"
+    """The upgrade that writes what `record`'s engine reads, as validate prints it and explain names it: each path
+    quoted for the shell, so the command runs when pasted."""
+    import shlex
+
+    return (f"eaglekit upgrade {shlex.quote(draft)} {shlex.quote(record.upgrade_output(draft))}{target}"
+            f"{record.upgrade_flag()}{keep}")
 
 
 def rule_fix(rule: Rule) -> str | None:

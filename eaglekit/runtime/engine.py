@@ -15,12 +15,19 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit.decode.metrics import AcceptanceCounter
-from eaglekit.engines.vllm import acceptance_settings, check_speculative_settings, split_speculative_settings
+from eaglekit.engines.vllm import (
+    CPU_THREADS_BIND,
+    CPU_VISIBLE_MEMORY_NODES,
+    acceptance_settings,
+    check_speculative_settings,
+    cpu_threads_bind,
+    split_speculative_settings,
+)
 from eaglekit.errors import EngineError, EngineMissing, UsageError
 from eaglekit.runtime import processes
 from eaglekit.runtime.checkout import CHECKOUT, checkout_script
@@ -39,6 +46,7 @@ capture or compilation: on a CPU that warm-up costs minutes and changes no resul
 prompts (fitted_model_len) unless given."""
 ANSWER_BATCH = 16  # prompts vLLM answers at once (--generate): batching changes no greedy token beyond rounding
 VERSION_TAG = "vllm-version"  # marks the version among the log lines importing vLLM may print
+DEVICE_TAG = "vllm-device"  # and the device type its platform runs on
 PROBE_TIMEOUT_S = 300.0  # importing vLLM the first time compiles its bytecode
 MODEL_LEN_SLACK = 32  # tokens beyond the longest request's: a server tokenises rendered text itself
 MODEL_LEN_STEP = 256
@@ -70,6 +78,7 @@ class EngineOptions:
     tensor_parallel_size: int = 1
     engine_args: dict[str, Any] = field(default_factory=dict)  # extra LLM(...) keyword arguments
     timeout_s: float = 3600.0
+    environment: dict[str, str] = field(default_factory=dict)  # variables eaglekit adds to vLLM's environment
 
     @property
     def llm_args(self) -> dict[str, Any]:
@@ -149,14 +158,30 @@ def install_hint() -> str:
             f"`EAGLEKIT_VLLM_PYTHON={PROJECT_ENVIRONMENT}/bin/python` (or --engine-python)")
 
 
+PROBE = (f"import vllm\nprint({VERSION_TAG!r}, vllm.__version__, flush=True)\n"
+         "try:\n    from vllm.platforms import current_platform\n"
+         f"    print({DEVICE_TAG!r}, current_platform.device_type)\nexcept Exception:\n    pass\n")
+"""Prints vLLM's version, then the device its platform runs on (a platform that fails to load says nothing)."""
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    version: str
+    device_type: str | None  # "cpu" for vLLM's CPU build, "cuda", ...; None where the probe could not tell
+
+
 def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """vLLM's version in the engine interpreter; EngineMissing, one line with the command that installs it first,
     when it is not there (a machine without vLLM, not a wrong command line)."""
+    return probe_engine(opts, timeout_s).version
+
+
+def probe_engine(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT_S) -> EngineProbe:
+    """vLLM's version and device type in the engine interpreter (see check_engine_available)."""
     python = opts.interpreter
     with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as work:
         try:
-            probe = processes.run(python, ["-c", f"import vllm; print({VERSION_TAG!r}, vllm.__version__)"],
-                                  os.path.join(work, "probe.log"), timeout_s=timeout_s)
+            probe = processes.run(python, ["-c", PROBE], os.path.join(work, "probe.log"), timeout_s=timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
             why = exc.strerror if isinstance(exc, OSError) else f"importing vLLM took over {timeout_s:.0f} s"
             raise _missing(f"cannot run {python}", f"{why}; {where_looked(opts)}") from None
@@ -164,9 +189,59 @@ def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT
         last = (probe.log.strip().splitlines() or ["no output"])[-1]
         raise _missing(f"vLLM does not import in {python}", f"{last[:160]}; {where_looked(opts)}")
     found = re.search(rf"^{VERSION_TAG} (\S+)$", probe.log, re.MULTILINE)
+    device = re.search(rf"^{DEVICE_TAG} (\S+)$", probe.log, re.MULTILINE)
     version = found.group(1) if found else ""
     check_speculative_settings(opts.speculative_settings, version or None)
-    return version
+    return EngineProbe(version, device.group(1) if device else None)
+
+
+def cpu_engine_environment(device_type: str | None, ranks: int) -> dict[str, str]:
+    """What eaglekit adds to the environment of a vLLM run of `ranks` local ranks: on vLLM's CPU build, a thread
+    binding where vLLM's own cannot bind (eaglekit.engines.vllm.cpu_threads_bind); nothing the user has set."""
+    if device_type != "cpu":
+        return {}
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    bind = cpu_threads_bind(cpus, len(memory_nodes(os.environ)), ranks, os.environ)
+    return {} if bind is None else {CPU_THREADS_BIND: bind}
+
+
+def local_ranks(opts: EngineOptions) -> int:
+    """The worker processes vLLM starts on one machine: tensor x pipeline parallel ranks (its local world size)."""
+    try:
+        stages = max(1, int(opts.engine_args.get("pipeline_parallel_size") or 1))
+    except (TypeError, ValueError):
+        stages = 1
+    return opts.tensor_parallel_size * stages
+
+
+def memory_nodes(environ: Mapping[str, str]) -> list[int]:
+    """The memory nodes this process may allocate on, as vLLM's CPU build counts them: Mems_allowed_list in
+    /proc/self/status, narrowed by CPU_VISIBLE_MEMORY_NODES ([0] where the file cannot be read)."""
+    allowed = [0]
+    try:
+        with open("/proc/self/status", encoding="utf-8") as fh:
+            line = next((ln for ln in fh if ln.startswith("Mems_allowed_list:")), None)
+        if line is not None:
+            allowed = id_list(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        pass
+    visible = environ.get(CPU_VISIBLE_MEMORY_NODES, "")
+    if visible.strip():
+        try:
+            return [n for n in id_list(visible) if n in allowed]
+        except ValueError:
+            return allowed
+    return allowed
+
+
+def id_list(text: str) -> list[int]:
+    """Ids written as "0-2,4" (the kernel's and vLLM's list syntax), ascending and distinct."""
+    ids: set[int] = set()
+    for part in text.strip().split(","):
+        if part.strip():
+            low, _, high = part.partition("-")
+            ids.update(range(int(low), int(high or low) + 1))
+    return sorted(ids)
 
 
 def _missing(what: str, details: str) -> EngineMissing:
@@ -193,7 +268,7 @@ def _run_worker(opts: EngineOptions, request: dict[str, Any], what: str) -> tupl
         req, res = os.path.join(work, "request.json"), os.path.join(work, "result.json")
         with open(req, "w", encoding="utf-8") as fh:
             json.dump(request, fh)
-        env = engine_environment()
+        env = {**engine_environment(), **opts.environment}
         try:
             proc = processes.run(opts.interpreter, [WORKER, req, res], os.path.join(work, "vllm.log"), env=env,
                                  timeout_s=opts.timeout_s)

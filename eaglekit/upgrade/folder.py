@@ -43,7 +43,7 @@ def _write(stage: Staged, job: OutputJob) -> None:
     with ThreadPoolExecutor(max_workers=1) as pool:
         hashing = pool.submit(hash_files, spec.path, files)
         written = write_checkpoint_weights(stage.path, job.tensors(), metadata(placeholders(files)),
-                                           job.opts.max_shard_size, job.progress, fsync=False)
+                                           job.opts.max_shard_size, job.progress.advance, fsync=False)
         for name in written:
             stage.sync_later(name)
         digests = hashing.result()
@@ -62,8 +62,7 @@ def write(job: OutputJob) -> list[str]:
 
     def write_stage(stage: Staged) -> None:
         t = time.perf_counter()
-        if job.on_start:
-            job.on_start(job.plan.total_bytes)
+        job.progress.stage("writing the output", job.plan.total_bytes, "bytes")
         _write(stage, job)
         report.timings["write_s"] = time.perf_counter() - t
 
@@ -77,6 +76,7 @@ def _validate(stage: Staged, job: OutputJob) -> None:
     from eaglekit.upgrade.check import check_output
 
     t = time.perf_counter()
+    job.progress.stage("reading the output back and validating it")
     report = job.report
     _, report.findings = check_output(stage.path, job.spec, job.plan, job.d, job.dialect, job.target)
     report.validated = True

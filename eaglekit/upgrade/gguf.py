@@ -242,11 +242,11 @@ def contents(job: OutputJob) -> tuple[list[TensorStep], dict[str, Any], int]:
 def write(job: OutputJob) -> list[str]:
     """One file: written beside DST, read back and checked against llama.cpp's loader, renamed into place."""
     t = time.perf_counter()
-    if job.on_start:
-        job.on_start(job.report.output["total_bytes"])
+    job.progress.stage("writing the GGUF", job.report.output["total_bytes"], "bytes")
     final = _gguf_plan(job, hash_files(job.spec.path, source_files(job.spec)))
 
-    publish(job.destination, lambda stage: write_gguf(stage.path, ARCH, final.fields, final.tensors, job.progress),
+    publish(job.destination,
+            lambda stage: write_gguf(stage.path, ARCH, final.fields, final.tensors, job.progress.advance),
             read_back=lambda stage: check_gguf(stage.path, job.spec, job.d, _target(job)), replace=job.opts.force,
             what="the GGUF")
     job.report.validated = True

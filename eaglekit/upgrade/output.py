@@ -8,6 +8,7 @@ from types import ModuleType
 from typing import Any
 
 from eaglekit.io.writer import OutTensor
+from eaglekit.progress import SILENT, Progress
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
 from eaglekit.upgrade.decide import Decisions
@@ -29,5 +30,4 @@ class OutputJob:
     provenance: Callable[[dict[str, str]], dict[str, Any]]  # source file digests -> the provenance block
     report: UpgradeReport
     target: TargetInfo | None
-    progress: Callable[[int], None] | None = None
-    on_start: Callable[[int], None] | None = None
+    progress: Progress = SILENT  # the write: a stage counted in bytes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
 from eaglekit.io.tensors import read_array
+from eaglekit.progress import Progress, quiet
 from eaglekit.quantization import refuse_emulation_on_declared
 from eaglekit.redact import public_path, public_report
 from eaglekit.spec import DraftSpec, eagle_version
@@ -66,10 +67,11 @@ def _provenance(source: str, spec: DraftSpec, opts: UpgradeOptions, d: Decisions
     return public_report(block)  # written into config.json and the weights' metadata, which a push publishes
 
 
-def _calibration_states(target: TargetInfo, aux_ids: Sequence[int], opts: UpgradeOptions) -> CalibrationRecords:
+def _calibration_states(target: TargetInfo, aux_ids: Sequence[int], opts: UpgradeOptions, what: str,
+                        progress: Progress) -> CalibrationRecords:
     """The target's states on the calibration text: read from --store (only the target's config and head tensors
     are read), or captured through capture/ into a store in the cache (float32 states, as the target computes
-    them) and read back."""
+    them) and read back; the capture's pass is the stage "calibrating `what`"."""
     import dataclasses
 
     from eaglekit.capture.reader import calibration_from_store
@@ -79,6 +81,7 @@ def _calibration_states(target: TargetInfo, aux_ids: Sequence[int], opts: Upgrad
                                       quantization=opts.target_quantization)
 
     if opts.store:
+        progress.stage(f"calibrating {what} from the store's states")
         return read(opts.store)
     from eaglekit.capture.cache import captured
     from eaglekit.capture.run import CaptureOptions
@@ -87,11 +90,11 @@ def _calibration_states(target: TargetInfo, aux_ids: Sequence[int], opts: Upgrad
                              device=opts.device, target_quantization=opts.target_quantization,
                              store_dtype="float32", calibration=True, calibration_file=opts.calibration_file,
                              calibration_tokens=opts.calibration_tokens)
-    with captured(capture) as done:
+    with captured(capture, progress=progress, purpose=f"calibrating {what}") as done:
         return dataclasses.replace(read(done.store), text_source=opts.calibration_file or "bundled")
 
 
-def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
+def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions, progress: Progress
                ) -> tuple[np.ndarray | None, FidelityReport | None, Start | None]:
     """One target pass over the calibration text, then what it feeds: the fc_norm fit and the norm_output rescale.
 
@@ -107,7 +110,9 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions
     if target is None:
         raise UsageError("calibrating fc_norm or the norm_output rescale needs --target (the model whose hidden "
                          "states it measures)")
-    capture = _calibration_states(target, d.aux.ids, opts)
+    what = ", ".join(w for w, on in (("fc_norm", d.fc_norm_added), ("rescale", d.norm_output_rescale)) if on)
+    capture = _calibration_states(target, d.aux.ids, opts, what, progress)
+    progress.stage(f"fitting {what} and measuring it on held-out tokens")
     weights = fidelity = start = None
     if d.fc_norm_added:
         cal = fit_fc_norm(capture, read_array(spec, "fc.weight", as_float32=True), eps=spec.geometry.rms_norm_eps,
@@ -178,15 +183,15 @@ def _arrays(d: Decisions, vocab: VocabPlan, weights: np.ndarray | None, start: S
 
 
 def upgrade(source: str, destination: str, options: UpgradeOptions | None = None, *,
-            progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None
-            ) -> UpgradeReport:
+            progress: Progress | None = None) -> UpgradeReport:
     """Write `source` as a vLLM-ready (or SGLang / speculators / TensorRT-LLM / llama.cpp GGUF) EAGLE-3.1 or EAGLE-3
     draft at `destination`: decide, plan, (calibrate), then the dialect's writer writes, checks and publishes.
 
-    `on_start(total_bytes)` is called once before streaming and `progress(nbytes)` as bytes are written.
+    `progress` hears of the long steps: the target's load and calibration pass, the write (in bytes), the read-back.
     """
     opts = options or UpgradeOptions()
     opts.check()
+    progress = quiet(progress)
     started = time.perf_counter()
     target = read_target(opts.target, decoder=not opts.store) if opts.target else None
     if target is not None:
@@ -214,7 +219,7 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
     calibrate_s = 0.0
     if not opts.dry_run:
         t = time.perf_counter()
-        weights, fidelity, start = _calibrate(spec, opts, d)
+        weights, fidelity, start = _calibrate(spec, opts, d, progress)
         calibrate_s = time.perf_counter() - t
     report = _report(source, destination, spec, d, vocab, plan, config, opts, fidelity, start)
     job = OutputJob(
@@ -222,7 +227,7 @@ def upgrade(source: str, destination: str, options: UpgradeOptions | None = None
         tensors=lambda: out_tensors(spec, plan, _arrays(d, vocab, weights, start), vocab.row_order),
         provenance=lambda digests: _provenance(source, spec, opts, d, vocab, digests, report.summary, fidelity,
                                                start),
-        report=report, target=target, progress=progress, on_start=on_start)
+        report=report, target=target, progress=progress)
     report.tensors, report.config, report.output["total_bytes"] = dialect.WRITER.contents(job)
     if opts.dry_run:
         if refusal:

@@ -12,7 +12,15 @@ from eaglekit import __version__
 from eaglekit.decode.metrics import AcceptanceCounter, DriftStats
 from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
 from eaglekit.decode.speculative import Clock
-from eaglekit.decode.stats import Interval, by_category, pooled_speed_ratio_interval, sample_marker, tau_interval
+from eaglekit.decode.stats import (
+    Interval,
+    by_category,
+    intervals_dict,
+    per_position_intervals,
+    pooled_speed_ratio_interval,
+    sample_marker,
+    tau_interval,
+)
 from eaglekit.findings import Finding
 from eaglekit.verify.acceptance_profile import speculation_profile
 from eaglekit.verify.diagnose import Diagnosis
@@ -143,6 +151,7 @@ class VerifyReport:
             "exact_match": self.exact,
             "acceptance_length": c.acceptance_length,
             "per_position_acceptance": c.per_position,
+            "per_position_acceptance_interval": intervals_dict(per_position_intervals(*self._counters())),
             "conditional_acceptance": c.conditional,
             "draft_acceptance_rate": c.draft_acceptance_rate,
             "num_speculative_tokens": c.k,

@@ -11,10 +11,11 @@ from eaglekit.decode.prefix import SharedPrefix
 from eaglekit.decode.prompts import encode
 from eaglekit.decode.sampling import Sampling, sampler_for
 from eaglekit.decode.settings import plain_report
-from eaglekit.decode.setup import decode_setup, turns
+from eaglekit.decode.setup import decode_setup, turn_label, turns
 from eaglekit.decode.speculative import Clock, LiveVerifier, capture_pass, greedy_decode, speculative_decode
 from eaglekit.decode.stats import by_category, sample_marker, tau_interval
 from eaglekit.errors import UsageError
+from eaglekit.progress import Progress, counted, quiet
 from eaglekit.provenance import measured_files
 from eaglekit.rules import ValidationReport
 from eaglekit.runtime.engine import EngineRun, check_engine_available, logged_aux_ids, run_vllm
@@ -43,21 +44,23 @@ def _divergence(spec_tokens: list[int], target_tokens: list[int], margins: list[
 
 
 def verify(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
-           on_prompt: Callable[[int, int, str], None] | None = None) -> VerifyReport:
+           progress: Progress | None = None) -> VerifyReport:
     """Run `draft` against `target` on every prompt under one condition; raise before decoding if the two do not
     fit."""
     options.check()
     if len(options.conditions) > 1:
         raise UsageError("verify() measures one condition: verify_conditions() runs several --context-tokens or "
                          "--template values")
-    return verify_conditions(draft, target, options, on_prompt=on_prompt).reports[0]
+    return verify_conditions(draft, target, options, progress=progress).reports[0]
 
 
 def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOptions(), *,
-                      on_prompt: Callable[[int, int, str], None] | None = None) -> VerifySweep:
+                      progress: Progress | None = None) -> VerifySweep:
     """verify under every condition of `options` (each template with each context length), the target and the
-    drafter loaded once; a sweep of several decodes eaglekit's reading of the draft only."""
+    drafter loaded once; a sweep of several decodes eaglekit's reading of the draft only. `progress` hears of the
+    target's load and of both decodes of every prompt, token by token."""
     options.check()
+    progress = quiet(progress)
     conditions = options.conditions
     several = len(conditions) > 1
     if several and (options.diagnose or options.engine != "reference"):
@@ -65,7 +68,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
                          "--template")
     if options.engine == "both":
         check_engine_available(options.engine_options)  # before minutes of reference decoding
-    setup = decode_setup([("draft", draft)], target, options)
+    setup = decode_setup([("draft", draft)], target, options, progress=progress)
     model, (checked,) = setup.target_model, setup.drafts
     spec, info, aux_ids = checked.spec, setup.info, checked.aux_ids
     tolerance = TIE_TOLERANCE.get(setup.dtype, 0.0)
@@ -76,10 +79,11 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
     drafter = make_drafter()
     prompts, k, eos = setup.prompts, setup.k, setup.eos_ids
     if options.warmup:
+        progress.stage("warming up both decodes")
         _warm_up(model, drafter, aux_ids, encode(prompts.prompts[0], model.tokenizer), k)
     flags = {name: bool(getattr(drafter.config, name)) for name in ("fc_norm", "norm_output", "norm_before_fc",
                                                                      "norm_before_residual")}
-    measured, total = measured_files(spec, info), prompts.turns * len(conditions)
+    measured = measured_files(spec, info)
     reports: list[VerifyReport] = []
     for condition in conditions:
         condition_options = options.at(condition)
@@ -91,11 +95,13 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
         counter, drift, clock = AcceptanceCounter(k), DriftStats(k), Clock()
         sampler = sampler_for(options.sampling)
         target_s, spec_tokens, target_tokens, outcomes, target_outputs, encoded = 0.0, 0, 0, [], [], []
-        for prompt, ids, plain in turns(prompts, model, condition_options):
+        for turn, (prompt, ids, plain) in enumerate(turns(prompts, model, condition_options, progress=progress)):
+            progress.stage(f"{turn_label(turn + 1, prompts.turns)}: speculative", setup.max_new_tokens, "tokens")
             proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + setup.max_new_tokens + k + 2, drift=drift,
                                      chunk=options.prefill_chunk)
             spec_run = speculative_decode(LiveVerifier(model, aux_ids, prefix), proposer, ids, k=k,
-                                          max_new_tokens=setup.max_new_tokens, eos_ids=eos, sampler=sampler)
+                                          max_new_tokens=setup.max_new_tokens, eos_ids=eos, sampler=sampler,
+                                          progress=progress)
             counter.merge(spec_run.counter)
             clock.merge(spec_run.clock)
             target_s += plain.seconds
@@ -112,20 +118,17 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
                                           spec_run.clock.total_s, plain.seconds, len(plain.tokens)))
             if readings is not None:
                 readings.add(capture_pass(model, ids, plain.tokens, needed_ids(readings.hyps), prefix=prefix))
-            if on_prompt is not None:
-                label = f"{condition.label}: {prompt.name}" if several else prompt.name
-                on_prompt(prompts.turns * len(reports) + len(outcomes), total, label)
 
         served = None
         if not options.as_eaglekit_reads and options.aux_layer_ids is None and not several:
             served = served_section(spec, info, checked.rules, options, flags, aux_ids, counter,
                                     lambda reading: _acceptance(model, make_drafter(_flips(flags, reading.flags)),
                                                                 reading.aux_ids, encoded, k, setup.max_new_tokens,
-                                                                eos, options.sampling))
+                                                                eos, options.sampling, progress))
         engine = comparison = None
         if options.engine == "both":
             engine, comparison = _beside_the_engine(spec, target, info, options, setup, drafter, aux_ids, encoded,
-                                                    counter, target_outputs, outcomes)
+                                                    counter, target_outputs, outcomes, progress)
         reports.append(VerifyReport(
             draft=spec.path, settings=setup.settings(condition), eagle_version=spec.eagle_version, flags=flags,
             aux_layer_ids=list(aux_ids), aux_layer_ids_source=checked.aux_source,
@@ -148,16 +151,19 @@ def _diagnosis_sweep(spec: DraftSpec, info, options: VerifyOptions, aux_ids, dra
 
 
 def _beside_the_engine(spec: DraftSpec, target: str, info, options: VerifyOptions, setup, drafter, aux_ids,
-                       encoded, counter: AcceptanceCounter, target_outputs, outcomes) -> tuple[dict, dict]:
+                       encoded, counter: AcceptanceCounter, target_outputs, outcomes,
+                       progress: Progress) -> tuple[dict, dict]:
     """--engine both: vLLM on the same encoded prompts, and its counters against this decode's (rerun with the ids
     vLLM captured where they differ from ours)."""
     k, model = setup.k, setup.target_model
+    progress.stage("vLLM: the target alone, then with the draft")
     run = run_vllm(spec.path, target, encoded, k=k, max_new_tokens=setup.max_new_tokens, dtype=setup.dtype,
                    opts=options.engine_options, context=info.max_position_embeddings)
     engine_ids = engine_aux_ids(run, info)
     rerun = None
     if engine_ids is not None and tuple(engine_ids) != tuple(aux_ids):
-        rerun = _acceptance(model, drafter, engine_ids, encoded, k, setup.max_new_tokens, setup.eos_ids)
+        rerun = _acceptance(model, drafter, engine_ids, encoded, k, setup.max_new_tokens, setup.eos_ids,
+                            progress=progress, what="with the ids vLLM captures")
     return run.to_dict(), compare_engine(counter, run, aux_ids, engine_ids, rerun, target_outputs,
                                          [o.counter or AcceptanceCounter(k) for o in outcomes])
 
@@ -201,7 +207,7 @@ def served_section(spec: DraftSpec, info, rules: ValidationReport, options: Veri
     return doc
 
 
-def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
+def verify_in_engine(draft: str, target: str, options: VerifyOptions, *, progress: Progress | None = None) -> dict:
     """--engine vllm: the engine alone (a target of any size, with vLLM's tensor parallelism); the tokenizer is the
     only part of the target loaded here."""
     options.check()
@@ -218,6 +224,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
                          "(the reference decodes the answers and vLLM gets the same turns) or --turns first")
     encoded = [encode(p, setup.tokenizer, context_tokens=options.condition.context_tokens, index=i)
                for i, p in enumerate(prompts.prompts)]
+    quiet(progress).stage(f"vLLM: the target alone, then with the draft, on {len(encoded)} prompts")
     run = run_vllm(spec.path, target, encoded, k=setup.k, max_new_tokens=setup.max_new_tokens, dtype=dtype,
                    opts=options.engine_options, context=info.max_position_embeddings)
     groups = [p.conversation or p.name for p in prompts.prompts]
@@ -244,12 +251,13 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions) -> dict:
 
 
 def _acceptance(model: TargetModel, drafter, aux_ids: Sequence[int], encoded, k: int, max_new_tokens: int,
-                eos, sampling: Sampling = Sampling()) -> AcceptanceCounter:
+                eos, sampling: Sampling = Sampling(), progress: Progress | None = None,
+                what: str = "as vLLM reads the files") -> AcceptanceCounter:
     """The reference's counters with other aux ids (the ones the engine captures) or another reading of the files;
     a sampled decode draws from a generator seeded as the measured one was."""
     counter = AcceptanceCounter(k)
     sampler = sampler_for(sampling)
-    for ids in encoded:
+    for ids in counted(progress, f"speculative decodes {what}", encoded, len(encoded), "prompts"):
         proposer = EagleProposer(drafter, aux_ids, max_len=len(ids) + max_new_tokens + k + 2)
         run = speculative_decode(LiveVerifier(model, aux_ids), proposer, ids, k=k, max_new_tokens=max_new_tokens,
                                  eos_ids=eos, sampler=sampler)

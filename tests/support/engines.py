@@ -24,15 +24,16 @@ def _vllm_python() -> str | None:
 VLLM_PYTHON = _vllm_python()
 
 
-def stand_in_python(folder: Path, worker: str) -> str:
+def stand_in_python(folder: Path, worker: str, device: str | None = None) -> str:
     """An interpreter in place of vLLM's: it runs eaglekit's process guard as Python does, answers vLLM's version
-    probe (0.32.0) and runs the script `worker` with eaglekit's worker arguments, so a test of what eaglekit does
-    with an engine's results runs in seconds."""
+    probe (0.32.0; and the device type, when `device` is given) and runs the script `worker` with eaglekit's worker
+    arguments, so a test of what eaglekit does with an engine's results runs in seconds."""
     script = folder / "worker.py"
     script.write_text(worker, encoding="utf-8")
     python = folder / "python"
+    probe = "echo vllm-version 0.32.0" + (f"; echo vllm-device {device}" if device else "")
     python.write_text(f'#!/bin/sh\nif [ "$1" = "-I" ]; then exec {sys.executable} "$@"; fi\n'
-                      f'if [ "$1" = "-c" ]; then echo vllm-version 0.32.0; exit 0; fi\n'
+                      f'if [ "$1" = "-c" ]; then {probe}; exit 0; fi\n'
                       f'exec {sys.executable} {script} "$@"\n', encoding="utf-8")
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     return str(python)

@@ -12,12 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.guard import require_tier
+
 CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "smollm2"
 
 
-@functools.cache
 def smollm2_path() -> str:
-    """The cached copy, materialised by one process at a time (pytest-xdist workers ask at once)."""
+    """The cached copy; only a test marked `model` or `engine` may reach for it (tests/support/guard.py)."""
+    require_tier("model", "loads SmolLM2")
+    return _materialised()
+
+
+@functools.cache
+def _materialised() -> str:
+    """Materialised by one process at a time (pytest-xdist workers ask at once)."""
     pytest.importorskip("gguf")
     from examples.smollm2 import materialize_smollm2
 
@@ -27,11 +35,16 @@ def smollm2_path() -> str:
         return materialize_smollm2(str(CACHE_DIR))
 
 
-@functools.cache
 def smollm2_target(dtype: str = "float32"):
+    require_tier("model", "loads SmolLM2")
+    return _loaded(dtype)
+
+
+@functools.cache
+def _loaded(dtype: str):
     from eaglekit.target_model import load_target
 
-    return load_target(smollm2_path(), dtype=dtype)
+    return load_target(_materialised(), dtype=dtype)
 
 
 @pytest.fixture(scope="session")
