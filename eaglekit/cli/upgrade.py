@@ -197,6 +197,9 @@ def render(doc: dict) -> None:
                    else f"validated for {engine.label}")
         out.print(styled(("Wrote", "green"), f" {dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; "
                          f"{checked}."))
+    if doc.get("serve_command"):
+        for line in command_lines("serve: ", doc["serve_command"], out.width):  # a command to copy: never wrapped
+            out.print(line, soft_wrap=True)
     if doc["next_command"]:
         label = "serve: " if engine.needs_conversion else "next: "
         for line in command_lines(label, doc["next_command"], out.width):  # a command to copy: never wrapped
