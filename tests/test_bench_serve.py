@@ -61,7 +61,7 @@ def served(monkeypatch):
     monkeypatch.setattr(bench_run, "BenchClient", FakeBenchClient)
     monkeypatch.setattr(FakeBenchClient, "on_run", staticmethod(measured))
     monkeypatch.setattr(FakeBenchClient, "runs", [])
-    return SimpleNamespace(started=started, live=live, runs=FakeBenchClient.runs)
+    return SimpleNamespace(started=started, live=live, runs=FakeBenchClient.runs, servers=servers)
 
 
 def bench(smollm2_dir: str, *args: str) -> dict:
@@ -91,6 +91,44 @@ def test_a_k_sweep_starts_the_target_alone_once_then_one_server_per_k_and_report
     assert set(doc["engine"]["server_args"]) == {"baseline", "speculative_k1", "speculative_k3", "speculative_k5"}
     assert [v["num_speculative_tokens"] for v in doc["verdicts"]] == [1, 3, 5]
     assert doc["verdicts"][0]["text"].startswith("k=1, 32 input tokens: ")
+
+
+def test_counters_reset_under_one_k_of_a_sweep_leave_that_k_without_tau_and_say_so(served, smollm2_dir,
+                                                                                   monkeypatch):
+    def measured(url: str) -> None:
+        fake = served.servers[url]
+        if fake.speculative and fake.k == 3:  # this server's counters start again from zero mid-measurement
+            fake.counts = dict.fromkeys(fake.counts, 0)
+        elif fake.speculative:
+            fake.serve(drafts=40, accepted=30)
+
+    monkeypatch.setattr(FakeBenchClient, "on_run", staticmethod(measured))
+    doc = bench(smollm2_dir, "-k", "1,3", "--input-len", "32")
+    taus = {(r["num_speculative_tokens"], r["concurrency"]): r["acceptance_length"] for r in doc["rows"]}
+    assert taus == {(1, 1): pytest.approx(1.75), (1, 2): pytest.approx(1.75), (3, 1): None, (3, 2): None}
+    unknown = [note for note in doc["notes"] if note.startswith("τ unknown")]
+    assert len(unknown) == 1 and unknown[0].startswith("τ unknown at k=3, C=1, 32 input tokens: "), doc["notes"]
+    assert "lower after the measurement" in unknown[0]
+
+
+def test_a_sweep_reads_at_80_columns_with_every_k_and_bucket_shown(served, smollm2_dir, monkeypatch, capsys):
+    """The speed-up table of a sweep over buckets keeps its k, input and C columns whole in a log 80 columns wide
+    (only the per-position list folds), and the config line names every k."""
+    from eaglekit.cli.bench import render
+    from eaglekit.cli.output import out
+
+    doc = bench(smollm2_dir, "-k", "1,3,5", "--input-len", "32,64", "--concurrency", "1")
+    capsys.readouterr()
+    monkeypatch.setattr(out, "width", 80)
+    render(doc)
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80 and not any("…" in line for line in lines)
+    top = lines.index(next(line for line in lines if line.startswith("Speed-up per concurrency")))
+    cells = [[c.strip() for c in line.split("│")[1:4]] for line in lines[top:] if line.startswith("│ ")]
+    firsts = [c for c in cells if c[0]][:6]  # a row's first line; a folded per-position list adds blank ones
+    assert firsts == [[k, n, "1"] for k in ("1", "3", "5") for n in ("32", "64")]
+    head = " ".join(" ".join(lines[:top]).split())  # the key-value panel, its wrapped lines joined
+    assert '"num_speculative_tokens": 5}, num_speculative_tokens 1, 3, 5 in turn (one server each)' in head
 
 
 def test_the_model_card_shows_a_k_column_for_a_sweep(served, smollm2_dir, tmp_path):

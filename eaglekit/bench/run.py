@@ -422,12 +422,13 @@ def _measure_side(client: BenchClient, endpoint: Endpoint, side: str, files: dic
                                 tokenizer=tokenizer)
             result = client.run(endpoint, args, what=label, timeout_s=engine.timeout_s, server=server)
             counters, unknown = counted_between(before, endpoint.counters())
-            if unknown and side == "target + draft":
+            if unknown and side != "target alone":  # the speculative side, one k or each of a sweep
                 unknown_at.setdefault(unknown, []).append(label)
             measured[(group.key, c)] = ServedRun.from_vllm(result, counters, options.chosen_percentiles,
                                                            options.slo_ms)
-    notes.extend(f"τ unknown at {', '.join(labels)}: the speculative server's spec-decode counters were {reason}"
-                 for reason, labels in unknown_at.items())
+    sweep_k = side.removeprefix("target + draft").lstrip(", ")  # "k=3" in a sweep, else ""
+    notes.extend(f"τ unknown at {', '.join(f'{sweep_k}, {label}' if sweep_k else label for label in labels)}: the "
+                 f"speculative server's spec-decode counters were {reason}" for reason, labels in unknown_at.items())
     return measured
 
 

@@ -249,6 +249,15 @@ def _print_goodput(doc: dict, lead: list[str], baseline: bool) -> None:
     out.print(table)
 
 
+def _config_text(doc: dict) -> str:
+    """The speculative config as vLLM was given it; in a sweep, each k named (the config shown is the largest's)."""
+    text = json.dumps(doc["speculative_config"])
+    swept = doc.get("num_speculative_tokens_swept") or []
+    if len(swept) > 1:
+        text += f", num_speculative_tokens {', '.join(str(k) for k in swept)} in turn (one server each)"
+    return text
+
+
 def render(doc: dict) -> None:
     doc = printable_doc(doc)  # server URLs, the served model's name and versions come from outside
     servers = doc.get("servers") or {}
@@ -256,7 +265,7 @@ def render(doc: dict) -> None:
     out.print(key_value_table([
         ("draft", doc["draft"]), ("target", doc["target"]), ("engine", _engine_text(doc)),
         *([("baseline", servers["baseline_url"])] if servers.get("baseline_url") else []),
-        ("speculative config", json.dumps(doc["speculative_config"])), ("requests", _requests_text(doc)),
+        ("speculative config", _config_text(doc)), ("requests", _requests_text(doc)),
         ("τ counted as", acceptance_text(doc["acceptance_settings"])),
     ], title="eaglekit bench"))
     lead = _lead_columns(doc["rows"])
@@ -273,7 +282,9 @@ def render(doc: dict) -> None:
     for table, columns in ((speed, speed_columns), (latency, [*lead, "C", "metric", *runs, "mean", *keys])):
         for column in columns:
             left = column in ("category", "per position", "metric", "run")  # k and input are numbers
-            table.add_column(column, no_wrap=True, justify="left" if left else "right")
+            wraps = column == "per position"  # the one column a narrow terminal folds; the others keep their header
+            table.add_column(column, no_wrap=not wraps, justify="left" if left else "right",
+                             min_width=None if wraps else len(column))
     few_rows = [r for r in doc["rows"] if r["too_few_samples"]]
     for r in doc["rows"]:
         base, spec = r["baseline"], r["speculative"]
