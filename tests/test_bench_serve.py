@@ -152,6 +152,7 @@ def test_input_len_buckets_are_measured_each_on_its_own(served, smollm2_dir):
     asked = [run["args"][run["args"].index("--random-input-len") + 1] for run in served.runs]
     assert asked == ["32", "32", "64", "64"] * 2  # the target alone, then with the draft
     assert doc["prompts"]["input_len_buckets"] == [32, 64] and doc["prompts"]["input_len"] is None
+    assert doc["prompts"]["name"] == "random"  # not the default prompt set, which random prompts replace
     assert [v["input_len"] for v in doc["verdicts"]] == [32, 64]
 
 

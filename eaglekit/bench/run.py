@@ -240,7 +240,7 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
                                    engine="vllm", engine_options=engine, outputs=options.outputs)
     setup = decode_setup([("draft", draft)], target, verify_options, load_model=False)
     (checked,) = setup.drafts
-    prompts = setup.prompts if named else None
+    prompts = setup.prompts if named and not options.input_lens else None  # random prompts: none of these
     groups, longest = _groups(prompts, setup.tokenizer, options)
     context = setup.info.max_position_embeddings
     model_len = engine.engine_args.get("max_model_len") or fitted_model_len(longest, options.max_new_tokens, max(ks),
