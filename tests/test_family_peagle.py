@@ -222,6 +222,20 @@ def test_upgrade_refuses_a_peagle_draft_without_its_mask_slots(tmp_path):
     assert not os.path.exists(tmp_path / "out")
 
 
+def test_the_serve_line_after_an_upgrade_switches_parallel_drafting_on(tmp_path, monkeypatch):
+    """The draft's config cannot switch P-EAGLE on, so the printed `vllm serve` line must carry the setting."""
+    import shlex
+
+    make_target_config(str(tmp_path / "target"))
+    source = peagle31(tmp_path)
+    monkeypatch.chdir(tmp_path)  # relative paths, named as given (a JSON report names absolute ones by their names)
+    result = run_cli(["upgrade", source, "out", "--target", "target", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    argv = shlex.split(json.loads(result.stdout)["serve_command"])
+    assert argv[:3] == ["vllm", "serve", "target"] and json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "model": "out", "method": "eagle3", "num_speculative_tokens": 3, "parallel_drafting": True}
+
+
 @pytest.mark.parametrize("dialect", ["sglang", "speculators", "trtllm"])
 def test_other_dialects_refuse_a_peagle_draft_in_one_line(tmp_path, dialect):
     target = make_target_config(str(tmp_path / "target"))

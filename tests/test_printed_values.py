@@ -5,6 +5,7 @@ shell give the argv it stands for."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -168,3 +169,20 @@ def test_shell_words_round_trip_through_bash():
     argv = subprocess.run(["bash", "-c", "printf '%s\\0' " + pasted], capture_output=True, text=True,
                           check=True).stdout.split("\0")[:-1]
     assert argv == words and shell_word("plain") == "plain"
+
+
+@pytest.mark.parametrize("columns", [60, 200])
+def test_the_serve_line_after_an_upgrade_names_the_paths_as_given_and_pastes_as_one_command(tmp_path, columns):
+    """A vLLM-ready output gets the `vllm serve` line that serves it: the target and the draft as the user named
+    them (relative, with spaces), the speculative config as vLLM's JSON, one command however the line is broken."""
+    make_draft(str(tmp_path / "source"), "modelopt")
+    make_target_config(str(tmp_path / "my target"))
+    (tmp_path / "out dir").mkdir()
+    stdout = upgrade_at(columns, str(tmp_path), "source", "out dir/eagle3", "--target", "my target",
+                        "--no-fc-norm", "--no-norm-output")
+    argv = shlex.split(printed_command(stdout, "serve: "))
+    assert argv[:3] == ["vllm", "serve", "my target"] and argv[3] == "--speculative-config" and len(argv) == 5
+    assert json.loads(argv[4]) == {"model": "out dir/eagle3", "method": "eagle3", "num_speculative_tokens": 3}
+    dry = upgrade_at(columns, str(tmp_path), "source", "dry", "--target", "my target", "--dry-run")
+    other = upgrade_at(columns, str(tmp_path), "source", "for-sglang", "--target", "my target", "--to", "sglang")
+    assert "serve: " not in dry and "vllm serve" not in other

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -279,8 +280,9 @@ def test_a_run_killed_mid_write_leaves_no_output(big_draft, tmp_path, sig):
 
 @pytest.mark.parametrize("extra", [["--no-fc-norm", "--no-norm-output"], ["--dry-run"], ["--fc-norm"]])
 def test_at_80_columns_no_line_is_wider_and_every_path_is_whole(drafts, tmp_path_factory, monkeypatch, extra):
-    """A log or a pipe (not a TTY) at COLUMNS=80: the summary, the tensor plan and the next command are lines within
-    80 characters, and the source, output and target paths each appear whole on a line (nothing folded or cut)."""
+    """A log or a pipe (not a TTY) at COLUMNS=80: the summary, the tensor plan and the commands are lines within
+    80 characters (bar an argument wider than a line, alone on its line), and the source, output and target paths
+    each appear whole on a line (nothing folded or cut)."""
     from eaglekit.cli.output import out
 
     monkeypatch.setattr(out, "width", 80)  # first: what is restored is the width before COLUMNS=80
@@ -289,7 +291,10 @@ def test_at_80_columns_no_line_is_wider_and_every_path_is_whole(drafts, tmp_path
     result = run(["upgrade", drafts["modelopt"], dst, "--target", drafts["target"], *extra])
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert all(len(line) <= 80 for line in lines), "\n".join(line for line in lines if len(line) > 80)
+    # the one exception: an argument of a command to paste that is itself wider than a line (the serve line's
+    # --speculative-config JSON names the output path) stands whole on a line of its own, never split
+    wide = [line for line in lines if len(line) > 80]
+    assert all(line.startswith("    ") and len(shlex.split(line.removesuffix(" \\"))) == 1 for line in wide), wide
     for path in (drafts["modelopt"], dst):
         assert any(path in line for line in lines), path
     if "--dry-run" in extra:  # the whole plan, every tensor name whole
@@ -297,7 +302,5 @@ def test_at_80_columns_no_line_is_wider_and_every_path_is_whole(drafts, tmp_path
     if "--fc-norm" in extra:  # the command to paste, continued with backslashes: the shell joins it as printed
         start = next(i for i, line in enumerate(lines) if line.startswith("next: "))
         command = "\n".join(lines[start:start + 4]).split("\n  (")[0]
-        import shlex
-
         assert shlex.split(command.replace("\\\n", " "))[1:] == ["eaglekit", "finetune", dst, f"{dst}-tuned",
                                                                    "--target", drafts["target"]]

@@ -17,6 +17,10 @@ this module only pairs the two runs and says where speculation stops paying.
 - a running server measured without its no-spec twin (--base-url without --baseline-url) has no baseline: its rows
   carry τ, latencies and throughput, no speed-up and no verdict.
 - percentiles: p50 and p99 always, and those asked for (--percentiles); none above the median below MIN_SAMPLES.
+- a row belongs to a series: its k (a sweep serves the draft once per k), its input-length bucket and its category;
+  each series gets its own verdict.
+- goodput (--goodput ttft:MS tpot:MS e2el:MS): the requests meeting every SLO, by vLLM's client's own rule
+  (vllm/benchmarks/serve.py, calculate_metrics: TPOT of a one-token output counts as 0), and their rate.
 """
 
 from __future__ import annotations
@@ -84,6 +88,21 @@ def spread(values: Sequence[float], *, slow_tail_low: bool = False,
     return Spread(sum(values) / len(values), percentile(values, 0.5), at(99.0), others)
 
 
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+"""The latencies vLLM's --goodput takes an SLO of (vllm/benchmarks/serve.py, check_goodput_args)."""
+
+
+def good_requests(result: Mapping[str, Any], slo_ms: Mapping[str, float]) -> int:
+    """How many requests of a detailed `bench serve` result meet every SLO in `slo_ms`, as vLLM's client counts
+    them: TTFT, TPOT (the time after the first token over the tokens after it; 0 for one token) and E2EL each at
+    most its SLO."""
+    good = 0
+    for ttft, latency, tokens in zip(result["ttfts"], result["latencies"], result["output_lens"]):
+        measured = {"ttft": ttft, "tpot": (latency - ttft) / (tokens - 1) if tokens > 1 else 0.0, "e2el": latency}
+        good += all(limit / 1000 >= measured[name] for name, limit in slo_ms.items())
+    return good
+
+
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 """The latencies vLLM's client measures (--percentile-metrics): time to first token, per output token after it,
 between two output tokens, and end to end; each reported as `<name>_ms`."""
@@ -108,6 +127,8 @@ class ServedRun:
     itl_ms: Spread | None = None
     e2el_ms: Spread | None = None
     percentiles: tuple[float, ...] = REPORTED_PERCENTILES
+    input_tokens: int = 0  # prompt tokens over all requests, as the client counted them
+    good: int | None = None  # requests meeting every --goodput SLO; None: no SLO given
 
     @property
     def per_user(self) -> Spread:
@@ -115,7 +136,8 @@ class ServedRun:
 
     @classmethod
     def from_vllm(cls, result: dict[str, Any], counters: SpecCounters = SpecCounters(),
-                  percentiles: Sequence[float] = REPORTED_PERCENTILES) -> "ServedRun":
+                  percentiles: Sequence[float] = REPORTED_PERCENTILES,
+                  slo_ms: Mapping[str, float] | None = None) -> "ServedRun":
         """From the dict vLLM's `bench serve` returns (with --save-detailed, --percentile-metrics ttft,tpot,itl,e2el
         and --metric-percentiles holding `percentiles`), and the difference of the server's counters over it (none
         for a server without a draft); failed requests are refused upstream."""
@@ -138,7 +160,13 @@ class ServedRun:
         return cls(int(result["completed"]), float(result["duration"]), int(result["total_output_tokens"]),
                    float(result["output_throughput"]), rates, tpot, ttft,
                    tuple(str(t) for t in result.get("generated_texts") or ()), counters.drafts, counters.draft_tokens,
-                   counters.accepted, counters.per_position, metric("itl"), metric("e2el"), chosen)
+                   counters.accepted, counters.per_position, metric("itl"), metric("e2el"), chosen,
+                   int(result.get("total_input_tokens") or 0), good_requests(result, slo_ms) if slo_ms else None)
+
+    @property
+    def goodput(self) -> float | None:
+        """Good requests per second over the run (vLLM's request_goodput)."""
+        return None if self.good is None else self.good / self.duration_s if self.duration_s else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         latencies = {f"{name}_ms": spread.to_dict() for name, spread in (("itl", self.itl_ms), ("e2el", self.e2el_ms))
@@ -146,7 +174,10 @@ class ServedRun:
         return {"completed": self.completed, "duration_s": round(self.duration_s, 3),
                 "output_tokens": self.output_tokens, "output_throughput": round(self.output_throughput, 3),
                 "per_user_tokens_per_s": self.per_user.to_dict(), "tpot_ms": self.tpot_ms.to_dict(),
-                "ttft_ms": self.ttft_ms.to_dict(), **latencies}
+                "ttft_ms": self.ttft_ms.to_dict(), **latencies,
+                "mean_input_tokens": round(self.input_tokens / self.completed, 1) if self.completed else 0.0,
+                **({} if self.good is None else {"good_requests": self.good,
+                                                  "request_goodput": round(self.goodput or 0.0, 4)})}
 
 
 @dataclass(frozen=True)
@@ -158,6 +189,13 @@ class BenchRow:
     category: str | None
     baseline: ServedRun | None
     speculative: ServedRun
+    num_speculative_tokens: int | None = None  # this row's k (None: a report from before k sweeps)
+    input_len: int | None = None  # its input-length bucket: random prompts of this many tokens, or a SPEED-Bench
+    # throughput subset's nominal length; None: the prompts as they are
+
+    @property
+    def series(self) -> tuple[int | None, int | None, str | None]:
+        return (self.num_speculative_tokens, self.input_len, self.category)
 
     @property
     def speed_up(self) -> float | None:
@@ -203,6 +241,7 @@ class BenchRow:
         spec = self.speculative
         speed_up, throughput = self.speed_up, self.throughput_speed_up
         return {"concurrency": self.concurrency, "category": self.category,
+                "num_speculative_tokens": self.num_speculative_tokens, "input_len": self.input_len,
                 "speed_up": None if speed_up is None else round(speed_up, 4),
                 "speed_up_interval": interval.to_dict() if interval else None,
                 "throughput_speed_up": None if throughput is None else round(throughput, 4),
@@ -213,6 +252,10 @@ class BenchRow:
                 "baseline": None if self.baseline is None else self.baseline.to_dict(), "speculative": spec.to_dict()}
 
 
+Series = tuple[int | None, int | None, str | None]
+"""(k, input-length bucket, category): the rows one verdict judges."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     category: str | None
@@ -221,9 +264,16 @@ class Verdict:
     loses_at: tuple[int, ...]  # speed-up at most 1, its whole interval too
     stops_paying_at: int | None  # the lowest concurrency measured where it is not shown to pay
     text: str
+    num_speculative_tokens: int | None = None
+    input_len: int | None = None
+
+    @property
+    def series(self) -> Series:
+        return (self.num_speculative_tokens, self.input_len, self.category)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"category": self.category, "pays_at": list(self.pays_at), "unresolved_at": list(self.unresolved_at),
+        return {"category": self.category, "num_speculative_tokens": self.num_speculative_tokens,
+                "input_len": self.input_len, "pays_at": list(self.pays_at), "unresolved_at": list(self.unresolved_at),
                 "loses_at": list(self.loses_at), "stops_paying_at": self.stops_paying_at, "text": self.text}
 
 
@@ -237,6 +287,12 @@ class RowFigures:
     speed_up: float
     speed_up_interval: Interval | None
     samples: int
+    num_speculative_tokens: int | None = None
+    input_len: int | None = None
+
+    @property
+    def series(self) -> Series:
+        return (self.num_speculative_tokens, self.input_len, self.category)
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> "RowFigures":
@@ -244,7 +300,8 @@ class RowFigures:
         samples = row.get("samples", row.get("requests"))
         return cls(row["concurrency"], row.get("category"), float(row["speed_up"]),
                    Interval(float(interval["low"]), float(interval["high"])) if isinstance(interval, Mapping) else None,
-                   samples if type(samples) is int else MIN_SAMPLES)
+                   samples if type(samples) is int else MIN_SAMPLES, row.get("num_speculative_tokens"),
+                   row.get("input_len"))
 
 
 def outcome(row: BenchRow | RowFigures) -> str:
@@ -260,15 +317,29 @@ def outcome(row: BenchRow | RowFigures) -> str:
     return "unresolved"
 
 
-def verdict(rows: Sequence[BenchRow | RowFigures], category: str | None = None) -> Verdict:
+def series_label(series: Series, show_k: bool = True) -> str:
+    """How a verdict names its series: "k=3, 1,024 input tokens, coding" (the parts a report has; k only where
+    `show_k`, as a report of one k needs no name for it)."""
+    k, input_len, category = series
+    return ", ".join(part for part in (f"k={k}" if k is not None and show_k else "",
+                                       f"{input_len:,} input tokens" if input_len is not None else "",
+                                       category or "") if part)
+
+
+def verdict(rows: Sequence[BenchRow | RowFigures], category: str | None = None,
+            series: Series | None = None, show_k: bool = False) -> Verdict:
     """Where speculation pays, where this run cannot tell, where it loses, and the lowest concurrency where it
-    stops being shown to pay."""
-    mine = sorted((r for r in rows if r.category == category), key=lambda r: r.concurrency)
+    stops being shown to pay: over the rows of one series (`series`, else every row of `category`)."""
+    mine = sorted((r for r in rows if (r.series == series if series is not None else r.category == category)),
+                  key=lambda r: r.concurrency)
+    if series is not None:
+        category = series[2]
     outcomes = [(r, outcome(r)) for r in mine]
     pays, unresolved, loses = (tuple(r.concurrency for r, o in outcomes if o == kind)
                                for kind in ("pays", "unresolved", "loses"))
     stops = next((r.concurrency for r, o in outcomes if o != "pays"), None)
-    where = f"{category}: " if category else ""
+    label = series_label(series, show_k) if series is not None else category
+    where = f"{label}: " if label else ""
 
     def figures(kind: str) -> str:
         shown = []
@@ -291,7 +362,8 @@ def verdict(rows: Sequence[BenchRow | RowFigures], category: str | None = None) 
         ending = ("; it pays at every concurrency measured" if stops is None
                   else f"; it stops being shown to pay at C={stops}")
         text = f"{where}speculation " + "; ".join(p for p in parts if p) + ending
-    return Verdict(category, pays, unresolved, loses, stops, text)
+    k, input_len = (series[0], series[1]) if series is not None else (None, None)
+    return Verdict(category, pays, unresolved, loses, stops, text, k, input_len)
 
 
 def categories(rows: Sequence[BenchRow | RowFigures]) -> list[str | None]:
@@ -304,8 +376,13 @@ def categories(rows: Sequence[BenchRow | RowFigures]) -> list[str | None]:
 
 
 def verdicts(rows: Sequence[BenchRow | RowFigures]) -> list[Verdict]:
-    """One verdict per category, in the order the rows first name them."""
-    return [verdict(rows, category) for category in categories(rows)]
+    """One verdict per series (k, input-length bucket, category), in the order the rows first name them."""
+    seen: list[Series] = []
+    for row in rows:
+        if row.series not in seen:
+            seen.append(row.series)
+    swept = len({series[0] for series in seen}) > 1
+    return [verdict(rows, series=series, show_k=swept) for series in seen]
 
 
 @dataclass
@@ -330,6 +407,10 @@ class BenchReport:
     notes: list[str] = field(default_factory=list)
     acceptance_settings: dict[str, Any] = field(default_factory=lambda: settings_block({}))
     """The rule vLLM's counters counted acceptance under (eaglekit.engines.vllm.acceptance_settings)."""
+    swept: tuple[int, ...] = ()  # every k served (one server each); num_speculative_tokens is the largest
+    seed: int = 0  # the prompts' order and vLLM's client's (random prompts, arrival times)
+    burstiness: float = 1.0  # the gamma shape of the arrivals at --request-rate (1: Poisson)
+    goodput: dict[str, float] | None = None  # the SLOs in ms good requests meet (--goodput)
 
     @property
     def categories(self) -> list[str | None]:
@@ -360,4 +441,6 @@ class BenchReport:
                 "timings": {k: round(v, 3) for k, v in self.timings.items()},
                 "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
                 "percentiles": [int(q) if int(q) == q else q for q in self.percentiles], "servers": self.servers,
-                "notes": self.notes}
+                "notes": self.notes, "num_speculative_tokens_swept": list(self.swept or (self.num_speculative_tokens,)),
+                "seed": self.seed, "burstiness": "inf" if math.isinf(self.burstiness) else self.burstiness,
+                "goodput": self.goodput}

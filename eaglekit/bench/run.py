@@ -6,6 +6,11 @@ concurrency (a warm-up first, outside the measurement); acceptance comes from th
 The draft is read and checked against the target first, so a draft that cannot load costs seconds, not two server
 starts. Targets too big for one device use vLLM's tensor parallelism (--tensor-parallel-size).
 
+A sweep of k (-k 1,3,5) starts the target alone once and the target with the draft once per k, each measured on
+the same requests; input-length buckets (--input-len 1024,4096, or SPEED-Bench's throughput subsets) are measured
+each on its own, as are SPEED-Bench's categories. Refused before any server starts: a bucket past the target's
+context.
+
 A deployment that already runs (--base-url, and --baseline-url for its no-spec twin) is measured as it is: eaglekit
 starts and stops nothing, reads what the server serves from its own routes, and its acceptance from the difference
 of its counters around each measurement.
@@ -16,12 +21,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from eaglekit.bench import datasets
 from eaglekit.bench.report import (
+    GOODPUT_METRICS,
     LATENCIES,
     REPORTED_PERCENTILES,
     BenchReport,
@@ -30,7 +39,7 @@ from eaglekit.bench.report import (
     chosen_percentiles,
     percentile_key,
 )
-from eaglekit.decode.prompts import Prompt, encode, render_text
+from eaglekit.decode.prompts import Prompt, PromptSet, encode, render_text
 from eaglekit.decode.sampling import Sampling
 from eaglekit.decode.stats import MIN_SAMPLES
 from eaglekit.engines.vllm import acceptance_settings, speculative_config
@@ -56,7 +65,7 @@ SERVER_OPTIONS = ("-k", "--dtype", "--tensor-parallel-size", "--engine-arg")
 @dataclass(frozen=True)
 class BenchOptions:
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
-    num_speculative_tokens: int = 3
+    num_speculative_tokens: int | tuple[int, ...] = 3  # several: one server per k (a sweep)
     max_new_tokens: int = 256
     prompts_file: str | None = None
     categories: tuple[str, ...] = ()
@@ -71,11 +80,36 @@ class BenchOptions:
     start_timeout_s: float = 1800.0
     outputs: tuple[Role, ...] = field(default=())  # what the caller writes (--save-report, --plot)
     request_rate: float = math.inf  # requests/s vLLM's client starts (inf: all at once, bounded by the concurrency)
-    input_len: int | None = None  # random prompts of this many tokens (vLLM's random dataset) instead of prompts
+    input_len: int | tuple[int, ...] | None = None  # random prompts of this many tokens (vLLM's random dataset)
+    # instead of prompts; several: one bucket each
     percentiles: tuple[float, ...] = REPORTED_PERCENTILES  # asked for besides p50 and p99
     base_url: str | None = None  # a running speculative server: nothing is started
     baseline_url: str | None = None  # its running no-spec twin
     api_key: str | None = field(default=None, repr=False)  # the servers' key (Authorization: Bearer), never shown
+    seed: int | None = None  # the prompts' order and vLLM's client's seed; None: prompts in file order, seed 0
+    burstiness: float = 1.0  # gamma shape of the arrivals at --request-rate (vLLM's --burstiness; 1: Poisson)
+    goodput: tuple[tuple[str, float], ...] = ()  # (ttft|tpot|e2el, SLO in ms), vLLM's --goodput
+    dataset_name: str | None = None  # "speed_bench": SPEED-Bench read by name (eaglekit.bench.datasets)
+    dataset_path: str | None = None  # its folder; default: the Hugging Face cache
+    speed_bench_subsets: tuple[str, ...] = ("qualitative",)
+
+    @property
+    def ks(self) -> tuple[int, ...]:
+        k = self.num_speculative_tokens
+        return (k,) if isinstance(k, int) else tuple(k)
+
+    @property
+    def input_lens(self) -> tuple[int, ...]:
+        n = self.input_len
+        return () if n is None else (n,) if isinstance(n, int) else tuple(n)
+
+    @property
+    def client_seed(self) -> int:
+        return 0 if self.seed is None else self.seed
+
+    @property
+    def slo_ms(self) -> dict[str, float] | None:
+        return dict(self.goodput) if self.goodput else None
 
     @property
     def sampling(self) -> Sampling:
@@ -98,14 +132,8 @@ class BenchOptions:
             raise UsageError(f"--request-rate {self.request_rate:g}: expected a positive number of requests/s, or inf")
         if any(not 0 < q < 100 for q in self.percentiles) or len(set(self.percentiles)) != len(self.percentiles):
             raise UsageError("--percentiles takes distinct numbers between 0 and 100, e.g. 50,90,99")
-        if self.input_len is not None:
-            if self.input_len < 1:
-                raise UsageError("--input-len must be at least 1")
-            selecting = [name for name, value in (("--prompts", self.prompts_file), ("--category", self.categories),
-                                                  ("--limit", self.limit)) if value]
-            if selecting:
-                raise UsageError(f"--input-len draws random prompts (vLLM's random dataset): {selecting[0]} selects "
-                                 "prompts, use one or the other")
+        self._check_prompts()
+        self._check_load()
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise UsageError("--concurrency takes positive integers, e.g. 1,4,16")
         if len(set(self.concurrency)) != len(self.concurrency):
@@ -115,7 +143,7 @@ class BenchOptions:
         for name, value in (("--num-prompts", self.num_prompts), ("--warmups", self.warmups)):
             if value is not None and value > MAX_REQUESTS:
                 raise UsageError(f"{name} {value:,}: at most {MAX_REQUESTS:,} per concurrency")
-        for name, value in (("-k", self.num_speculative_tokens), ("--max-new-tokens", self.max_new_tokens),
+        for name, value in (("-k", min(self.ks or (0,))), ("--max-new-tokens", self.max_new_tokens),
                             ("--limit", self.limit), ("--num-prompts", self.num_prompts)):
             if value is not None and value < 1:
                 raise UsageError(f"{name} must be at least 1")
@@ -124,9 +152,51 @@ class BenchOptions:
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise UsageError(f"--dtype {self.dtype!r}: use bfloat16, float16 or float32")
 
+        if len(set(self.ks)) != len(self.ks):
+            raise UsageError("-k lists a value twice")
         given = self.engine_options.engine_args.get("max_model_len")
         if given is not None and (type(given) is not int or given < 1):
             raise UsageError(f"--engine-arg max_model_len={given!r}: expected a positive integer")
+
+    def _check_prompts(self) -> None:
+        """Where the prompts come from: one source, buckets distinct and positive."""
+        lens = self.input_lens
+        if any(n < 1 for n in lens) or len(set(lens)) != len(lens):
+            raise UsageError("--input-len takes distinct positive token counts, e.g. 1024,4096")
+        if self.dataset_path is not None and self.dataset_name is None:
+            raise UsageError("--dataset-path names the folder of --dataset-name speed_bench")
+        if self.dataset_name is not None:
+            if self.dataset_name not in datasets.DATASET_NAMES:
+                raise UsageError(f"--dataset-name {self.dataset_name!r}: use one of "
+                                 f"{', '.join(datasets.DATASET_NAMES)} (or --prompts FILE)")
+            datasets.check_subsets(self.speed_bench_subsets)
+            if self.prompts_file or lens:
+                raise UsageError(f"--dataset-name {self.dataset_name} chooses the prompts: "
+                                 f"{'--prompts' if self.prompts_file else '--input-len'} too, use one or the other")
+        if lens:
+            selecting = [name for name, value in (("--prompts", self.prompts_file), ("--category", self.categories),
+                                                  ("--limit", self.limit)) if value]
+            if selecting:
+                raise UsageError(f"--input-len draws random prompts (vLLM's random dataset): {selecting[0]} selects "
+                                 "prompts, use one or the other")
+
+    def _check_load(self) -> None:
+        """The arrivals and the SLOs, as vLLM's client takes them."""
+        if self.seed is not None and self.seed < 0:
+            raise UsageError("--seed must be a non-negative integer")
+        if not (self.burstiness > 0):
+            raise UsageError(f"--burstiness {self.burstiness:g}: expected a positive number (1: Poisson arrivals)")
+        if self.burstiness != 1 and math.isinf(self.request_rate):
+            raise UsageError("--burstiness shapes the arrivals at a --request-rate: with inf every request starts at "
+                             "once")
+        names = [name for name, _ in self.goodput]
+        for name, limit in self.goodput:
+            if name not in GOODPUT_METRICS:
+                raise UsageError(f"--goodput {name}: an SLO is one of {', '.join(GOODPUT_METRICS)} (in ms)")
+            if not (0 <= limit < math.inf):
+                raise UsageError(f"--goodput {name}:{limit:g}: expected a non-negative number of ms")
+        if len(set(names)) != len(names):
+            raise UsageError("--goodput names an SLO twice")
 
     def requests(self, prompts: int, concurrency: int) -> int:
         """Requests per concurrency: --num-prompts, else every prompt and at least 2 x concurrency (random prompts:
@@ -136,10 +206,16 @@ class BenchOptions:
 
 @dataclass(frozen=True)
 class PromptGroup:
-    """Prompts measured together: a SPEED-Bench category, or the whole set (category None)."""
+    """Prompts measured together: a SPEED-Bench category, or the whole set (category None), in an input-length
+    bucket (`input_len`: random prompts of that length when `texts` is empty, else a throughput subset's)."""
 
     category: str | None
     texts: tuple[str, ...]
+    input_len: int | None = None
+
+    @property
+    def key(self) -> tuple[int | None, str | None]:
+        return (self.input_len, self.category)
 
 
 def run_bench(draft: str, target: str | None, options: BenchOptions,
@@ -159,62 +235,89 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
 
     engine = options.engine_options
     check_engine_available(engine)
-    verify_options = VerifyOptions(num_speculative_tokens=options.num_speculative_tokens,
-                                   max_new_tokens=options.max_new_tokens, prompts_file=options.prompts_file,
-                                   categories=options.categories, dtype=options.dtype, engine="vllm",
-                                   engine_options=engine, outputs=options.outputs)
+    ks = options.ks
+    named = options.dataset_name is None
+    verify_options = VerifyOptions(num_speculative_tokens=max(ks), max_new_tokens=options.max_new_tokens,
+                                   prompts_file=options.prompts_file,
+                                   categories=options.categories if named else (), dtype=options.dtype,
+                                   engine="vllm", engine_options=engine, outputs=options.outputs)
     setup = decode_setup([("draft", draft)], target, verify_options, load_model=False)
     (checked,) = setup.drafts
-    groups, longest = _groups(setup.prompts.prompts, setup.tokenizer, options, setup.prompts.speed_bench)
-    k = options.num_speculative_tokens
-    model_len = engine.engine_args.get("max_model_len") or fitted_model_len(longest, options.max_new_tokens, k,
-                                                                            setup.info.max_position_embeddings)
-    _refuse_past_model_len(longest, options.max_new_tokens, k, model_len)
-    max_seqs = max(options.concurrency)
+    prompts = setup.prompts if named and not options.input_lens else None  # random prompts: none of these
+    groups, longest = _groups(prompts, setup.tokenizer, options)
+    context = setup.info.max_position_embeddings
+    model_len = engine.engine_args.get("max_model_len") or fitted_model_len(longest, options.max_new_tokens, max(ks),
+                                                                            context)
+    _refuse_buckets_past(options, max(ks), model_len if engine.engine_args.get("max_model_len") else context)
+    _refuse_past_model_len(longest, options.max_new_tokens, max(ks), model_len)
     target_path = os.path.abspath(target)
     base_settings = {"tokenizer": target_path, "dtype": options.dtype, "max_model_len": model_len,
-                     "max_num_seqs": max_seqs, "seed": 0, "tensor_parallel_size": engine.tensor_parallel_size,
-                     **engine.llm_args}
-    spec_config = speculative_config(os.path.abspath(checked.path), k, engine.speculative_settings)
+                     "max_num_seqs": max(options.concurrency), "seed": 0,
+                     "tensor_parallel_size": engine.tensor_parallel_size, **engine.llm_args}
+    configs = {k: speculative_config(os.path.abspath(checked.path), k, engine.speculative_settings) for k in ks}
     report = BenchReport(
-        checked.path, target, checked.spec.eagle_version, k, options.max_new_tokens, options.dtype,
-        _prompts_block(setup.prompts.name, groups, setup.prompts.speed_bench, options), {}, spec_config,
+        checked.path, target, checked.spec.eagle_version, max(ks), options.max_new_tokens, options.dtype,
+        _prompts_block(_prompts_name(prompts, options), groups, options), {}, configs[max(ks)],
         measured_files(checked.spec, setup.info), sampling=options.sampling, request_rate=options.request_rate,
         percentiles=options.chosen_percentiles,
-        acceptance_settings=acceptance_settings(engine.speculative_settings, sampled=not options.sampling.greedy))
+        acceptance_settings=acceptance_settings(engine.speculative_settings, sampled=not options.sampling.greedy),
+        swept=ks, seed=options.client_seed, burstiness=options.burstiness, goodput=options.slo_ms)
+    sides = [("target alone", "baseline", base_settings)] + [
+        (f"target + draft, k={k}" if len(ks) > 1 else "target + draft",
+         f"speculative_k{k}" if len(ks) > 1 else "speculative", {**base_settings, "speculative_config": configs[k]})
+        for k in ks]
     started = time.perf_counter()
-    runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
+    runs = _serve_sides(sides, report, groups, options, target_path, say)
+    report.timings["total_s"] = time.perf_counter() - started
+    alone = runs["baseline"]
+    report.rows = [BenchRow(c, g.category, alone[(g.key, c)], runs[key][(g.key, c)], k, g.input_len)
+                   for k, (_, key, _) in zip(ks, sides[1:]) for g in groups for c in options.concurrency]
+    return report
+
+
+def _serve_sides(sides: Sequence[tuple[str, str, dict[str, Any]]], report: BenchReport,
+                 groups: Sequence[PromptGroup], options: BenchOptions, target_path: str,
+                 say: Callable[[str], None]) -> dict[str, dict[tuple[Any, int], ServedRun]]:
+    """Start each side's server in turn (never two at once), measure every group and concurrency on it, stop it;
+    each side's runs under its key ("baseline", "speculative" or "speculative_k<k>"). The report gets each
+    server's flags and start time, and the engine's identity."""
+    engine = options.engine_options
+    model_len = sides[0][2]["max_model_len"]
+    runs: dict[str, dict[tuple[Any, int], ServedRun]] = {}
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \
             BenchClient(engine.interpreter, work, None) as client:
         files = _datasets(work, groups, options)
-        for side, settings in (("target alone", base_settings),
-                               ("target + draft", {**base_settings, "speculative_config": spec_config})):
+        for side, key, settings in sides:
             say(f"{side}: starting vLLM")
             server = start_server(engine.interpreter, work, side,
                                   argv=["--model", target_path, *engine_flags(settings)], target=target_path,
-                                  dtype=options.dtype, positions=model_len * max_seqs,
+                                  dtype=options.dtype, positions=model_len * max(options.concurrency),
                                   given=list(engine.llm_args), timeout_s=options.start_timeout_s)
             try:
-                runs[side] = _measure_side(client, server.endpoint, side, files, groups, options,
-                                           model=target_path, tokenizer=target_path, say=say, notes=report.notes,
-                                           server=server)
+                runs[key] = _measure_side(client, server.endpoint, side, files, groups, options,
+                                          model=target_path, tokenizer=target_path, say=say, notes=report.notes,
+                                          server=server)
             finally:
                 server.stop()
-            key = "baseline" if side == "target alone" else "speculative"
             report.timings[f"{key}_start_s"] = server.start_s
             report.engine.setdefault("server_args", {})[key] = public_flags(server.flags)
             report.engine.update(name="vllm", version=server.info.get("vllm_version"),
                                  device_type=server.info.get("device_type"),
                                  device_name=server.info.get("device_name"),
                                  tensor_parallel_size=engine.tensor_parallel_size, max_model_len=model_len,
-                                 max_num_seqs=max_seqs, memory_sizing=server.info.get("sized") or None,
+                                 max_num_seqs=max(options.concurrency), memory_sizing=server.info.get("sized") or None,
                                  cpu_kv_cache_gib=server.info.get("kv_cache_gib_cpu"),
                                  client="vllm bench serve", endpoint="/v1/completions")
-    report.timings["total_s"] = time.perf_counter() - started
-    alone, drafted = runs["target alone"], runs["target + draft"]
-    report.rows = [BenchRow(c, g.category, alone[(g.category, c)], drafted[(g.category, c)])
-                   for g in groups for c in options.concurrency]
-    return report
+    return runs
+
+
+def _refuse_buckets_past(options: BenchOptions, k: int, limit: int | None) -> None:
+    """A random-prompt bucket that cannot fit the target's context (or the max_model_len given) is refused before
+    any server starts, naming the bucket."""
+    for bucket in options.input_lens:
+        if limit and bucket + options.max_new_tokens + k > limit:
+            raise UsageError(f"--input-len {bucket}: {bucket:,} prompt tokens, {options.max_new_tokens:,} new ones "
+                             f"and {k} drafts exceed the target's max_model_len {limit:,}")
 
 
 def _bench_running(draft: str, target: str | None, options: BenchOptions, say: Callable[[str], None]) -> BenchReport:
@@ -247,16 +350,17 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
     engine = options.engine_options
     source = _tokenizer_source(target) if target is not None else (served.root or served.id)
     # random prompts are drawn and counted by vLLM's client alone; named prompts are rendered and bounded here
-    tokenizer = None if options.input_len is not None else _served_tokenizer(source, served.max_model_len)
+    tokenizer = None if options.input_lens else _served_tokenizer(source, served.max_model_len)
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.decode.setup import refuse_clobbered_inputs, select_prompts
 
+    named = options.dataset_name is None
     verify_options = VerifyOptions(max_new_tokens=options.max_new_tokens, prompts_file=options.prompts_file,
-                                   categories=options.categories, outputs=options.outputs)
+                                   categories=options.categories if named else (), outputs=options.outputs)
     refuse_clobbered_inputs(verify_options, [("DRAFT", draft)] if os.path.isdir(draft) else [], target or "")
-    prompts = select_prompts(verify_options) if options.input_len is None else None
-    groups, longest = _groups(prompts.prompts if prompts else (), tokenizer, options,
-                              prompts.speed_bench if prompts else False)
+    prompts = select_prompts(verify_options) if named and not options.input_lens else None
+    groups, longest = _groups(prompts, tokenizer, options)
+    _refuse_buckets_past(options, k, served.max_model_len)
     if served.max_model_len:
         _refuse_past_model_len(longest, options.max_new_tokens, k, served.max_model_len)
     notes = ["τ and per-position acceptance are the differences of the speculative server's counters read before "
@@ -266,7 +370,7 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
                      "server's τ, latencies and throughput")
     report = BenchReport(
         draft, target or served.id, None, k, options.max_new_tokens, None,
-        _prompts_block(prompts.name if prompts else "random", groups, bool(prompts and prompts.speed_bench), options),
+        _prompts_block(_prompts_name(prompts, options), groups, options),
         {"name": "vllm", "version": speculative.version(), "device_type": None, "device_name": None,
          "tensor_parallel_size": None, "max_model_len": served.max_model_len, "max_num_seqs": None,
          "memory_sizing": None, "cpu_kv_cache_gib": None, "client": "vllm bench serve",
@@ -276,9 +380,10 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
         servers={"started_by_eaglekit": False, "speculative_url": speculative.public_url,
                  "baseline_url": baseline.public_url if baseline else None, "served_model": served.id},
         notes=notes, acceptance_settings=acceptance_settings(None, source="the running server's own: eaglekit did "
-                                                                          "not start it"))
+                                                                          "not start it"),
+        seed=options.client_seed, burstiness=options.burstiness, goodput=options.slo_ms)
     started = time.perf_counter()
-    runs: dict[str, dict[tuple[str | None, int], ServedRun]] = {}
+    runs: dict[str, dict[tuple[Any, int], ServedRun]] = {}
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \
             BenchClient(engine.interpreter, work, options.api_key) as client:
         files = _datasets(work, groups, options)
@@ -288,15 +393,15 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
                                            tokenizer=source, say=say, notes=report.notes)
     report.timings["total_s"] = time.perf_counter() - started
     alone, drafted = runs.get("target alone"), runs["target + draft"]
-    report.rows = [BenchRow(c, g.category, alone[(g.category, c)] if alone else None, drafted[(g.category, c)])
+    report.rows = [BenchRow(c, g.category, alone[(g.key, c)] if alone else None, drafted[(g.key, c)], k, g.input_len)
                    for g in groups for c in options.concurrency]
     return report
 
 
-def _measure_side(client: BenchClient, endpoint: Endpoint, side: str, files: dict[tuple[str | None, int], str | None],
+def _measure_side(client: BenchClient, endpoint: Endpoint, side: str, files: dict[tuple[Any, int], str | None],
                   groups: Sequence[PromptGroup], options: BenchOptions, *, model: str, tokenizer: str,
                   say: Callable[[str], None], notes: list[str],
-                  server: Server | None = None) -> dict[tuple[str | None, int], ServedRun]:
+                  server: Server | None = None) -> dict[tuple[Any, int], ServedRun]:
     """Every concurrency and group on one server: warm-ups first (outside the measurement), then the server's
     counters, vLLM's client, the counters again; acceptance is the difference of the two readings. Where that
     difference is unknown (counters absent or reset), a note in `notes` says so and those rows carry no τ."""
@@ -308,21 +413,25 @@ def _measure_side(client: BenchClient, endpoint: Endpoint, side: str, files: dic
     measured = {}
     for group in groups:
         for c in options.concurrency:
-            label = f"C={c}" + (f", {group.category}" if group.category else "")
+            label = ", ".join([f"C={c}", *([f"{group.input_len:,} input tokens"] if group.input_len else []),
+                               *([group.category] if group.category else [])])
             say(f"{side}: {label}")
             warmups = c if options.warmups is None else options.warmups
             # random prompts: token ids of the same length (ids 1000-1999, within any real vocabulary)
-            warm_prompt = group.texts[0] if group.texts else [1000 + i % 1000 for i in range(options.input_len or 1)]
+            warm_prompt = group.texts[0] if group.texts else [1000 + i % 1000 for i in range(group.input_len or 1)]
             endpoint.warm_up(model, warm_prompt, warmups, c, body, timeout_s=engine.timeout_s)
             before = endpoint.counters()
-            args = _client_args(model, files[(group.category, c)], c, options, tokenizer=tokenizer)
+            args = _client_args(model, files[(group.key, c)], c, options, input_len=group.input_len,
+                                tokenizer=tokenizer)
             result = client.run(endpoint, args, what=label, timeout_s=engine.timeout_s, server=server)
             counters, unknown = counted_between(before, endpoint.counters())
-            if unknown and side == "target + draft":
+            if unknown and side != "target alone":  # the speculative side, one k or each of a sweep
                 unknown_at.setdefault(unknown, []).append(label)
-            measured[(group.category, c)] = ServedRun.from_vllm(result, counters, options.chosen_percentiles)
-    notes.extend(f"τ unknown at {', '.join(labels)}: the speculative server's spec-decode counters were {reason}"
-                 for reason, labels in unknown_at.items())
+            measured[(group.key, c)] = ServedRun.from_vllm(result, counters, options.chosen_percentiles,
+                                                           options.slo_ms)
+    sweep_k = side.removeprefix("target + draft").lstrip(", ")  # "k=3" in a sweep, else ""
+    notes.extend(f"τ unknown at {', '.join(f'{sweep_k}, {label}' if sweep_k else label for label in labels)}: the "
+                 f"speculative server's spec-decode counters were {reason}" for reason, labels in unknown_at.items())
     return measured
 
 
@@ -364,35 +473,57 @@ def _refuse_past_model_len(longest: int, new_tokens: int, k: int, model_len: int
                          f"exceed max_model_len {model_len:,}")
 
 
-def _prompts_block(name: str, groups: Sequence[PromptGroup], speed_bench: bool, options: BenchOptions) -> dict:
+def _prompts_name(prompts: PromptSet | None, options: BenchOptions) -> str:
+    if options.dataset_name is not None:
+        return f"SPEED-Bench {', '.join(options.speed_bench_subsets)}"
+    return prompts.name if prompts else "random"
+
+
+def _prompts_block(name: str, groups: Sequence[PromptGroup], options: BenchOptions) -> dict:
     count = sum(len(g.texts) for g in groups) or options.requests(0, max(options.concurrency))
-    return {"name": name, "count": count,
-            "speed_bench": speed_bench, "categories": [g.category for g in groups if g.category is not None],
-            "ignore_eos": options.ignore_eos, "input_len": options.input_len}
+    lens = options.input_lens
+    buckets = sorted({g.input_len for g in groups if g.input_len is not None})
+    return {"name": name, "count": count, "speed_bench": any(g.category for g in groups),
+            "categories": list(dict.fromkeys(g.category for g in groups if g.category is not None)),
+            "ignore_eos": options.ignore_eos, "input_len": lens[0] if len(lens) == 1 else None,
+            "input_len_buckets": buckets, "dataset_name": options.dataset_name,
+            "speed_bench_subsets": list(options.speed_bench_subsets) if options.dataset_name else [],
+            "shuffled_with_seed": options.seed is not None or options.dataset_name is not None}
 
 
-def _groups(prompts: Sequence[Prompt], tokenizer, options: BenchOptions,
-            per_category: bool) -> tuple[list[PromptGroup], int]:
-    """The prompts as the server receives them, grouped (by category for SPEED-Bench), the first --limit of each;
-    and the longest one in target tokens (checked against the target's context as verify checks it). Random
-    prompts (--input-len) are one group of no texts: vLLM's client draws them."""
-    if options.input_len is not None:
-        return [PromptGroup(None, ())], options.input_len
-    order: dict[str | None, list[Prompt]] = {}
-    for prompt in prompts:
-        order.setdefault(prompt.category if per_category else None, []).append(prompt)
+def _groups(prompts: PromptSet | None, tokenizer, options: BenchOptions) -> tuple[list[PromptGroup], int]:
+    """The prompts as the server receives them, grouped (by category for SPEED-Bench, and by input-length bucket),
+    the first --limit of each (after a shuffle with --seed, when one is given or SPEED-Bench is read by name); and
+    the longest one in target tokens (checked against the target's context as verify checks it). Random prompts
+    (--input-len) are one group of no texts per bucket: vLLM's client draws them."""
+    if options.input_lens:
+        return [PromptGroup(None, (), n) for n in options.input_lens], max(options.input_lens)
+    if options.dataset_name is not None:
+        subsets = [datasets.read_subset(options.dataset_path, subset, options.categories, options.client_seed)
+                   for subset in options.speed_bench_subsets]
+        batches = [(s.prompts, True, s.input_len) for s in subsets]
+    else:
+        assert prompts is not None, "named prompts are read before"
+        members = list(prompts.prompts)
+        if options.seed is not None:
+            random.Random(options.seed).shuffle(members)
+        batches = [(tuple(members), prompts.speed_bench, None)]
     groups, longest = [], 0
-    for category, members in order.items():
-        chosen = members[: options.limit] if options.limit else members
-        longest = max([longest, *(len(encode(p, tokenizer)) for p in chosen)])
-        groups.append(PromptGroup(category, tuple(render_text(p, tokenizer) for p in chosen)))
+    for batch, per_category, bucket in batches:
+        order: dict[str | None, list[Prompt]] = {}
+        for prompt in batch:
+            order.setdefault(prompt.category if per_category else None, []).append(prompt)
+        for category, members in order.items():
+            chosen = members[: options.limit] if options.limit else members
+            longest = max([longest, *(len(encode(p, tokenizer)) for p in chosen)])
+            groups.append(PromptGroup(category, tuple(render_text(p, tokenizer) for p in chosen), bucket))
     return groups, longest
 
 
 def _datasets(work: str, groups: Sequence[PromptGroup],
-              options: BenchOptions) -> dict[tuple[str | None, int], str | None]:
+              options: BenchOptions) -> dict[tuple[Any, int], str | None]:
     """Each group's dataset file at each concurrency (None: random prompts, drawn by the client)."""
-    return {(g.category, c): _dataset(work, g, options.requests(len(g.texts), c), options.max_new_tokens)
+    return {(g.key, c): _dataset(work, g, options.requests(len(g.texts), c), options.max_new_tokens)
             if g.texts else None for g in groups for c in options.concurrency}
 
 
@@ -407,12 +538,13 @@ def _dataset(work: str, group: PromptGroup, requests: int, new_tokens: int) -> s
 
 
 def _client_args(model: str, dataset: str | None, concurrency: int, options: BenchOptions, *,
-                 tokenizer: str | None = None) -> list[str]:
-    """vLLM's `bench serve` arguments: the dataset file's requests (None: vLLM's random dataset, seeded, so both
-    servers get the same prompts), no warm-up (eaglekit sends it before reading the counters)."""
+                 input_len: int | None = None, tokenizer: str | None = None) -> list[str]:
+    """vLLM's `bench serve` arguments: the dataset file's requests (None: vLLM's random dataset of `input_len`-token
+    prompts, seeded, so every server gets the same prompts), the arrivals (rate, burstiness, seed), the SLOs, no
+    warm-up (eaglekit sends it before reading the counters)."""
     if dataset is None:
         requests = options.requests(0, concurrency)
-        data = ["--dataset-name", "random", "--random-input-len", str(options.input_len), "--random-output-len",
+        data = ["--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len",
                 str(options.max_new_tokens), "--random-range-ratio", "0"]
     else:
         requests = sum(1 for _ in open(dataset, encoding="utf-8"))
@@ -421,8 +553,10 @@ def _client_args(model: str, dataset: str | None, concurrency: int, options: Ben
     rate = "inf" if math.isinf(options.request_rate) else f"{options.request_rate:g}"
     args = ["--backend", "vllm", "--endpoint", "/v1/completions", "--model", model, "--tokenizer", tokenizer or model,
             *data, "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate", rate,
-            "--temperature", f"{options.temperature:g}", "--seed", "0", "--num-warmups", "0", "--save-detailed",
+            "--temperature", f"{options.temperature:g}", "--seed", str(options.client_seed), "--burstiness",
+            f"{options.burstiness:g}", "--num-warmups", "0", "--save-detailed",
             "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles",
             ",".join(percentile_key(q)[1:] for q in options.chosen_percentiles), "--disable-tqdm"]
-    return args + (["--top-p", f"{options.top_p:g}"] if options.top_p < 1 else []) + (
+    slo = ["--goodput", *(f"{name}:{limit:g}" for name, limit in options.goodput)] if options.goodput else []
+    return args + slo + (["--top-p", f"{options.top_p:g}"] if options.top_p < 1 else []) + (
         ["--ignore-eos"] if options.ignore_eos else [])

@@ -192,6 +192,8 @@ def render(doc: dict) -> None:
         checked = (f"read back and checked against {engine.label}'s eagle3 loader" if engine.needs_conversion
                    else f"validated for {engine.label}")
         print_prose("Wrote", f"{dst['path']} ({', '.join(dst['files'])}) in {seconds:.1f} s; {checked}.", "green")
+    if doc.get("serve_command"):
+        print_fix("serve: ", doc["serve_command"], style="")
     if doc["next_command"]:
         label = "serve: " if engine.needs_conversion else "next: "
         print_fix(label, doc["next_command"], style="")

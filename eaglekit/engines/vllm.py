@@ -582,10 +582,14 @@ def settings(spec: DraftSpec, target: TargetInfo | None = None) -> tuple[str, ..
 
 
 def serve_command(target: str, draft: str, k: int, settings: tuple[str, ...] = ()) -> str:
+    """`vllm serve TARGET --speculative-config '{...}'`, each argument quoted for a POSIX shell (a path holding a
+    space or a quote still names itself when pasted)."""
+    import shlex
+
     config = speculative_config(draft, k)
     for setting in settings:  # members of the JSON object, as `settings` writes them
         config.update(json.loads("{" + setting + "}"))
-    return f"vllm serve {target} --speculative-config '{json.dumps(config)}'"
+    return shlex.join(["vllm", "serve", target, "--speculative-config", json.dumps(config)])
 
 
 def read_ids(spec: DraftSpec, target: TargetInfo | None) -> IdReading:

@@ -152,6 +152,14 @@ def bench_acceptance(bench: Mapping[str, Any]) -> Mapping[str, Any]:
     return acceptance_settings(given)
 
 
+def swept_ks(bench: Mapping[str, Any]) -> str:
+    """The k a bench report measured: its sweep ("1, 3, 5"), else its one k."""
+    swept = bench.get("num_speculative_tokens_swept")
+    if isinstance(swept, list) and swept and all(type(k) is int for k in swept):
+        return ", ".join(str(k) for k in swept)
+    return text(str(bench.get("num_speculative_tokens", "?")))
+
+
 def speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> str:
     """Serving speed as `eaglekit bench` measured it in the engine: the conditions first, then one row per
     concurrency (and category), then the verdict."""
@@ -162,13 +170,17 @@ def speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> s
 
     conditions = (f"{field(engine, 'name', 'vllm')} {field(engine, 'version')} on {field(engine, 'device_name')} "
                   f"({field(engine, 'device_type')}, tensor parallel {field(engine, 'tensor_parallel_size', '1')}), "
-                  f"{field(bench, 'dtype')}, k = {field(bench, 'num_speculative_tokens')}, {sampled(bench)}, up to "
+                  f"{field(bench, 'dtype')}, k = {swept_ks(bench)}, {sampled(bench)}, up to "
                   f"{field(bench, 'max_new_tokens')} new tokens per request, prompts "
                   f"{field(prompts, 'name', 'unnamed')} ({number(prompts.get('count', '?'))})")
     rows = [r for r in bench.get("rows") or [] if isinstance(r, Mapping)]
     per_category = any(r.get("category") for r in rows)
-    header = ("| Category " if per_category else "") + ("| Concurrency | Per-user tokens/s, target alone | With the "
-                                                       "draft | Speed-up | 95 % interval | Pooled τ (engine) |")
+    per_k = len({r.get("num_speculative_tokens") for r in rows}) > 1
+    per_bucket = any(r.get("input_len") for r in rows)
+    header = (("| Category " if per_category else "") + ("| k " if per_k else "")
+              + ("| Input tokens " if per_bucket else "")
+              + "| Concurrency | Per-user tokens/s, target alone | With the draft | Speed-up | 95 % interval "
+                "| Pooled τ (engine) |")
     lines = [header, "|---" * (header.count("|") - 1) + "|"]
     for r in rows:
         base, spec = nested(r, "baseline"), nested(r, "speculative")
@@ -176,6 +188,8 @@ def speed_section(bench: Mapping[str, Any], mismatches: Sequence[str] = ()) -> s
         few = r.get("too_few_samples") is True
         tau = r.get("acceptance_length")
         lines.append(("| " + text(r.get("category") or "") + " " if per_category else "")
+                     + (f"| {number(r.get('num_speculative_tokens'))} " if per_k else "")
+                     + (f"| {number(r.get('input_len')) if r.get('input_len') else '—'} " if per_bucket else "")
                      + f"| {r['concurrency']} | {number(nested(base, 'per_user_tokens_per_s').get('mean'), 1)} | "
                      f"{number(nested(spec, 'per_user_tokens_per_s').get('mean'), 1)} | {r['speed_up']:.2f}× | "
                      + (f"n={number(r.get('samples'))}, too few to estimate an interval" if few

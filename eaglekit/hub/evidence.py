@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from eaglekit.bench.report import RowFigures, Verdict, verdicts
+from eaglekit.bench.report import RowFigures, Verdict, series_label, verdicts
 from eaglekit.config_view import REPO_ID, nested
 from eaglekit.decode.sampling import GREEDY_BELOW
 from eaglekit.decode.stats import MIN_SAMPLES, too_few
@@ -123,10 +123,15 @@ def load_bench_report(path: str) -> VerifyReportFile:
         level, category = row.get("concurrency"), row.get("category")
         if type(level) is not int or level < 1:
             raise CheckpointError(f"concurrency must be a positive integer, not {quoted(level)}", path)
-        if (level, category) in seen:
-            raise CheckpointError(f"concurrency {level} is measured twice{f' for {category}' if category else ''}",
+        row_k = row.get("num_speculative_tokens", k)
+        if type(row_k) is not int or not 1 <= row_k <= k:
+            raise CheckpointError(f"concurrency {level}: num_speculative_tokens must be a positive integer up to the "
+                                  f"report's {k}, not {quoted(row_k)}", path)
+        series = (row_k, row.get("input_len"), category)
+        if (level, series) in seen:
+            raise CheckpointError(f"concurrency {level} is measured twice for {series_label(series) or 'one series'}",
                                   path)
-        seen.add((level, category))
+        seen.add((level, series))
         if "baseline" in row and row["baseline"] is None and row.get("speed_up") is None:
             raise CheckpointError(f"concurrency {level}: no baseline was measured (bench --base-url without "
                                   "--baseline-url), so there is no speed-up to put on a card", path)
@@ -138,7 +143,7 @@ def load_bench_report(path: str) -> VerifyReportFile:
         if interval is not None and not (isinstance(interval, Mapping) and finite(interval.get("low"))
                                          and finite(interval.get("high"))):
             raise CheckpointError(f"concurrency {level}: speed_up_interval must hold finite low and high", path)
-        problem = impossible_figures(row, k) or impossible_speeds(row)
+        problem = impossible_figures(row, row_k) or impossible_speeds(row)
         if problem:
             raise CheckpointError(f"concurrency {level}{f' ({category})' if category else ''}: {problem}", path)
     problem = contradicted_verdicts(report)
@@ -235,11 +240,12 @@ def contradicted_verdicts(report: Mapping[str, Any]) -> str | None:
         return None
     if not isinstance(recorded, list) or not all(isinstance(v, Mapping) for v in recorded):
         return "verdicts must be a list of objects"
-    judged = {v.category: v.to_dict() for v in bench_verdicts(report["rows"])}
+    judged = {v.series: v.to_dict() for v in bench_verdicts(report["rows"])}
     for given in recorded:
-        category = given.get("category")
-        mine = judged.get(category)
-        where = f" for {category}" if category else ""
+        series = (given.get("num_speculative_tokens"), given.get("input_len"), given.get("category"))
+        mine = judged.get(series)
+        label = series_label(series)
+        where = f" for {label}" if label else ""
         if mine is None:
             return f"it gives a verdict{where} but measured no row{where}"
         for key in VERDICT_FIELDS:

@@ -11,6 +11,8 @@ from eaglekit.upgrade.calibrate import Fidelity
 from eaglekit.upgrade.plan import TensorStep
 from eaglekit.upgrade.start import StartFidelity
 
+SERVE_K = 3  # drafts per round in the serve line printed after an upgrade (eaglekit bench's default k)
+
 FUNCTION_SUMMARY = {
     "preserved": "function-preserving: the output computes exactly what the source computes",
     "approximate": "approximately preserving",
@@ -61,6 +63,7 @@ class UpgradeReport:
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     target: str | None = None
+    serve_settings: tuple[str, ...] = ()  # what the serving engine needs beside the files (P-EAGLE's switch)
 
     @property
     def next_command(self) -> str | None:
@@ -75,11 +78,22 @@ class UpgradeReport:
             return None
         engine = RECORDS[self._dialect().ENGINE]
         if engine.needs_conversion:
-            return engine.serve(self.target, self.output["path"], 3, ())
+            return engine.serve(self.target, self.output["path"], SERVE_K, self.serve_settings)
         if not self._finetune_follows():
             return None
         dst = self.output["path"].rstrip("/")
         return shlex.join(["eaglekit", "finetune", dst, f"{dst}-tuned", "--target", self.target])
+
+    @property
+    def serve_command(self) -> str | None:
+        """The `vllm serve` line serving the draft just written with its target, the paths as the user gave them and
+        k = SERVE_K: for an output vLLM loads (its dialect's engine is vLLM); None for a dry run or without a target
+        to name."""
+        if self.dry_run or self.target is None or self._dialect().ENGINE != "vllm":
+            return None
+        from eaglekit.engines.vllm import serve_command
+
+        return serve_command(self.target, self.output.get("given") or self.output["path"], SERVE_K, self.serve_settings)
 
     @property
     def next_step(self) -> str | None:
@@ -123,6 +137,7 @@ class UpgradeReport:
             "findings": [f.to_dict() for f in self.findings],
             "warnings": list(self.warnings),
             "next_command": self.next_command,
+            "serve_command": self.serve_command,
             "next_step": self.next_step,
             "timings": dict(self.timings),
         }

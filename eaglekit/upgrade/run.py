@@ -11,6 +11,7 @@ import numpy as np
 
 from eaglekit import __version__
 from eaglekit.capture.sequence import CalibrationRecords
+from eaglekit.engines import RECORDS
 from eaglekit.errors import OutputError, UsageError
 from eaglekit.families import load_draft
 from eaglekit.io.outputs import Role, read_roles, refuse_clobber, target_roles
@@ -142,8 +143,8 @@ def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab:
     return UpgradeReport(
         source={"path": spec.path, "given": source, "family": spec.family, "producer": spec.producer,
                 "eagle_version": spec.eagle_version, "files": list(spec.files), "total_bytes": spec.total_bytes},
-        output={"path": os.path.abspath(destination), "dialect": d.dialect, "eagle_version": eagle, "files": [],
-                "total_bytes": plan.total_bytes},
+        output={"path": os.path.abspath(destination), "given": destination, "dialect": d.dialect,
+                "eagle_version": eagle, "files": [], "total_bytes": plan.total_bytes},
         dry_run=opts.dry_run,
         function=d.function,
         summary=summary_line(d.function, fidelity, d.norm_output_added, d.changes, start.fidelity if start else None),
@@ -161,6 +162,7 @@ def _report(source: str, destination: str, spec: DraftSpec, d: Decisions, vocab:
         tensors=list(plan.steps),
         config=config,
         fidelity=fidelity,
+        serve_settings=RECORDS[get_dialect(d.dialect).ENGINE].settings(spec, None),
         start=start.fidelity if start else None,
         warnings=list(d.warnings),
         target=opts.target,

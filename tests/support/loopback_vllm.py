@@ -49,10 +49,12 @@ class LoopbackVllm:
     """A server on 127.0.0.1: `routes` maps a path ("GET /metrics") to what it does instead of vLLM's answer;
     `speculative`: whether /metrics carries spec-decode counters; `seen`: (method, path, headers) of every request."""
 
-    def __init__(self, routes: dict[str, Route] | None = None, *, speculative: bool = True):
+    def __init__(self, routes: dict[str, Route] | None = None, *, speculative: bool = True, k: int = 3):
         self.routes = dict(routes or {})
         self.speculative = speculative
-        self.counts = {"drafts": 10, "draft_tokens": 30, "accepted": 12, "pos0": 6, "pos1": 4, "pos2": 2}
+        self.k = k
+        positions = {f"pos{i}": max(6 - 2 * i, 0) for i in range(k)}  # 6, 4, 2, 0...: 12 accepted when k = 3
+        self.counts = {"drafts": 10, "draft_tokens": 10 * k, "accepted": sum(positions.values()), **positions}
         self.seen: list[tuple[str, str, dict[str, str]]] = []
         self.stopping = threading.Event()
         fake = self
@@ -101,17 +103,26 @@ class LoopbackVllm:
         elif handler.path == "/version":
             send(handler, 200, '{"version": "0.32.0"}')
         elif handler.path == "/metrics":
-            send(handler, 200, SPEC_METRICS.format(**self.counts) if self.speculative else NO_SPEC_METRICS)
+            send(handler, 200, self.metrics_text() if self.speculative else NO_SPEC_METRICS)
         else:
             send(handler, 404, "{}")
 
+    def metrics_text(self) -> str:
+        """The spec-decode counters in Prometheus text, one per-position line per draft position (k of them)."""
+        if self.k == 3:
+            return SPEC_METRICS.format(**self.counts)
+        head = SPEC_METRICS.split("vllm:spec_decode_num_accepted_tokens_per_pos_total")[0].format(**self.counts)
+        line = ('vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="served-target",'
+                'position="{i}"}} {n}\n')
+        return head + "".join(line.format(i=i, n=self.counts[f"pos{i}"]) for i in range(self.k))
+
     def serve(self, *, drafts: int, accepted: int) -> None:
-        """What measured requests leave in the counters (k = 3, positions filled in order)."""
+        """What measured requests leave in the counters (k drafts a round, positions filled in order)."""
         self.counts["drafts"] += drafts
-        self.counts["draft_tokens"] += 3 * drafts
+        self.counts["draft_tokens"] += self.k * drafts
         self.counts["accepted"] += accepted
         left = accepted
-        for pos in ("pos0", "pos1", "pos2"):
+        for pos in (f"pos{i}" for i in range(self.k)):
             taken = min(left, drafts)
             self.counts[pos] += taken
             left -= taken
@@ -127,9 +138,12 @@ class LoopbackVllm:
 
 class FakeBenchClient:
     """vLLM's `bench serve` client replaced in-process: each run answers as the client does for requests of 16
-    tokens, and calls `on_run(endpoint_url)` in between the counter readings (what the measured requests do)."""
+    tokens (request i: first token after 10 (i + 1) ms, 10 + i tokens/s), and calls `on_run(endpoint_url)` in
+    between the counter readings (what the measured requests do). `runs` records each run's endpoint, arguments and
+    the prompts of its dataset file, in order."""
 
     on_run: Callable[[str], None] = staticmethod(lambda url: None)
+    runs: list[dict] = []
 
     def __init__(self, python, work, api_key):
         self.api_key = api_key
@@ -142,11 +156,18 @@ class FakeBenchClient:
 
     def run(self, endpoint, args, *, what, timeout_s, server=None):
         requests = int(args[args.index("--num-prompts") + 1])
+        prompts = []
+        if "--dataset-path" in args:
+            with open(args[args.index("--dataset-path") + 1], encoding="utf-8") as fh:
+                prompts = [json.loads(line)["prompt"] for line in fh]
+        type(self).runs.append({"url": endpoint.url, "args": list(args), "prompts": prompts})
         type(self).on_run(endpoint.url)
         rates = [10.0 + i for i in range(requests)]
+        input_len = int(args[args.index("--random-input-len") + 1]) if "--random-input-len" in args else 100
         result = {"completed": requests, "failed": 0, "duration": 2.0, "total_output_tokens": 16 * requests,
                   "output_throughput": 8.0 * requests, "output_lens": [16] * requests,
-                  "latencies": [16 / r for r in rates], "generated_texts": [f"text {i}" for i in range(requests)]}
+                  "latencies": [16 / r for r in rates], "generated_texts": [f"text {i}" for i in range(requests)],
+                  "ttfts": [0.01 * (i + 1) for i in range(requests)], "total_input_tokens": input_len * requests}
         for scale, name in enumerate(("ttft", "tpot", "itl", "e2el"), start=1):
             result[f"mean_{name}_ms"] = 10.0 * scale
             result.update({f"p{q}_{name}_ms": 10.0 * scale + float(q)
