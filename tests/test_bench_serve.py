@@ -27,6 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRAFT = os.path.join(ROOT, "examples", "drafters", "smollm2-135m-eagle3.1")
 SPEED_BENCH = os.path.join(ROOT, "tests", "data", "speed_bench")
 SCHEMA = os.path.join(ROOT, "eaglekit", "schemas", "bench-report.schema.json")
+# the loopback servers stand in for vLLM, but bench reads the real target's config and tokenizer (SmolLM2)
+pytestmark = pytest.mark.model
 
 
 @pytest.fixture

@@ -524,7 +524,7 @@ def shell_command(command: str) -> str:
 
 SHELL_OPERATORS = frozenset({"&&", "||", "|", ";"})
 """Words of a printed command that join commands: kept as they are (quoted, they would be arguments)."""
-COMMAND_WORDS = frozenset({"eaglekit", "python", "python3", "pip", "bash", "sh", "git", "cmake", "make"})
+COMMAND_WORDS = frozenset({"eaglekit", "python", "python3", "pip", "bash", "sh", "git", "cmake", "make", "vllm"})
 
 
 def is_command(text: str) -> bool:
