@@ -89,11 +89,12 @@ class UpgradeReport:
         """The `vllm serve` line serving the draft just written with its target, the paths as the user gave them and
         k = SERVE_K: for an output vLLM loads (its dialect's engine is vLLM); None for a dry run or without a target
         to name."""
-        if self.dry_run or self.target is None or self._dialect().ENGINE != "vllm":
-            return None
-        from eaglekit.engines.vllm import serve_command
+        from eaglekit.engines import RECORDS, vllm
 
-        return serve_command(self.target, self.output.get("given") or self.output["path"], SERVE_K, self.serve_settings)
+        if self.dry_run or self.target is None or RECORDS[self._dialect().ENGINE] is not vllm.RECORD:
+            return None
+        return vllm.serve_command(self.target, self.output.get("given") or self.output["path"], SERVE_K,
+                                  self.serve_settings)
 
     @property
     def next_step(self) -> str | None:
