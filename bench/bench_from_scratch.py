@@ -44,6 +44,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from eaglekit.runner import REFERENCE, RUNNERS  # noqa: E402  (stdlib only: no model code)
+
 SOURCE = os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3")
 FUNCTIONS = {"EAGLE-3": "eagle3", "EAGLE-3.1": "eagle31-start"}  # each retrain's start, a folder in --work
 
@@ -67,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--also", nargs="+", default=[], metavar="NAME=PATH",
                    help="more drafters measured in the same replay (e.g. an upgrade fine-tuned as it is)")
     p.add_argument("--work", help="folder for the store and the drafts (default: a temporary one)")
-    p.add_argument("--capture-engine", choices=("reference", "vllm"), default="reference",
+    p.add_argument("--capture-engine", choices=RUNNERS, default=REFERENCE,
                    help="who runs the target for the one capture (vllm: .vllm-env or $EAGLEKIT_VLLM_PYTHON)")
     p.add_argument("--store-dtype", default="bfloat16", choices=("bfloat16", "float32", "fp8"))
     p.add_argument("--functions", default="EAGLE-3,EAGLE-3.1", help="which retrains this process trains")
