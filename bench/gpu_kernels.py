@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if not torch.cuda.is_available():
-        print("gpu_kernels: no CUDA device, nothing to measure (tests/drafter/test_kernels.py covers correctness on CPU)")
+        print("gpu_kernels: no CUDA device, nothing to measure (tests/drafter/test_kernels.py: correctness on CPU)")
         return 0
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("gpu_kernels: unset TRITON_INTERPRET; interpreted kernels cannot be timed", file=sys.stderr)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests/project/test_package.py keeps the two lists equal)
+if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests/project/test_package.py keeps both equal)
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.errors import EaglekitError
     from eaglekit.families import load_draft
