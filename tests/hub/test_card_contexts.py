@@ -69,6 +69,20 @@ def expected_rows(report: dict) -> tuple[list[list[str]], list[list[str]]]:
     return by_context, by_depth
 
 
+def card_rows_as_expected(tmp_path, draft: str, target: str, saved, report: dict):
+    """The card `push --dry-run` writes from the saved report: its context and depth tables hold the report's
+    figures row for row; returns those rows."""
+    card_file = tmp_path / "card.md"
+    pushed = run_cli(["push", draft, "--repo-id", REPO, "--target", target, "--report", str(saved), "--dry-run",
+                      "--offline", "--card-out", str(card_file)])
+    assert pushed.exit_code == 0, pushed.stderr
+    card = card_file.read_text()
+    by_context, by_depth = expected_rows(report)
+    assert table(card, "### τ by context length") == by_context
+    assert table(card, "### Acceptance by draft depth") == by_depth
+    return by_context, by_depth
+
+
 @pytest.mark.model
 def test_a_card_from_a_verify_sweep_shows_tau_by_context_and_acceptance_by_depth(tmp_path):
     pytest.importorskip("torch")
@@ -89,14 +103,7 @@ def test_a_card_from_a_verify_sweep_shows_tau_by_context_and_acceptance_by_depth
         assert c["samples"] == MIN_SAMPLES and not c["too_few_samples"]
         assert len(c["per_position_acceptance_interval"]) == 3
 
-    card_file = tmp_path / "card.md"
-    pushed = run_cli(["push", draft, "--repo-id", REPO, "--target", target, "--report", str(saved), "--dry-run",
-                      "--offline", "--card-out", str(card_file)])
-    assert pushed.exit_code == 0, pushed.stderr
-    card = card_file.read_text()
-    by_context, by_depth = expected_rows(report)
-    assert table(card, "### τ by context length") == by_context
-    assert table(card, "### Acceptance by draft depth") == by_depth
+    card_rows_as_expected(tmp_path, draft, target, saved, report)
 
 
 def sweep_report(draft: str, target: str) -> dict:
@@ -136,12 +143,5 @@ def test_a_card_shows_where_the_draft_holds_and_where_it_drifts_with_context(tmp
     saved = tmp_path / "verify.json"
     saved.write_text(json.dumps(report))
 
-    card_file = tmp_path / "card.md"
-    pushed = run_cli(["push", draft, "--repo-id", REPO, "--target", target, "--report", str(saved), "--dry-run",
-                      "--offline", "--card-out", str(card_file)])
-    assert pushed.exit_code == 0, pushed.stderr
-    card = card_file.read_text()
-    by_context, by_depth = expected_rows(report)
-    assert table(card, "### τ by context length") == by_context
-    assert table(card, "### Acceptance by draft depth") == by_depth
+    by_context, by_depth = card_rows_as_expected(tmp_path, draft, target, saved, report)
     assert len(by_depth) == 9 and by_context[2][3] == "n=4, too few to estimate an interval"
