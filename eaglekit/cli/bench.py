@@ -11,6 +11,7 @@ from eaglekit.cli.output import (
     acceptance_text,
     finish_report,
     format_option,
+    given_flags,
     given_paths,
     int_list,
     key_value_table,
@@ -135,8 +136,11 @@ def bench_command(ctx, draft, target, base_url, baseline_url, api_key, engine, c
         dataset_name=dataset_name, dataset_path=dataset_path, speed_bench_subsets=tuple(list_items(subsets)),
         outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")))
     options.check()
+    if dataset_name is None and given_flags(ctx, "--speed-bench-dataset-subset"):
+        raise UsageError("--speed-bench-dataset-subset chooses a part of --dataset-name speed_bench: give "
+                         "--dataset-name speed_bench too, or drop --speed-bench-dataset-subset")
     if base_url is not None:
-        given = [option for option in SERVER_OPTIONS if _given(ctx, option)]
+        given = given_flags(ctx, *SERVER_OPTIONS)
         if given:
             raise UsageError(f"--base-url measures a server already running: {given[0]} is a setting of a server "
                              "eaglekit starts (set it where that server runs)")
@@ -151,14 +155,6 @@ def bench_command(ctx, draft, target, base_url, baseline_url, api_key, engine, c
         report = run_bench(draft, target, options, progress=progress)
     finish_report(report.to_dict(), output_format, render, save_report=save_report,
                   draw=(lambda: plot_bench(report, plot)) if plot else None, given=typed)
-
-
-def _given(ctx: click.Context, option: str) -> bool:
-    """Whether `option` (its flag) was set on the command line or from the environment, not left at its default."""
-    from click.core import ParameterSource
-
-    param = next(p for p in ctx.command.params if option in getattr(p, "opts", ()))
-    return ctx.get_parameter_source(param.name or "") in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 
 
 def _slos(values: tuple[str, ...]) -> tuple[tuple[str, float], ...]:

@@ -209,6 +209,18 @@ def vllm_options(when: str):
     return apply
 
 
+def given_flags(ctx: click.Context, *flags: str) -> list[str]:
+    """Those of `flags` set on the command line or from the environment, not left at their defaults: an option that
+    cannot apply is refused only when given."""
+    from click.core import ParameterSource
+
+    def given(flag: str) -> bool:
+        param = next(p for p in ctx.command.params if flag in getattr(p, "opts", ()))
+        return ctx.get_parameter_source(param.name or "") in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+    return [flag for flag in flags if given(flag)]
+
+
 def deprecated_alias(alias: str, canonical: str, dest: str, **attrs: Any):
     """`alias`, the old name of the option `canonical` (whose parameter is `dest`), kept for one release: listed in
     --help as a deprecated alias, its value passed on as `dest`'s, and one warning on stderr per command that uses

@@ -103,6 +103,14 @@ class EngineOptions:
             raise UsageError("--tensor-parallel-size must be at least 1")
         split_speculative_settings(self.engine_args)  # a malformed speculative_config is refused before any work
 
+    @property
+    def given(self) -> tuple[str, ...]:
+        """The options that set how vLLM runs which were given (not left at their defaults): refused where no vLLM
+        runs, rather than silently ignored."""
+        return tuple(flag for flag, value in (("--engine-python", self.python),
+                                              ("--tensor-parallel-size", self.tensor_parallel_size != 1),
+                                              ("--engine-arg", self.engine_args)) if value)
+
 
 @dataclass
 class EngineRun:
