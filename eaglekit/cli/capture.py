@@ -10,6 +10,7 @@ from eaglekit.cli.output import (
     deprecated_alias,
     emit_json,
     format_option,
+    given_flags,
     given_paths,
     human_bytes,
     key_value_table,
@@ -68,7 +69,8 @@ Examples:
 @click.option("--force", is_flag=True, help="Replace a store of another capture (its own files only).")
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
-def capture_command(target, store, data, calibration, calibration_file, calibration_tokens, import_dir,
+@click.pass_context
+def capture_command(ctx, target, store, data, calibration, calibration_file, calibration_tokens, import_dir,
                     captured_ids, draft, aux_layer_ids, engine, engine_options, shard_tokens, store_dtype, device,
                     dtype, target_quantization, force, no_progress, output_format):
     """Capture TARGET's hidden states (the draft's aux ids plus id L) into STORE, shard by shard.
@@ -87,6 +89,8 @@ def capture_command(target, store, data, calibration, calibration_file, calibrat
         store_dtype=store_dtype, device=device, dtype=dtype, target_quantization=target_quantization, force=force,
         calibration=calibration, calibration_file=calibration_file, calibration_tokens=calibration_tokens,
         import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"))
+    opts.check()
+    _refuse_unused(ctx, opts)
     given = given_paths([store, data.data_file, calibration_file, import_dir, draft], [target])
     with ProgressLog("capture", not no_progress, given=given) as progress:
         report = capture_store(store, opts, progress=progress)
@@ -95,6 +99,18 @@ def capture_command(target, store, data, calibration, calibration_file, calibrat
         emit_json(doc)
     else:
         render(with_given(doc, given))
+
+
+def _refuse_unused(ctx: click.Context, opts) -> None:
+    """An option given where it cannot apply is refused before any work, naming both options."""
+    from eaglekit.errors import UsageError
+
+    if opts.engine != REFERENCE and given_flags(ctx, "--device"):
+        raise UsageError(f"--device with --engine {opts.engine}: it places the reference engine's target; vLLM "
+                         "chooses its own devices (--tensor-parallel-size)")
+    if not opts.calibration and given_flags(ctx, "--calibration-tokens"):
+        raise UsageError("--calibration-tokens without --calibration: it sizes the calibration text; give "
+                         "--calibration, or drop --calibration-tokens")
 
 
 def render(doc: dict) -> None:

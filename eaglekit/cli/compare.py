@@ -52,7 +52,7 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
     from eaglekit.decode.options import VerifyOptions
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
-    from eaglekit.runtime.engine import check_engine_available
+    from eaglekit.runtime.engine import check_engine_available, refuse_unused
     from eaglekit.verify.plot import plot_compare
 
     options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=max_new_tokens, prompts_file=prompts_file,
@@ -62,6 +62,8 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
                             seed=seed, outputs=(Role("--save-report", save_report or ""), Role("--plot", plot or "")),
                             engine=engine, engine_options=engine_options)
     options.check()
+    if engine == REFERENCE:
+        refuse_unused(engine_options, "--engine reference")
     if plot:
         check_plot_path(plot)
     if options.engine_only:

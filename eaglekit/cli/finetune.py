@@ -14,6 +14,7 @@ from eaglekit.cli.output import (
     deprecated_alias,
     emit_json,
     format_option,
+    given_flags,
     given_paths,
     int_list,
     key_value_table,
@@ -30,7 +31,7 @@ from eaglekit.cli.output import (
 )
 from eaglekit.cli.progress import ProgressLog, training_figures
 from eaglekit.finetune.evaluate import AUTO, DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
-from eaglekit.runner import RUNNERS
+from eaglekit.runner import REFERENCE, RUNNERS
 
 if TYPE_CHECKING:
     pass
@@ -133,7 +134,8 @@ def _freeze(text: str) -> tuple[str, ...]:
 @click.option("--force", is_flag=True, help="Replace a non-empty OUT (only once the new output is complete).")
 @click.option("--no-progress", is_flag=True, help="No progress on stderr.")
 @format_option
-def finetune_command(draft, out_dir, target, data, import_dir, captured_ids, store, max_resident_shards,
+@click.pass_context
+def finetune_command(ctx, draft, out_dir, target, data, import_dir, captured_ids, store, max_resident_shards,
                      soft_targets, cache_dir, steps, batch_tokens, depth, lr, warmup_steps,
                      depth_decay, freeze, precision, seed, warm_start, from_scratch, validation_fraction, select_every,
                      keep_unresolved, device, dtype, target_quantization, checkpoint_every,
@@ -162,6 +164,7 @@ def finetune_command(draft, out_dir, target, data, import_dir, captured_ids, sto
                              context_tokens=int_list(eval_context_tokens, "--eval-context-tokens", "0,1024"),
                              engine=eval_engine)
     evaluation.check()  # with --no-eval too: a bad setting is refused, not silently ignored
+    _refuse_unused(ctx, no_eval, eval_engine, engine_options, store)
     opts = FinetuneOptions(
         target=target,
         data=data, import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"), cache_dir=cache_dir,
@@ -188,6 +191,30 @@ def finetune_command(draft, out_dir, target, data, import_dir, captured_ids, sto
         emit_json(doc)
     else:
         render(with_given(doc, given))
+
+
+EVAL_FLAGS = ("--eval-prompts", "--eval-limit", "--eval-max-new-tokens", "--eval-templates", "--eval-context-tokens",
+              "-k", "--eval-engine")
+"""The held-out evaluation's settings: refused with --no-eval, which skips it."""
+
+
+def _refuse_unused(ctx: click.Context, no_eval: bool, eval_engine: str, engine_options, store: str | None) -> None:
+    """An option that this run would ignore (the evaluation's with --no-eval, vLLM's where no vLLM decodes, the
+    store's without --store) is refused before anything is read, naming both options."""
+    from eaglekit.errors import UsageError
+    from eaglekit.runtime.engine import refuse_unused
+
+    if no_eval:
+        given = given_flags(ctx, *EVAL_FLAGS)
+        if given:
+            raise UsageError(f"{given[0]} with --no-eval: it sets the held-out evaluation, which --no-eval skips; "
+                             f"drop one of them")
+        refuse_unused(engine_options, "--no-eval")
+    elif eval_engine == REFERENCE:
+        refuse_unused(engine_options, "--eval-engine reference")
+    if not store and given_flags(ctx, "--max-resident-shards"):
+        raise UsageError("--max-resident-shards without --store: it bounds the store's shards in memory; give "
+                         "--store, or drop --max-resident-shards")
 
 
 def _tau(entry: dict) -> str:

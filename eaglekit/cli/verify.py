@@ -79,6 +79,7 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
     from eaglekit.decode.settings import plain_report
     from eaglekit.io.outputs import Role
     from eaglekit.plotting import check_plot_path
+    from eaglekit.runtime.engine import refuse_unused
     from eaglekit.verify.plot import plot_verify
     from eaglekit.verify.run import verify_conditions, verify_in_engine
 
@@ -93,6 +94,8 @@ def verify_command(draft, target, k, max_new_tokens, prompts_file, limit, catego
                  Role("--plot", plot or "")),
     )
     options.check()
+    if engine == REFERENCE:
+        refuse_unused(engine_options, "--engine reference")
     if profile_out and not plain_report(options.conditions):
         raise UsageError("--profile-out describes the chat template at one context length: give one "
                          "--context-tokens value and --template chat")

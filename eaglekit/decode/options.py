@@ -98,6 +98,7 @@ class VerifyOptions:
             raise UsageError(f"--engine-arg {next(iter(given))} sets vLLM's speculative config, which --engine "
                              "reference does not run: give --engine vllm (the reference decode counts acceptance "
                              "under vLLM's default rule)")
+        self._check_engine_alone()
         check_chunk(self.prefill_chunk)
         if self.num_speculative_tokens < 1:
             raise UsageError("--num-speculative-tokens must be at least 1")
@@ -121,3 +122,19 @@ class VerifyOptions:
             raise UsageError(f"--vllm-runner {self.vllm_runner!r}: use one of {', '.join(VLLM_RUNNERS)}")
         if self.engine_version is not None:
             checked_engines("vllm", self.engine_version)
+
+    def _check_engine_alone(self) -> None:
+        """With --engine vllm only vLLM decodes: a setting of the reference decode would be silently ignored, and
+        vLLM measures first turns only."""
+        if not self.engine_only:
+            return
+        reference_only = [flag for flag, value in (("--diagnose", self.diagnose),
+                                                    ("--aux-layer-ids", self.aux_layer_ids is not None),
+                                                    ("--as-eaglekit-reads", self.as_eaglekit_reads),
+                                                    ("--min-acceptance", self.min_acceptance is not None)) if value]
+        if reference_only:
+            raise UsageError(f"{reference_only[0]} with --engine vllm: it applies to the reference decode, which "
+                             "--engine vllm does not run; give --engine both, or drop it")
+        if self.turns == "all":
+            raise UsageError("--turns all with --engine vllm: each later turn follows the target's answer to the one "
+                             "before, which only the reference decodes; give --turns first")

@@ -178,6 +178,13 @@ class EngineProbe:
     device_type: str | None  # "cpu" for vLLM's CPU build, "cuda", ...; None where the probe could not tell
 
 
+def refuse_unused(opts: EngineOptions, setting: str) -> None:
+    """Refuse, before any work, a vLLM option given where `setting` (e.g. "--engine reference") runs no vLLM."""
+    if opts.given:
+        raise UsageError(f"{opts.given[0]} with {setting}: it sets how vLLM runs, and {setting} runs none; drop "
+                         f"{opts.given[0]}")
+
+
 def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """vLLM's version in the engine interpreter; EngineMissing, one line with the command that installs it first,
     when it is not there (a machine without vLLM, not a wrong command line)."""

@@ -125,3 +125,69 @@ def test_keep_unresolved_takes_an_evaluation_below_the_interval_floor(pair, tmp_
     result = run_cli(["finetune", draft, str(tmp_path / "out"), "--target", target, "--eval-limit", "2",
                       "--keep-unresolved"])
     assert result.exit_code == 1 and "cannot load the target model" in result.stderr, result.output
+
+
+# ------------------------------------------------------------------ options that cannot apply together
+
+
+IGNORED = {
+    "verify --engine reference --tensor-parallel-size": (
+        lambda d, t, s: ["verify", d, "--target", t, "--tensor-parallel-size", "2"],
+        "--tensor-parallel-size with --engine reference"),
+    "compare --engine reference --engine-arg": (
+        lambda d, t, s: ["compare", d, d, "--target", t, "--engine-arg", "max_model_len=4096"],
+        "--engine-arg with --engine reference"),
+    "verify --engine vllm --diagnose": (
+        lambda d, t, s: ["verify", d, "--target", t, "--engine", "vllm", "--diagnose"],
+        "--diagnose with --engine vllm"),
+    "verify --engine vllm --min-acceptance": (
+        lambda d, t, s: ["verify", d, "--target", t, "--engine", "vllm", "--min-acceptance", "2"],
+        "--min-acceptance with --engine vllm"),
+    "verify --engine vllm --aux-layer-ids": (
+        lambda d, t, s: ["verify", d, "--target", t, "--engine", "vllm", "--aux-layer-ids", "1,2,3"],
+        "--aux-layer-ids with --engine vllm"),
+    "compare --engine vllm --turns all": (
+        lambda d, t, s: ["compare", d, d, "--target", t, "--engine", "vllm", "--turns", "all"],
+        "--turns all with --engine vllm"),
+    "finetune --no-eval --eval-limit": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--no-eval", "--eval-limit", "20"],
+        "--eval-limit with --no-eval"),
+    "finetune --no-eval -k": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--no-eval", "-k", "5"], "-k with --no-eval"),
+    "finetune --no-eval --tensor-parallel-size": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--no-eval", "--tensor-parallel-size", "2"],
+        "--tensor-parallel-size with --no-eval"),
+    "finetune --eval-engine reference --engine-python": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--eval-engine", "reference", "--engine-python",
+                         "/usr/bin/python3"],
+        "--engine-python with --eval-engine reference"),
+    "finetune --max-resident-shards without --store": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--max-resident-shards", "4"],
+        "--max-resident-shards without --store"),
+    "capture --engine vllm --device": (
+        lambda d, t, s: ["capture", t, s, "--engine", "vllm", "--device", "cuda"], "--device with --engine vllm"),
+    "capture --calibration-tokens without --calibration": (
+        lambda d, t, s: ["capture", t, s, "--calibration-tokens", "512"],
+        "--calibration-tokens without --calibration"),
+    "bench --speed-bench-dataset-subset without --dataset-name": (
+        lambda d, t, s: ["bench", d, "--target", t, "--speed-bench-dataset-subset", "throughput_1k"],
+        "--speed-bench-dataset-subset chooses a part of --dataset-name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IGNORED))
+def test_an_option_that_cannot_apply_is_refused_before_any_work(pair, tmp_path, monkeypatch, case):
+    """An option the run would silently ignore (another engine's, a skipped evaluation's, a missing store's) is a
+    usage error in one line naming both options, before any load, capture, training or engine start."""
+    import eaglekit.capture.run
+    import eaglekit.finetune.run
+
+    no_work(monkeypatch)
+    for module, name in ((eaglekit.capture.run, "capture_store"), (eaglekit.finetune.run, "finetune")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("the work started before the refusal"))
+    command, expected = IGNORED[case]
+    result = run_cli(command(*pair, str(tmp_path / "out")))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], lines
+    assert not os.path.exists(tmp_path / "out")
