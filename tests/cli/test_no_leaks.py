@@ -97,7 +97,10 @@ def test_no_token_or_local_path_in_any_report_card_or_upload(target, tmp_path, m
     ok(["upgrade", draft, up, "--target", target, "--format", "json"])
     ok(["upgrade", up, tuned, "--to", "vllm", "--target", target, "--format", "json"])
     verify = ok(["verify", tuned, "--target", target, "--format", "json", "--save-report", str(tmp_path / "v.json"),
-                 "--engine-arg", f"hf_token={PLANTED}", *FAST])
+                 *FAST])
+    refused = run_cli(["verify", tuned, "--target", target, "--engine-arg", f"hf_token={PLANTED}"])
+    assert refused.exit_code == 2 and "--engine-arg with --engine reference" in refused.stderr, refused.output
+    printed.append(refused.output)
     ok(["compare", draft, tuned, "--target", target, "--format", "json", "--save-report", str(tmp_path / "c.json"),
         *FAST])
     finish_report(_bench_report(tuned, target), "json", lambda doc: None, save_report=str(tmp_path / "b.json"))
