@@ -22,6 +22,7 @@ from eaglekit.errors import CheckpointError, UsageError
 from eaglekit.runtime.engine import EngineOptions, _decode_request
 from tests.support import REPO
 from tests.support.cli import run_cli
+from tests.support.engines import stand_in_python
 from tests.support.factory import make_draft, make_target_config
 from tests.support.reports import TARGET, bench_row, measured, write_bench, write_report
 
@@ -354,8 +355,6 @@ def test_the_reference_decode_records_vllms_default_rule_in_verify_and_compare(t
 
 
 def test_verify_in_vllm_records_the_settings_it_passed_and_push_refuses_the_report(tiny, tmp_path):
-    from tests.support.engines import stand_in_python
-
     python = stand_in_python(tmp_path, ENGINE_RUN)
     saved = tmp_path / "verify.json"
     result = run_cli(["verify", tiny["draft"], "--target", tiny["target"], "--engine", "vllm", "--engine-python",
