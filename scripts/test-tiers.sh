@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 tier() {
   local name=$1; shift
   local started=$SECONDS
-  echo "== tier ${name}: python -m pytest -q -n 2 $*"
+  echo "== tier ${name}: python -m pytest -q -n 2${*:+ ${*@Q}}"
   python -m pytest -q -n 2 "$@"
   echo "== tier ${name} passed in $((SECONDS - started)) s"
 }

@@ -123,7 +123,8 @@ def load_bench_report(path: str) -> VerifyReportFile:
         level, category = row.get("concurrency"), row.get("category")
         if type(level) is not int or level < 1:
             raise CheckpointError(f"concurrency must be a positive integer, not {quoted(level)}", path)
-        row_k = row.get("num_speculative_tokens", k)
+        row_k = row.get("num_speculative_tokens")
+        row_k = k if row_k is None else row_k  # a single-k report's rows name no k of their own
         if type(row_k) is not int or not 1 <= row_k <= k:
             raise CheckpointError(f"concurrency {level}: num_speculative_tokens must be a positive integer up to the "
                                   f"report's {k}, not {quoted(row_k)}", path)

@@ -79,7 +79,7 @@ def test_a_sigkilled_capture_resumes_byte_identical(env, whole, tmp_path):
     store = str(tmp_path / "store")
     script = f"""
 import json, os, signal, sys
-sys.path.insert(0, {REPO!r})
+sys.path.insert(0, {str(REPO)!r})
 from tests.support.capture import options
 from eaglekit.capture.run import capture_store
 

@@ -665,9 +665,9 @@ def test_a_run_killed_while_its_output_is_measured_leaves_no_output(env, tmp_pat
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
     deadline = time.monotonic() + 300
     for line in proc.stderr:
-        if "output vs source" in line or time.monotonic() > deadline:
+        if "held-out evaluation" in line or time.monotonic() > deadline:
             break
-    assert "output vs source" in line  # the staged output exists and is being measured
+    assert "held-out evaluation" in line  # the staged output exists and is being measured
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert os.listdir(tmp_path) == []
