@@ -23,10 +23,11 @@ so sittings on different machines each add some seeds (`--seeds 1`), and a last 
 tables from the ledger alone. The bundled source is replayed in every sitting and must give the ledger's counters
 prompt for prompt, else that sitting's target decoded otherwise and the ledger refuses to mix them.
 
-Every drafter is replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition
-(eaglekit.decode.compare.compare_against). Printed: each drafter minus the source, and per seed the EAGLE-3.1
-retrain minus the EAGLE-3 retrain (paired on the same prompts), with the mean and the spread over seeds, so a
-gain is read against what the seed alone moves. Figures are printed, never asserted.
+Every drafter is replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition, every
+k on the same decode (eaglekit.decode.compare.compare_across_k); the counters go to a ledger (bench/ledger.py).
+Printed: each drafter minus the source, and per seed the EAGLE-3.1 retrain minus the EAGLE-3 retrain (paired on the
+same prompts), with the mean and the spread over seeds, so a gain is read against what the seed alone moves.
+Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +44,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.ledger import Ledger  # noqa: E402
 from eaglekit.runner import REFERENCE, RUNNERS  # noqa: E402  (stdlib only: no model code)
 
 SOURCE = os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3")
@@ -107,98 +108,6 @@ class FinishedRuns:
 
         runs = self._read() | {os.path.basename(out): {"settings": self.settings, "summary": summary}}
         write_text_atomically(self.path, json.dumps(runs, indent=1))
-
-
-class Ledger:
-    """Every replayed drafter's counters, prompt by prompt, per k and condition, beside the bundled source's and
-    under the settings they were measured with (the --ledger file). Counters are kept, not τ, so the paired
-    intervals of any two drafters can be drawn from it later."""
-
-    def __init__(self, path: str, settings: dict, columns: list[str]) -> None:
-        self.path, self.columns = path, columns
-        self.data: dict = {"settings": settings | {"columns": columns}, "source": {}, "conversations": {},
-                           "drafters": {}}
-        if os.path.exists(path):
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    held = json.load(fh)
-                differ = sorted(k for k, v in self.data["settings"].items() if held["settings"].get(k) != v)
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-                sys.exit(f"{path}: not a ledger this bench wrote ({type(e).__name__}); give another --ledger")
-            if differ:
-                sys.exit(f"{path}: measured with other {', '.join(differ)} than this run; give another --ledger")
-            self.data = held
-
-    def has(self, name: str) -> bool:
-        return set(self.columns) <= set(self.data["drafters"].get(name, {}).get("counters", {}))
-
-    def check_store(self, data_sha: str) -> None:
-        held = self.data["settings"].setdefault("store", data_sha)
-        if held != data_sha:
-            sys.exit(f"{self.path}: measured on a store of other data ({held[:12]}, this run's {data_sha[:12]}); "
-                     "give another --ledger")
-
-    def add(self, column: str, source: list, conversations: list[str], drafters: dict[str, list],
-            trained: dict[str, str]) -> None:
-        """One column's counters; the source's must equal what the ledger holds (one target decode for all)."""
-        encoded = _encoded(source)
-        if self.data["source"].setdefault(column, encoded) != encoded or \
-                self.data["conversations"].setdefault(column, conversations) != conversations:
-            sys.exit(f"{self.path}: the bundled source replayed to other counters under {column} than the ledger "
-                     "holds: this sitting's target decoded otherwise (hardware, threads or torch); give another "
-                     "--ledger")
-        for name, counters in drafters.items():
-            entry = self.data["drafters"].setdefault(name, {"counters": {}})
-            entry["counters"][column] = _encoded(counters)
-            if name in trained:
-                entry["trained"] = trained[name]
-
-    def save(self) -> None:
-        from eaglekit.cli.output import write_text_atomically
-
-        write_text_atomically(self.path, json.dumps(self.data, indent=1))
-
-    def counters(self, name: str | None, column: str):
-        from eaglekit.decode.metrics import AcceptanceCounter
-
-        held = self.data["source"][column] if name is None else self.data["drafters"][name]["counters"][column]
-        k = int(column.split()[0].removeprefix("k="))
-        return [AcceptanceCounter(k, drafts, accepted, list(at)) for drafts, accepted, at in held]
-
-    def difference(self, a: str | None, b: str, column: str):
-        """τ(b) − τ(a) (a None: the bundled source) and its paired 95 % interval over the ledger's prompts."""
-        from eaglekit.decode.stats import paired_difference
-
-        return paired_difference(self.counters(a, column), self.counters(b, column),
-                                 self.data["conversations"][column])
-
-    def print_tables(self, names: list[str], seeds: list[int]) -> None:
-        print(f"\nfrom {self.path}: the training of each retrain, then the tables")
-        for name in names:
-            if trained := self.data["drafters"][name].get("trained"):
-                print(f"{name}: {trained}")
-        print("\n| drafter − bundled EAGLE-3 | " + " | ".join(self.columns) + " |")
-        print("|---|" + "---|" * len(self.columns))
-        for name in names:
-            print(f"| {name} | {' | '.join(_cell(*self.difference(None, name, c)) for c in self.columns)} |")
-        print("\n| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired) | " + " | ".join(self.columns) + " |")
-        print("|---|" + "---|" * len(self.columns))
-        gains = {seed: [self.difference(f"EAGLE-3 from scratch, seed {seed}", f"EAGLE-3.1 from scratch, seed {seed}",
-                                        c) for c in self.columns] for seed in seeds}
-        for seed in seeds:
-            print(f"| seed {seed} | {' | '.join(_cell(*g) for g in gains[seed])} |")
-        if len(seeds) > 1:
-            points = [[gains[s][i][0] for s in seeds] for i in range(len(self.columns))]
-            print(f"| mean over {len(seeds)} seeds (min .. max) | "
-                  + " | ".join(f"{statistics.mean(p):+.3f} ({min(p):+.3f} .. {max(p):+.3f})" for p in points) + " |")
-
-
-def _encoded(counters) -> list:
-    return [[c.drafts, c.accepted, c.accepted_at] for c in counters]
-
-
-def _cell(point: float, interval) -> str:
-    return f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" if interval else f"{point:+.3f}"
 
 
 def prepare(args, target: str, work: str) -> tuple[dict[str, str], str]:
@@ -265,24 +174,24 @@ def train_runs(args, names: list[tuple[int, str]], starts: dict[str, str], store
 def replay(args, drafts: dict[str, str], ks: list[int], sweep: dict, target: str, ledger: Ledger,
            trained: dict[str, str]) -> None:
     """Every drafter not yet in the ledger beside the bundled source, per k and condition, into the ledger."""
-    from eaglekit.decode.compare import compare_against
+    from eaglekit.decode.compare import compare_across_k
     from eaglekit.decode.options import VerifyOptions
 
     print(f"held out: the first {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, float32; "
-          "every drafter replayed beside the bundled EAGLE-3 source on one target decode per prompt, paired 95 % "
-          "bootstrap over prompts", flush=True)
+          "every drafter replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition "
+          "for every k, paired 95 % bootstrap over prompts", flush=True)
     names = list(drafts)
-    for k in ks:
-        options = VerifyOptions(num_speculative_tokens=k, max_new_tokens=args.max_new_tokens, limit=args.limit,
-                                device="cpu", dtype="float32", **sweep)
-        t = time.perf_counter()
-        sweeps = compare_against(SOURCE, [drafts[n] for n in names], target, options)
-        print(f"<!-- k={k}: {len(names)} drafters in {time.perf_counter() - t:.0f} s -->", flush=True)
+    options = VerifyOptions(max_new_tokens=args.max_new_tokens, limit=args.limit, device="cpu", dtype="float32",
+                            **sweep)
+    t = time.perf_counter()
+    per_k = compare_across_k(SOURCE, [drafts[n] for n in names], target, options, ks)
+    print(f"<!-- k={','.join(map(str, ks))}: {len(names)} drafters in {time.perf_counter() - t:.0f} s -->", flush=True)
+    for k, sweeps in per_k.items():
         for index, condition in enumerate(options.conditions):
             first = sweeps[0].reports[index]
             ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
                        {n: s.reports[index].b.counters for n, s in zip(names, sweeps)}, trained)
-        ledger.save()
+    ledger.save()
 
 
 def main(argv=None) -> None:

@@ -2,30 +2,37 @@
 length and prompt template.
 
     python bench/bench_robustness.py                  # the bundled EAGLE-3.1 drafter, the full grid (hours on 2 cores)
+    python bench/bench_robustness.py --contexts 0,2048,4096,7168 --k 3,6 --limit 16 \\
+        --ledger bench/results/robustness-long-context.json          # the long-context grid (docs/benchmarks.md)
     python bench/bench_robustness.py --limit 2 --max-new-tokens 16 --k 3 --contexts 0      # a smoke run
     python bench/bench_robustness.py --reference ./eagle3 --drafts tuned=./eagle3.1-tuned scratch=./eagle3.1 \\
         --k 3 --contexts 0,2048 --templates chat,raw
 
-For every k, one sweep for all drafters (eaglekit.decode.compare.compare_against): the target and every drafter
-are loaded once, the target decodes each prompt once per condition (template x context length) and every drafter
-is replayed on that pass.
-A cell is τ(drafter) − τ(reference) on identical text with its paired 95 % bootstrap interval over prompts
-(templates: eaglekit.decode.prompts.TEMPLATES). Figures are printed, never asserted.
+The grid is measured one template at a time (eaglekit.decode.compare.compare_across_k): the target and every
+drafter are loaded once, the target decodes each prompt once per context length, a shorter context reuses the
+longer one's rows it shares, and every drafter is replayed on that pass at every k. After each template its
+counters go to the --ledger file (bench/ledger.py) with the time it took, so a rerun with the same ledger and
+settings skips what is measured and a grid of hours is paid over several sittings; the table is printed from the
+ledger alone. A cell is τ(drafter) − τ(reference) on identical text with its paired 95 % bootstrap interval over
+prompts (templates: eaglekit.decode.prompts.TEMPLATES). Figures are printed, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.ledger import Ledger  # noqa: E402
 from eaglekit.cli.output import conditions, int_list  # noqa: E402
-from eaglekit.decode.compare import compare_against  # noqa: E402
+from eaglekit.decode.compare import compare_across_k  # noqa: E402
 from eaglekit.decode.options import VerifyOptions  # noqa: E402
 from eaglekit.errors import EaglekitError  # noqa: E402
 
@@ -49,6 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--ledger", help="JSON file of the counters, added to after each template and read by a rerun "
+                                    "(default: a new temporary file)")
     return p.parse_args(argv)
 
 
@@ -65,48 +74,66 @@ def named(drafts: list[str] | None) -> dict[str, str]:
     return out
 
 
-def cell(difference: dict) -> str:
-    interval = difference["interval"]
-    span = f" [{interval['low']:+.3f}, {interval['high']:+.3f}]" if interval else ""
-    return f"{difference['acceptance_length_difference']:+.3f}{span}"
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         ks = int_list(args.k, "--k", "3,6")
-        sweep = conditions(args.contexts, args.templates)
-        grid = [VerifyOptions(num_speculative_tokens=k, max_new_tokens=args.max_new_tokens, prompts_file=args.prompts,
-                              limit=args.limit, device=args.device, dtype=args.dtype, **sweep) for k in ks]
-        for options in grid:
-            options.check()
+        grid = VerifyOptions(num_speculative_tokens=max(ks), max_new_tokens=args.max_new_tokens,
+                             prompts_file=args.prompts, limit=args.limit, device=args.device, dtype=args.dtype,
+                             **conditions(args.contexts, args.templates))
+        grid.check()
     except EaglekitError as exc:
         sys.exit(f"error: {exc}")
+    drafts = named(args.drafts)
+    columns = [f"k={k} {c.label}" for k in ks for c in grid.conditions]
+    reference_name = os.path.basename(os.path.normpath(args.reference))
+    ledger = Ledger(args.ledger or os.path.join(tempfile.mkdtemp(prefix="bench-robustness-"), "ledger.json"), {
+        "reference": os.path.relpath(args.reference, REPO), "prompts": args.prompts, "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
+        "drafts": {name: os.path.relpath(path, REPO) for name, path in drafts.items()}}, columns, reference_name)
+    todo = [t for t in dict.fromkeys(c.template for c in grid.conditions)
+            if not all(ledger.has(name, template_columns(columns, ks, grid, t)) for name in drafts)]
+    if todo:
+        measure(args, ledger, drafts, grid, ks, todo)
+    ledger.print_tables(list(drafts), [])
+    spent = ledger.data.get("sittings", [])
+    print(f"<!-- {len(drafts)} drafters, {len(columns)} columns: {sum(s['seconds'] for s in spent):.0f} s wall, "
+          f"{sum(s['cpu_seconds'] for s in spent):.0f} s CPU over {len(spent)} part(s) -->", flush=True)
+
+
+def template_columns(columns: list[str], ks: list[int], grid, template: str) -> list[str]:
+    """The ledger columns of one template: every k at every context length."""
+    return [f"k={k} {c.label}" for k in ks for c in grid.conditions if c.template == template]
+
+
+def measure(args, ledger: Ledger, drafts: dict[str, str], grid, ks: list[int], templates: list[str]) -> None:
+    """Each template of `templates` at every context and k, one compare_across_k each, into the ledger."""
     import torch
 
     from examples.smollm2 import materialize_smollm2
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
-    drafts = named(args.drafts)
-    columns = [(options.num_speculative_tokens, c) for options in grid for c in options.conditions]
-    reference_name = os.path.basename(os.path.normpath(args.reference))
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}, {args.dtype} on {args.device}, {args.max_new_tokens} new tokens per prompt, "
-          f"{args.limit or 'all'} prompts; each cell τ(drafter) − τ({reference_name}) [paired 95 %]")
-    print("| drafter | " + " | ".join(f"k={k} {c.label}" for k, c in columns) + " |")
-    print("|---|" + "---|" * len(columns))
-    cells: dict[str, list[str]] = {name: [] for name in drafts}
-    start = time.perf_counter()
-    for options in grid:
+          f"{args.limit or 'all'} prompts; counters to {ledger.path}", flush=True)
+    for template in templates:
+        options = dataclasses.replace(grid, template=template)
+        print(f"measuring the {template} template: contexts {args.contexts}, k {args.k}", flush=True)
+        wall, cpu = time.perf_counter(), time.process_time()
         try:
-            sweeps = compare_against(args.reference, list(drafts.values()), target, options)
+            per_k = compare_across_k(args.reference, list(drafts.values()), target, options, ks)
         except EaglekitError as exc:
             sys.exit(f"error: {exc}")
-        for name, sweep in zip(drafts, sweeps):
-            cells[name] += [cell(report.rows()["all"]["b_minus_a"]) for report in sweep.reports]
-    for name in drafts:
-        print(f"| {name} | {' | '.join(cells[name])} |")
-    print(f"<!-- {len(drafts)} drafters in {time.perf_counter() - start:.0f} s -->", flush=True)
+        for k, sweeps in per_k.items():
+            for report_index, condition in enumerate(options.conditions):
+                first = sweeps[0].reports[report_index]
+                ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
+                           {name: s.reports[report_index].b.counters for name, s in zip(drafts, sweeps)})
+        ledger.add_sitting(template_columns(ledger.columns, ks, grid, template), time.perf_counter() - wall,
+                           time.process_time() - cpu)
+        ledger.save()
+        print(f"<!-- {template}: {time.perf_counter() - wall:.0f} s -->", flush=True)
+
 
 if __name__ == "__main__":
     main()

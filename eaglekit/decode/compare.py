@@ -29,7 +29,7 @@ from eaglekit.decode.options import VerifyOptions
 from eaglekit.decode.prefix import SharedPrefix
 from eaglekit.decode.prompts import Prompt, encode
 from eaglekit.decode.settings import Condition, DecodeSettings, plain_report, quantization_entry, sweep_document
-from eaglekit.decode.setup import decode_setup, turn_label, turns
+from eaglekit.decode.setup import DecodeSetup, decode_setup, turn_label, turns
 from eaglekit.decode.speculative import ReplayVerifier, capture_pass, speculative_decode
 from eaglekit.decode.stats import paired_difference, sample_marker, summary
 from eaglekit.errors import UsageError
@@ -157,44 +157,65 @@ def compare_against(reference: str, drafts: Sequence[str], target: str, options:
                     progress: Progress | None = None) -> list[CompareSweep]:
     """Each of `drafts` against `reference` under every condition of `options`: the target decodes each prompt once
     per condition and every drafter is replayed on that pass, so N drafts cost one target decode, not N. One sweep
-    per draft, in order (A = the reference).
+    per draft, in order (A = the reference)."""
+    k = options.num_speculative_tokens
+    return compare_across_k(reference, drafts, target, options, (k,), progress=progress)[k]
+
+
+def compare_across_k(reference: str, drafts: Sequence[str], target: str, options: VerifyOptions, ks: Sequence[int], *,
+                     progress: Progress | None = None) -> dict[int, list[CompareSweep]]:
+    """compare_against at every k of `ks` on the same target passes: the target's greedy text does not depend on k,
+    so one decode per prompt and condition (a few tokens past --max-new-tokens for the largest k's last round)
+    serves every k and every drafter. {k: one sweep per draft, in order}; options.num_speculative_tokens is not read.
 
     Each prompt turn is decoded under every condition before the next turn, through one `SharedPrefix`: its greedy
     decode, its capture and the same prompt under a longer context share the rows of the prompt they have in
     common, so a long context is prefilled once per prompt, not once per pass and condition. `progress` hears of
     the target's load, each target decode token by token, and each turn's drafts replayed on it."""
-    options.check()
+    ks = sorted(set(ks))
+    if not ks:
+        raise UsageError("compare_across_k needs at least one k")
+    widest = dataclasses.replace(options, num_speculative_tokens=ks[-1])  # every check sized for the largest k
+    widest.check()
     progress = quiet(progress)
     names = ["draft A", "draft B"] if len(drafts) == 1 else ["reference", *(f"draft {i + 1}"
                                                                             for i in range(len(drafts)))]
-    k = options.num_speculative_tokens
-    setup = decode_setup(list(zip(names, (reference, *drafts))), target, options, lookahead=k + 1,
+    lookahead = ks[-1] + 1
+    setup = decode_setup(list(zip(names, (reference, *drafts))), target, widest, lookahead=lookahead,
                          progress=progress)
     model, conditions = setup.target_model, options.conditions
     drafters = [setup.drafter(draft) for draft in setup.drafts]
     captured = sorted({i for draft in setup.drafts for i in draft.aux_ids})
     prefix = SharedPrefix(model, captured, options.prefill_chunk)
-    streams = [turns(setup.prompts, model, options.at(c), lookahead=k + 1, prefix=prefix, progress=progress)
+    streams = [turns(setup.prompts, model, widest.at(c), lookahead=lookahead, prefix=prefix, progress=progress)
                for c in conditions]
-    measured = [[Measured(d.path, d.spec.eagle_version, list(d.aux_ids)) for d in setup.drafts] for _ in conditions]
+    measured = {k: [[Measured(d.path, d.spec.eagle_version, list(d.aux_ids)) for d in setup.drafts]
+                    for _ in conditions] for k in ks}
     asked: list[list[Prompt]] = [[] for _ in conditions]
     for turn in range(setup.prompts.turns):
         for index, stream in enumerate(streams):
             prompt, ids, plain = next(stream)
             progress.stage(f"{turn_label(turn + 1, setup.prompts.turns)}: the drafts on the target's pass",
-                           len(drafters), "drafts")
+                           len(drafters) * len(ks), "drafts")
             capture = capture_pass(model, ids, plain.tokens, captured, prefix=prefix)
-            for drafter, m in zip(drafters, measured[index]):
-                proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + k + 2,
-                                         chunk=options.prefill_chunk)
-                run = speculative_decode(ReplayVerifier(capture, m.aux_layer_ids), proposer, ids, k=k,
-                                         max_new_tokens=setup.max_new_tokens, eos_ids=setup.eos_ids)
-                m.counters.append(run.counter)
-                progress.advance()
+            for k in ks:
+                for drafter, m in zip(drafters, measured[k][index]):
+                    proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + k + 2,
+                                             chunk=options.prefill_chunk)
+                    run = speculative_decode(ReplayVerifier(capture, m.aux_layer_ids), proposer, ids, k=k,
+                                             max_new_tokens=setup.max_new_tokens, eos_ids=setup.eos_ids)
+                    m.counters.append(run.counter)
+                    progress.advance()
             asked[index].append(prompt)
-    sweeps: list[list[CompareReport]] = [[] for _ in drafts]
+    return {k: _sweeps(setup, k, conditions, measured[k], asked, len(drafts)) for k in ks}
+
+
+def _sweeps(setup: DecodeSetup, k: int, conditions: Sequence[Condition], measured: list[list[Measured]],
+            asked: list[list[Prompt]], drafts: int) -> list[CompareSweep]:
+    """One sweep per draft (B) against the reference (A) from one k's counters, condition by condition."""
+    sweeps: list[list[CompareReport]] = [[] for _ in range(drafts)]
     for condition, (a, *others), prompts in zip(conditions, measured, asked):
-        settings = setup.settings(condition)
+        settings = dataclasses.replace(setup.settings(condition), num_speculative_tokens=k)
         order = ([p.name for p in prompts], [p.category for p in prompts],
                  [p.conversation or p.name for p in prompts])
         for sweep, m in zip(sweeps, others):

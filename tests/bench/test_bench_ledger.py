@@ -1,6 +1,6 @@
-"""The from-scratch payoff's ledger (bench/bench_from_scratch.py): sittings add drafters' counters to one file, the
-tables are drawn from it alone, and it refuses to mix counters measured on another target decode, other settings
-or other data."""
+"""The replay ledgers (bench/ledger.py, written by bench_from_scratch.py and bench_robustness.py): sittings add
+drafters' counters to one file, the tables are drawn from it alone, it refuses to mix counters measured on another
+target decode, other settings or other data, and a grid killed part way is continued, not redone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from bench.bench_from_scratch import Ledger
+from bench.ledger import Ledger
 from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.decode.stats import paired_difference
 
@@ -64,7 +64,7 @@ def test_a_sitting_whose_source_decoded_otherwise_is_refused_and_the_ledger_is_k
     path = tmp_path / "ledger.json"
     _sitting(path, {"EAGLE-3 from scratch, seed 0": 1})
     before = path.read_bytes()
-    with pytest.raises(SystemExit, match="the bundled source replayed to other counters under k=3 chat"):
+    with pytest.raises(SystemExit, match="the bundled EAGLE-3 reference replayed to other counters under k=3 chat"):
         _sitting(path, {"EAGLE-3 from scratch, seed 1": 3}, source_seed=9)
     assert path.read_bytes() == before
 
@@ -91,3 +91,51 @@ def test_a_file_that_is_not_a_ledger_is_one_line_and_left_as_it_is(tmp_path, con
     with pytest.raises(SystemExit, match="not a ledger this bench wrote"):
         Ledger(str(path), SETTINGS, COLUMNS)
     assert path.read_text() == content
+
+
+def _fake_compare(measured: list[str], stop_at: str | None = None):
+    """compare_across_k as bench_robustness calls it, drawing each drafter's counters from its position, and
+    noting each template it measures; raising KeyboardInterrupt (a kill) at `stop_at`."""
+    from types import SimpleNamespace
+
+    def compare(reference, drafts, target, options, ks):
+        template = options.template
+        if template == stop_at:
+            raise KeyboardInterrupt
+        measured.append(template)
+        def sweep(k: int, index: int) -> SimpleNamespace:
+            report = SimpleNamespace(a=SimpleNamespace(counters=_counters(k, 0)), conversations=CONVERSATIONS,
+                                     b=SimpleNamespace(counters=_counters(k, 1 + index)))
+            return SimpleNamespace(reports=[report] * len(options.conditions))
+
+        return {k: [sweep(k, i) for i, _ in enumerate(drafts)] for k in ks}
+
+    return compare
+
+
+def test_a_robustness_grid_killed_after_a_template_continues_with_the_rest_and_prints_from_the_ledger(
+        tmp_path, monkeypatch, capsys):
+    from bench import bench_robustness
+
+    ledger = str(tmp_path / "grid.json")
+    argv = ["--target", str(tmp_path), "--k", "3,6", "--contexts", "0,2048", "--templates", "chat,raw", "--limit", "12",
+            "--ledger", ledger]
+    measured: list[str] = []
+    monkeypatch.setattr(bench_robustness, "compare_across_k", _fake_compare(measured, stop_at="raw"))
+    with pytest.raises(KeyboardInterrupt):
+        bench_robustness.main(argv)
+    held = json.loads((tmp_path / "grid.json").read_text())
+    assert measured == ["chat"] and [s["columns"] for s in held["sittings"]] == [
+        ["k=3 chat", "k=3 chat, +2048 tokens of context", "k=6 chat", "k=6 chat, +2048 tokens of context"]]
+    monkeypatch.setattr(bench_robustness, "compare_across_k", _fake_compare(measured))
+    capsys.readouterr()
+    bench_robustness.main(argv)
+    assert measured == ["chat", "raw"]
+    out = capsys.readouterr().out
+    point, interval = paired_difference(_counters(6, 0), _counters(6, 1), CONVERSATIONS)
+    row = next(line for line in out.splitlines() if line.startswith("| EAGLE-3.1 |"))
+    assert row.count(f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]") == 4  # the k=6 columns
+    assert "| drafter − smollm2-135m-eagle3 |" in out and "retrain" not in out
+    assert "over 2 part(s)" in out
+    bench_robustness.main(argv)  # everything held: nothing measured again
+    assert measured == ["chat", "raw"]

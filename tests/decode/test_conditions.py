@@ -4,6 +4,7 @@ the conditions) and the plot."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -276,3 +277,21 @@ def test_one_target_pass_for_many_drafts_measures_what_pairs_measure(tmp_path):
     assert together[0].to_dict() == alone.to_dict()
     for report in together[1].reports:  # the reference against itself: identical counters, difference 0
         assert report.rows()["all"]["b_minus_a"]["acceptance_length_difference"] == 0
+
+
+def test_one_target_pass_for_every_k_measures_what_each_k_alone_measures():
+    """compare_across_k replays every k on the same target passes: each k's sweep equals compare_against at that k
+    alone (same counters prompt for prompt, same settings), so a k grid costs one target decode per condition."""
+    from eaglekit.decode.compare import compare_across_k, compare_against
+    from eaglekit.decode.options import VerifyOptions
+
+    drafters = os.path.join(REPO, "examples", "drafters")
+    e3, e31 = os.path.join(drafters, "smollm2-135m-eagle3"), os.path.join(drafters, "smollm2-135m-eagle3.1")
+    options = VerifyOptions(limit=2, max_new_tokens=12, context_tokens=(0, 32), template=("chat", "raw"),
+                            device="cpu", dtype="float32")
+    shared = compare_across_k(e3, [e31], smollm2_path(), options, (6, 1, 3))
+    assert sorted(shared) == [1, 3, 6]
+    for k, sweeps in shared.items():
+        alone = compare_against(e3, [e31], smollm2_path(), dataclasses.replace(options, num_speculative_tokens=k))
+        assert sweeps[0].to_dict() == alone[0].to_dict(), k
+    assert shared[1][0].reports[0].b.counters != shared[6][0].reports[0].b.counters

@@ -173,7 +173,7 @@ def _reprint(name: str, data: dict) -> dict[str, list[list[str]]]:
     import contextlib
     import io
 
-    from bench.bench_from_scratch import Ledger
+    from bench.ledger import Ledger
 
     settings = {k: v for k, v in data["settings"].items() if k not in ("columns", "store")}
     ledger = Ledger(os.path.join(RESULTS, name), settings, data["settings"]["columns"])

@@ -1,0 +1,122 @@
+"""A replay ledger: every drafter's acceptance counters, prompt by prompt, per k and condition, beside the reference
+drafter's, under the settings they were measured with. Counters are kept, not τ, so the paired interval of any two
+drafters can be drawn from the file later, and a bench that writes one after each part of its grid continues a
+killed run where it stopped (bench_from_scratch.py, bench_robustness.py). The docs' tables are reprinted from the
+ledgers in bench/results/ by tests/project/test_docs_figures.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+REFERENCE_LABEL = "bundled EAGLE-3"
+
+
+class Ledger:
+    """The --ledger file of one grid: settings, the reference's counters per column ("source"), the prompts'
+    conversations per column, each drafter's counters per column, and the sittings that measured them."""
+
+    def __init__(self, path: str, settings: dict, columns: list[str], reference: str = REFERENCE_LABEL) -> None:
+        self.path, self.columns, self.reference = path, columns, reference
+        self.data: dict = {"settings": settings | {"columns": columns}, "source": {}, "conversations": {},
+                           "drafters": {}}
+        if os.path.exists(path):
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    held = json.load(fh)
+                differ = sorted(k for k, v in self.data["settings"].items() if held["settings"].get(k) != v)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                sys.exit(f"{path}: not a ledger this bench wrote ({type(e).__name__}); give another --ledger")
+            if differ:
+                sys.exit(f"{path}: measured with other {', '.join(differ)} than this run; give another --ledger")
+            self.data = held
+
+    def has(self, name: str, columns: list[str] | None = None) -> bool:
+        """`name` has counters in every one of `columns` (default: the whole grid)."""
+        return set(columns or self.columns) <= set(self.data["drafters"].get(name, {}).get("counters", {}))
+
+    def check_store(self, data_sha: str) -> None:
+        held = self.data["settings"].setdefault("store", data_sha)
+        if held != data_sha:
+            sys.exit(f"{self.path}: measured on a store of other data ({held[:12]}, this run's {data_sha[:12]}); "
+                     "give another --ledger")
+
+    def add(self, column: str, source: list, conversations: list[str], drafters: dict[str, list],
+            trained: dict[str, str] | None = None) -> None:
+        """One column's counters; the reference's must equal what the ledger holds (one target decode for all)."""
+        encoded = _encoded(source)
+        if self.data["source"].setdefault(column, encoded) != encoded or \
+                self.data["conversations"].setdefault(column, conversations) != conversations:
+            sys.exit(f"{self.path}: the {self.reference} reference replayed to other counters under {column} than "
+                     "the ledger holds: this sitting's target decoded otherwise (hardware, threads or torch); give "
+                     "another --ledger")
+        for name, counters in drafters.items():
+            entry = self.data["drafters"].setdefault(name, {"counters": {}})
+            entry["counters"][column] = _encoded(counters)
+            if trained and name in trained:
+                entry["trained"] = trained[name]
+
+    def add_sitting(self, columns: list[str], seconds: float, cpu_seconds: float) -> None:
+        """What measuring `columns` cost in this sitting, with the machine's load then, so the grid's time is the
+        sum of its sittings'."""
+        self.data.setdefault("sittings", []).append({
+            "columns": columns, "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1),
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+    def save(self) -> None:
+        from eaglekit.cli.output import write_text_atomically
+
+        write_text_atomically(self.path, json.dumps(self.data, indent=1))
+
+    def counters(self, name: str | None, column: str):
+        from eaglekit.decode.metrics import AcceptanceCounter
+
+        held = self.data["source"][column] if name is None else self.data["drafters"][name]["counters"][column]
+        k = int(column.split()[0].removeprefix("k="))
+        return [AcceptanceCounter(k, drafts, accepted, list(at)) for drafts, accepted, at in held]
+
+    def difference(self, a: str | None, b: str, column: str):
+        """τ(b) − τ(a) (a None: the reference) and its paired 95 % interval over the ledger's prompts."""
+        from eaglekit.decode.stats import paired_difference
+
+        return paired_difference(self.counters(a, column), self.counters(b, column),
+                                 self.data["conversations"][column])
+
+    def print_tables(self, names: list[str], seeds: list[int]) -> None:
+        """Each drafter minus the reference; with `seeds`, each seed's EAGLE-3.1 retrain minus its EAGLE-3 retrain."""
+        print(f"\nfrom {self.path}: the training of each retrain, then the tables" if seeds else
+              f"\nfrom {self.path}:")
+        for name in names:
+            if trained := self.data["drafters"][name].get("trained"):
+                print(f"{name}: {trained}")
+        print(f"\n| drafter − {self.reference} | " + " | ".join(self.columns) + " |")
+        print("|---|" + "---|" * len(self.columns))
+        for name in names:
+            print(f"| {name} | {' | '.join(_cell(*self.difference(None, name, c)) for c in self.columns)} |")
+        if seeds:
+            self._print_seed_table(seeds)
+
+    def _print_seed_table(self, seeds: list[int]) -> None:
+        print("\n| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired) | " + " | ".join(self.columns) + " |")
+        print("|---|" + "---|" * len(self.columns))
+        gains = {seed: [self.difference(f"EAGLE-3 from scratch, seed {seed}", f"EAGLE-3.1 from scratch, seed {seed}",
+                                        c) for c in self.columns] for seed in seeds}
+        for seed in seeds:
+            print(f"| seed {seed} | {' | '.join(_cell(*g) for g in gains[seed])} |")
+        if len(seeds) > 1:
+            points = [[gains[s][i][0] for s in seeds] for i in range(len(self.columns))]
+            print(f"| mean over {len(seeds)} seeds (min .. max) | "
+                  + " | ".join(f"{statistics.mean(p):+.3f} ({min(p):+.3f} .. {max(p):+.3f})" for p in points) + " |")
+
+
+def _encoded(counters) -> list:
+    return [[c.drafts, c.accepted, c.accepted_at] for c in counters]
+
+
+def _cell(point: float, interval) -> str:
+    return f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" if interval else f"{point:+.3f}"
