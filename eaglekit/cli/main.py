@@ -133,6 +133,19 @@ def one_line(message: str, argv: list[str]) -> str:
     return f"{line[:head]} … {line[head + 3 - MAX_LINE_CHARS:]}"
 
 
+def paths_as_typed(message: str, argv: list[str]) -> str:
+    """A library error names the files it read as resolved (absolute, links followed): written back as the command
+    line typed them, so the line reads in the user's own terms, as the reports do (with_given)."""
+    from eaglekit.cli.output import with_given
+
+    typed = [value for arg in argv for value in (arg, arg.partition("=")[2]) if value and not value.startswith("-")]
+    given: dict[str, str] = {}
+    for path in typed:
+        if os.path.lexists(path):
+            given.update({form: path for form in (os.path.abspath(path), os.path.realpath(path)) if form != path})
+    return with_given(message, given)
+
+
 def _safe_streams() -> None:
     """Unencodable characters (lone surrogates from hostile names) print escaped instead of raising."""
     for stream in (sys.stdout, sys.stderr):
@@ -185,7 +198,8 @@ def _run(args: list[str], debug: bool) -> None:
     except EaglekitError as exc:
         if debug:
             raise
-        _fail(one_line(f"Error: {exc}", args), exit_status(exc), type(exc).__name__, args)
+        _fail(one_line(f"Error: {paths_as_typed(str(exc), args)}", args), exit_status(exc), type(exc).__name__,
+              args)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)

@@ -63,3 +63,16 @@ def test_a_path_wider_than_a_findings_column_stays_whole(monkeypatch):
     text = captured.get()
     assert path in text.split() and "…" not in text
     assert all(len(line) <= 80 or line.strip() == path for line in text.splitlines())
+
+
+@pytest.mark.parametrize("args, named, status", [
+    (["inspect", "./empty draft"], "Error: ./empty draft: ", 1),
+    (["validate", "empty draft"], "Error: empty draft: ", 1),
+    (["upgrade", "./source draft", "./source draft/out"], "overlaps the source ./source draft:", 2),
+], ids=["inspect", "validate", "upgrade-into-source"])
+def test_an_error_from_the_library_names_each_path_as_typed(folders, args, named, status):
+    (folders / "empty draft").mkdir()
+    (folders / "empty draft" / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
+    result = run_cli(args)
+    assert result.exit_code == status and result.stdout == ""
+    assert named in result.stderr and str(folders) not in result.stderr, result.stderr
