@@ -33,6 +33,11 @@ RUNS = [
      "--generate 8 --steps 4 --select-every 2 --no-eval --cache-dir finetune-cache"),
 ]
 """(title, arguments): each run on the one before's output where it needs one (finetune trains upgrade's)."""
+ENGINE_RUNS = [
+    ("bench", "bench smollm2-135m-eagle3 --target SmolLM2-135M-Instruct --concurrency 1 --limit 2 "
+     "--max-new-tokens 16"),
+]
+"""Runs that start vLLM (its CPU build, scripts/vllm-env.sh): written when its Python is found."""
 
 
 def prepare(work: Path, target: Path) -> None:
@@ -43,6 +48,18 @@ def prepare(work: Path, target: Path) -> None:
     (work / "calibration.txt").write_text(text[:CALIBRATION_CHARS], encoding="utf-8")
     (work / "train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS),
                                       encoding="utf-8")
+
+
+def engine_found() -> bool:
+    """vLLM imports in the Python eaglekit would run it with (--engine-python's default lookup)."""
+    from eaglekit.errors import EngineMissing
+    from eaglekit.runtime.engine import EngineOptions, check_engine_available
+
+    try:
+        check_engine_available(EngineOptions())
+    except EngineMissing:
+        return False
+    return True
 
 
 def run(args: str, work: Path) -> tuple[list[str], float, int]:
@@ -70,8 +87,8 @@ def page(sections: list[str]) -> str:
                 "ran as `eaglekit ARGS >report.txt 2>progress.log`; its block shows the log. Short settings: a "
                 f"{CALIBRATION_CHARS:,}-character calibration text, {len(PROMPTS)} training prompts answered with up "
                 "to 8 tokens, 2 verify prompts and 1 compare prompt of 16 new tokens, 4 training steps without the "
-                "held-out evaluation. `bench` (which starts a vLLM server) reports through the same contract; it is "
-                "not run here.")
+                "held-out evaluation, and a `bench` of 2 prompts of 16 new tokens at concurrency 1 in vLLM's CPU build "
+                "(two server starts: the target alone, then with the draft).")
     return f"# Progress without a terminal\n\n{textwrap.fill(intro, 116)}\n\n{textwrap.fill(settings, 116)}\n\n{body}"
 
 
@@ -85,7 +102,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="progress-logs-") as scratch:
         work = Path(scratch)
         prepare(work, opts.target)
-        for title, args in RUNS:
+        if not engine_found():
+            sys.exit("no vLLM to run `bench` with: build its CPU environment with scripts/vllm-env.sh or set "
+                     "EAGLEKIT_VLLM_PYTHON")
+        for title, args in RUNS + ENGINE_RUNS:
             lines, seconds, code = run(args, work)
             if code:
                 sys.exit(f"eaglekit {args} exited {code}:\n" + "\n".join(lines[-5:]))

@@ -225,8 +225,8 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
     hears of each server start and each measured run as a stage."""
     options.check()
     say = quiet(progress).stage
-    say("reading the draft")
     if options.base_url:
+        say("reading the draft")
         return _bench_running(draft, target, options, say)
     if target is None:
         raise UsageError("--target is required unless --base-url names a running server")
@@ -234,7 +234,8 @@ def run_bench(draft: str, target: str | None, options: BenchOptions,
     from eaglekit.decode.setup import decode_setup
 
     engine = options.engine_options
-    check_engine_available(engine)
+    check_engine_available(engine, progress=progress)
+    say("reading the draft and the target's tokenizer")
     ks = options.ks
     named = options.dataset_name is None
     verify_options = VerifyOptions(num_speculative_tokens=max(ks), max_new_tokens=options.max_new_tokens,

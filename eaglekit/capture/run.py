@@ -150,8 +150,9 @@ def capture_layer_ids(info: TargetInfo, opts: CaptureOptions) -> tuple[tuple[int
     return ids, where
 
 
-def engine_block(opts: CaptureOptions) -> dict[str, Any]:
-    """What computed the states: engine, its version, dtype and numerics (part of the store's identity)."""
+def engine_block(opts: CaptureOptions, progress: Progress | None = None) -> dict[str, Any]:
+    """What computed the states: engine, its version, dtype and numerics (part of the store's identity); `progress`
+    hears of vLLM's import when it is probed."""
     if opts.engine == REFERENCE:
         import torch
         import transformers
@@ -168,7 +169,7 @@ def engine_block(opts: CaptureOptions) -> dict[str, Any]:
 
     engine = EngineOptions(python=opts.engine_python, tensor_parallel_size=opts.tensor_parallel_size,
                            engine_args=dict(opts.engine_args))
-    probe = probe_engine(engine)
+    probe = probe_engine(engine, progress=progress)
     block = {"name": opts.engine, "version": f"vllm {probe.version}", "dtype": opts.dtype, "quantization": "as served",
              "tensor_parallel_size": opts.tensor_parallel_size, "engine_args": dict(opts.engine_args)}
     environment = cpu_engine_environment(probe.device_type, local_ranks(engine))
@@ -317,7 +318,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
                                                     environment=engine.get(ENVIRONMENT, {})),
                                  context=info.max_position_embeddings)
 
-    engine = engine_block(opts)
+    engine = engine_block(opts, progress)
     return _Source(engine, inputs, list(plan.notes), lambda: plan.complete(opts.data, answer), records)
 
 

@@ -103,7 +103,7 @@ def capture_with_vllm(target: str, sequences: Sequence[Sequence[int]], layer_ids
     if refusal:
         raise UsageError(refusal, info.path)
     if version is None or environment is None:
-        probe = probe_engine(opts)
+        probe = probe_engine(opts, progress=progress)
         version = version or probe.version
         if environment is None:
             environment = cpu_engine_environment(probe.device_type, local_ranks(opts))

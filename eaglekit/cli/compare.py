@@ -66,11 +66,10 @@ def compare_command(draft_a, draft_b, target, k, max_new_tokens, prompts_file, l
         refuse_unused(engine_options, "--engine reference")
     if plot:
         check_plot_path(plot)
-    if options.engine_only:
-        check_engine_available(engine_options)
     given = given_paths([draft_a, draft_b, prompts_file, save_report, plot], [target])
     with ProgressLog("compare", not no_progress, given=given) as progress:
         if options.engine_only:
+            check_engine_available(engine_options, progress=progress)
             served = compare_in_vllm(draft_a, draft_b, target, options, progress=progress)
             sweep, doc = served.sweep, {**served.sweep.to_dict(), "engine": served.describe()}
         else:

@@ -29,6 +29,7 @@ from eaglekit.engines.vllm import (
     split_speculative_settings,
 )
 from eaglekit.errors import EngineError, EngineMissing, UsageError
+from eaglekit.progress import Progress, quiet
 from eaglekit.runtime import processes
 from eaglekit.runtime.checkout import CHECKOUT, checkout_script
 
@@ -185,15 +186,19 @@ def refuse_unused(opts: EngineOptions, setting: str) -> None:
                          f"{opts.given[0]}")
 
 
-def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+def check_engine_available(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT_S,
+                           progress: Progress | None = None) -> str:
     """vLLM's version in the engine interpreter; EngineMissing, one line with the command that installs it first,
     when it is not there (a machine without vLLM, not a wrong command line)."""
-    return probe_engine(opts, timeout_s).version
+    return probe_engine(opts, timeout_s, progress).version
 
 
-def probe_engine(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT_S) -> EngineProbe:
-    """vLLM's version and device type in the engine interpreter (see check_engine_available)."""
+def probe_engine(opts: EngineOptions, timeout_s: float = PROBE_TIMEOUT_S,
+                 progress: Progress | None = None) -> EngineProbe:
+    """vLLM's version and device type in the engine interpreter (see check_engine_available). Importing vLLM takes
+    tens of seconds on a CPU, so `progress` hears of it as its own stage."""
     python = opts.interpreter
+    quiet(progress).stage("checking vLLM: importing it in its Python")
     with tempfile.TemporaryDirectory(prefix="eaglekit-vllm-") as work:
         try:
             probe = processes.run(python, ["-c", PROBE], os.path.join(work, "probe.log"), timeout_s=timeout_s)

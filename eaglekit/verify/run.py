@@ -67,7 +67,7 @@ def verify_conditions(draft: str, target: str, options: VerifyOptions = VerifyOp
         raise UsageError("--diagnose and --engine measure one condition: give one --context-tokens value and one "
                          "--template")
     if options.engine == "both":
-        check_engine_available(options.engine_options)  # before minutes of reference decoding
+        check_engine_available(options.engine_options, progress=progress)  # before minutes of reference decoding
     setup = decode_setup([("draft", draft)], target, options, progress=progress)
     model, (checked,) = setup.target_model, setup.drafts
     spec, info, aux_ids = checked.spec, setup.info, checked.aux_ids
@@ -215,7 +215,7 @@ def verify_in_engine(draft: str, target: str, options: VerifyOptions, *, progres
         raise UsageError("--engine vllm measures the chat template at one context length: give one "
                          "--context-tokens value and --template chat")
     options = options.at(options.conditions[0])
-    check_engine_available(options.engine_options)
+    check_engine_available(options.engine_options, progress=progress)
     setup = decode_setup([("draft", draft)], target, options, load_model=False)
     (checked,), prompts, dtype, info = setup.drafts, setup.prompts, setup.dtype, setup.info
     spec = checked.spec

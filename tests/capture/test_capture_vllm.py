@@ -76,8 +76,9 @@ def test_vllm_states_are_the_targets_residual_stream(monkeypatch):
     records = list(capture)
     assert [r.index for r in records] == list(range(len(sequences)))
     assert [list(r.token_ids) for r in records] == sequences
-    assert stages.stages == [("starting vLLM", None, ""), ("capturing target states in vLLM", 16, "sequences")]
-    assert stages.advanced == [0, 16]
+    assert stages.stages == [("checking vLLM: importing it in its Python", None, ""), ("starting vLLM", None, ""),
+                             ("capturing target states in vLLM", 16, "sequences")]
+    assert stages.advanced == [0, 0, 16]
     reference = _reference(sequences, layer_ids)
     worst = {}
     for record, expected in zip(records, reference):

@@ -85,7 +85,12 @@ EXPECTED = {
                  "writing the output (staged)", "reading the staged output back and validating it",
                  "writing the output with its measurement and publishing it"],
 }
-"""The stage names of each run of scripts/progress_logs.py, counts as N."""
+ENGINE_EXPECTED = {
+    "bench": ["checking vLLM: importing it in its Python", "reading the draft and the target's tokenizer",
+              "target alone: starting vLLM", "target alone: C=N", "target + draft: starting vLLM",
+              "target + draft: C=N"],
+}
+"""The stage names of each run of scripts/progress_logs.py, counts as N (ENGINE_EXPECTED: its runs in vLLM)."""
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +102,7 @@ def work(tmp_path_factory) -> Path:
 
 def test_every_documented_run_has_its_expected_stages():
     assert [title for title, _ in SCRIPT_MODULE.RUNS] == list(EXPECTED)
+    assert [title for title, _ in SCRIPT_MODULE.ENGINE_RUNS] == list(ENGINE_EXPECTED)
 
 
 @pytest.mark.parametrize("title,args", SCRIPT_MODULE.RUNS, ids=[t for t, _ in SCRIPT_MODULE.RUNS])
@@ -107,4 +113,22 @@ def test_each_long_command_says_each_stage_and_keeps_a_heartbeat(work, title, ar
     gap = _longest_gap(lines)
     print(f"\n{command}: {len(lines)} lines, longest gap {gap:.1f} s (bound {GAP_BOUND_S:.0f} s)")
     assert _stages(lines, command) == EXPECTED[title]
+    assert gap <= GAP_BOUND_S, lines
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("title,args", SCRIPT_MODULE.ENGINE_RUNS, ids=[t for t, _ in SCRIPT_MODULE.ENGINE_RUNS])
+def test_each_long_command_in_vllm_says_each_stage_and_keeps_a_heartbeat(work, title, args, monkeypatch):
+    """The same contract where vLLM does the work: its import, each server's start and each measured run."""
+    from tests.support.engines import VLLM_PYTHON  # probes vLLM: only where this tier runs
+
+    if VLLM_PYTHON is None:
+        pytest.skip("no vLLM environment (scripts/vllm-env.sh)")
+    monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", VLLM_PYTHON)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # eaglekit sizes vLLM's KV cache itself
+    command = args.split()[0]
+    lines = _timed(args.split(), work)
+    gap = _longest_gap(lines)
+    print(f"\n{command}: {len(lines)} lines, longest gap {gap:.1f} s (bound {GAP_BOUND_S:.0f} s)")
+    assert _stages(lines, command) == ENGINE_EXPECTED[title]
     assert gap <= GAP_BOUND_S, lines
