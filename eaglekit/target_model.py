@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -49,18 +50,25 @@ def resolve_dtype(dtype: str, device: str):
     return getattr(torch, dtype)
 
 
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(?::\d+)?")
+
+
+def check_device(device: str) -> None:
+    """--device as resolve_device reads it: a misspelt one is refused with the other options, before torch loads
+    (whether CUDA is there is asked of torch, when the target loads)."""
+    if not DEVICE_NAME.fullmatch(device):
+        raise UsageError(f"--device {device!r}: unknown device; use auto, cpu or cuda[:N]")
+
+
 def resolve_device(device: str) -> str:
     """cpu, cuda[:N], or auto: the first CUDA device when there is one, else the CPU."""
+    check_device(device)
     import torch
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" or device.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {device}: no CUDA device is available")
-        return device
-    if device != "cpu":
-        raise UsageError(f"unknown device {device!r}; use auto, cpu or cuda[:N]")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: no CUDA device is available")
     return device
 
 

@@ -37,6 +37,7 @@ from eaglekit.progress import Progress, quiet
 from eaglekit.quantization import refuse_emulation_on_declared, scheme
 from eaglekit.runner import REFERENCE, RUNNERS, Runner
 from eaglekit.target import TargetInfo, read_target
+from eaglekit.target_model import check_device
 
 DEFAULT_SHARD_TOKENS = 1 << 14  # a shard of a 70B target (H 8192, 3 aux ids, bfloat16): about 1.3 GB
 
@@ -53,7 +54,7 @@ class CaptureOptions:
     engine_python: str | None = None
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     store_dtype: str = "bfloat16"
-    device: str = "cpu"
+    device: str | None = None  # where the reference engine runs the target (None: the CPU)
     dtype: str = "auto"
     target_quantization: str | None = None  # reference engine: the served numerics it emulates
     force: bool = False  # replace a store of another capture
@@ -83,6 +84,7 @@ class CaptureOptions:
         if self.captured_ids is not None and len(set(self.captured_ids)) != len(self.captured_ids):
             raise UsageError(f"--captured-ids {list(self.captured_ids)} names a layer twice: vLLM writes one slot per "
                              "distinct id")
+        self._check_unused()
         if self.import_dir and not self.captured_ids:
             raise UsageError("--import needs --captured-ids: the eagle_aux_hidden_state_layer_ids vLLM ran with (its "
                              "files do not record them)")
@@ -93,6 +95,27 @@ class CaptureOptions:
                              "a quantized checkpoint as it is")
         if self.engine == REFERENCE and (self.tensor_parallel_size != 1 or self.engine_args or self.engine_python):
             raise UsageError("--tensor-parallel-size, --engine-arg and --engine-python apply to --engine vllm")
+
+    @property
+    def placed_on(self) -> str:
+        """The device the reference engine runs the target on."""
+        return self.device or "cpu"
+
+    def _check_unused(self) -> None:
+        """What places or computes a target that this capture does not run is refused, naming both options: the
+        reference engine's --device with vLLM, and the target's --device, --dtype and numerics with --import (its
+        files hold states vLLM already computed, kept in their own dtype)."""
+        if self.device is not None:
+            check_device(self.device)
+        if self.import_dir:
+            given = [flag for flag, value in (("--device", self.device is not None), ("--dtype", self.dtype != "auto"),
+                                              ("--target-quantization", self.target_quantization)) if value]
+            if given:
+                raise UsageError(f"{given[0]} with --import: it sets how the target runs, and --import runs none (its "
+                                 "files hold states vLLM computed, stored in their own dtype); drop it")
+        if self.engine != REFERENCE and self.device is not None:
+            raise UsageError(f"--device with --engine {self.engine}: it places the reference engine's target; vLLM "
+                             "chooses its own devices (--tensor-parallel-size)")
 
 
 @dataclass
@@ -161,7 +184,7 @@ def engine_block(opts: CaptureOptions, progress: Progress | None = None) -> dict
 
         served = scheme(opts.target_quantization)
         dtype = QUANTIZED_DTYPE if served is not None and opts.dtype == "auto" else opts.dtype
-        resolved = str(resolve_dtype(dtype, resolve_device(opts.device))).removeprefix("torch.")
+        resolved = str(resolve_dtype(dtype, resolve_device(opts.placed_on))).removeprefix("torch.")
         return {"name": "reference", "version": f"transformers {transformers.__version__}, torch {torch.__version__}",
                 "dtype": resolved, "quantization": served.name if served else None, "tensor_parallel_size": 1,
                 "engine_args": {}}
@@ -284,7 +307,7 @@ def _engine_source(info: TargetInfo, aux_ids: Sequence[int], opts: CaptureOption
             from eaglekit.target_model import load_target
 
             progress.stage("loading the target")
-            loaded.append(load_target(folder, device=opts.device, dtype=opts.dtype,
+            loaded.append(load_target(folder, device=opts.placed_on, dtype=opts.dtype,
                                       quantization=opts.target_quantization))
         return loaded[0]
 

@@ -146,6 +146,9 @@ def bench_command(ctx, draft, target, base_url, baseline_url, api_key, engine, c
                              "eaglekit starts (set it where that server runs)")
         if plot and not baseline_url:
             raise UsageError("--plot draws the speed-up: without --baseline-url there is none")
+    elif _typed(ctx, "api_key"):  # from $OPENAI_API_KEY it is the environment's, not this command's
+        raise UsageError("--api-key without --base-url: it is the key servers already running ask for, and the "
+                         "servers bench starts ask for none; drop --api-key")
     elif target is None:
         raise UsageError("--target is required unless --base-url names a running server")
     if plot:
@@ -155,6 +158,13 @@ def bench_command(ctx, draft, target, base_url, baseline_url, api_key, engine, c
         report = run_bench(draft, target, options, progress=progress)
     finish_report(report.to_dict(), output_format, render, save_report=save_report,
                   draw=(lambda: plot_bench(report, plot)) if plot else None, given=typed)
+
+
+def _typed(ctx: click.Context, name: str) -> bool:
+    """Whether the parameter `name` was given on the command line (not from the environment or its default)."""
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
 
 
 def _slos(values: tuple[str, ...]) -> tuple[tuple[str, float], ...]:

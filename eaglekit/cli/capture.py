@@ -61,7 +61,7 @@ Examples:
               help="Tokens per shard (whole records; a shard ends at the record that reaches this many).")
 @click.option("--store-dtype", type=click.Choice(["bfloat16", "float32", "fp8"]), default="bfloat16",
               show_default=True, help="fp8: E4M3 with a float32 scale per token (half of bfloat16's bytes).")
-@click.option("--device", default="cpu", show_default=True, help="--engine reference: cpu or cuda[:N].")
+@click.option("--device", help="--engine reference: cpu or cuda[:N] [default: cpu].")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="--engine reference: the target's dtype (auto: bfloat16 on CUDA, float32 on the "
                                       "CPU); --engine vllm: the dtype vLLM serves it in.")
@@ -102,12 +102,10 @@ def capture_command(ctx, target, store, data, calibration, calibration_file, cal
 
 
 def _refuse_unused(ctx: click.Context, opts) -> None:
-    """An option given where it cannot apply is refused before any work, naming both options."""
+    """An option given where it cannot apply is refused before any work, naming both options (those whose default
+    a value cannot tell from one given; CaptureOptions.check refuses the others)."""
     from eaglekit.errors import UsageError
 
-    if opts.engine != REFERENCE and given_flags(ctx, "--device"):
-        raise UsageError(f"--device with --engine {opts.engine}: it places the reference engine's target; vLLM "
-                         "chooses its own devices (--tensor-parallel-size)")
     if not opts.calibration and given_flags(ctx, "--calibration-tokens"):
         raise UsageError("--calibration-tokens without --calibration: it sizes the calibration text; give "
                          "--calibration, or drop --calibration-tokens")

@@ -31,7 +31,7 @@ from eaglekit.cli.output import (
 )
 from eaglekit.cli.progress import ProgressLog, training_figures
 from eaglekit.finetune.evaluate import AUTO, DEFAULT_CONTEXTS, DEFAULT_TEMPLATES
-from eaglekit.runner import REFERENCE, RUNNERS
+from eaglekit.runner import ENGINE_ALONE, REFERENCE, RUNNERS
 
 if TYPE_CHECKING:
     pass
@@ -152,10 +152,11 @@ def finetune_command(ctx, draft, out_dir, target, data, import_dir, captured_ids
     zero) and no condition is resolved worse; otherwise one line says what was measured and it exits 1
     (--keep-unresolved writes it). OUT appears only when complete and validated; the source is never modified.
     """
+    import dataclasses
+
     from eaglekit.finetune.evaluate import EvalOptions
     from eaglekit.finetune.options import FinetuneOptions
     from eaglekit.finetune.run import finetune
-    from eaglekit.finetune.train import TrainOptions
 
     if plot == "auto":
         plot = out_dir.rstrip("/\\") + "-finetune.png"
@@ -164,13 +165,10 @@ def finetune_command(ctx, draft, out_dir, target, data, import_dir, captured_ids
                              context_tokens=int_list(eval_context_tokens, "--eval-context-tokens", "0,1024"),
                              engine=eval_engine)
     evaluation.check()  # with --no-eval too: a bad setting is refused, not silently ignored
-    _refuse_unused(ctx, no_eval, eval_engine, engine_options, store)
+    _refuse_unused(ctx, no_eval, eval_engine, engine_options, store, import_dir)
     opts = FinetuneOptions(
         target=target,
         data=data, import_dir=import_dir, captured_ids=aux_ids(captured_ids, "--captured-ids"), cache_dir=cache_dir,
-        train=TrainOptions(steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps,
-                           depth_decay=depth_decay, freeze=_freeze(freeze), precision=precision, seed=seed,
-                           select_every=select_every),
         eval=None if no_eval else evaluation,
         device=device, target_dtype=dtype, target_quantization=target_quantization,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
@@ -179,6 +177,12 @@ def finetune_command(ctx, draft, out_dir, target, data, import_dir, captured_ids
         max_resident_shards=max_resident_shards, soft_targets=soft_targets,
         engine=engine_options,
     )
+    opts.check()  # before torch loads with the training options
+    from eaglekit.finetune.train import TrainOptions
+
+    opts = dataclasses.replace(opts, train=TrainOptions(
+        steps=steps, batch_tokens=batch_tokens, depth=depth, lr=lr, warmup_steps=warmup_steps, depth_decay=depth_decay,
+        freeze=_freeze(freeze), precision=precision, seed=seed, select_every=select_every))
     main_rank = os.environ.get("RANK", "0") == "0"
     given = given_paths([draft, out_dir, data.data_file, store, import_dir, eval_prompts, cache_dir, checkpoint_dir,
                          plot], [target])
@@ -198,20 +202,38 @@ EVAL_FLAGS = ("--eval-prompts", "--eval-limit", "--eval-max-new-tokens", "--eval
 """The held-out evaluation's settings: refused with --no-eval, which skips it."""
 
 
-def _refuse_unused(ctx: click.Context, no_eval: bool, eval_engine: str, engine_options, store: str | None) -> None:
-    """An option that this run would ignore (the evaluation's with --no-eval, vLLM's where no vLLM decodes, the
-    store's without --store) is refused before anything is read, naming both options."""
+def _refuse_unused(ctx: click.Context, no_eval: bool, eval_engine: str, engine_options, store: str | None,
+                   import_dir: str | None) -> None:
+    """An option that this run would ignore (the evaluation's with --no-eval or --import, vLLM's where no vLLM
+    decodes, the target's dtype where no target runs, the store's without --store) is refused before anything is
+    read, naming both options. Those are the options whose default a value cannot tell from one given;
+    FinetuneOptions.check refuses the others."""
     from eaglekit.errors import UsageError
     from eaglekit.runtime.engine import refuse_unused
 
+    dtype = ["--dtype"] if given_flags(ctx, "--dtype") or ctx.params.get("deprecated_dtype") else []
     if no_eval:
         given = given_flags(ctx, *EVAL_FLAGS)
         if given:
             raise UsageError(f"{given[0]} with --no-eval: it sets the held-out evaluation, which --no-eval skips; "
                              f"drop one of them")
         refuse_unused(engine_options, "--no-eval")
+        if store and dtype:
+            raise UsageError("--dtype with --no-eval: with --store it is the dtype the held-out evaluation runs the "
+                             "target in, which --no-eval skips; drop one of them")
+    elif import_dir and eval_engine != ENGINE_ALONE:  # --eval-engine vllm: FinetuneOptions says how to measure it
+        given = given_flags(ctx, *EVAL_FLAGS)
+        if given:
+            raise UsageError(f"{given[0]} with --import: it sets the held-out evaluation, which needs the target "
+                             "loaded here, and --import never loads it (the output is written unmeasured); drop "
+                             f"{given[0]}")
     elif eval_engine == REFERENCE:
         refuse_unused(engine_options, "--eval-engine reference")
+    if import_dir:
+        refuse_unused(engine_options, "--import")
+        if dtype:
+            raise UsageError("--dtype with --import: it is the target's dtype for capture and evaluation, and "
+                             "--import runs neither (its files hold states vLLM computed); drop --dtype")
     if not store and given_flags(ctx, "--max-resident-shards"):
         raise UsageError("--max-resident-shards without --store: it bounds the store's shards in memory; give "
                          "--store, or drop --max-resident-shards")

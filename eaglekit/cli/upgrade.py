@@ -89,7 +89,7 @@ def parse_size(text: str) -> int:
 @click.option("--allow-pickle", is_flag=True, help="Read .bin/.pt sources with torch.load(weights_only=True).")
 @click.option("--subfolder", help="Draft folder inside a repository that holds several drafts.")
 @click.option("--revision", help="Hub revision when SRC is a repo id.")
-@click.option("--device", default="cpu", show_default=True, help="Where the target runs for calibration (cpu, cuda).")
+@click.option("--device", help="Where the target runs for calibration: cpu or cuda[:N] [default: cpu].")
 @click.option("--store", type=click.Path(file_okay=False),
               help="Calibrate from a hidden-state store (`eaglekit capture TARGET STORE --calibration`) instead of "
                    "running the target: --target then needs only its config, tokenizer, embeddings and head.")

@@ -17,6 +17,7 @@ from eaglekit.quantization import scheme
 from eaglekit.rules import checked_engines
 from eaglekit.runner import ENGINE_ALONE, REFERENCE, RUNNERS
 from eaglekit.runtime.engine import EngineOptions
+from eaglekit.target_model import check_device
 
 BOTH = "both"
 ENGINES = (*RUNNERS, BOTH)
@@ -83,6 +84,7 @@ class VerifyOptions:
         if self.engine not in ENGINES:
             raise UsageError(f"--engine {self.engine!r}: use one of {', '.join(ENGINES)}")
         scheme(self.target_quantization)
+        check_device(self.device)
         self.sampling.check()
         if not self.sampling.greedy and self.engine != REFERENCE:
             raise UsageError(f"--temperature {self.temperature:g} with --engine {self.engine}: the engine's counters "
@@ -122,6 +124,21 @@ class VerifyOptions:
             raise UsageError(f"--vllm-runner {self.vllm_runner!r}: use one of {', '.join(VLLM_RUNNERS)}")
         if self.engine_version is not None:
             checked_engines("vllm", self.engine_version)
+        self._check_served_reading()
+
+    def _check_served_reading(self) -> None:
+        """--vllm-runner picks the runner whose reading of the files is decoded beside eaglekit's (the report's
+        served section): refused where that decode does not run, rather than silently ignored."""
+        if self.vllm_runner is None or self.engine_only:
+            return
+        skipped = next((why for why, given in (
+            ("--as-eaglekit-reads (which skips that decode)", self.as_eaglekit_reads),
+            ("--aux-layer-ids (the decode then reads the ids given, not the files)", self.aux_layer_ids is not None),
+            ("several --context-tokens or --template values (that decode runs for one condition)",
+             len(self.conditions) > 1)) if given), None)
+        if skipped:
+            raise UsageError(f"--vllm-runner with {skipped}: it picks the vLLM runner whose reading of the files is "
+                             "decoded beside eaglekit's; drop one of them")
 
     def _check_engine_alone(self) -> None:
         """With --engine vllm only vLLM decodes: a setting of the reference decode would be silently ignored, and
@@ -135,6 +152,16 @@ class VerifyOptions:
         if reference_only:
             raise UsageError(f"{reference_only[0]} with --engine vllm: it applies to the reference decode, which "
                              "--engine vllm does not run; give --engine both, or drop it")
+        mirrored = [flag for flag, value in (("--engine-version", self.engine_version),
+                                             ("--vllm-runner", self.vllm_runner)) if value is not None]
+        if mirrored:
+            raise UsageError(f"{mirrored[0]} with --engine vllm: it names the vLLM whose reading of the files the "
+                             "reference decode mirrors; --engine vllm runs the installed vLLM, which reads them "
+                             "itself; give --engine both, or drop it")
+        if self.device != "auto":
+            raise UsageError(f"--device {self.device} with --engine vllm: it places the target the reference decode "
+                             "loads; vLLM runs on its own platform's devices (--tensor-parallel-size), in --dtype; "
+                             "drop --device")
         if self.turns == "all":
             raise UsageError("--turns all with --engine vllm: each later turn follows the target's answer to the one "
                              "before, which only the reference decodes; give --turns first")

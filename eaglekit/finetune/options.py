@@ -13,6 +13,7 @@ from eaglekit.errors import UsageError
 from eaglekit.finetune.evaluate import EvalOptions
 from eaglekit.runner import ENGINE_ALONE
 from eaglekit.runtime.engine import EngineOptions
+from eaglekit.target_model import check_device
 
 
 @dataclass(frozen=True)
@@ -41,50 +42,77 @@ class FinetuneOptions:
     soft_targets: int = 0  # from a store: train on the target's top-k next-token probabilities (0: greedy labels)
     engine: EngineOptions = EngineOptions()  # how vLLM runs when it decodes the paired check (eval.engine)
 
+    def check(self) -> None:
+        """The options against each other, before anything is read or torch is imported; the training options
+        (which need torch) are checked by `checked_options`."""
+        self.data.check()
+        check_device(self.device)
+        if self.eval is not None:
+            self.eval.check()
+            if not self.keep_unresolved:
+                self.eval.check_resolvable()
+        if not 0 <= self.validation_fraction < 1:
+            raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
+        if self.captured_ids is not None and not self.import_dir:
+            raise UsageError("--captured-ids names the layers vLLM captured into --import: give --import too, or drop "
+                             "--captured-ids")
+        if self.import_dir and self.data != DataOptions():
+            raise UsageError("--import brings its own sequences: it cannot be combined with --data, --generate, "
+                             "--context-tokens, --code-tokens or --templates")
+        if self.store and (self.data != DataOptions() or self.import_dir):
+            raise UsageError("--store brings its own sequences: it cannot be combined with --data, --generate, "
+                             "--context-tokens, --code-tokens, --templates or --import")
+        self._check_read_states()
+        if self.soft_targets and not self.store:
+            raise UsageError("--soft-targets needs --store: the teacher's probabilities are computed from a store's "
+                             "id-L states (eaglekit capture)")
+        if self.eval is not None and self.eval.engine == ENGINE_ALONE and self.target_quantization:
+            raise UsageError(f"--eval-engine vllm with --target-quantization {self.target_quantization}: vLLM would "
+                             "serve the target in full precision; measure the quantized target with --eval-engine "
+                             "reference")
+        if self.eval is not None and self.eval.engine == ENGINE_ALONE and self.import_dir:
+            raise UsageError("--eval-engine vllm with --import: import the states into a store (eaglekit capture "
+                             "--import) and fine-tune with --store")
+        if self.soft_targets < 0:
+            raise UsageError("--soft-targets must not be negative (0: the target's greedy tokens as labels)")
+        if self.checkpoint_every < 0:
+            raise UsageError("--checkpoint-every must not be negative (0: only on Ctrl-C or SIGTERM)")
+        if self.from_scratch and self.warm_start != "auto":
+            raise UsageError(f"--warm-start {self.warm_start} with --from-scratch: it re-initialises every trained "
+                             "weight, so there is no warm start to set up or skip; drop --warm-start")
+
+    def _check_read_states(self) -> None:
+        """States read from elsewhere (--store, --import) are never captured here: the capture cache is not used,
+        and --import's files hold the numerics vLLM served them with."""
+        read = "--store" if self.store else "--import" if self.import_dir else None
+        if read and self.cache_dir:
+            raise UsageError(f"--cache-dir with {read}: it is where finetune keeps the states it captures, and "
+                             f"{read} trains on states captured already; drop --cache-dir")
+        if self.import_dir and self.target_quantization:
+            raise UsageError(f"--target-quantization {self.target_quantization} with --import: its files hold the "
+                             "states as vLLM served the target, and the evaluation does not run; drop "
+                             "--target-quantization")
+
 
 def checked_options(opts: FinetuneOptions) -> FinetuneOptions:
     """The options with the training defaults filled in, refused in one line before anything is read when they
     contradict each other: a refusal after capture or training would cost the whole run."""
+    opts.check()
     from eaglekit.finetune.train import TrainOptions, resolve_precision
 
     train_opts = opts.train or TrainOptions()
     train_opts.check()
     train_opts = dataclasses.replace(train_opts, precision=resolve_precision(train_opts.precision, opts.device))
-    opts = dataclasses.replace(opts, train=train_opts)
-    opts.data.check()
-    if opts.eval is not None:
-        opts.eval.check()
-        if not opts.keep_unresolved:
-            opts.eval.check_resolvable()
-    if not 0 <= opts.validation_fraction < 1:
-        raise UsageError("--validation-fraction must lie in [0, 1) (0: keep the last step, no selection)")
-    if opts.captured_ids is not None and not opts.import_dir:
-        raise UsageError("--captured-ids names the layers vLLM captured into --import: give --import too, or drop "
-                         "--captured-ids")
-    if opts.import_dir and opts.data != DataOptions():
-        raise UsageError("--import brings its own sequences: it cannot be combined with --data, --generate, "
-                         "--context-tokens, --code-tokens or --templates")
-    if opts.store and (opts.data != DataOptions() or opts.import_dir):
-        raise UsageError("--store brings its own sequences: it cannot be combined with --data, --generate, "
-                         "--context-tokens, --code-tokens, --templates or --import")
-    if opts.soft_targets and not opts.store:
-        raise UsageError("--soft-targets needs --store: the teacher's probabilities are computed from a store's id-L "
-                         "states (eaglekit capture)")
-    if opts.eval is not None and opts.eval.engine == ENGINE_ALONE and opts.target_quantization:
-        raise UsageError(f"--eval-engine vllm with --target-quantization {opts.target_quantization}: vLLM would "
-                         "serve the target in full precision; measure the quantized target with --eval-engine "
-                         "reference")
-    if opts.eval is not None and opts.eval.engine == ENGINE_ALONE and opts.import_dir:
-        raise UsageError("--eval-engine vllm with --import: import the states into a store (eaglekit capture "
-                         "--import) and fine-tune with --store")
-    if opts.soft_targets < 0:
-        raise UsageError("--soft-targets must not be negative (0: the target's greedy tokens as labels)")
-    if opts.checkpoint_every < 0:
-        raise UsageError("--checkpoint-every must not be negative (0: only on Ctrl-C or SIGTERM)")
     if train_opts.depth > opts.data.max_length:
         raise UsageError(f"--depth {train_opts.depth} exceeds --max-length {opts.data.max_length}: deeper steps "
                          "would have no labels")
-    return opts
+    if train_opts.select_every is not None and opts.validation_fraction == 0:
+        raise UsageError("--select-every with --validation-fraction 0: it scores the held-out sequences, and 0 holds "
+                         "none out (the last step is kept); drop one of them")
+    if opts.plot and train_opts.steps == 0:
+        raise UsageError("--plot with --steps 0: it draws the training's loss and accuracy by step, and --steps 0 "
+                         "trains none; drop one of them")
+    return dataclasses.replace(opts, train=train_opts)
 
 
 def options_dict(opts: FinetuneOptions) -> dict[str, Any]:

@@ -38,6 +38,9 @@ def resolve_path(source: str, subfolder: str | None = None,
         root = os.path.abspath(source)
         if not os.path.exists(root):
             raise CheckpointError("no such file or directory", source)
+        if revision:
+            raise UsageError(f"--revision {quoted(revision)} names a Hub revision, and this is a local folder (read as "
+                             "it stands); drop --revision, or give the Hub id", source)
         if os.path.isfile(root):
             if os.path.basename(root) == "config.json":
                 root = os.path.dirname(root)

@@ -55,6 +55,14 @@ class Decisions:
     target: TargetInfo | None
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def calibrates(self) -> bool:
+        """Whether the upgrade runs the target on calibration text: for fc_norm added with calibrated weights, or
+        for the norm_output rescale where no fc_norm is added with unit weights."""
+        if self.fc_norm_added:
+            return self.fc_norm_init == "calibrated"
+        return self.norm_output_rescale
+
 
 def target_has_weights(target: TargetInfo) -> bool:
     """Weights eaglekit can run for calibration: a Hugging Face folder (a GGUF target gives its metadata only)."""
@@ -66,6 +74,11 @@ def target_has_weights(target: TargetInfo) -> bool:
 
 def _aux(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None, k: int, warnings: list[str]) -> AuxChoice:
     aux = spec.aux
+    if opts.aux_convention is not None and opts.aux_layer_ids is None and (aux.location == "default"
+                                                                            or aux.as_written is None):
+        raise UsageError(f"--aux-convention {opts.aux_convention} without --aux-layer-ids: it says how ids are "
+                         f"counted, and {spec.path} records none ({aux.source}); give --aux-layer-ids with it, or "
+                         "drop --aux-convention")
     source_ids: tuple[int, ...] | None = None
     known = aux.convention_known
     detail = aux.source
@@ -215,7 +228,8 @@ def _refuse_without_mask_slots(spec: DraftSpec) -> None:
 def _fc_norm_init(opts: UpgradeOptions, target: TargetInfo | None, added: bool, warnings: list[str]) -> str | None:
     if not added:
         if opts.fc_norm_init is not None:
-            warnings.append("--fc-norm-init ignored: the source already has trained fc_norm weights")
+            raise UsageError(f"--fc-norm-init {opts.fc_norm_init} with a source trained with fc_norm: its trained "
+                             "weights are kept, so there is no fc_norm to initialise; drop --fc-norm-init")
         return None
     if opts.fc_norm_init is None:
         return "calibrated" if target is not None and target_has_weights(target) else "ones"
@@ -392,4 +406,45 @@ def decide(spec: DraftSpec, opts: UpgradeOptions, target: TargetInfo | None) -> 
     why = dialect.refusal(spec, decisions, target)
     if why:
         raise UsageError(f"--to {dialect.NAME}: {why}")
+    _refuse_unused_calibration(opts, decisions, _uncalibrated(spec, opts, decisions, no_rescale))
     return decisions
+
+
+def _uncalibrated(spec: DraftSpec, opts: UpgradeOptions, d: Decisions, no_rescale: str | None) -> str:
+    """Why this upgrade runs no calibration, in the options' terms."""
+    if opts.fc_norm_init == "ones":
+        return "--fc-norm-init ones"
+    if d.target is None:
+        return "no --target"
+    if not target_has_weights(d.target):
+        return "the --target given has no weights eaglekit can run"
+    if spec.facts.fc_norm_tensor_ids:
+        fc_norm = "the source's fc_norm is trained"
+    elif opts.fc_norm is False:
+        fc_norm = "--no-fc-norm"
+    elif not writes_eagle31(opts.to):
+        fc_norm = f"--to {opts.to} adds no fc_norm"
+    else:
+        fc_norm = "fc_norm is not added"
+    if spec.flags.norm_output:
+        norm_output = "its norm_output is trained"
+    elif opts.norm_output is False:
+        norm_output = "--no-norm-output"
+    else:
+        norm_output = no_rescale or "norm_output is not rescaled"
+    return f"{fc_norm}; {norm_output}"
+
+
+def _refuse_unused_calibration(opts: UpgradeOptions, d: Decisions, uncalibrated: str) -> None:
+    """The options that set up calibration (the target's states on the calibration text) are refused where the
+    upgrade calibrates nothing, and --device where a store brings the states: given there, they would do nothing.
+    Decided from the options and the draft's config, before the target is run or a store read."""
+    given = [flag for flag, value in (("--store", opts.store), ("--calibration-file", opts.calibration_file),
+                                      ("--target-quantization", opts.target_quantization),
+                                      ("--device", opts.device)) if value]
+    if given and not d.calibrates:
+        raise UsageError(f"{given[0]}: it sets up calibration, and this upgrade calibrates nothing ({uncalibrated}); "
+                         f"drop {given[0]}")
+    if opts.store and opts.device:
+        raise UsageError("--device with --store: the store holds the target's states, so no target runs here; drop "
+                         "--device")

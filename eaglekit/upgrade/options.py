@@ -8,6 +8,7 @@ from typing import Any
 from eaglekit.errors import UsageError
 from eaglekit.families import eagle3_family_names
 from eaglekit.quantization import scheme
+from eaglekit.target_model import check_device
 from eaglekit.upgrade.dialects import NAMES as DIALECTS
 from eaglekit.upgrade.dialects import writes_eagle31
 
@@ -35,7 +36,7 @@ class UpgradeOptions:
     allow_pickle: bool = False
     subfolder: str | None = None
     revision: str | None = None
-    device: str = "cpu"  # where the target runs for calibration
+    device: str | None = None  # where the target runs for calibration (None: the CPU)
     store: str | None = None  # calibrate from a capture store: the target's decoder is never loaded
 
     def check(self) -> None:
@@ -70,6 +71,11 @@ class UpgradeOptions:
                 raise UsageError(f"--aux-layer-ids {list(self.aux_layer_ids)} has duplicates (P20)")
         if self.max_shard_size <= 0:
             raise UsageError("--max-shard-size must be positive")
+        if self.to == "gguf" and self.max_shard_size != DEFAULT_MAX_SHARD_SIZE:
+            raise UsageError("--max-shard-size with --to gguf: it splits a folder's weights into shards, and --to gguf "
+                             "writes one file; drop --max-shard-size")
+        if self.device is not None:
+            check_device(self.device)
         if self.calibration_tokens < 64:
             raise UsageError("calibration needs at least 64 tokens")
 

@@ -101,10 +101,8 @@ def _calibrate(spec: DraftSpec, opts: UpgradeOptions, d: Decisions, progress: Pr
 
     Returns the fc_norm weights to write (None: nothing added), their fidelity, and the function-preserving start
     (None unless norm_output is switched on with a rescale)."""
-    if d.fc_norm_added and d.fc_norm_init != "calibrated":
-        return np.ones((d.num_aux, d.target_hidden)), None, None
-    if not (d.fc_norm_added or d.norm_output_rescale):
-        return None, None, None
+    if not d.calibrates:
+        return (np.ones((d.num_aux, d.target_hidden)) if d.fc_norm_added else None), None, None
     from eaglekit.upgrade.calibrate import fit_fc_norm
 
     target = d.target

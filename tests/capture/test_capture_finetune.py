@@ -59,9 +59,9 @@ def env(tmp_path_factory):
 
 def train_options(env, **changes) -> FinetuneOptions:
     train = TrainOptions(steps=4, batch_tokens=256, depth=2, lr=3e-3, log_every=2, seed=0, precision="fp32")
-    return FinetuneOptions(target=env["target"], data=DataOptions(data_file=env["data"]),
-                           cache_dir=str(env["base"] / "cache"), train=train, eval=None, validation_fraction=0.0,
-                           **changes)
+    cache = {} if "store" in changes else {"cache_dir": str(env["base"] / "cache")}  # a store run captures nothing
+    return FinetuneOptions(target=env["target"], data=DataOptions(data_file=env["data"]), train=train, eval=None,
+                           validation_fraction=0.0, **cache, **changes)
 
 
 def test_greedy_labels_from_id_L_equal_the_targets_argmax(env):

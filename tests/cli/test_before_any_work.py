@@ -3,12 +3,16 @@ target's context. Each command's work is replaced by a failure, so a refusal fou
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
+from tests.support import REPO
 from tests.support.cli import run_cli
-from tests.support.factory import edit_config, make_draft, make_target_config
+from tests.support.factory import edit_config, encode, make_draft, make_target_config, write_safetensors
 
 # ------------------------------------------------------------------ every written path, checked before any work
 
@@ -172,6 +176,91 @@ IGNORED = {
     "bench --speed-bench-dataset-subset without --dataset-name": (
         lambda d, t, s: ["bench", d, "--target", t, "--speed-bench-dataset-subset", "throughput_1k"],
         "--speed-bench-dataset-subset chooses a part of --dataset-name"),
+    # vLLM run alone reads the files itself, on its own devices: what mirrors or places the reference decode
+    "verify --engine vllm --engine-version": (
+        lambda d, t, s: ["verify", d, "--target", t, "--engine", "vllm", "--engine-version", "0.33.0"],
+        "--engine-version with --engine vllm"),
+    "verify --engine vllm --vllm-runner": (
+        lambda d, t, s: ["verify", d, "--target", t, "--engine", "vllm", "--vllm-runner", "v1"],
+        "--vllm-runner with --engine vllm"),
+    "verify --engine vllm --device": (
+        lambda d, t, s: ["verify", d, "--target", t, "--engine", "vllm", "--device", "cpu"],
+        "--device cpu with --engine vllm"),
+    "compare --engine vllm --device": (
+        lambda d, t, s: ["compare", d, d, "--target", t, "--engine", "vllm", "--device", "cpu"],
+        "--device cpu with --engine vllm"),
+    # --vllm-runner picks the reading decoded in the served section, which these skip
+    "verify --as-eaglekit-reads --vllm-runner": (
+        lambda d, t, s: ["verify", d, "--target", t, "--as-eaglekit-reads", "--vllm-runner", "v2"],
+        "--vllm-runner with --as-eaglekit-reads"),
+    "verify --aux-layer-ids --vllm-runner": (
+        lambda d, t, s: ["verify", d, "--target", t, "--aux-layer-ids", "2,6,9", "--vllm-runner", "v2"],
+        "--vllm-runner with --aux-layer-ids"),
+    "verify a sweep --vllm-runner": (
+        lambda d, t, s: ["verify", d, "--target", t, "--context-tokens", "0,16", "--vllm-runner", "v2"],
+        "--vllm-runner with several --context-tokens or --template values"),
+    # a misspelt device, found by the options' check, not when the target loads
+    "verify --device misspelt": (lambda d, t, s: ["verify", d, "--target", t, "--device", "gpu"],
+                                 "--device 'gpu': unknown device"),
+    "capture --device misspelt": (lambda d, t, s: ["capture", t, s, "--device", "gpu"], "--device 'gpu': unknown"),
+    "finetune --device misspelt": (lambda d, t, s: ["finetune", d, s, "--target", t, "--device", "gpu"],
+                                   "--device 'gpu': unknown device"),
+    "upgrade --device misspelt": (lambda d, t, s: ["upgrade", d, s, "--target", t, "--device", "gpu"],
+                                  "--device 'gpu': unknown device"),
+    # an import runs no target: its states are computed already, in their own dtype
+    "capture --import --device": (
+        lambda d, t, s: ["capture", t, s, "--import", d, "--captured-ids", "2,6,9,12", "--device", "cpu"],
+        "--device with --import"),
+    "capture --import --dtype": (
+        lambda d, t, s: ["capture", t, s, "--import", d, "--captured-ids", "2,6,9,12", "--dtype", "float32"],
+        "--dtype with --import"),
+    "capture --import --target-quantization": (
+        lambda d, t, s: ["capture", t, s, "--import", d, "--captured-ids", "2,6,9,12", "--target-quantization",
+                         "fp8"], "--target-quantization with --import"),
+    # states read from elsewhere are not captured (no cache), and --import neither runs nor evaluates the target
+    "finetune --store --cache-dir": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--store", d, "--cache-dir", s + "-cache"],
+        "--cache-dir with --store"),
+    "finetune --import --cache-dir": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--import", d, "--cache-dir", s + "-cache"],
+        "--cache-dir with --import"),
+    "finetune --import --dtype": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--import", d, "--dtype", "bfloat16"],
+        "--dtype with --import"),
+    "finetune --import --target-dtype (its alias)": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--import", d, "--target-dtype", "bfloat16"],
+        "--dtype with --import"),
+    "finetune --import --target-quantization": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--import", d, "--target-quantization", "fp8"],
+        "--target-quantization fp8 with --import"),
+    "finetune --import --eval-limit": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--import", d, "--eval-limit", "20"],
+        "--eval-limit with --import"),
+    "finetune --import --tensor-parallel-size": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--import", d, "--tensor-parallel-size", "2"],
+        "--tensor-parallel-size with --import"),
+    "finetune --store --no-eval --dtype": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--store", d, "--no-eval", "--dtype", "bfloat16"],
+        "--dtype with --no-eval"),
+    "finetune --from-scratch --warm-start": (
+        lambda d, t, s: ["finetune", d, s, "--target", t, "--from-scratch", "--warm-start", "none"],
+        "--warm-start none with --from-scratch"),
+    # upgrade: what only a folder output, a Hub source or a calibration can use
+    "upgrade --to gguf --max-shard-size": (
+        lambda d, t, s: ["upgrade", d, s + ".gguf", "--to", "gguf", "--max-shard-size", "1GB"],
+        "--max-shard-size with --to gguf"),
+    "upgrade --revision of a local folder": (
+        lambda d, t, s: ["upgrade", d, s, "--revision", "main"], "--revision 'main' names a Hub revision"),
+    "upgrade --device without --target": (
+        lambda d, t, s: ["upgrade", d, s, "--device", "cpu"],
+        "--device: it sets up calibration, and this upgrade calibrates nothing (no --target)"),
+    "upgrade --calibration-file without target weights": (
+        lambda d, t, s: ["upgrade", d, s, "--target", t, "--calibration-file", os.path.join(d, "config.json")],
+        "--calibration-file: it sets up calibration, and this upgrade calibrates nothing (the --target given has "
+        "no weights"),
+    # bench: the key of a running server
+    "bench --api-key without --base-url": (
+        lambda d, t, s: ["bench", d, "--target", t, "--api-key", "sk-not-shown"], "--api-key without --base-url"),
 }
 
 
@@ -179,15 +268,112 @@ IGNORED = {
 def test_an_option_that_cannot_apply_is_refused_before_any_work(pair, tmp_path, monkeypatch, case):
     """An option the run would silently ignore (another engine's, a skipped evaluation's, a missing store's) is a
     usage error in one line naming both options, before any load, capture, training or engine start."""
+    command, expected = IGNORED[case]
+    refused_before_any_work(monkeypatch, command(*pair, str(tmp_path / "out")), expected)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def refused_before_any_work(monkeypatch, args: list[str], expected: str) -> None:
+    """`eaglekit ARGS` exits 2 with one line holding `expected`, every command's work replaced by a failure."""
     import eaglekit.capture.run
     import eaglekit.finetune.run
+    import eaglekit.upgrade.run
 
     no_work(monkeypatch)
-    for module, name in ((eaglekit.capture.run, "capture_store"), (eaglekit.finetune.run, "finetune")):
+    for module, name in ((eaglekit.capture.run, "capture_store"), (eaglekit.finetune.run, "finetune"),
+                         (eaglekit.upgrade.run, "_calibrate")):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("the work started before the refusal"))
-    command, expected = IGNORED[case]
-    result = run_cli(command(*pair, str(tmp_path / "out")))
+    result = run_cli(args)
     assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("warning: ")]  # an alias's
     assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], lines
+    assert "sk-not-shown" not in result.output
+
+
+@pytest.fixture
+def upgrade_sources(tmp_path):
+    """Drafts whose config decides what an upgrade option can do, and a target folder with only the head a store's
+    reader needs (enough for a calibration from a store)."""
+    import numpy as np
+
+    head = make_target_config(str(tmp_path / "head-only"))
+    write_safetensors(os.path.join(head, "model.safetensors"), {
+        "model.embed_tokens.weight": ("F32", (256, 64), encode(np.zeros((256, 64), np.float32), "F32")),
+        "model.norm.weight": ("F32", (64,), encode(np.ones(64, np.float32), "F32"))})
+    return {"draft": make_draft(str(tmp_path / "draft"), "vllm"),
+            "trained": make_draft(str(tmp_path / "trained"), "vllm", fc_norm=True, norm_output=True),
+            "no ids": make_draft(str(tmp_path / "no-ids"), "vllm", config_patch={
+                "eagle_aux_hidden_state_layer_ids": None, "eagle_config": {"use_aux_hidden_state": True}}),
+            "target": make_target_config(str(tmp_path / "target")), "head only": head,
+            "store": str(tmp_path / "store")}
+
+
+UPGRADE = {
+    "--fc-norm-init with a trained fc_norm": (
+        lambda x, s: ["upgrade", x["trained"], s, "--target", x["target"], "--fc-norm-init", "ones"],
+        "--fc-norm-init ones with a source trained with fc_norm"),
+    "--aux-convention without ids to count": (
+        lambda x, s: ["upgrade", x["no ids"], s, "--target", x["target"], "--aux-convention", "output"],
+        "--aux-convention output without --aux-layer-ids"),
+    "--store without calibration": (
+        lambda x, s: ["upgrade", x["draft"], s, "--target", x["head only"], "--store", x["store"], "--no-fc-norm",
+                      "--no-norm-output"],
+        "--store: it sets up calibration, and this upgrade calibrates nothing (--no-fc-norm; --no-norm-output)"),
+    "--store with a source trained with fc_norm and norm_output": (
+        lambda x, s: ["upgrade", x["trained"], s, "--target", x["head only"], "--store", x["store"],
+                      "--target-quantization", "fp8"],
+        "--store: it sets up calibration, and this upgrade calibrates nothing (the source's fc_norm is trained; its "
+        "norm_output is trained)"),
+    "--target-quantization with a target without weights": (
+        lambda x, s: ["upgrade", x["trained"], s, "--target", x["target"], "--target-quantization", "fp8"],
+        "--target-quantization: it sets up calibration, and this upgrade calibrates nothing (the --target given has "
+        "no weights"),
+    "--device with --store": (
+        lambda x, s: ["upgrade", x["draft"], s, "--target", x["head only"], "--store", x["store"], "--device", "cpu"],
+        "--device with --store"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UPGRADE))
+def test_an_upgrade_option_this_draft_leaves_nothing_to_do_is_refused_before_any_work(upgrade_sources, tmp_path,
+                                                                                      monkeypatch, case):
+    """What an upgrade option can do depends on the draft's config and the other options (a trained fc_norm is
+    kept, no ids recorded, nothing calibrated): decided before the target runs or a store is read."""
+    command, expected = UPGRADE[case]
+    refused_before_any_work(monkeypatch, command(upgrade_sources, str(tmp_path / "out")), expected)
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("train, validation_fraction, plot, expected", [
+    ({"select_every": 2}, 0.0, None, "--select-every with --validation-fraction 0"),
+    ({"steps": 0}, 0.1, "curves.png", "--plot with --steps 0"),
+])
+def test_a_training_option_the_run_would_ignore_is_refused_by_the_options_check(pair, train, validation_fraction,
+                                                                                plot, expected):
+    """Training options (their check needs torch) against the run's: refused by checked_options, which finetune
+    calls before it reads anything."""
+    from eaglekit.errors import UsageError
+    from eaglekit.finetune.options import FinetuneOptions, checked_options
+    from eaglekit.finetune.train import TrainOptions
+
+    with pytest.raises(UsageError, match=expected):
+        checked_options(FinetuneOptions(target=pair[1], train=TrainOptions(**train), eval=None,
+                                        validation_fraction=validation_fraction, plot=plot))
+
+
+def test_every_refusal_comes_before_torch_is_imported(pair, upgrade_sources, tmp_path):
+    """Each refusal above is decided from the command line and the files' configs: none waits for torch."""
+    out = str(tmp_path / "out")
+    commands = [command(*pair, out) for command, _ in IGNORED.values()]
+    commands += [command(upgrade_sources, out) for command, _ in UPGRADE.values()]
+    commands.append(["finetune", pair[0], out, "--target", pair[1], "--eval-limit", "2"])  # the sample floor's
+    code = ("import json, sys\nfrom eaglekit.cli.main import main\ncodes = []\n"
+            f"for args in {commands!r}:\n"
+            "    try:\n        main(args)\n    except SystemExit as exc:\n        codes.append(exc.code)\n"
+            "print(json.dumps({'codes': codes, 'torch': 'torch' in sys.modules}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False,
+                          cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert done["codes"] == [2] * len(commands), list(zip(done["codes"], commands))
+    assert not done["torch"]
