@@ -218,6 +218,10 @@ class PromptGroup:
         return (self.input_len, self.category)
 
 
+CLIENT_STAGE = "starting vLLM's benchmark client (vllm bench serve)"
+"""The stage of the client's start: it imports vLLM and pandas, tens of seconds on a CPU."""
+
+
 def run_bench(draft: str, target: str | None, options: BenchOptions,
               progress: Progress | None = None) -> BenchReport:
     """Measure `draft` against `target` in vLLM at every concurrency of `options`; see the module docstring. With
@@ -285,6 +289,7 @@ def _serve_sides(sides: Sequence[tuple[str, str, dict[str, Any]]], report: Bench
     engine = options.engine_options
     model_len = sides[0][2]["max_model_len"]
     runs: dict[str, dict[tuple[Any, int], ServedRun]] = {}
+    say(CLIENT_STAGE)
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \
             BenchClient(engine.interpreter, work, None) as client:
         files = _datasets(work, groups, options)
@@ -385,6 +390,7 @@ def _bench_running(draft: str, target: str | None, options: BenchOptions, say: C
         seed=options.client_seed, burstiness=options.burstiness, goodput=options.slo_ms)
     started = time.perf_counter()
     runs: dict[str, dict[tuple[Any, int], ServedRun]] = {}
+    say(CLIENT_STAGE)
     with tempfile.TemporaryDirectory(prefix="eaglekit-bench-") as work, \
             BenchClient(engine.interpreter, work, options.api_key) as client:
         files = _datasets(work, groups, options)

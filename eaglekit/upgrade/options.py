@@ -10,7 +10,7 @@ from eaglekit.families import eagle3_family_names
 from eaglekit.quantization import scheme
 from eaglekit.target_model import check_device
 from eaglekit.upgrade.dialects import NAMES as DIALECTS
-from eaglekit.upgrade.dialects import writes_eagle31
+from eaglekit.upgrade.dialects import writes_eagle31, writes_one_file
 
 FC_NORM_INITS = ("ones", "calibrated")
 DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # the Hugging Face default, "5GB"
@@ -71,9 +71,9 @@ class UpgradeOptions:
                 raise UsageError(f"--aux-layer-ids {list(self.aux_layer_ids)} has duplicates (P20)")
         if self.max_shard_size <= 0:
             raise UsageError("--max-shard-size must be positive")
-        if self.to == "gguf" and self.max_shard_size != DEFAULT_MAX_SHARD_SIZE:
-            raise UsageError("--max-shard-size with --to gguf: it splits a folder's weights into shards, and --to gguf "
-                             "writes one file; drop --max-shard-size")
+        if writes_one_file(self.to) and self.max_shard_size != DEFAULT_MAX_SHARD_SIZE:
+            raise UsageError(f"--max-shard-size with --to {self.to}: it splits a folder's weights into shards, and "
+                             f"--to {self.to} writes one file; drop --max-shard-size")
         if self.device is not None:
             check_device(self.device)
         if self.calibration_tokens < 64:

@@ -39,7 +39,7 @@ def no_work(monkeypatch):
         monkeypatch.setattr(module, name, work)
     for module, name in ((eaglekit.bench.run, "check_engine_available"),
                          (eaglekit.verify.run, "check_engine_available")):  # an engine is there (probing is no work)
-        monkeypatch.setattr(module, name, lambda *args: "0.0.0")
+        monkeypatch.setattr(module, name, lambda *args, **kwargs: "0.0.0")
 
 
 WRITES = {

@@ -87,8 +87,8 @@ EXPECTED = {
 }
 ENGINE_EXPECTED = {
     "bench": ["checking vLLM: importing it in its Python", "reading the draft and the target's tokenizer",
-              "target alone: starting vLLM", "target alone: C=N", "target + draft: starting vLLM",
-              "target + draft: C=N"],
+              "starting vLLM's benchmark client (vllm bench serve)", "target alone: starting vLLM",
+              "target alone: C=N", "target + draft: starting vLLM", "target + draft: C=N"],
 }
 """The stage names of each run of scripts/progress_logs.py, counts as N (ENGINE_EXPECTED: its runs in vLLM)."""
 

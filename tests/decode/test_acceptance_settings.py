@@ -258,7 +258,7 @@ def test_bench_passes_the_settings_to_the_speculative_server_only_and_records_th
 
     target = make_target_config(str(tmp_path / "target"))
     spec = load_draft(DRAFTER)
-    monkeypatch.setattr(bench_run, "check_engine_available", lambda engine: "0.33.0")
+    monkeypatch.setattr(bench_run, "check_engine_available", lambda engine, progress=None: "0.33.0")
     monkeypatch.setattr(decode_setup, "decode_setup", lambda *a, **k: SimpleNamespace(
         drafts=[SimpleNamespace(path=DRAFTER, spec=spec)], info=read_target(target), tokenizer=None,
         prompts=SimpleNamespace(prompts=[], name="random", speed_bench=False)))

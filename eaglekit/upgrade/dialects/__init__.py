@@ -1,7 +1,8 @@
 """Output dialects: each writes a config (and names tensors) out of the canonical description, never reads one.
 
 A dialect module provides NAME, ENGINE (what `eaglekit validate --engine` checks it against), FINETUNE_READS
-(whether `eaglekit finetune` trains drafts in this layout), CANNOT_WRITE (feature -> why this output cannot carry
+(whether `eaglekit finetune` trains drafts in this layout), ONE_FILE (the output is one file, not a folder of
+weight shards), CANNOT_WRITE (feature -> why this output cannot carry
 it: "mla", "qwen3", "eagle31" (trained or added fc_norm / norm_output), "norm_before_residual", "parallel_drafting"
 (a P-EAGLE draft)), CAVEATS (feature -> a warning when the output carries it), `read_family(spec, decisions)` (the
 family that reads its output back), `config(spec, decisions, vocab)`, `tensor_name(canonical, spec)` (from
@@ -27,6 +28,11 @@ def get_dialect(name: str) -> ModuleType:
     if name not in NAMES:
         raise UsageError(f"unknown output dialect {name!r}; known: {', '.join(NAMES)}")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def writes_one_file(name: str) -> bool:
+    """Whether the dialect writes one file (no weight shards for --max-shard-size to size)."""
+    return name in NAMES and get_dialect(name).ONE_FILE
 
 
 def writes_eagle31(name: str) -> bool:

@@ -22,6 +22,7 @@ from eaglekit.upgrade.vocab import VocabPlan
 NAME = "gguf"
 ENGINE = LLAMACPP
 FINETUNE_READS = False
+ONE_FILE = True  # one GGUF file: nothing to shard
 CANNOT_WRITE: dict[str, str] = {
     "qwen3": NO_QWEN3_CLASS,
     "parallel_drafting": NO_PARALLEL_DRAFTING,

@@ -24,6 +24,7 @@ from eaglekit.upgrade.vocab import VocabPlan
 NAME = "sglang"
 ENGINE = "sglang"
 FINETUNE_READS = False
+ONE_FILE = False  # a folder whose weights --max-shard-size splits into shards
 CANNOT_WRITE: dict[str, str] = {
     "qwen3": NO_QWEN3_CLASS,
     "parallel_drafting": NO_PARALLEL_DRAFTING,

@@ -20,6 +20,7 @@ from eaglekit.upgrade.vocab import VocabPlan
 NAME = "speculators"
 ENGINE = "vllm"
 FINETUNE_READS = False
+ONE_FILE = False  # a folder whose weights --max-shard-size splits into shards
 CANNOT_WRITE: dict[str, str] = {
     "parallel_drafting": "the source is a P-EAGLE draft: this dialect writes speculators' eagle3 layout, and vLLM's "
                          "reading of speculators' own P-EAGLE layout drops fc_norm and norm_output (EK330, EK331): "

@@ -15,6 +15,7 @@ from eaglekit.upgrade.vocab import VocabPlan
 NAME = "vllm"
 ENGINE = "vllm"
 FINETUNE_READS = True  # `eaglekit finetune` trains drafts in this layout
+ONE_FILE = False  # a folder whose weights --max-shard-size splits into shards
 CANNOT_WRITE: dict[str, str] = {}
 CAVEATS: dict[str, str] = {}
 WRITER = folder
