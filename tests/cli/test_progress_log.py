@@ -108,12 +108,7 @@ def test_every_documented_run_has_its_expected_stages():
 @pytest.mark.parametrize("title,args", SCRIPT_MODULE.RUNS, ids=[t for t, _ in SCRIPT_MODULE.RUNS])
 def test_each_long_command_says_each_stage_and_keeps_a_heartbeat(work, title, args):
     """In order: a run takes the output of the one before where it needs one (finetune trains upgrade's)."""
-    command = args.split()[0]
-    lines = _timed(args.split(), work)
-    gap = _longest_gap(lines)
-    print(f"\n{command}: {len(lines)} lines, longest gap {gap:.1f} s (bound {GAP_BOUND_S:.0f} s)")
-    assert _stages(lines, command) == EXPECTED[title]
-    assert gap <= GAP_BOUND_S, lines
+    _says_each_stage_and_keeps_a_heartbeat(work, args, EXPECTED[title])
 
 
 @pytest.mark.engine
@@ -126,9 +121,13 @@ def test_each_long_command_in_vllm_says_each_stage_and_keeps_a_heartbeat(work, t
         pytest.skip("no vLLM environment (scripts/vllm-env.sh)")
     monkeypatch.setenv("EAGLEKIT_VLLM_PYTHON", VLLM_PYTHON)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # eaglekit sizes vLLM's KV cache itself
+    _says_each_stage_and_keeps_a_heartbeat(work, args, ENGINE_EXPECTED[title])
+
+
+def _says_each_stage_and_keeps_a_heartbeat(work: Path, args: str, expected: list[str]) -> None:
     command = args.split()[0]
     lines = _timed(args.split(), work)
     gap = _longest_gap(lines)
     print(f"\n{command}: {len(lines)} lines, longest gap {gap:.1f} s (bound {GAP_BOUND_S:.0f} s)")
-    assert _stages(lines, command) == ENGINE_EXPECTED[title]
+    assert _stages(lines, command) == expected
     assert gap <= GAP_BOUND_S, lines
