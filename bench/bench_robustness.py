@@ -110,6 +110,7 @@ def measure(args, ledger: Ledger, drafts: dict[str, str], grid, ks: list[int], t
     """Each template of `templates` at every context and k, one compare_across_k each, into the ledger."""
     import torch
 
+    from eaglekit.cli.progress import ProgressLog
     from examples.smollm2 import materialize_smollm2
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
@@ -121,7 +122,9 @@ def measure(args, ledger: Ledger, drafts: dict[str, str], grid, ks: list[int], t
         print(f"measuring the {template} template: contexts {args.contexts}, k {args.k}", flush=True)
         wall, cpu = time.perf_counter(), time.process_time()
         try:
-            per_k = compare_across_k(args.reference, list(drafts.values()), target, options, ks)
+            with ProgressLog("bench_robustness") as progress:  # stage lines on stderr, a heartbeat in a log
+                per_k = compare_across_k(args.reference, list(drafts.values()), target, options, ks,
+                                         progress=progress)
         except EaglekitError as exc:
             sys.exit(f"error: {exc}")
         for k, sweeps in per_k.items():

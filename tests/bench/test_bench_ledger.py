@@ -98,7 +98,7 @@ def _fake_compare(measured: list[str], stop_at: str | None = None):
     noting each template it measures; raising KeyboardInterrupt (a kill) at `stop_at`."""
     from types import SimpleNamespace
 
-    def compare(reference, drafts, target, options, ks):
+    def compare(reference, drafts, target, options, ks, progress=None):
         template = options.template
         if template == stop_at:
             raise KeyboardInterrupt
