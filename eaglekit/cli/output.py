@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -494,6 +493,8 @@ def packed_lines(head: str, units: list[str], width: int, indent: str = "    ") 
     """`head` and `units` joined by spaces into lines of at most `width` characters, continued under `indent`. A
     unit moves to the next line whole; one wider than a line is wrapped at its spaces, never inside a word (a path
     or a tensor name wider than the line stays whole on a line of its own)."""
+    import textwrap
+
     lines, line = [], head
     for unit in units:
         if len(line) + 1 + len(unit) <= width:
