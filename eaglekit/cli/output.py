@@ -38,11 +38,13 @@ def console(name: str) -> Console:
 
 
 def screen_width() -> int:
-    """The width stdout is laid out to: the `out` console's once it is made (a width set on it holds), else the
-    width rich would give it."""
-    from eaglekit.cli.plain import screen_width as unset_width
+    """The width stdout is laid out to: the `out` console's (a width set on it holds), or where none is made yet
+    and rich would print no styles, the width rich would give it (eaglekit.cli.plain.screen_width)."""
+    from eaglekit.cli import plain
 
-    return _consoles["out"].width if "out" in _consoles else unset_width()
+    if "out" in _consoles or not plain.styles_off(sys.stdout):
+        return console("out").width
+    return plain.screen_width()
 
 
 class Styled:
