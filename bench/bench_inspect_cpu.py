@@ -4,7 +4,8 @@ Wall time on a shared machine measures the scheduler; the CPU a process burns is
 and moves far less with load. Each run is one `python -m eaglekit inspect DRAFT` child; its user + sys seconds are
 read from getrusage(RUSAGE_CHILDREN) before and after, and the median over the runs is printed beside a bare
 interpreter's (`python -c pass`, the floor no import work can go below), for the tables (the default) and for
-`--format json` (which loads no rich). Then one `python -X importtime` run lists
+`--format json`; neither loads rich here, whose output is not a terminal (eaglekit.cli.plain lays the tables out as
+rich would). Then one `python -X importtime` run lists
 the modules whose own import costs most, and the top-level imports that pull in the most.
 
 Two settings of Python's bytecode cache are measured, since they differ by the cost of compiling every module:

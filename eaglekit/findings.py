@@ -11,6 +11,8 @@ SEVERITIES = ("error", "warning", "info")
 
 @dataclass(frozen=True)
 class Finding:
+    """One rule's hit on a draft: its code, severity, message, pitfall, and the tensor or config key it names."""
+
     code: str
     severity: str  # "error" | "warning" | "info"
     message: str

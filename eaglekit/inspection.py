@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglekit.errors import NotEagle3DraftError
 from eaglekit.findings import Finding
-from eaglekit.other_drafts import OtherDraft
 from eaglekit.spec import DraftSpec
 from eaglekit.target import TargetInfo
+
+if TYPE_CHECKING:
+    from eaglekit.other_drafts import OtherDraft
 
 
 @dataclass
 class InspectReport:
+    """inspect's report for an EAGLE-3 draft: the spec, its file-level findings and each engine's verdict."""
+
     spec: DraftSpec
     findings: list[Finding]
     serving: list[Any]  # eaglekit.engines.EngineSupport

@@ -54,6 +54,8 @@ INT4_GROUP = 128
 
 @dataclass(frozen=True)
 class Scheme:
+    """A served numeric format: how it quantizes weights and activations, and where it is specified."""
+
     name: str
     weights: str
     activations: str | None  # None: weight-only, activations stay in the target's dtype

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from eaglekit.io.hub_client import without_credentials
+from eaglekit.io.urls import without_credentials
 
 REDACTED = "***"
 TOKEN_SHAPE = re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{34}(?![A-Za-z0-9])|(?i:bearer)\s+\S+")

@@ -34,6 +34,8 @@ class EngineSupport:
 
 @dataclass(frozen=True)
 class MinimumVersion:
+    """The lowest release of an engine that reads everything a draft relies on, and why."""
+
     engine: str
     version: str | None  # None: no floor above the oldest release modelled
     reasons: tuple[str, ...]

@@ -41,6 +41,8 @@ class TensorRef:
 
 @dataclass(frozen=True)
 class MlaGeometry:
+    """The multi-head latent attention sizes of an MLA draft (DeepSeek / Kimi style)."""
+
     q_lora_rank: int | None
     kv_lora_rank: int
     qk_nope_head_dim: int
@@ -50,6 +52,8 @@ class MlaGeometry:
 
 @dataclass(frozen=True)
 class Geometry:
+    """The draft's sizes as its model class builds them: widths, layers, heads, norms and rope."""
+
     hidden_size: int  # H
     target_hidden_size: int | None  # T (None: unknown until a target is given)
     intermediate_size: int  # I
@@ -85,6 +89,8 @@ class AuxLayers:
 
 @dataclass(frozen=True)
 class VocabMap:
+    """The target and draft vocabulary sizes, and which of the maps between them the draft stores."""
+
     vocab_size: int | None  # V
     draft_vocab_size: int  # Vd (rows of lm_head, or from config)
     has_d2t: bool
@@ -145,6 +151,8 @@ def eagle_version(fc_norm: bool, norm_output: bool) -> EagleVersion:
 
 @dataclass
 class DraftSpec:
+    """A draft checkpoint, whatever its layout: what it is, how it is built and where each tensor lies."""
+
     path: str
     files: list[str]
     family: str

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglekit.config_view import REPO_ID
 from eaglekit.errors import CheckpointError
@@ -14,11 +14,15 @@ from eaglekit.io.checkpoint import INDEX_NAME, PICKLE_SUFFIXES, read_model_weigh
 from eaglekit.io.dtypes import FLOAT_DTYPES
 from eaglekit.io.header import HeaderEntry
 from eaglekit.io.jsonfile import check_inside, load_json_object, symlink_root
-from eaglekit.quantization import DeclaredQuantization, declared_quantization
+
+if TYPE_CHECKING:
+    from eaglekit.quantization import DeclaredQuantization
 
 
 @dataclass(frozen=True)
 class TargetInfo:
+    """The target model's facts a draft is checked against, from its config.json or its GGUF file's header."""
+
     path: str
     num_layers: int  # L
     hidden_size: int  # T
@@ -196,6 +200,8 @@ def read_target(path: str, *, weights: bool = False, decoder: bool = True) -> Ta
     builds (check_target_weights); `weights=True` (a target about to be loaded) also refuses a folder without any.
     `decoder=False` (a run that reads states from a store) asks only for the embeddings, final norm and lm_head:
     the decoder layers may be absent."""
+    from eaglekit.quantization import declared_quantization
+
     if path.endswith(".gguf") and not os.path.isdir(path):
         return read_gguf_target(path)
     cfg_path = target_config_path(path)

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import click
 
 from eaglekit.cli.output import (
+    Styled,
     emit_json,
     format_option,
     given_paths,
     human_bytes,
     identifier_table,
-    key_value_table,
     print_findings,
     print_fix,
-    styled,
+    print_panel,
+    print_table,
+    print_text,
     target_path,
     with_given,
 )
-
-if TYPE_CHECKING:
-    from rich.text import Text
 
 EXAMPLES = """
 \b
@@ -71,7 +69,7 @@ def inspect_command(path, target, subfolder, revision, family, with_tensors, all
         render(doc)
 
 
-def _ids(doc: dict) -> Text:
+def _ids(doc: dict) -> Styled:
     ids, written, conv = doc["aux_layer_ids"], doc["aux_layer_ids_as_written"], doc["aux_layer_id_convention"]
     vllm = "unknown" if ids is None else str(ids)
     text = f"{vllm} (vLLM: input of layer i)"
@@ -80,7 +78,7 @@ def _ids(doc: dict) -> Text:
     elif written is not None and ids is None:
         text += f"; written {written} (convention unknown)"
     certainty = "" if doc["aux_layer_id_convention_known"] else " (guessed)"
-    return styled(text, (certainty, "yellow"), "\n", (doc["aux_layer_ids_source"], "dim"))
+    return Styled(text, (certainty, "yellow"), "\n", (doc["aux_layer_ids_source"], "dim"))
 
 
 def _parallel_rows(parallel: dict | None) -> list[tuple[str, str]]:
@@ -99,11 +97,6 @@ def _parallel_rows(parallel: dict | None) -> list[tuple[str, str]]:
 
 
 def render(doc: dict) -> None:
-    from rich.panel import Panel
-    from rich.table import Table
-
-    from eaglekit.cli.output import out
-
     flags = ", ".join(f"{k}={doc[k]}" for k in ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual"))
     geometry = (f"H={doc['hidden_size']}  T={doc['target_hidden_size']}  I={doc['intermediate_size']}  "
                 f"layers={doc['num_layers']}")
@@ -137,18 +130,9 @@ def render(doc: dict) -> None:
         ("dtype / size", f"{doc['dtype']}, {doc['num_parameters']:,} params, {human_bytes(doc['total_bytes'])} in "
                          f"{len(doc['files'])} file(s)"),
     ]
-    out.print(Panel(key_value_table(rows), title=styled((doc["path"], "bold")), expand=False))
-
-    serving = Table(title="Serving these files", title_justify="left")
-    for col in ("engine", "min version", "serves them", "why / what to pass"):
-        serving.add_column(col)
-    for s in doc["serving"]:
-        verdict = styled(("no", "red")) if s["verdict"] == "not as is" else s["verdict"]
-        converts = "the command below converts" if s["fix"] else "convert with `upgrade --to gguf --target TARGET.gguf`"
-        why = "; ".join(s["settings"]) if s["verdict"] == "with settings" else (
-            f"loads GGUF: {converts}" if s["verdict"] == "after conversion" else s.get("reason") or "")
-        serving.add_row(s["engine"], s.get("min_version") or "—", verdict, why)
-    out.print(serving)
+    print_panel(rows, doc["path"])
+    print_table("Serving these files", ("engine", "min version", "serves them", "why / what to pass"),
+                [_serving_row(s) for s in doc["serving"]])
     for s in doc["serving"]:
         if s["verdict"] == "after conversion" and s["fix"]:
             print_fix(f"{s['engine']}: ", s["fix"])
@@ -156,20 +140,25 @@ def render(doc: dict) -> None:
     if doc["findings"]:
         print_findings(doc["findings"])
     else:
-        out.print(styled(("No findings.", "green")))
+        print_text(Styled(("No findings.", "green")))
     if "tensors" in doc:
         tensor_rows = [[t["name"], "" if t["source_name"] == t["name"] else t["source_name"], t["dtype"],
                         str(t["shape"]), t["file"]] for t in doc["tensors"]]
         identifier_table("Tensors", ["name", "source name", "dtype", "shape", "file"], tensor_rows)
 
 
+def _serving_row(s: dict) -> tuple[str, str, str | Styled, str]:
+    """An engine's row of the serving table: its floor, its verdict, and why or what to pass."""
+    verdict = Styled(("no", "red")) if s["verdict"] == "not as is" else s["verdict"]
+    converts = "the command below converts" if s["fix"] else "convert with `upgrade --to gguf --target TARGET.gguf`"
+    why = "; ".join(s["settings"]) if s["verdict"] == "with settings" else (
+        f"loads GGUF: {converts}" if s["verdict"] == "after conversion" else s.get("reason") or "")
+    return s["engine"], s.get("min_version") or "—", verdict, why
+
+
 def render_other_method(doc: dict) -> None:
     """A draft of another speculative method: the one line that names it and its vLLM method, then what its
     config says."""
-    from rich.panel import Panel
-
-    from eaglekit.cli.output import out
-
     m, vllm = doc["speculative_method"], doc["speculative_method"]["vllm"]
     layers = m["target_layer_ids"]
     rows = [
@@ -186,13 +175,13 @@ def render_other_method(doc: dict) -> None:
         ("method config", ", ".join(f"{k}={v}" for k, v in m["method_config"].items()) or "—"),
         ("tensors", m["num_tensors"]),
     ]
-    out.print(styled((m["summary"], "bold")), soft_wrap=True)
-    out.print(Panel(key_value_table(rows), title=styled((doc["path"], "bold")), expand=False))
+    print_text(Styled((m["summary"], "bold")), wrap=False)
+    print_panel(rows, doc["path"])
     if vllm["problem"]:
-        out.print(styled(("vLLM: ", "bold yellow"), vllm["problem"]), soft_wrap=True)
+        print_text(Styled(("vLLM: ", "bold yellow"), vllm["problem"]), wrap=False)
     for note in m["notes"]:
-        out.print(styled(("note: ", "dim"), note), soft_wrap=True)
-    out.print("eaglekit validates, upgrades and verifies EAGLE-3 drafts only; none of its commands reads this one.")
+        print_text(Styled(("note: ", "dim"), note), wrap=False)
+    print_text("eaglekit validates, upgrades and verifies EAGLE-3 drafts only; none of its commands reads this one.")
 
 
 def _serve_config(doc: dict) -> str:
@@ -204,10 +193,6 @@ def _serve_config(doc: dict) -> str:
 
 
 def render_store(doc: dict) -> None:
-    from rich.panel import Panel
-
-    from eaglekit.cli.output import out
-
     target, ids, engine, store = doc["target"], doc["layer_ids"], doc["engine"], doc["store"]
     progress = "complete" if doc["complete"] else "incomplete: rerun the capture to finish it"
     rows = [
@@ -225,6 +210,6 @@ def render_store(doc: dict) -> None:
                                                       if doc["bytes_per_token"] else "")),
         ("tensors", ", ".join(f"{n} {t['dtype']}{t['shape']}" for n, t in doc["tensors"].items()) or "—"),
     ]
-    out.print(Panel(key_value_table(rows), title=styled((doc["path"], "bold")), expand=False))
+    print_panel(rows, doc["path"])
     for problem in doc["problems"]:
-        out.print(styled(("problem: ", "red"), problem))
+        print_text(Styled(("problem: ", "red"), problem))

@@ -1,6 +1,8 @@
 """Rendering shared by every command: rich for people on stdout, diagnostics on stderr, JSON for scripts.
 
-rich is imported when a table or a console is first needed: a command that prints JSON never loads it."""
+rich is imported when a table or a console is first needed: a command that prints JSON never loads it. The
+panels, tables and lines printed through print_panel, print_table and print_text are laid out without rich
+(eaglekit.cli.plain) where rich would print them without styles: the same characters, without its start-up."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 import math
 import os
 import re
-import textwrap
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,16 +23,115 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 CONSOLES = ("out", "err")
+_consoles: dict[str, Console] = {}
 
 
-@functools.cache
 def console(name: str) -> Console:
     """The console `out` (stdout) or `err` (stderr), made on first use. markup=False: names, paths and messages
     come from untrusted files and are printed as they are, never as rich markup; styles are applied through Text
     (styled()) only."""
-    from rich.console import Console
+    if name not in _consoles:
+        from rich.console import Console
 
-    return Console(stderr=name == "err", highlight=False, soft_wrap=False, markup=False, emoji=False)
+        _consoles[name] = Console(stderr=name == "err", highlight=False, soft_wrap=False, markup=False, emoji=False)
+    return _consoles[name]
+
+
+def screen_width() -> int:
+    """The width stdout is laid out to: the `out` console's (a width set on it holds), or where none is made yet
+    and rich would print no styles, the width rich would give it (eaglekit.cli.plain.screen_width)."""
+    from eaglekit.cli import plain
+
+    if "out" in _consoles or not plain.styles_off(sys.stdout):
+        return console("out").width
+    return plain.screen_width()
+
+
+class Styled:
+    """Text in parts, plain strings and (text, style) pairs as styled() takes them, kept so until it is printed:
+    with its styles by rich, as its characters by eaglekit.cli.plain."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, *parts: str | tuple[str, str]) -> None:
+        self.parts = parts
+
+    @property
+    def plain(self) -> str:
+        return "".join(part if isinstance(part, str) else part[0] for part in self.parts)
+
+    def text(self) -> Text:
+        return styled(*self.parts)
+
+
+def _characters(value: Any) -> str:
+    """A cell's text as printed: a Styled's characters, "—" for nothing."""
+    return value.plain if isinstance(value, Styled) else "—" if value is None else str(value)
+
+
+def _printed_plain(layout: Callable[[int], list[str]], texts: Iterable[str]) -> bool:
+    """Print `layout(width)`'s lines on stdout through eaglekit.cli.plain where they are exactly what rich would
+    print: no console made yet (once one is, it is stdout's one writer, its width and any capture included),
+    styles off there, every character one cell wide. False: rich prints them."""
+    from eaglekit.cli import plain
+
+    if "out" in _consoles or not plain.styles_off(sys.stdout) or not plain.one_cell(list(texts)):
+        return False
+    try:
+        lines = layout(plain.screen_width())
+    except plain.Unfit:
+        return False
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    sys.stdout.flush()
+    return True
+
+
+def print_text(text: str | Styled, *, wrap: bool = True) -> None:
+    """Text on stdout: folded at the screen's width (`wrap`), else each of its lines as it is."""
+    from eaglekit.cli import plain
+
+    characters = _characters(text)
+    if _printed_plain(lambda width: plain.wrap(characters, width, plain.FOLD if wrap else plain.IGNORE),
+                      [characters]):
+        return
+    console("out").print(text.text() if isinstance(text, Styled) else text, soft_wrap=not wrap)
+
+
+def print_panel(rows: list[tuple[str, Any]], title: str) -> None:
+    """`rows` as key_value_table lays them out, in a panel under `title` (bold)."""
+    from eaglekit.cli import plain
+
+    keys, values = [key for key, _ in rows], [_characters(value) for _, value in rows]
+    if _printed_plain(lambda width: plain.panel_lines(keys, values, title, width), [*keys, *values, title]):
+        return
+    from rich.panel import Panel
+
+    console("out").print(Panel(key_value_table(rows), title=styled((title, "bold")), expand=False))
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str | Styled]], *,
+                no_wrap: Sequence[bool] = (), overflow: Sequence[str] = ()) -> None:
+    """`rows` under `headers` in a titled table with a heavy header rule (rich's default table); `no_wrap` and
+    `overflow` per column as rich takes them (by default a cell wraps, and a word wider than its column is cut
+    with "…")."""
+    from eaglekit.cli import plain
+
+    no_wrap = list(no_wrap) or [False] * len(headers)
+    overflow = list(overflow) or [plain.ELLIPSIS] * len(headers)
+    cells = [[_characters(value) for value in row] for row in rows]
+    columns = [plain.Column(header, [row[i] for row in cells], no_wrap=no_wrap[i], overflow=overflow[i])
+               for i, header in enumerate(headers)]
+    if _printed_plain(lambda width: plain.table_lines(title, columns, width),
+                      [title, *headers, *(value for row in cells for value in row)]):
+        return
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for header, wraps_not, how in zip(headers, no_wrap, overflow):
+        table.add_column(header, no_wrap=wraps_not, overflow=how)  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*[value.text() if isinstance(value, Styled) else value for value in row])
+    console("out").print(table)
 
 
 def __getattr__(name: str) -> Console:
@@ -438,26 +539,19 @@ def print_prose_table(title: str, headers: tuple[str, ...], rows: Sequence[tuple
     """Rows whose last cell is prose: a table when every word of that prose fits its column, else one row per line
     group (`first second … — prose` wrapped at spaces), so a path or command in the prose is never cut or split.
     `styles` gives a column's style from its value."""
-    screen = console("out")
+    width = screen_width()
     styles = styles or {}
     fixed = [max([len(header)] + [len(r[i]) for r in rows]) for i, header in enumerate(headers[:-1])]
-    room = screen.width - 3 * len(headers) - 1 - sum(fixed)  # a space each side of each cell, a rule between them
+    room = width - 3 * len(headers) - 1 - sum(fixed)  # a space each side of each cell, a rule between them
     if all(len(word) <= room for r in rows for word in r[-1].split()):
-        from rich.table import Table
-
-        table = Table(title=title, title_justify="left", expand=False)
-        for header in headers[:-1]:
-            table.add_column(header, no_wrap=True)
-        table.add_column(headers[-1])
-        for r in rows:
-            table.add_row(*[styled((v, styles[i](v) or "")) if i in styles else v for i, v in enumerate(r)])
-        screen.print(table)
+        print_table(title, headers, [[Styled((v, styles[i](v) or "")) if i in styles else v for i, v in enumerate(r)]
+                                     for r in rows], no_wrap=[True] * (len(headers) - 1) + [False])
         return
-    screen.print(title)
+    print_text(title)
     for r in rows:
         head = " ".join(v for v in r[:-1] if v)
-        for i, line in enumerate(packed_lines(f"  {head} —", r[-1].split(), screen.width)):
-            screen.print(line if i else styled((line[:len(r[0]) + 2], "bold"), line[len(r[0]) + 2:]), soft_wrap=True)
+        for i, line in enumerate(packed_lines(f"  {head} —", r[-1].split(), width)):
+            print_text(line if i else Styled((line[:len(r[0]) + 2], "bold"), line[len(r[0]) + 2:]), wrap=False)
 
 
 def print_findings(findings: list[dict], title: str = "Findings") -> None:
@@ -470,30 +564,27 @@ def identifier_table(title: str, columns: list[str], rows: list[list[str]], *, p
     """Print rows whose cells are names to copy (tensor names, paths): a table when it fits the terminal with
     every identifier whole, else each row as `first — column: value; …` lines within the width (an 80-column log
     keeps every header and every identifier whole); only the `prose` column may wrap."""
-    from rich.table import Table
-
     fixed = [c for c in columns if c != prose]
     widths = {c: max([len(c)] + [len(str(r[columns.index(c)])) for r in rows]) for c in columns}
     needed = sum(widths[c] for c in fixed) + 3 * len(columns) + 1 + (12 if prose else 0)
-    if needed <= console("out").width:
-        table = Table(title=title, title_justify="left")
-        for c in columns:
-            table.add_column(c, no_wrap=c != prose, overflow="fold" if c == prose else "ignore")
-        for r in rows:
-            table.add_row(*[str(v) for v in r])
-        console("out").print(table)
+    width = screen_width()
+    if needed <= width:
+        print_table(title, columns, [[str(v) for v in r] for r in rows], no_wrap=[c != prose for c in columns],
+                    overflow=["fold" if c == prose else "ignore" for c in columns])
         return
-    console("out").print(title)
+    print_text(title)
     for r in rows:
         named = [f"{column}: {value}" for column, value in zip(columns[1:], r[1:]) if str(value)]
-        for line in packed_lines(f"  {r[0]} —", [f"{n};" for n in named[:-1]] + named[-1:], console("out").width):
-            console("out").print(line, soft_wrap=True)
+        for line in packed_lines(f"  {r[0]} —", [f"{n};" for n in named[:-1]] + named[-1:], width):
+            print_text(line, wrap=False)
 
 
 def packed_lines(head: str, units: list[str], width: int, indent: str = "    ") -> list[str]:
     """`head` and `units` joined by spaces into lines of at most `width` characters, continued under `indent`. A
     unit moves to the next line whole; one wider than a line is wrapped at its spaces, never inside a word (a path
     or a tensor name wider than the line stays whole on a line of its own)."""
+    import textwrap
+
     lines, line = [], head
     for unit in units:
         if len(line) + 1 + len(unit) <= width:
@@ -561,10 +652,9 @@ def fix_lines(label: str, fix: str, width: int) -> list[str]:
 
 def print_fix(label: str, fix: str, style: str = "bold") -> None:
     """A fix on stdout as fix_lines lays it out, the fix itself in `style`."""
-    screen = console("out")
-    for i, line in enumerate(fix_lines(label, fix, screen.width)):
+    for i, line in enumerate(fix_lines(label, fix, screen_width())):
         head = label.rstrip() if i == 0 else ""
-        screen.print(styled(head, (line[len(head):], style)), soft_wrap=True)
+        print_text(Styled(head, (line[len(head):], style)), wrap=False)
 
 
 GIVEN_KEY = "eaglekit.given"
@@ -574,13 +664,12 @@ GIVEN_KEY = "eaglekit.given"
 def print_prose(head: str, text: str, head_style: str = "", indent: str = "  ") -> None:
     """`head` (in `head_style`) and a sentence wrapped at its spaces within the width: a path or name in it is
     never split, one wider than a line stands whole on its own line."""
-    screen = console("out")
     start = head.rstrip() if head.strip() else head
-    for i, line in enumerate(packed_lines(start, text.split(), screen.width, indent)):
+    for i, line in enumerate(packed_lines(start, text.split(), screen_width(), indent)):
         if i == 0 and start.strip():
-            screen.print(styled((line[:len(start)], head_style), line[len(start):]), soft_wrap=True)
+            print_text(Styled((line[:len(start)], head_style), line[len(start):]), wrap=False)
         else:
-            screen.print(line, soft_wrap=True)
+            print_text(line, wrap=False)
 
 
 def given_paths(paths: Iterable[str | None], targets: Iterable[str | None] = (), *,
@@ -650,7 +739,8 @@ def key_value_table(rows: list[tuple[str, Any]], title: str | None = None) -> Ta
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")  # a long path or id is folded, never cut
     for key, value in rows:
-        table.add_row(key, "—" if value is None else value if isinstance(value, Text) else str(value))
+        table.add_row(key, value.text() if isinstance(value, Styled) else
+                      "—" if value is None else value if isinstance(value, Text) else str(value))
     return table
 
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POOLED_TAU = "pooled τ (1 + Σ accepted / Σ drafting rounds)"
-"""What every report and card calls τ (`AcceptanceCounter.acceptance_length` over merged counters)."""
-
 
 @dataclass
 class AcceptanceCounter:

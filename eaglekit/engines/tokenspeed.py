@@ -27,6 +27,8 @@ DEFAULT_K = 3
 
 @dataclass(frozen=True)
 class TokenspeedView:
+    """What tokenspeed reads from a draft: the aux ids it captures, K and the flags its draft class uses."""
+
     ids: tuple[int, ...] | None  # the list it reads, as written (None: its default)
     ids_key: str | None
     shifted: bool  # +1 on read (output-of-layer)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglekit.config_view import as_ids, as_int, nested
-from eaglekit.decode.metrics import POOLED_TAU
+from eaglekit.decode import POOLED_TAU
 from eaglekit.engines.base import NESTED_IDS, TOP_IDS, Engine, IdReading, Version, format_version, parse_version
 from eaglekit.errors import UsageError, quoted
 from eaglekit.spec import DraftSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglekit.config_view import as_ids, as_int, config_problems, flag_at, int_at, nested, number_at
 from eaglekit.engines.base import TOP_IDS
@@ -13,7 +13,6 @@ from eaglekit.errors import CheckpointError, NotEagle3DraftError
 from eaglekit.families.names import FC_NORM, canonical_name, layer_index, name_forms
 from eaglekit.io.checkpoint import CheckpointFiles
 from eaglekit.io.dtypes import FLOAT_DTYPES
-from eaglekit.other_drafts import OtherDraft
 from eaglekit.spec import (
     Attention,
     AuxLayers,
@@ -27,6 +26,9 @@ from eaglekit.spec import (
     TensorRef,
     VocabMap,
 )
+
+if TYPE_CHECKING:
+    from eaglekit.other_drafts import OtherDraft
 
 MAX_DRAFT_LAYERS = 1024  # drafts have 1..8 layers; an index past this would only make every layer check huge
 MODELOPT_EAGLE_KEYS = (

@@ -8,6 +8,10 @@ Forms: speculators 0.9 (`speculators_model_type: dflash`, `aux_hidden_state_laye
 `num_target_layers`; z-lab/dflash model/dflash.py, the z-lab/Qwen3-4B-DFlash-b16 config).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from eaglekit.engines.vllm import vllm_method_of
 from eaglekit.families.base import Observed, family
 from eaglekit.families.methods import (
@@ -18,7 +22,9 @@ from eaglekit.families.methods import (
     int_value,
     speculators_type,
 )
-from eaglekit.other_drafts import OtherDraft
+
+if TYPE_CHECKING:
+    from eaglekit.other_drafts import OtherDraft
 
 NAME = "dflash"
 SETTINGS = ("dflash_config.causal", "sliding_window_non_causal", "sample_from_anchor", "dflash_config.use_swa",

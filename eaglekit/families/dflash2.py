@@ -8,6 +8,10 @@ tensors `candidate_selector.*`, `layers.{i}.attention_conv.*`, `layers.{i}.mlp_c
 tests/fixtures/dflash2-config.json and dflash2-safetensors-header.json).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from eaglekit.engines.vllm import vllm_method_of
 from eaglekit.families.base import Observed, family
 from eaglekit.families.dflash import producer
@@ -19,7 +23,9 @@ from eaglekit.families.methods import (
     int_value,
     speculators_type,
 )
-from eaglekit.other_drafts import OtherDraft
+
+if TYPE_CHECKING:
+    from eaglekit.other_drafts import OtherDraft
 
 NAME = "dflash2"
 SELECTOR_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")

@@ -9,6 +9,10 @@ with `model_type: qwen3`, `dspark_block_size` / `block_size`, `dspark_target_lay
 `confidence_head.*`; vLLM 0.33.0 qwen3_dspark.py) and the DeepSeek-V4.1 target (`model_type: deepseek_v41`).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from eaglekit.engines.vllm import vllm_method_of
 from eaglekit.families.base import Observed, family
 from eaglekit.families.dflash import producer
@@ -20,7 +24,9 @@ from eaglekit.families.methods import (
     int_value,
     speculators_type,
 )
-from eaglekit.other_drafts import OtherDraft
+
+if TYPE_CHECKING:
+    from eaglekit.other_drafts import OtherDraft
 
 NAME = "dspark"
 CONFIG_MARKS = ("markov_rank", "dspark_block_size", "dspark_target_layer_ids", "dspark_noise_token_id")

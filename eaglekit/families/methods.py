@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglekit.config_view import as_ids, as_int, nested
 from eaglekit.engines.vllm import (
@@ -15,7 +15,9 @@ from eaglekit.engines.vllm import (
     VLLM_TARGET_LAYER_KEYS,
 )
 from eaglekit.families.base import Observed
-from eaglekit.other_drafts import Form, Kind, OtherDraft, TargetLayers, VllmServing
+
+if TYPE_CHECKING:  # a description is built only for a draft of another method: loaded then
+    from eaglekit.other_drafts import Form, Kind, OtherDraft, TargetLayers, VllmServing
 
 _LAYER = re.compile(r"^(?:model\.)?layers\.(\d{1,9})\.")
 MAX_CONFIG_TEXT = 80  # a method's own string values are shown; a longer one is not a setting anyone reads
@@ -57,6 +59,8 @@ def decoder_layers(obs: Observed) -> int | None:
 def target_layers(obs: Observed) -> TargetLayers | None:
     """The target layers as written, and the hidden_states indices vLLM captures for them (its speculators path
     copies aux_hidden_state_layer_ids to eagle_aux_hidden_state_layer_ids, as is)."""
+    from eaglekit.other_drafts import TargetLayers
+
     keys = (("aux_hidden_state_layer_ids", 0),) if speculators_type(obs) else ()
     for key, shift in keys + VLLM_TARGET_LAYER_KEYS:
         written = as_ids(config_value(obs, key))
@@ -80,6 +84,8 @@ def method_settings(obs: Observed, keys: tuple[str, ...]) -> dict[str, Any]:
 
 def serving(method_key: str, obs: Observed, problem: str | None = None) -> VllmServing:
     """How vLLM serves the method; a speculators form its speculators path cannot read is the problem."""
+    from eaglekit.other_drafts import VllmServing
+
     facts = VLLM_DRAFT_METHODS[method_key]
     kind = speculators_type(obs)
     if problem is None and kind is not None and kind not in VLLM_SPECULATORS_MODEL_TYPES:
@@ -106,6 +112,8 @@ class Reading:
 
 
 def describe(obs: Observed, family: str, reading: Reading) -> OtherDraft:
+    from eaglekit.other_drafts import OtherDraft
+
     form: Form = reading.form or ("speculators" if obs.speculators_layout else "flat")
     model_type = obs.config.get("model_type")
     return OtherDraft(

@@ -8,6 +8,7 @@ speculators/models/mtp/) or a flat `*_mtp` config (vLLM 0.33.0 speculative.py MT
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from eaglekit.config_view import as_int, nested
 from eaglekit.engines.vllm import (
@@ -21,7 +22,9 @@ from eaglekit.families.base import Observed, family
 from eaglekit.families.dflash import producer
 from eaglekit.families.methods import Reading, architectures, describe, speculators_type
 from eaglekit.io.checkpoint import MAX_DRAFT_TENSORS
-from eaglekit.other_drafts import Form, OtherDraft
+
+if TYPE_CHECKING:
+    from eaglekit.other_drafts import Form, OtherDraft
 
 NAME = "mtp"
 # layer L of DeepSeek-style targets: eh_proj joins the embedding and hidden state (enorm, hnorm their norms)

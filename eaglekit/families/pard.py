@@ -5,11 +5,17 @@ Form: the base model's own config plus `pard_token` and `spd_type: "pard"` (AMD-
 both), tensors of an ordinary causal LM (`model.embed_tokens`, `model.layers.{i}.*`, `model.norm`, `lm_head`).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from eaglekit.config_view import as_int
 from eaglekit.engines.vllm import VLLM_EAGLE3_CLASSES
 from eaglekit.families.base import Observed, family
 from eaglekit.families.methods import Reading, architectures, describe
-from eaglekit.other_drafts import OtherDraft
+
+if TYPE_CHECKING:
+    from eaglekit.other_drafts import OtherDraft
 
 NAME = "pard"
 

@@ -7,6 +7,10 @@ flat form vLLM loads (`architectures: ["Qwen3XPressModel"]`, `xpress_block_size`
 `xpress_mlp_hidden`, `xpress_topc`, `dflash_config`; tensors `xpress_head.*`; vLLM 0.33.0 qwen3_xpress.py).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from eaglekit.engines.vllm import vllm_method_of
 from eaglekit.families.base import Observed, family
 from eaglekit.families.dflash import producer
@@ -18,7 +22,9 @@ from eaglekit.families.methods import (
     int_value,
     speculators_type,
 )
-from eaglekit.other_drafts import OtherDraft
+
+if TYPE_CHECKING:
+    from eaglekit.other_drafts import OtherDraft
 
 NAME = "xpress"
 CONFIG_MARKS = ("xpress_rank", "xpress_block_size", "xpress_topc")

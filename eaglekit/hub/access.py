@@ -23,8 +23,8 @@ from eaglekit.io.hub_client import (
     quiet_hub_logging,
     transport_errors,
     transport_failure,
-    without_credentials,
 )
+from eaglekit.io.urls import without_credentials
 
 WRITE_ROLES = frozenset({"write", "admin"})  # classic tokens that may write wherever their account may
 MEMBER_WRITE_ROLES = frozenset({"admin", "write", "contributor"})  # org roles that may create and write repos

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eaglekit.config_view import nested
-from eaglekit.decode.metrics import POOLED_TAU
+from eaglekit.decode import POOLED_TAU
 from eaglekit.engines.vllm import EAGLEKIT_SETS, acceptance_settings, describe_acceptance
 from eaglekit.hub.card_text import is_repo_id, number, public_source, signed, text
 

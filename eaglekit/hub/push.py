@@ -38,8 +38,7 @@ from eaglekit.hub.upload import (
     resolve_token,
     upload_sources,
 )
-from eaglekit.io.hub_client import without_credentials
-from eaglekit.io.urls import check_http_url
+from eaglekit.io.urls import check_http_url, without_credentials
 from eaglekit.provenance import finetune_without_gain, untrained_warm_start
 from eaglekit.redact import public_report, remember_secret
 from eaglekit.serving import minimum_versions

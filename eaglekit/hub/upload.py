@@ -20,7 +20,8 @@ from typing import Any
 
 from eaglekit.errors import EaglekitError, UsageError, quoted
 from eaglekit.io.checkpoint import INDEX_NAME
-from eaglekit.io.hub_client import bounded_hub_client, transport_errors, transport_failure, without_credentials
+from eaglekit.io.hub_client import bounded_hub_client, transport_errors, transport_failure
+from eaglekit.io.urls import without_credentials
 from eaglekit.spec import DraftSpec
 
 log = logging.getLogger(__name__)

@@ -63,7 +63,8 @@ def _from_hub(repo_id: str, revision: str | None) -> tuple[str, str]:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    from eaglekit.io.hub_client import bounded_hub_client, without_credentials
+    from eaglekit.io.hub_client import bounded_hub_client
+    from eaglekit.io.urls import without_credentials
 
     bounded_hub_client()
 

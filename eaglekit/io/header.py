@@ -16,6 +16,8 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 @dataclass(frozen=True)
 class HeaderEntry:
+    """One tensor as a safetensors header declares it: dtype, shape and its byte range in the file."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -25,6 +27,8 @@ class HeaderEntry:
 
 @dataclass(frozen=True)
 class SafetensorsHeader:
+    """A safetensors file's checked header: its metadata and every tensor entry."""
+
     path: str
     header_size: int
     file_size: int

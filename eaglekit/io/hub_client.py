@@ -10,7 +10,7 @@ stay as they are: each attempt is bounded.
 
 An endpoint may carry credentials (`https://user:password@host`, from --endpoint or HF_ENDPOINT): every URL
 eaglekit prints or returns goes through `without_credentials` first, and an endpoint that is not a plain http(s)
-URL is refused (eaglekit.io.urls) without being quoted.
+URL is refused without being quoted (both in eaglekit.io.urls).
 
 `hub_snapshot` is the one way eaglekit reads files of a Hub repository it does not publish (a target, the config a
 push compares a report with): the local Hugging Face cache first, then a download through the bounded client.
@@ -27,17 +27,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from eaglekit.io.urls import without_credentials
+
 DEFAULT_TIMEOUT_S = 60.0
 MIN_RATE_BYTES_S = 16 * 1024  # a download slower than this on average is taken for a stalled server
 MAX_API_ANSWER_BYTES = 64 * 1024 * 1024  # a repository listing of tens of thousands of files fits
 DOWNLOAD_PATH = re.compile(r"/resolve/")
-# userinfo: everything up to the LAST '@' of the authority (a password may hold '@'), as urllib splits it
-_USERINFO = re.compile(r"(?<=://)[^\s/?#]*@")
-
-
-def without_credentials(text: str) -> str:
-    """`text` (a URL, or a message that quotes URLs) with the `user:password@` of every URL in it removed."""
-    return _USERINFO.sub("", text)
 
 
 @contextmanager

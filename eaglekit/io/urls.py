@@ -1,11 +1,21 @@
 """The one check of a URL a user gives (--endpoint, HF_ENDPOINT, bench --base-url): its value may hold
-credentials, so a refusal names the option, never the value."""
+credentials, so a refusal names the option, never the value; and the one way a URL's credentials are removed from
+text that is printed or returned (imported by every report, so it imports no HTTP client)."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from eaglekit.errors import UsageError
+
+# userinfo: everything up to the LAST '@' of the authority (a password may hold '@'), as urllib splits it
+_USERINFO = re.compile(r"(?<=://)[^\s/?#]*@")
+
+
+def without_credentials(text: str) -> str:
+    """`text` (a URL, or a message that quotes URLs) with the `user:password@` of every URL in it removed."""
+    return _USERINFO.sub("", text)
 
 
 def check_http_url(url: str, option: str, example: str) -> str:

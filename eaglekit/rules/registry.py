@@ -82,6 +82,8 @@ Check = Callable[[RuleContext], Iterable[Hit]]
 
 @dataclass(frozen=True)
 class Rule:
+    """A registered check: its stable code, severity, group, pitfall and the function that finds its hits."""
+
     code: str
     severity: str
     group: str

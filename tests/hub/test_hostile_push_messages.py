@@ -484,7 +484,7 @@ RAW_USERINFO = st.text(st.characters(codec="ascii", categories=["L", "N"]) | st.
 @FUZZ
 @given(user=RAW_USERINFO, password=RAW_USERINFO, tail=st.sampled_from(["", "/", "/mirror", "/mirror/"]))
 def test_userinfo_is_stripped_up_to_its_last_at(user, password, tail):
-    from eaglekit.io.hub_client import without_credentials
+    from eaglekit.io.urls import without_credentials
 
     url = f"https://Zu8{user}:Zq9{password}@h.io:8443{tail}"
     assert without_credentials(url) == f"https://h.io:8443{tail}"
