@@ -87,10 +87,24 @@ class Ledger:
         return paired_difference(self.counters(a, column), self.counters(b, column),
                                  self.data["conversations"][column])
 
+    def tau(self, name: str | None, column: str) -> float:
+        """Pooled τ of `name` (None: the reference) over the ledger's prompts in `column`."""
+        from eaglekit.decode.metrics import AcceptanceCounter
+
+        counters = self.counters(name, column)
+        pooled = AcceptanceCounter(counters[0].k)
+        for counter in counters:
+            pooled.merge(counter)
+        return pooled.acceptance_length
+
     def print_tables(self, names: list[str], seeds: list[int]) -> None:
-        """Each drafter minus the reference; with `seeds`, each seed's EAGLE-3.1 retrain minus its EAGLE-3 retrain."""
-        print(f"\nfrom {self.path}: the training of each retrain, then the tables" if seeds else
-              f"\nfrom {self.path}:")
+        """With `seeds` (a retraining study): a row per drafter, each minus the reference, then each seed's EAGLE-3.1
+        retrain minus its EAGLE-3 retrain. Without (a grid of conditions): a row per k and condition, with every
+        τ and each drafter minus the reference."""
+        if not seeds:
+            self._print_condition_table(names)
+            return
+        print(f"\nfrom {self.path}: the training of each retrain, then the tables")
         for name in names:
             if trained := self.data["drafters"][name].get("trained"):
                 print(f"{name}: {trained}")
@@ -98,8 +112,19 @@ class Ledger:
         print("|---|" + "---|" * len(self.columns))
         for name in names:
             print(f"| {name} | {' | '.join(_cell(*self.difference(None, name, c)) for c in self.columns)} |")
-        if seeds:
-            self._print_seed_table(seeds)
+        self._print_seed_table(seeds)
+
+    def _print_condition_table(self, names: list[str]) -> None:
+        prompts = {len(self.data["conversations"][c]) for c in self.columns}
+        print(f"\nfrom {self.path}: pooled τ over {', '.join(map(str, sorted(prompts)))} prompts, and each drafter "
+              "minus the reference with its paired 95 % interval")
+        print(f"\n| k, condition | τ {self.reference} | " + " | ".join(f"τ {n}" for n in names) + " | "
+              + " | ".join(f"{n} − {self.reference}" for n in names) + " |")
+        print("|---|" + "---|" * (1 + 2 * len(names)))
+        for column in self.columns:
+            taus = [f"{self.tau(n, column):.3f}" for n in [None, *names]]
+            print(f"| {column} | {' | '.join(taus)} | "
+                  + " | ".join(_cell(*self.difference(None, n, column)) for n in names) + " |")
 
     def _print_seed_table(self, seeds: list[int]) -> None:
         print("\n| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired) | " + " | ".join(self.columns) + " |")

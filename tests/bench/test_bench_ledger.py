@@ -133,9 +133,15 @@ def test_a_robustness_grid_killed_after_a_template_continues_with_the_rest_and_p
     assert measured == ["chat", "raw"]
     out = capsys.readouterr().out
     point, interval = paired_difference(_counters(6, 0), _counters(6, 1), CONVERSATIONS)
-    row = next(line for line in out.splitlines() if line.startswith("| EAGLE-3.1 |"))
-    assert row.count(f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]") == 4  # the k=6 columns
-    assert "| drafter − smollm2-135m-eagle3 |" in out and "retrain" not in out
+    rows = [line for line in out.splitlines() if line.startswith("| k=")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        f"| k={k} {template}{context}" for k in (3, 6) for template in ("chat", "raw")
+        for context in ("", ", +2048 tokens of context")]
+    tau = (sum(c.accepted for c in _counters(6, 1)) / sum(c.drafts for c in _counters(6, 1))) + 1
+    for row in rows[4:]:  # k=6: τ of the reference and the drafter, then their paired difference
+        assert row.endswith(f" | {tau:.3f} | {point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}] |"), row
+    assert "| k, condition | τ smollm2-135m-eagle3 | τ EAGLE-3.1 | EAGLE-3.1 − smollm2-135m-eagle3 |" in out
+    assert "retrain" not in out
     assert "over 2 part(s)" in out
     bench_robustness.main(argv)  # everything held: nothing measured again
     assert measured == ["chat", "raw"]
