@@ -1,8 +1,8 @@
 """Rendering shared by every command: rich for people on stdout, diagnostics on stderr, JSON for scripts.
 
 rich is imported when a table or a console is first needed: a command that prints JSON never loads it. The
-panels, tables and lines printed through print_panel, print_table and print_text are laid out without rich
-(eaglekit.cli.plain) where rich would print them without styles: the same characters, without its start-up."""
+panels, tables and lines printed through print_panel, print_table and print_text are drawn without rich
+(eaglekit.cli.plain) wherever it draws them as rich would, styles included: the same bytes, without its start-up."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
+    from eaglekit.cli import plain
+
 CONSOLES = ("out", "err")
 _consoles: dict[str, Console] = {}
 
@@ -39,10 +41,10 @@ def console(name: str) -> Console:
 
 def screen_width() -> int:
     """The width stdout is laid out to: the `out` console's (a width set on it holds), or where none is made yet
-    and rich would print no styles, the width rich would give it (eaglekit.cli.plain.screen_width)."""
+    and eaglekit.cli.plain draws what rich would, the width rich would give it (eaglekit.cli.plain.screen_width)."""
     from eaglekit.cli import plain
 
-    if "out" in _consoles or not plain.styles_off(sys.stdout):
+    if "out" in _consoles or plain.output_mode(sys.stdout) is None:
         return console("out").width
     return plain.screen_width()
 
@@ -64,24 +66,31 @@ class Styled:
         return styled(*self.parts)
 
 
-def _characters(value: Any) -> str:
-    """A cell's text as printed: a Styled's characters, "—" for nothing."""
-    return value.plain if isinstance(value, Styled) else "—" if value is None else str(value)
-
-
-def _printed_plain(layout: Callable[[int], list[str]], texts: Iterable[str]) -> bool:
-    """Print `layout(width)`'s lines on stdout through eaglekit.cli.plain where they are exactly what rich would
-    print: no console made yet (once one is, it is stdout's one writer, its width and any capture included),
-    styles off there, every character one cell wide. False: rich prints them."""
+def _marked(value: Any) -> plain.Marked:
+    """A cell's text and styles as printed: a Styled's, "—" for nothing."""
     from eaglekit.cli import plain
 
-    if "out" in _consoles or not plain.styles_off(sys.stdout) or not plain.one_cell(list(texts)):
+    return plain.marked(value.parts) if isinstance(value, Styled) else plain.Marked(
+        "—" if value is None else str(value))
+
+
+def _printed_plain(layout: Callable[[int], list[plain.Line]], texts: Iterable[plain.Marked]) -> bool:
+    """Print `layout(width)`'s lines on stdout through eaglekit.cli.plain where they are exactly what rich would
+    print: no console made yet (once one is, it is stdout's one writer, its width and any capture included), an
+    output plain draws as rich would, every character one cell wide, every style one it writes. False: rich
+    prints them."""
+    from eaglekit.cli import plain
+
+    mode = plain.output_mode(sys.stdout)
+    texts = list(texts)
+    if ("out" in _consoles or mode is None or not plain.one_cell([text.plain for text in texts])
+            or not all(plain.known_style(style) for text in texts for _, _, style in text.spans)):
         return False
     try:
         lines = layout(plain.screen_width())
     except plain.Unfit:
         return False
-    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    sys.stdout.write(plain.painted(lines, mode))
     sys.stdout.flush()
     return True
 
@@ -90,9 +99,9 @@ def print_text(text: str | Styled, *, wrap: bool = True) -> None:
     """Text on stdout: folded at the screen's width (`wrap`), else each of its lines as it is."""
     from eaglekit.cli import plain
 
-    characters = _characters(text)
-    if _printed_plain(lambda width: plain.wrap(characters, width, plain.FOLD if wrap else plain.IGNORE),
-                      [characters]):
+    shown = _marked(text)
+    if _printed_plain(lambda width: [plain.segments(line) for line in
+                                     plain.wrap(shown, width, plain.FOLD if wrap else plain.IGNORE)], [shown]):
         return
     console("out").print(text.text() if isinstance(text, Styled) else text, soft_wrap=not wrap)
 
@@ -101,8 +110,9 @@ def print_panel(rows: list[tuple[str, Any]], title: str) -> None:
     """`rows` as key_value_table lays them out, in a panel under `title` (bold)."""
     from eaglekit.cli import plain
 
-    keys, values = [key for key, _ in rows], [_characters(value) for _, value in rows]
-    if _printed_plain(lambda width: plain.panel_lines(keys, values, title, width), [*keys, *values, title]):
+    keys, values = [key for key, _ in rows], [_marked(value) for _, value in rows]
+    if _printed_plain(lambda width: plain.panel_lines(keys, values, title, width),
+                      [*map(plain.Marked, keys), *values, plain.Marked(title)]):
         return
     from rich.panel import Panel
 
@@ -118,11 +128,11 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str 
 
     no_wrap = list(no_wrap) or [False] * len(headers)
     overflow = list(overflow) or [plain.ELLIPSIS] * len(headers)
-    cells = [[_characters(value) for value in row] for row in rows]
+    cells = [[_marked(value) for value in row] for row in rows]
     columns = [plain.Column(header, [row[i] for row in cells], no_wrap=no_wrap[i], overflow=overflow[i])
                for i, header in enumerate(headers)]
     if _printed_plain(lambda width: plain.table_lines(title, columns, width),
-                      [title, *headers, *(value for row in cells for value in row)]):
+                      [*map(plain.Marked, [title, *headers]), *(value for row in cells for value in row)]):
         return
     from rich.table import Table
 
