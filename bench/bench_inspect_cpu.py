@@ -4,9 +4,11 @@ Wall time on a shared machine measures the scheduler; the CPU a process burns is
 and moves far less with load. Each run is one `python -m eaglekit inspect DRAFT` child; its user + sys seconds are
 read from getrusage(RUSAGE_CHILDREN) before and after, and the median over the runs is printed beside a bare
 interpreter's (`python -c pass`, the floor no import work can go below), for the tables (the default) and for
-`--format json`; neither loads rich here, whose output is not a terminal (eaglekit.cli.plain lays the tables out as
-rich would). Then one `python -X importtime` run lists
-the modules whose own import costs most, and the top-level imports that pull in the most.
+`--format json` with stdout a pipe, and for the tables at a terminal: stdout and stderr on a pseudo-terminal
+(TERM=xterm-256color, COLUMNS=100), read until the child closes it, as a user at a shell sees them, in rich's
+colours. None of them loads rich: eaglekit.cli.plain draws the panel and tables as rich would, styles included.
+Then one `python -X importtime` run lists the modules whose own import costs most, and the top-level imports that
+pull in the most.
 
 Two settings of Python's bytecode cache are measured, since they differ by the cost of compiling every module:
 "as run here" is the environment as it is (with PYTHONDONTWRITEBYTECODE=1 and no __pycache__ in the checkout,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pty
 import re
 import resource
 import statistics
@@ -43,16 +46,46 @@ def environment(pycache: str | None) -> dict[str, str]:
     return env
 
 
-def child_cpu(argv: list[str], env: dict[str, str]) -> float:
-    """User + sys CPU seconds of one child process running `argv` to completion (its output discarded)."""
+TERMINAL = {"TERM": "xterm-256color", "COLUMNS": "100"}
+"""The terminal the tables are drawn for: 256 colours (as most terminal emulators announce), 100 columns."""
+BOLD = b"\x1b[1m"
+
+
+def child_cpu(argv: list[str], env: dict[str, str], terminal: bool = False) -> float:
+    """User + sys CPU seconds of one child process running `argv` to completion: its output discarded, or written
+    to a pseudo-terminal (`terminal`) whose every byte is read."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    if terminal:
+        run_on_terminal(argv, {**env, **TERMINAL})
+    else:
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def median_cpu(argv: list[str], env: dict[str, str], runs: int) -> tuple[float, list[float]]:
-    samples = [child_cpu(argv, env) for _ in range(runs)]
+def run_on_terminal(argv: list[str], env: dict[str, str]) -> bytes:
+    """Run `argv` with stdout and stderr on a new pseudo-terminal; what it wrote, read until it closed it."""
+    controller, terminal = pty.openpty()
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env)
+    finally:
+        os.close(terminal)
+    chunks = []
+    try:
+        while chunk := os.read(controller, 65536):
+            chunks.append(chunk)
+    except OSError:  # EIO: every copy of the terminal's end closed, the child's included
+        pass
+    finally:
+        os.close(controller)
+    if child.wait():
+        raise subprocess.CalledProcessError(child.returncode, argv, b"".join(chunks))
+    return b"".join(chunks)
+
+
+def median_cpu(argv: list[str], env: dict[str, str], runs: int, terminal: bool = False
+               ) -> tuple[float, list[float]]:
+    samples = [child_cpu(argv, env, terminal) for _ in range(runs)]
     return statistics.median(samples), samples
 
 
@@ -85,6 +118,9 @@ def main() -> None:
     bare = [sys.executable, "-c", "pass"]
     print(f"runs: {args.runs}; PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; "
           f"eaglekit __pycache__ present: {os.path.isdir(os.path.join(ROOT, 'eaglekit', '__pycache__'))}")
+    shown = run_on_terminal(inspect, {**environment(None), **TERMINAL})
+    print(f"at a terminal ({', '.join(f'{k}={v}' for k, v in TERMINAL.items())}): {len(shown)} bytes, in SGR styles: "
+          f"{BOLD in shown}")
     with tempfile.TemporaryDirectory(prefix="eaglekit-pycache-") as pycache:
         for label, env in (("as run here", environment(None)), ("bytecode cached", environment(pycache))):
             child_cpu(as_json, env)  # one unmeasured run: the page cache (and, cached, every .pyc written)
@@ -92,8 +128,9 @@ def main() -> None:
             print(f"\n{label}; load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
             print(f"  bare interpreter (python -c pass): median {floor:.3f} s CPU (user+sys); "
                   f"range {min(floor_samples):.3f}–{max(floor_samples):.3f}")
-            for name, argv in (("tables", inspect), ("--format json", as_json)):
-                cost, samples = median_cpu(argv, env, args.runs)
+            for name, argv, terminal in (("tables", inspect, False), ("--format json", as_json, False),
+                                         ("tables at a terminal", inspect, True)):
+                cost, samples = median_cpu(argv, env, args.runs, terminal)
                 print(f"  eaglekit inspect {os.path.relpath(args.draft, ROOT)}, {name}: median {cost:.3f} s CPU "
                       f"(user+sys); range {min(samples):.3f}–{max(samples):.3f}; above the bare interpreter "
                       f"{cost - floor:.3f} s")

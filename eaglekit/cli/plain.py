@@ -161,11 +161,11 @@ def clipped(spans: Iterable[tuple[int, int, str]], start: int, end: int) -> tupl
                  if min(e, end) > max(s, start))
 
 
-def segments(text: Marked, style: str = "") -> Line:
+def segments(text: Marked) -> Line:
     """`text` cut where any span starts or ends, each piece in the styles of the spans over it (rich's
-    Text.render), under `style` (rich's apply_style: a cell's style beneath its text's)."""
+    Text.render): two spans of one style side by side stay two segments, as rich writes them."""
     if not text.spans:
-        return [(text.plain, style)]
+        return [(text.plain, "")]
     events = sorted([(0, False, 0), (len(text.plain), True, 0),
                      *((s, False, i) for i, (s, _, _) in enumerate(text.spans, 1)),
                      *((e, True, i) for i, (_, e, _) in enumerate(text.spans, 1))], key=lambda event: event[:2])
@@ -177,8 +177,7 @@ def segments(text: Marked, style: str = "") -> Line:
         else:
             active.append(index)
         if following > offset:
-            names = [style] + [text.spans[i - 1][2] for i in sorted(active) if i]
-            line.append((text.plain[offset:following], " ".join(n for n in names if n)))
+            line.append((text.plain[offset:following], " ".join(text.spans[i - 1][2] for i in sorted(active) if i)))
     return line
 
 
@@ -243,11 +242,11 @@ def wrap(text: str | Marked, width: int, overflow: str = FOLD, *, no_wrap: bool 
     return lines
 
 
-def fit(line: Line, width: int, style: str = "") -> Line:
-    """A line cut or padded (with a segment of spaces in `style`) to exactly `width` cells."""
+def fit(line: Line, width: int) -> Line:
+    """A line cut, or padded with a segment of unstyled spaces, to exactly `width` cells."""
     length = sum(len(text) for text, _ in line)
     if length < width:
-        return [*line, (" " * (width - length), style)]
+        return [*line, (" " * (width - length), "")]
     fitted: Line = []
     for text, text_style in line:
         if width <= 0:
@@ -396,7 +395,8 @@ def panel_lines(keys: list[str], values: Sequence[str | Marked], title: str, wid
         raise Unfit(width)
     heading = truncate(heading, outer - 4, FOLD)
     spare = outer - 4 - len(heading.plain)
-    top = [(left + fill + fill * (spare // 2), ""), *segments(heading), (fill * (spare - spare // 2) + fill + right, "")]
+    top = [(left + fill + fill * (spare // 2), ""), *segments(heading),
+           (fill * (spare - spare // 2) + fill + right, "")]
     body = [[(side + " ", ""), *fit(line, child - 2), (" " + side, "")] for line in grid_lines(columns, child - 2)]
     return [top, *body, [(bottom_left + fill * (outer - 2) + bottom_right, "")]]
 

@@ -110,11 +110,12 @@ def test_debug_env_shows_the_traceback(tmp_path, monkeypatch):
         run(["inspect", str(tmp_path / "nope")])
 
 
+@pytest.mark.parametrize("terminal", [False, True])
 @pytest.mark.parametrize("fmt", ["human", "json"])
-def test_help_and_inspect_never_import_torch_or_numpy(drafts, fmt):
+def test_help_and_inspect_never_import_torch_or_numpy(drafts, fmt, terminal):
     """A header-only command loads neither: the rules, families and provenance it reads import them where they
-    compute. Nor jsonschema; nor rich, whose output here (not a terminal) is laid out by eaglekit.cli.plain (what
-    every start-up pays, bench/bench_inspect_cpu.py)."""
+    compute. Nor jsonschema; nor rich, whose output, in a pipe or at a terminal in colour, is drawn by
+    eaglekit.cli.plain (what every start-up pays, bench/bench_inspect_cpu.py)."""
     code = (
         "import sys\n"
         "from eaglekit.cli.main import main\n"
@@ -127,10 +128,39 @@ def test_help_and_inspect_never_import_torch_or_numpy(drafts, fmt):
         "assert not heavy, f'{heavy} imported'\n"
         "print('clean')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, drafts["vllm31"], *NOT_ON_INSPECTS_PATH], capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith("clean")
+    argv = [sys.executable, "-c", code, drafts["vllm31"], *NOT_ON_INSPECTS_PATH]
+    if terminal:
+        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100"}
+        for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
+            env.pop(name, None)
+        returncode, stdout = on_a_terminal(argv, env)
+        assert (b"\x1b[1m" in stdout) == (fmt == "human")
+        stdout_text = stdout.decode()
+    else:
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        returncode, stdout_text = proc.returncode, proc.stdout + proc.stderr
+    assert returncode == 0, stdout_text
+    assert stdout_text.strip().endswith("clean")
+
+
+def on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, bytes]:
+    """Run `argv` with stdout and stderr on a pseudo-terminal: its exit status and every byte it wrote there."""
+    import pty
+
+    controller, terminal = pty.openpty()
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env)
+    finally:
+        os.close(terminal)
+    chunks = []
+    try:
+        while chunk := os.read(controller, 65536):
+            chunks.append(chunk)
+    except OSError:  # EIO once the child has closed its end
+        pass
+    finally:
+        os.close(controller)
+    return child.wait(), b"".join(chunks)
 
 
 NOT_ON_INSPECTS_PATH = ("eaglekit.io.hub_client", "logging", "eaglekit.other_drafts", "eaglekit.quantization",
