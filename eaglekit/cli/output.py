@@ -51,7 +51,7 @@ def screen_width() -> int:
 
 class Styled:
     """Text in parts, plain strings and (text, style) pairs as styled() takes them, kept so until it is printed:
-    with its styles by rich, as its characters by eaglekit.cli.plain."""
+    by rich, or by eaglekit.cli.plain (plain.marked: its characters and styled spans)."""
 
     __slots__ = ("parts",)
 
