@@ -27,7 +27,7 @@ from eaglekit.engines.llamacpp import ARCH
 from eaglekit.errors import CheckpointError, OutputError, UsageError
 from eaglekit.io.gguf import GgufContents, GgufField, GgufTensor, gguf_module, read_gguf, write_gguf
 from eaglekit.io.outputs import OUTPUT, Role, check_parent
-from eaglekit.io.publish import publish
+from eaglekit.io.publish import Staged, publish
 from eaglekit.io.writer import ByteRange, OutTensor, iter_file_chunks
 from eaglekit.provenance import hash_files, placeholders, source_files
 from eaglekit.spec import DraftSpec
@@ -245,10 +245,13 @@ def write(job: OutputJob) -> list[str]:
     job.progress.stage("writing the GGUF", job.report.output["total_bytes"], "bytes")
     final = _gguf_plan(job, hash_files(job.spec.path, source_files(job.spec)))
 
+    def read_back(stage: Staged) -> None:
+        job.progress.stage("reading the GGUF back and checking it as llama.cpp reads it")
+        check_gguf(stage.path, job.spec, job.d, _target(job))
+
     publish(job.destination,
             lambda stage: write_gguf(stage.path, ARCH, final.fields, final.tensors, job.progress.advance),
-            read_back=lambda stage: check_gguf(stage.path, job.spec, job.d, _target(job)), replace=job.opts.force,
-            what="the GGUF")
+            read_back=read_back, replace=job.opts.force, what="the GGUF")
     job.report.validated = True
     job.report.timings["write_s"] = time.perf_counter() - t
     return [os.path.basename(job.destination)]

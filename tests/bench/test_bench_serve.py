@@ -59,7 +59,7 @@ def served(monkeypatch):
         if servers[url].speculative:
             servers[url].serve(drafts=40, accepted=30)
 
-    monkeypatch.setattr(bench_run, "check_engine_available", lambda engine: "0.32.0")
+    monkeypatch.setattr(bench_run, "check_engine_available", lambda engine, progress=None: "0.32.0")
     monkeypatch.setattr(bench_run, "start_server", start)
     monkeypatch.setattr(bench_run, "BenchClient", FakeBenchClient)
     monkeypatch.setattr(FakeBenchClient, "on_run", staticmethod(measured))

@@ -26,7 +26,7 @@ SLACK_S = 15.0
 """A loaded 2-core machine can hold the heartbeat thread back this long (GIL, scheduling): generous on purpose."""
 GAP_BOUND_S = max(HEARTBEAT_S, QUIET_START_S) + POLL_S + SLACK_S
 LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] (\w+): (.*)$")
-HEARTBEAT = re.compile(r"(\d+:\d\d|, ETA \d+:\d\d(:\d\d)?| since)$")
+HEARTBEAT = re.compile(r"(\d+:\d\d|, ETA \d+:\d\d(:\d\d)?| since|^starting \(\d+:\d\d\))$")
 COUNT = re.compile(r" \([\d,]+ \w+\)$")
 NUMBER = re.compile(r"\d[\d,]*")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import struct
 from contextlib import contextmanager
@@ -33,11 +34,16 @@ def bounded(seconds: int = SECONDS):
         signal.signal(signal.SIGALRM, previous)
 
 
+PROGRESS_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] \w+: ")
+"""A timestamped progress line: a command that runs past the quiet start writes them to stderr without a terminal
+(docs/progress-logs.md), before its one error line, if any."""
+
+
 def clean(*args: str, codes=(0, 1, 2), seconds: int = SECONDS):
     """Run eaglekit ARGS and check the contract; returns the result."""
     with bounded(seconds):
         result = run_cli(list(args))
-    lines = result.stderr.strip().splitlines()
+    lines = [line for line in result.stderr.strip().splitlines() if not PROGRESS_LINE.match(line)]
     assert result.exit_code in codes, (args, result.exit_code, result.stderr)
     assert len(lines) <= 1, result.stderr
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
@@ -46,7 +52,8 @@ def clean(*args: str, codes=(0, 1, 2), seconds: int = SECONDS):
 
 def refused(*args: str, code: int = 1, contains: str = ""):
     result = clean(*args, codes=(code,))
-    assert result.stderr.startswith("Error: ") and contains in result.stderr, result.stderr
+    line = "".join(line for line in result.stderr.splitlines(keepends=True) if not PROGRESS_LINE.match(line))
+    assert line.startswith("Error: ") and contains in line, result.stderr
     return result
 
 

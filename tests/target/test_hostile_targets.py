@@ -418,7 +418,7 @@ def test_verify_in_the_engine_bounds_prompts_by_the_target_context_before_the_to
     """--engine vllm loads only the tokenizer, which carries the target's context like the reference path."""
     import eaglekit.verify.run as run
 
-    monkeypatch.setattr(run, "check_engine_available", lambda opts: "0.32.0")
+    monkeypatch.setattr(run, "check_engine_available", lambda opts, progress=None: "0.32.0")
     monkeypatch.setattr(run, "run_vllm", lambda *a, **kw: pytest.fail("the engine started"))
     target, draft = tiny
     path = str(tmp_path / "prompts.jsonl")
