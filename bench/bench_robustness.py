@@ -86,11 +86,10 @@ def main(argv=None) -> None:
         sys.exit(f"error: {exc}")
     drafts = named(args.drafts)
     columns = [f"k={k} {c.label}" for k in ks for c in grid.conditions]
-    reference_name = os.path.basename(os.path.normpath(args.reference))
     ledger = Ledger(args.ledger or os.path.join(tempfile.mkdtemp(prefix="bench-robustness-"), "ledger.json"), {
         "reference": os.path.relpath(args.reference, REPO), "prompts": args.prompts, "limit": args.limit,
         "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
-        "drafts": {name: os.path.relpath(path, REPO) for name, path in drafts.items()}}, columns, reference_name)
+        "drafts": {name: os.path.relpath(path, REPO) for name, path in drafts.items()}}, columns)
     todo = [t for t in dict.fromkeys(c.template for c in grid.conditions)
             if not all(ledger.has(name, template_columns(columns, ks, grid, t)) for name in drafts)]
     if todo:

@@ -20,8 +20,8 @@ class Ledger:
     """The --ledger file of one grid: settings, the reference's counters per column ("source"), the prompts'
     conversations per column, each drafter's counters per column, and the sittings that measured them."""
 
-    def __init__(self, path: str, settings: dict, columns: list[str], reference: str = REFERENCE_LABEL) -> None:
-        self.path, self.columns, self.reference = path, columns, reference
+    def __init__(self, path: str, settings: dict, columns: list[str]) -> None:
+        self.path, self.columns = path, columns
         self.data: dict = {"settings": settings | {"columns": columns}, "source": {}, "conversations": {},
                            "drafters": {}}
         if os.path.exists(path):
@@ -34,6 +34,8 @@ class Ledger:
             if differ:
                 sys.exit(f"{path}: measured with other {', '.join(differ)} than this run; give another --ledger")
             self.data = held
+        reference = self.data["settings"].get("reference")  # a grid's reference drafter, by its folder's name
+        self.reference = os.path.basename(os.path.normpath(reference)) if reference else REFERENCE_LABEL
 
     def has(self, name: str, columns: list[str] | None = None) -> bool:
         """`name` has counters in every one of `columns` (default: the whole grid)."""
@@ -115,16 +117,21 @@ class Ledger:
         self._print_seed_table(seeds)
 
     def _print_condition_table(self, names: list[str]) -> None:
-        prompts = {len(self.data["conversations"][c]) for c in self.columns}
+        """The columns every drafter has (a grid paid over sittings is printed as far as it is measured), then
+        those still to measure."""
+        measured = [c for c in self.columns if all(self.has(n, [c]) for n in names)]
+        prompts = {len(self.data["conversations"][c]) for c in measured}
         print(f"\nfrom {self.path}: pooled τ over {', '.join(map(str, sorted(prompts)))} prompts, and each drafter "
               "minus the reference with its paired 95 % interval")
         print(f"\n| k, condition | τ {self.reference} | " + " | ".join(f"τ {n}" for n in names) + " | "
               + " | ".join(f"{n} − {self.reference}" for n in names) + " |")
         print("|---|" + "---|" * (1 + 2 * len(names)))
-        for column in self.columns:
+        for column in measured:
             taus = [f"{self.tau(n, column):.3f}" for n in [None, *names]]
             print(f"| {column} | {' | '.join(taus)} | "
                   + " | ".join(_cell(*self.difference(None, n, column)) for n in names) + " |")
+        if left := [c for c in self.columns if c not in measured]:
+            print(f"\nnot measured yet: {len(left)} of {len(self.columns)} columns ({', '.join(left)})")
 
     def _print_seed_table(self, seeds: list[int]) -> None:
         print("\n| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired) | " + " | ".join(self.columns) + " |")

@@ -145,3 +145,20 @@ def test_a_robustness_grid_killed_after_a_template_continues_with_the_rest_and_p
     assert "over 2 part(s)" in out
     bench_robustness.main(argv)  # everything held: nothing measured again
     assert measured == ["chat", "raw"]
+
+
+def test_a_grid_part_way_prints_what_is_measured_and_names_what_is_left(tmp_path, monkeypatch, capsys):
+    from bench import bench_robustness
+
+    argv = ["--target", str(tmp_path), "--k", "3", "--contexts", "0", "--templates", "chat,raw", "--limit", "12",
+            "--ledger", str(tmp_path / "grid.json")]
+    monkeypatch.setattr(bench_robustness, "compare_across_k", _fake_compare([], stop_at="raw"))
+    with pytest.raises(KeyboardInterrupt):
+        bench_robustness.main(argv)
+    capsys.readouterr()
+    columns = json.loads((tmp_path / "grid.json").read_text())["settings"]["columns"]
+    ledger = Ledger(str(tmp_path / "grid.json"), {}, columns)  # the held settings, read back
+    ledger.print_tables(["EAGLE-3.1"], [])
+    out = capsys.readouterr().out
+    assert [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| k=")] == ["| k=3 chat"]
+    assert "not measured yet: 1 of 2 columns (k=3 raw)" in out
