@@ -184,8 +184,9 @@ def _warm_start_notice(spec: DraftSpec) -> str:
     if function == "eagle3-function":
         return ("> **Not yet trained as EAGLE-3.1.** eaglekit upgrade switched on the EAGLE-3.1 flags (`fc_norm`, "
                 "`norm_output`) and set their weights so the draft keeps its EAGLE-3 source's function "
-                f"({summary}). It serves at its source's acceptance; the gains EAGLE-3.1 is trained for (depth, "
-                "long context, template drift) come only from training it as 3.1.\n")
+                f"({summary}). It serves at its source's acceptance. What EAGLE-3.1 is published to gain (depth, "
+                "long context, template drift) needs training it as 3.1, and is measured, not assumed: compare the "
+                "source and the retrain at the contexts and templates served (`eaglekit compare`).\n")
     return ("> **Warning: untrained warm start.** eaglekit upgrade changed this draft's function without training "
             f"({summary}); it accepts fewer tokens than the draft it came from until it is fine-tuned "
             "(`eaglekit finetune`).\n")
