@@ -64,7 +64,17 @@ def child_cpu(argv: list[str], env: dict[str, str], terminal: bool = False) -> f
 
 
 def run_on_terminal(argv: list[str], env: dict[str, str]) -> bytes:
-    """Run `argv` with stdout and stderr on a new pseudo-terminal; what it wrote, read until it closed it."""
+    """Run `argv` with stdout and stderr on a new pseudo-terminal; what it wrote (CalledProcessError unless it
+    exits 0)."""
+    returncode, written = on_a_terminal(argv, env)
+    if returncode:
+        raise subprocess.CalledProcessError(returncode, argv, written)
+    return written
+
+
+def on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, bytes]:
+    """Run `argv` with stdout and stderr on a new pseudo-terminal: its exit status and every byte it wrote there,
+    read until it closed it."""
     controller, terminal = pty.openpty()
     try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env)
@@ -78,9 +88,7 @@ def run_on_terminal(argv: list[str], env: dict[str, str]) -> bytes:
         pass
     finally:
         os.close(controller)
-    if child.wait():
-        raise subprocess.CalledProcessError(child.returncode, argv, b"".join(chunks))
-    return b"".join(chunks)
+    return child.wait(), b"".join(chunks)
 
 
 def median_cpu(argv: list[str], env: dict[str, str], runs: int, terminal: bool = False

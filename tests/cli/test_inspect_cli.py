@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
+from bench.bench_inspect_cpu import on_a_terminal
 from eaglekit.cli.main import cli
 from tests.support import REPO
 from tests.support.cli import run_cli as run
@@ -141,26 +142,6 @@ def test_help_and_inspect_never_import_torch_or_numpy(drafts, fmt, terminal):
         returncode, stdout_text = proc.returncode, proc.stdout + proc.stderr
     assert returncode == 0, stdout_text
     assert stdout_text.strip().endswith("clean")
-
-
-def on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, bytes]:
-    """Run `argv` with stdout and stderr on a pseudo-terminal: its exit status and every byte it wrote there."""
-    import pty
-
-    controller, terminal = pty.openpty()
-    try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env)
-    finally:
-        os.close(terminal)
-    chunks = []
-    try:
-        while chunk := os.read(controller, 65536):
-            chunks.append(chunk)
-    except OSError:  # EIO once the child has closed its end
-        pass
-    finally:
-        os.close(controller)
-    return child.wait(), b"".join(chunks)
 
 
 NOT_ON_INSPECTS_PATH = ("eaglekit.io.hub_client", "logging", "eaglekit.other_drafts", "eaglekit.quantization",
