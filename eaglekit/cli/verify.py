@@ -284,6 +284,28 @@ def render_sweep(doc: dict) -> None:
         if entry["categories"]:
             category_rows(entry["categories"], f"By category: {label}")
             out.print()
+    drift_table([(Condition(e["template"], e["context_tokens"]).label, e) for e in doc["conditions"]])
+
+
+def drift_table(measured: list[tuple[str | None, dict]]) -> None:
+    """Hidden-state RMS and attention on the first position per draft depth, beside that depth's acceptance: where
+    a chain drifts as it deepens. Under several conditions, one section each, so drift reads across context
+    lengths and templates."""
+    by_condition = measured[0][0] is not None
+    drift = Table(title="Drift per draft depth" + (", by condition" if by_condition else ""), title_justify="left")
+    if by_condition:
+        drift.add_column("condition")
+    for name in ("depth", "hidden RMS", "sink attention", "acceptance"):
+        drift.add_column(name, justify="right")
+    for label, doc in measured:
+        rows = list(zip(doc["drift"], doc["per_position_acceptance"]))
+        for i, (row, rate) in enumerate(rows):
+            rms = "—" if row["hidden_rms"] is None else f"{row['hidden_rms']:.3g}"
+            sink = "—" if row["sink_attention"] is None else f"{row['sink_attention']:.3f}"
+            cells = [str(row["depth"]), rms, sink, f"{rate:.2f}"]
+            drift.add_row(*([label if i == 0 else ""] if by_condition else []), *cells,
+                          end_section=by_condition and i == len(rows) - 1)
+    out.print(drift)
 
 
 def render(doc: dict, draft: str) -> None:
@@ -310,16 +332,7 @@ def render(doc: dict, draft: str) -> None:
         category_rows(doc["categories"])
         out.print()
 
-    drift = Table(title="Drift per draft depth", title_justify="left")
-    drift.add_column("depth", justify="right")
-    drift.add_column("hidden RMS", justify="right")
-    drift.add_column("sink attention", justify="right")
-    drift.add_column("acceptance", justify="right")
-    for row, rate in zip(doc["drift"], doc["per_position_acceptance"]):
-        rms = "—" if row["hidden_rms"] is None else f"{row['hidden_rms']:.3g}"
-        sink = "—" if row["sink_attention"] is None else f"{row['sink_attention']:.3f}"
-        drift.add_row(str(row["depth"]), rms, sink, f"{rate:.2f}")
-    out.print(drift)
+    drift_table([(None, doc)])
 
     if doc.get("engine"):
         cmp = doc["engine_comparison"]

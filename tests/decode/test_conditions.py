@@ -210,6 +210,14 @@ def test_verify_sweep_has_one_table_per_condition_and_its_json_lists_them(env, t
     short, long = doc["conditions"]
     assert long["prompts"]["mean_prompt_tokens"] > short["prompts"]["mean_prompt_tokens"] + 24
     assert all(c["served"] is None for c in doc["conditions"])  # a sweep decodes eaglekit's reading only
+    drift = human.stdout[human.stdout.index("Drift per draft depth, by condition"):]
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in drift.splitlines() if line.startswith("│")]
+    assert len(rows) == 3 * len(doc["conditions"])  # k rows per condition, its label on the first
+    for first, condition in zip(rows[::3], doc["conditions"]):
+        context = condition["context_tokens"]
+        label = "system" + (f", +{context} tokens of context" if context else "")
+        depth = condition["drift"][0]
+        assert first[:4] == [label, "1", f"{depth['hidden_rms']:.3g}", f"{depth['sink_attention']:.3f}"]
 
 
 def test_one_condition_under_another_template_is_the_whole_report(env):
