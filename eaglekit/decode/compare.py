@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglekit import __version__
-from eaglekit.decode.eagle import EagleProposer
+from eaglekit.decode.eagle import DraftStart, EagleProposer
 from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.decode.options import VerifyOptions
 from eaglekit.decode.prefix import SharedPrefix
@@ -170,7 +170,8 @@ def compare_across_k(reference: str, drafts: Sequence[str], target: str, options
 
     Each prompt turn is decoded under every condition before the next turn, through one `SharedPrefix`: its greedy
     decode, its capture and the same prompt under a longer context share the rows of the prompt they have in
-    common, so a long context is prefilled once per prompt, not once per pass and condition. `progress` hears of
+    common, so a long context is prefilled once per prompt, not once per pass and condition; each drafter runs over
+    the prompt once for every k (eaglekit.decode.eagle.DraftStart). `progress` hears of
     the target's load, each target decode token by token, and each turn's drafts replayed on it."""
     ks = sorted(set(ks))
     if not ks:
@@ -198,10 +199,11 @@ def compare_across_k(reference: str, drafts: Sequence[str], target: str, options
             progress.stage(f"{turn_label(turn + 1, setup.prompts.turns)}: the drafts on the target's pass",
                            len(drafters) * len(ks), "drafts")
             capture = capture_pass(model, ids, plain.tokens, captured, prefix=prefix)
+            starts = [DraftStart() for _ in drafters]  # each drafter's pass over the prompt, paid once for every k
             for k in ks:
-                for drafter, m in zip(drafters, measured[k][index]):
-                    proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + k + 2,
-                                             chunk=options.prefill_chunk)
+                for drafter, start, m in zip(drafters, starts, measured[k][index]):
+                    proposer = EagleProposer(drafter, m.aux_layer_ids, max_len=len(capture.tokens) + ks[-1] + 2,
+                                             chunk=options.prefill_chunk, start=start)
                     run = speculative_decode(ReplayVerifier(capture, m.aux_layer_ids), proposer, ids, k=k,
                                              max_new_tokens=setup.max_new_tokens, eos_ids=setup.eos_ids)
                     m.counters.append(run.counter)

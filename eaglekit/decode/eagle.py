@@ -15,14 +15,25 @@ from eaglekit.decode.metrics import DriftStats
 from eaglekit.decode.prefix import PREFILL_CHUNK, check_chunk, chunk_spans
 
 
+class DraftStart:
+    """A drafter's pass over one prompt, kept for the next proposer that starts the same prompt: compare replays a
+    drafter at several k on one target capture, and the prompt's rows, most of a long context's replay, are the same
+    for every k. Share one only between proposers of the same drafter on the same target states."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.state: tuple[Any, Any, int] | None = None  # the cache, the last row's outputs, the committed length
+
+
 class EagleProposer:
     """Greedy chain drafting with a `Drafter`; records drift (hidden-state RMS, sink attention) per depth."""
 
     def __init__(self, drafter, aux_ids: Sequence[int], *, max_len: int, aux_order: Sequence[int] | None = None,
-                 drift: DriftStats | None = None, chunk: int | None = PREFILL_CHUNK):
+                 drift: DriftStats | None = None, chunk: int | None = PREFILL_CHUNK, start: DraftStart | None = None):
         """`aux_order` concatenates the (ascending) target states in another order: a hypothesis about
         checkpoints whose fc columns follow an unsorted id list. `max_len` sizes the draft cache; the prompt's
-        rows run in pieces as the target's prefill does (`chunk`, eaglekit.decode.prefix)."""
+        rows run in pieces as the target's prefill does (`chunk`, eaglekit.decode.prefix). `start` hands the
+        prompt's pass to, or takes it from, other proposers of this drafter on the same target states."""
         check_chunk(chunk)
         self.chunk = chunk
         self.drafter = drafter
@@ -32,6 +43,7 @@ class EagleProposer:
         self.drift = drift
         self.device = drafter.norm.weight.device
         self._to_target = drafter.target_token_ids().tolist() if drafter.d2t is not None else None
+        self.start = start
         self.cache: Any = None  # the drafter's KV cache, made by begin()
         self.committed = 0
         self._last: tuple[Any, Any, Any, Any] | None = None  # draft logits, feedback, hidden fed in, sink
@@ -50,13 +62,18 @@ class EagleProposer:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(tokens), device=self.device).unsqueeze(0)
         with torch.inference_mode():
-            out = self.drafter(ids, hidden, positions, self.cache, return_sink_attention=sink)
+            out = self.drafter(ids, hidden, positions, self.cache, return_sink_attention=sink, last_row_only=True)
         sink_last = out.sink_attention[0, -1] if out.sink_attention is not None else None
         return out.draft_logits[0, -1], out.feedback[0, -1], hidden[0, -1], sink_last
 
     def begin(self, prompt: Sequence[int], aux: list[Any], next_token: int) -> None:
         import torch
 
+        key = (tuple(prompt), next_token, self.aux_ids, self.order)
+        if self.start is not None and self.start.key == key and self.start.state is not None:
+            cache, self._last, self.committed = self.start.state
+            self.cache = cache.copy(self.max_len)
+            return
         self.cache = self.drafter.new_cache(1, self.max_len)
         with torch.inference_mode():
             hidden = self._combine(aux)
@@ -65,6 +82,8 @@ class EagleProposer:
         for first, last in chunk_spans(0, len(rows), self.chunk):
             self._last = self._run(rows[first:last], hidden[:, first:last], first, sink=False)
         self.committed = len(prompt)
+        if self.start is not None:
+            self.start.key, self.start.state = key, (self.cache.copy(), self._last, self.committed)
 
     def propose(self, k: int) -> list[int]:
         if self._last is None:

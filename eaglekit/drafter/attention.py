@@ -41,6 +41,17 @@ class DraftCache:
             raise UsageError(f"cannot truncate a draft cache of length {self.length} to {n}")
         self.length = n
 
+    def copy(self, capacity: int | None = None) -> "DraftCache":
+        """An independent cache holding this one's rows, room for `capacity` (default: this one's): two decodes
+        that share a prompt continue from one pass over it."""
+        twin = DraftCache(self.batch, self.capacity if capacity is None else capacity)
+        twin.length = self.length
+        for key, buf in self._tensors.items():
+            rows = max(self.length, twin.capacity)
+            twin._tensors[key] = buf.new_empty((buf.shape[0], rows, *buf.shape[2:]))
+            twin._tensors[key][:, :self.length] = buf[:, :self.length]
+        return twin
+
     def extend(self, layer: int, name: str, new: torch.Tensor) -> torch.Tensor:
         """Write `new` [B, S, ...] after the cached rows of (layer, name); return all rows [B, length + S, ...].
 

@@ -315,7 +315,7 @@ class Drafter(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: DraftCache | None = None, *, attn_bias: torch.Tensor | None = None,
-                return_sink_attention: bool = False) -> DraftOutput:
+                return_sink_attention: bool = False, last_row_only: bool = False) -> DraftOutput:
         """One draft step over aligned rows: token ids [B, S], hidden [B, S, H], positions [B, S].
 
         The caller pairs the hidden state of position i with the token of position i+1 (§9.2).
@@ -324,7 +324,9 @@ class Drafter(nn.Module):
         of this call sees every cached row and the new rows up to itself (and only keys within the
         sliding window, by position, where the config has one). `attn_bias` [B, 1, S, cache.length + S]
         (additive, -inf = masked) replaces that mask entirely when given. Differentiable: no in-place
-        updates of tensors autograd needs.
+        updates of tensors autograd needs. `last_row_only` returns the logits and feedback of each sequence's last
+        row alone: chain drafting reads nothing else, and over a long prompt the head's [S, Vd] product is the
+        largest of the pass.
         """
         c = self.config
         if input_ids.dim() != 2 or positions.shape != input_ids.shape or hidden.shape[:2] != input_ids.shape:
@@ -344,6 +346,9 @@ class Drafter(nn.Module):
         if cache is not None:
             cache.advance(s)
         assert residual is not None, "a drafter has at least one layer"
+        if last_row_only:
+            x, residual = (t.view(batch, s, -1)[:, -1].contiguous() for t in (x, residual))
+            s = 1
         normed, prenorm = kernels.fused_add_rms_norm(x, residual, self.norm.weight, c.rms_norm_eps)
         draft_logits = F.linear(normed, self.head_weight)
         if c.logit_scale != 1.0:

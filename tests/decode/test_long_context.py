@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from eaglekit.decode import compare as compare_module  # noqa: E402
 from eaglekit.decode.compare import compare_against  # noqa: E402
-from eaglekit.decode.eagle import EagleProposer  # noqa: E402
+from eaglekit.decode.eagle import DraftStart, EagleProposer  # noqa: E402
 from eaglekit.decode.options import VerifyOptions  # noqa: E402
 from eaglekit.decode.prefix import SharedPrefix, chunk_spans  # noqa: E402
 from eaglekit.decode.speculative import (  # noqa: E402
@@ -111,6 +111,33 @@ def test_chunked_and_shared_prefill_decodes_what_one_forward_decodes(tiny, draft
                                                                       reference.counter.accepted_at)
         # the capture and the live decode took the prompt's settled rows from the greedy decode
         assert chunked[4].reused_rows == 2 * ((len(prompt) - 1) // CHUNK * CHUNK) and whole[4].reused_rows == 0
+
+
+def test_one_pass_over_the_prompt_serves_the_drafter_at_every_k(tiny, drafter):
+    """Proposers of one drafter sharing a `DraftStart` on one capture draft, round for round, what each drafts
+    alone, and only the first runs the drafter over the prompt."""
+    prompt = long_prompt(5)
+    plain = greedy_decode(tiny, prompt, max_new_tokens=NEW + 7)
+    capture = capture_pass(tiny, prompt, plain.tokens, AUX)
+    rows: list[int] = []
+
+    class Counting(Recording):
+        def _run(self, tokens, *args, **kwargs):
+            rows.append(len(tokens))
+            return super()._run(tokens, *args, **kwargs)
+
+    def replay(k, start):
+        proposer = Counting(drafter, AUX, max_len=len(capture.tokens) + 8, chunk=CHUNK, start=start)
+        run = speculative_decode(ReplayVerifier(capture, AUX), proposer, prompt, k=k, max_new_tokens=NEW)
+        return proposer.rounds, (run.counter.drafts, run.counter.accepted_at)
+
+    alone = [replay(k, None) for k in (3, 6)]
+    alone_rows, start = sum(rows), DraftStart()
+    rows.clear()
+    shared = [replay(k, start) for k in (3, 6)]
+    assert shared == alone
+    assert alone_rows - sum(rows) == len(prompt)  # the second k took the prompt's rows from the first
+    assert start.state is not None and start.state[0].length == len(prompt)
 
 
 def test_rows_taken_from_an_earlier_prompt_are_the_rows_a_fresh_pass_computes(tiny):

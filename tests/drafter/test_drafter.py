@@ -242,6 +242,45 @@ def test_incremental_decoding_equals_full_sequence(tmp_path, attention, layers):
         assert_close(torch.cat([getattr(p, key) for p in pieces], dim=1), getattr(full, key), key)
 
 
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_last_row_only_is_the_full_pass_last_row_and_fills_the_same_cache(tmp_path, norm_output):
+    path, recipe = write(tmp_path, "last", fc_norm=True, norm_output=norm_output, layers=2)
+    drafter = Drafter.from_spec(load_draft(path))
+    gen = torch.Generator().manual_seed(3)
+    batch, total = 2, 7
+    ids = torch.randint(0, recipe.vocab, (batch, total), generator=gen)
+    hidden = torch.randn(batch, total, recipe.hidden, generator=gen)
+    pos = torch.arange(total).repeat(batch, 1)
+    with torch.no_grad():
+        every_row, last_row = drafter.new_cache(batch, total), drafter.new_cache(batch, total)
+        full = drafter(ids, hidden, pos, every_row)
+        last = drafter(ids, hidden, pos, last_row, last_row_only=True)
+        after = [drafter(ids[:, :1], hidden[:, :1], pos[:, -1:] + 1, cache) for cache in (every_row, last_row)]
+    assert last.draft_logits.shape == (batch, 1, full.draft_logits.shape[-1])
+    for key in ("draft_logits", "feedback"):
+        assert_close(getattr(last, key), getattr(full, key)[:, -1:], key)
+    assert_close(after[1].feedback, after[0].feedback, "the next step on either cache")
+
+
+def test_a_cache_copy_continues_alone(tmp_path):
+    path, recipe = write(tmp_path, "copy")
+    drafter = Drafter.from_spec(load_draft(path))
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, recipe.vocab, (1, 8), generator=gen)
+    hidden = torch.randn(1, 8, recipe.hidden, generator=gen)
+    pos = torch.arange(8)[None]
+    with torch.no_grad():
+        cache = drafter.new_cache(1, 8)
+        drafter(ids[:, :5], hidden[:, :5], pos[:, :5], cache)
+        twin = cache.copy()
+        cache.truncate(2)  # the original rewrites rows the copy holds
+        drafter(torch.full((1, 6), 7), torch.randn(1, 6, recipe.hidden, generator=gen), pos[:, 2:], cache)
+        resumed = drafter(ids[:, 5:], hidden[:, 5:], pos[:, 5:], twin)
+        fresh = drafter(ids, hidden, pos)
+    assert (cache.length, twin.length) == (8, 8)
+    assert_close(resumed.feedback, fresh.feedback[:, 5:], "feedback on the copy after the original moved on")
+
+
 def test_truncate_rolls_back_rejected_rows(tmp_path):
     path, recipe = write(tmp_path, "t")
     drafter = Drafter.from_spec(load_draft(path))
