@@ -162,3 +162,39 @@ def test_a_grid_part_way_prints_what_is_measured_and_names_what_is_left(tmp_path
     out = capsys.readouterr().out
     assert [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| k=")] == ["| k=3 chat"]
     assert "not measured yet: 1 of 2 columns (k=3 raw)" in out
+
+
+def test_a_from_scratch_replay_killed_after_a_template_continues_with_the_rest(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from bench import bench_from_scratch
+    from eaglekit.cli.output import conditions
+    from eaglekit.decode import compare as compare_module
+
+    path, columns = str(tmp_path / "ledger.json"), ["k=3 chat", "k=3 raw"]
+    args = SimpleNamespace(limit=12, max_new_tokens=64)
+    drafts = {"EAGLE-3 from scratch, seed 0": "a", "EAGLE-3.1 from scratch, seed 0": "b"}
+    trained = {name: f"trained {i}" for i, name in enumerate(drafts)}
+    asked: list[list[str]] = []
+
+    def replay(stop_at=None):
+        def compare(reference, paths, target, options, ks, progress=None):
+            asked.append(list(paths))
+            return _fake_compare([], stop_at)(reference, paths, target, options, ks, progress)
+
+        monkeypatch.setattr(compare_module, "compare_across_k", compare)
+        bench_from_scratch.replay(args, drafts, [3], conditions("0", "chat,raw"), str(tmp_path),
+                                  Ledger(path, SETTINGS, columns), trained)
+
+    with pytest.raises(KeyboardInterrupt):
+        replay(stop_at="raw")
+    held = Ledger(path, SETTINGS, columns)
+    assert [s["columns"] for s in held.data["sittings"]] == [["k=3 chat"]]
+    assert all(held.has(n, ["k=3 chat"]) and not held.has(n) for n in drafts)
+    replay()
+    held = Ledger(path, SETTINGS, columns)
+    assert asked == [["a", "b"], ["a", "b"], ["a", "b"]]  # chat, raw killed, raw again: chat never twice
+    assert all(held.has(n) for n in drafts) and held.data["drafters"]["EAGLE-3 from scratch, seed 0"]["trained"] == \
+        "trained 0"
+    replay()  # everything held: nothing replayed
+    assert len(asked) == 3
