@@ -115,6 +115,7 @@ def prepare(args, target: str, work: str) -> tuple[dict[str, str], str]:
     """Both starts (upgrades of the bundled source) and the one store every run trains from; (starts, store)."""
     from eaglekit.capture.plan import DataOptions
     from eaglekit.capture.run import CaptureOptions, capture_store
+    from eaglekit.cli.progress import ProgressLog
     from eaglekit.upgrade import UpgradeOptions, upgrade
 
     starts = {function: os.path.join(work, folder) for function, folder in FUNCTIONS.items()}
@@ -124,8 +125,10 @@ def prepare(args, target: str, work: str) -> tuple[dict[str, str], str]:
                        code_tokens=args.code_tokens, templates=tuple(t for t in args.train_templates.split(",") if t))
     store = os.path.join(work, "store")
     t = time.perf_counter()
-    captured = capture_store(store, CaptureOptions(target=target, data=data, draft=starts["EAGLE-3"],
-                                                   engine=args.capture_engine, store_dtype=args.store_dtype))
+    with ProgressLog("bench_from_scratch") as progress:  # the data's generation and capture take minutes
+        captured = capture_store(store, CaptureOptions(target=target, data=data, draft=starts["EAGLE-3"],
+                                                       engine=args.capture_engine, store_dtype=args.store_dtype),
+                                 progress=progress)
     print(f"store: {captured.records} sequences, {captured.tokens:,} tokens in {captured.shards} shard(s), "
           f"{captured.bytes / 2**20:.0f} MB as {args.store_dtype}, by the {args.capture_engine} engine; "
           f"{captured.captured_records} captured in {time.perf_counter() - t:.0f} s by this run", flush=True)
