@@ -262,13 +262,17 @@ def test_last_row_only_is_the_full_pass_last_row_and_fills_the_same_cache(tmp_pa
     assert_close(after[1].feedback, after[0].feedback, "the next step on either cache")
 
 
-def test_a_cache_copy_continues_alone(tmp_path):
-    path, recipe = write(tmp_path, "copy")
-    drafter = Drafter.from_spec(load_draft(path))
-    gen = torch.Generator().manual_seed(4)
+def _one_sequence(tmp_path, name: str, seed: int):
+    """A written drafter and one random sequence of 8 rows for it: (drafter, recipe, generator, ids, hidden, pos)."""
+    path, recipe = write(tmp_path, name)
+    gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, recipe.vocab, (1, 8), generator=gen)
     hidden = torch.randn(1, 8, recipe.hidden, generator=gen)
-    pos = torch.arange(8)[None]
+    return Drafter.from_spec(load_draft(path)), recipe, gen, ids, hidden, torch.arange(8)[None]
+
+
+def test_a_cache_copy_continues_alone(tmp_path):
+    drafter, recipe, gen, ids, hidden, pos = _one_sequence(tmp_path, "copy", 4)
     with torch.no_grad():
         cache = drafter.new_cache(1, 8)
         drafter(ids[:, :5], hidden[:, :5], pos[:, :5], cache)
@@ -282,12 +286,7 @@ def test_a_cache_copy_continues_alone(tmp_path):
 
 
 def test_truncate_rolls_back_rejected_rows(tmp_path):
-    path, recipe = write(tmp_path, "t")
-    drafter = Drafter.from_spec(load_draft(path))
-    gen = torch.Generator().manual_seed(2)
-    ids = torch.randint(0, recipe.vocab, (1, 8), generator=gen)
-    hidden = torch.randn(1, 8, recipe.hidden, generator=gen)
-    pos = torch.arange(8)[None]
+    drafter, recipe, gen, ids, hidden, pos = _one_sequence(tmp_path, "t", 2)
     with torch.no_grad():
         cache = drafter.new_cache(1, 8)
         drafter(ids[:, :5], hidden[:, :5], pos[:, :5], cache)
