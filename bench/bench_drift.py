@@ -108,18 +108,19 @@ def main(argv=None) -> None:
     if not args.out:
         return
     command = " ".join(["python", "bench/bench_drift.py", *(argv if argv is not None else sys.argv[1:])])
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d (%H:%M:%S UTC)")
     record = {
         "what": f"verify's drift diagnostics per draft depth by context length ({', '.join(drafts)}), "
                 f"k = {args.k}, {args.limit} prompts x {args.max_new_tokens} tokens, {args.template} template",
         "command": command,
         "machine": f"{host}; load average {load_before[0]:.2f} before and {load_after[0]:.2f} after",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d (%H:%M:%S UTC)"),
+        "date": date,
         "source": "measured here by the command; its own output is kept in raw",
         "raw": {"seconds": round(seconds),
                 "settings": {key: value for key, value in vars(args).items() if key not in ("target", "drafts", "out")},
                 "drafts": {name: os.path.relpath(path, REPO) for name, path in drafts.items()},
                 "measured": measured},
-        "quoted": [{"in": "docs/benchmarks.md", "table": HEADER, "rows": table}],
+        "quoted": [{"in": "docs/benchmarks.md", "table": HEADER, "rows": table, "recorded_in": f"this run {date}"}],
     }
     write_text_atomically(args.out, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     print(f"<!-- written to {args.out} -->")
