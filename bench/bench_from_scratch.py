@@ -33,7 +33,6 @@ Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -45,7 +44,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.ledger import Ledger  # noqa: E402
+from bench.ledger import Ledger, replay_by_template  # noqa: E402
 from eaglekit.runner import REFERENCE, RUNNERS  # noqa: E402  (stdlib only: no model code)
 
 SOURCE = os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3")
@@ -179,32 +178,13 @@ def replay(args, drafts: dict[str, str], ks: list[int], sweep: dict, target: str
            trained: dict[str, str]) -> None:
     """Every drafter not yet in the ledger beside the bundled source, per k and condition, into the ledger: one
     template at a time, saved after each, so a killed replay continues at the template it stopped in."""
-    from eaglekit.cli.progress import ProgressLog
-    from eaglekit.decode.compare import compare_across_k
     from eaglekit.decode.options import VerifyOptions
 
     print(f"held out: the first {args.limit} bundled coding prompts x {args.max_new_tokens} new tokens, float32; "
           "every drafter replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition "
           "for every k, paired 95 % bootstrap over prompts", flush=True)
     grid = VerifyOptions(max_new_tokens=args.max_new_tokens, limit=args.limit, device="cpu", dtype="float32", **sweep)
-    for template in dict.fromkeys(c.template for c in grid.conditions):
-        options = dataclasses.replace(grid, template=template)
-        columns = [f"k={k} {c.label}" for k in ks for c in options.conditions]
-        names = [n for n in drafts if not ledger.has(n, columns)]
-        if not names:
-            continue
-        print(f"replaying {len(names)} drafter(s) under the {template} template", flush=True)
-        wall, cpu = time.perf_counter(), time.process_time()
-        with ProgressLog("bench_from_scratch") as progress:  # stage lines on stderr, a heartbeat in a log
-            per_k = compare_across_k(SOURCE, [drafts[n] for n in names], target, options, ks, progress=progress)
-        for k, sweeps in per_k.items():
-            for index, condition in enumerate(options.conditions):
-                first = sweeps[0].reports[index]
-                ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
-                           {n: s.reports[index].b.counters for n, s in zip(names, sweeps)}, trained)
-        ledger.add_sitting(columns, time.perf_counter() - wall, time.process_time() - cpu)
-        ledger.save()
-        print(f"<!-- {template}: {len(names)} drafters in {time.perf_counter() - wall:.0f} s -->", flush=True)
+    replay_by_template(ledger, SOURCE, drafts, target, grid, ks, "bench_from_scratch", trained)
 
 
 def main(argv=None) -> None:

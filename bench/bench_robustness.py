@@ -20,19 +20,16 @@ prompts (templates: eaglekit.decode.prompts.TEMPLATES). Figures are printed, nev
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import sys
 import tempfile
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.ledger import Ledger  # noqa: E402
+from bench.ledger import Ledger, replay_by_template  # noqa: E402
 from eaglekit.cli.output import conditions, int_list  # noqa: E402
-from eaglekit.decode.compare import compare_across_k  # noqa: E402
 from eaglekit.decode.options import VerifyOptions  # noqa: E402
 from eaglekit.errors import EaglekitError  # noqa: E402
 
@@ -90,51 +87,25 @@ def main(argv=None) -> None:
         "reference": os.path.relpath(args.reference, REPO), "prompts": args.prompts, "limit": args.limit,
         "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
         "drafts": {name: os.path.relpath(path, REPO) for name, path in drafts.items()}}, columns)
-    todo = [t for t in dict.fromkeys(c.template for c in grid.conditions)
-            if not all(ledger.has(name, template_columns(columns, ks, grid, t)) for name in drafts)]
-    if todo:
-        measure(args, ledger, drafts, grid, ks, todo)
+    if not all(ledger.has(name) for name in drafts):
+        measure(args, ledger, drafts, grid, ks)
     ledger.print_tables(list(drafts), [])
     spent = ledger.data.get("sittings", [])
     print(f"<!-- {len(drafts)} drafters, {len(columns)} columns: {sum(s['seconds'] for s in spent):.0f} s wall, "
           f"{sum(s['cpu_seconds'] for s in spent):.0f} s CPU over {len(spent)} part(s) -->", flush=True)
 
 
-def template_columns(columns: list[str], ks: list[int], grid, template: str) -> list[str]:
-    """The ledger columns of one template: every k at every context length."""
-    return [f"k={k} {c.label}" for k in ks for c in grid.conditions if c.template == template]
-
-
-def measure(args, ledger: Ledger, drafts: dict[str, str], grid, ks: list[int], templates: list[str]) -> None:
-    """Each template of `templates` at every context and k, one compare_across_k each, into the ledger."""
+def measure(args, ledger: Ledger, drafts: dict[str, str], grid, ks: list[int]) -> None:
+    """The templates the ledger does not hold yet, one compare_across_k each, into the ledger."""
     import torch
 
-    from eaglekit.cli.progress import ProgressLog
     from examples.smollm2 import materialize_smollm2
 
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}, {args.dtype} on {args.device}, {args.max_new_tokens} new tokens per prompt, "
           f"{args.limit or 'all'} prompts; counters to {ledger.path}", flush=True)
-    for template in templates:
-        options = dataclasses.replace(grid, template=template)
-        print(f"measuring the {template} template: contexts {args.contexts}, k {args.k}", flush=True)
-        wall, cpu = time.perf_counter(), time.process_time()
-        try:
-            with ProgressLog("bench_robustness") as progress:  # stage lines on stderr, a heartbeat in a log
-                per_k = compare_across_k(args.reference, list(drafts.values()), target, options, ks,
-                                         progress=progress)
-        except EaglekitError as exc:
-            sys.exit(f"error: {exc}")
-        for k, sweeps in per_k.items():
-            for report_index, condition in enumerate(options.conditions):
-                first = sweeps[0].reports[report_index]
-                ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
-                           {name: s.reports[report_index].b.counters for name, s in zip(drafts, sweeps)})
-        ledger.add_sitting(template_columns(ledger.columns, ks, grid, template), time.perf_counter() - wall,
-                           time.process_time() - cpu)
-        ledger.save()
-        print(f"<!-- {template}: {time.perf_counter() - wall:.0f} s -->", flush=True)
+    replay_by_template(ledger, args.reference, drafts, target, grid, ks, "bench_robustness")
 
 
 if __name__ == "__main__":

@@ -146,6 +146,44 @@ class Ledger:
                   + " | ".join(f"{statistics.mean(p):+.3f} ({min(p):+.3f} .. {max(p):+.3f})" for p in points) + " |")
 
 
+def replay_by_template(ledger: Ledger, reference: str, drafts: dict[str, str], target: str, grid, ks: list[int],
+                       name: str, trained: dict[str, str] | None = None) -> None:
+    """Each template of `grid` (VerifyOptions) at every context and k, for the drafters whose counters under it the
+    ledger lacks: one compare_across_k each (every drafter beside `reference` on one target decode), saved with
+    its sitting after each template, so a killed grid continues at the template it stopped in. `name` labels the
+    progress lines."""
+    import dataclasses
+
+    from eaglekit.cli.progress import ProgressLog
+    from eaglekit.decode.compare import compare_across_k
+    from eaglekit.errors import EaglekitError
+
+    for template in dict.fromkeys(c.template for c in grid.conditions):
+        options = dataclasses.replace(grid, template=template)
+        columns = [f"k={k} {c.label}" for k in ks for c in options.conditions]
+        names = [n for n in drafts if not ledger.has(n, columns)]
+        if not names:
+            continue
+        contexts = ",".join(str(c.context_tokens) for c in options.conditions)
+        print(f"measuring the {template} template: {len(names)} drafter(s), contexts {contexts}, "
+              f"k {','.join(map(str, ks))}", flush=True)
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            with ProgressLog(name) as progress:  # stage lines on stderr, a heartbeat in a log
+                per_k = compare_across_k(reference, [drafts[n] for n in names], target, options, ks,
+                                         progress=progress)
+        except EaglekitError as exc:
+            sys.exit(f"error: {exc}")
+        for k, sweeps in per_k.items():
+            for index, condition in enumerate(options.conditions):
+                first = sweeps[0].reports[index]
+                ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
+                           {n: s.reports[index].b.counters for n, s in zip(names, sweeps)}, trained)
+        ledger.add_sitting(columns, time.perf_counter() - wall, time.process_time() - cpu)
+        ledger.save()
+        print(f"<!-- {template}: {len(names)} drafter(s) in {time.perf_counter() - wall:.0f} s -->", flush=True)
+
+
 def _encoded(counters) -> list:
     return [[c.drafts, c.accepted, c.accepted_at] for c in counters]
 

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from bench.ledger import Ledger
+from eaglekit.decode import compare as compare_module
 from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.decode.stats import paired_difference
 
@@ -94,7 +95,7 @@ def test_a_file_that_is_not_a_ledger_is_one_line_and_left_as_it_is(tmp_path, con
 
 
 def _fake_compare(measured: list[str], stop_at: str | None = None):
-    """compare_across_k as bench_robustness calls it, drawing each drafter's counters from its position, and
+    """compare_across_k as bench/ledger.py's replay calls it, drawing each drafter's counters from its position, and
     noting each template it measures; raising KeyboardInterrupt (a kill) at `stop_at`."""
     from types import SimpleNamespace
 
@@ -121,13 +122,13 @@ def test_a_robustness_grid_killed_after_a_template_continues_with_the_rest_and_p
     argv = ["--target", str(tmp_path), "--k", "3,6", "--contexts", "0,2048", "--templates", "chat,raw", "--limit", "12",
             "--ledger", ledger]
     measured: list[str] = []
-    monkeypatch.setattr(bench_robustness, "compare_across_k", _fake_compare(measured, stop_at="raw"))
+    monkeypatch.setattr(compare_module, "compare_across_k", _fake_compare(measured, stop_at="raw"))
     with pytest.raises(KeyboardInterrupt):
         bench_robustness.main(argv)
     held = json.loads((tmp_path / "grid.json").read_text())
     assert measured == ["chat"] and [s["columns"] for s in held["sittings"]] == [
         ["k=3 chat", "k=3 chat, +2048 tokens of context", "k=6 chat", "k=6 chat, +2048 tokens of context"]]
-    monkeypatch.setattr(bench_robustness, "compare_across_k", _fake_compare(measured))
+    monkeypatch.setattr(compare_module, "compare_across_k", _fake_compare(measured))
     capsys.readouterr()
     bench_robustness.main(argv)
     assert measured == ["chat", "raw"]
@@ -152,7 +153,7 @@ def test_a_grid_part_way_prints_what_is_measured_and_names_what_is_left(tmp_path
 
     argv = ["--target", str(tmp_path), "--k", "3", "--contexts", "0", "--templates", "chat,raw", "--limit", "12",
             "--ledger", str(tmp_path / "grid.json")]
-    monkeypatch.setattr(bench_robustness, "compare_across_k", _fake_compare([], stop_at="raw"))
+    monkeypatch.setattr(compare_module, "compare_across_k", _fake_compare([], stop_at="raw"))
     with pytest.raises(KeyboardInterrupt):
         bench_robustness.main(argv)
     capsys.readouterr()
@@ -169,7 +170,6 @@ def test_a_from_scratch_replay_killed_after_a_template_continues_with_the_rest(t
 
     from bench import bench_from_scratch
     from eaglekit.cli.output import conditions
-    from eaglekit.decode import compare as compare_module
 
     path, columns = str(tmp_path / "ledger.json"), ["k=3 chat", "k=3 raw"]
     args = SimpleNamespace(limit=12, max_new_tokens=64)
