@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 
 REFERENCE_LABEL = "bundled EAGLE-3"
+WIDE = 8  # the most columns a table is laid out across; a wider grid is printed a row per column
 
 
 class Ledger:
@@ -99,10 +99,30 @@ class Ledger:
             pooled.merge(counter)
         return pooled.acceptance_length
 
+    @property
+    def training(self) -> str:
+        """What a study ledger's retrains trained: steps and data, the label that tells its tables from another
+        budget's."""
+        s = self.data["settings"]
+        return (f"{s['steps']} steps on {s['data_limit']} prompts × {s['generate']} tokens + {s['code_tokens']:,} "
+                "code tokens")
+
+    def retrain_gain(self, seeds: list[int], column: str):
+        """Each seed's EAGLE-3.1 retrain minus its EAGLE-3 retrain (paired), and their mean with the interval of the
+        same prompts drawn for every seed: ([(point, interval)] per seed, (mean, interval))."""
+        from eaglekit.decode.stats import mean_paired_difference
+
+        pairs = [(f"EAGLE-3 from scratch, seed {seed}", f"EAGLE-3.1 from scratch, seed {seed}") for seed in seeds]
+        per_seed = [self.difference(a, b, column) for a, b in pairs]
+        mean = mean_paired_difference([(self.counters(a, column), self.counters(b, column)) for a, b in pairs],
+                                      self.data["conversations"][column])
+        return per_seed, mean
+
     def print_tables(self, names: list[str], seeds: list[int]) -> None:
-        """With `seeds` (a retraining study): a row per drafter, each minus the reference, then each seed's EAGLE-3.1
-        retrain minus its EAGLE-3 retrain. Without (a grid of conditions): a row per k and condition, with every
-        τ and each drafter minus the reference."""
+        """With `seeds` (a retraining study): each drafter minus the reference, then each seed's EAGLE-3.1 retrain
+        minus its EAGLE-3 retrain, a row per drafter and seed, or, for a grid wider than WIDE columns, a row per
+        column. Without (a grid of conditions): a row per k and condition, with every τ and each drafter minus the
+        reference."""
         if not seeds:
             self._print_condition_table(names)
             return
@@ -110,11 +130,14 @@ class Ledger:
         for name in names:
             if trained := self.data["drafters"][name].get("trained"):
                 print(f"{name}: {trained}")
-        print(f"\n| drafter − {self.reference} | " + " | ".join(self.columns) + " |")
-        print("|---|" + "---|" * len(self.columns))
-        for name in names:
-            print(f"| {name} | {' | '.join(_cell(*self.difference(None, name, c)) for c in self.columns)} |")
-        self._print_seed_table(seeds)
+        gains = {c: self.retrain_gain(seeds, c) for c in self.columns}
+        seed_rows = {f"seed {seed}": [_cell(*gains[c][0][i]) for c in self.columns] for i, seed in enumerate(seeds)}
+        if len(seeds) > 1:
+            seed_rows[f"mean over {len(seeds)} seeds (min .. max)"] = [_mean_cell(*gains[c]) for c in self.columns]
+        _print_grid(f"drafter − {self.reference}, {self.training}", self.columns,
+                    {name: [_cell(*self.difference(None, name, c)) for c in self.columns] for name in names})
+        _print_grid(f"EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired), {self.training}", self.columns,
+                    seed_rows)
 
     def _print_condition_table(self, names: list[str]) -> None:
         """The columns every drafter has (a grid paid over sittings is printed as far as it is measured), then
@@ -132,18 +155,6 @@ class Ledger:
                   + " | ".join(_cell(*self.difference(None, n, column)) for n in names) + " |")
         if left := [c for c in self.columns if c not in measured]:
             print(f"\nnot measured yet: {len(left)} of {len(self.columns)} columns ({', '.join(left)})")
-
-    def _print_seed_table(self, seeds: list[int]) -> None:
-        print("\n| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired) | " + " | ".join(self.columns) + " |")
-        print("|---|" + "---|" * len(self.columns))
-        gains = {seed: [self.difference(f"EAGLE-3 from scratch, seed {seed}", f"EAGLE-3.1 from scratch, seed {seed}",
-                                        c) for c in self.columns] for seed in seeds}
-        for seed in seeds:
-            print(f"| seed {seed} | {' | '.join(_cell(*g) for g in gains[seed])} |")
-        if len(seeds) > 1:
-            points = [[gains[s][i][0] for s in seeds] for i in range(len(self.columns))]
-            print(f"| mean over {len(seeds)} seeds (min .. max) | "
-                  + " | ".join(f"{statistics.mean(p):+.3f} ({min(p):+.3f} .. {max(p):+.3f})" for p in points) + " |")
 
 
 def replay_by_template(ledger: Ledger, reference: str, drafts: dict[str, str], target: str, grid, ks: list[int],
@@ -186,6 +197,41 @@ def replay_by_template(ledger: Ledger, reference: str, drafts: dict[str, str], t
 
 def _encoded(counters) -> list:
     return [[c.drafts, c.accepted, c.accepted_at] for c in counters]
+
+
+def print_study(ledgers: list[Ledger], seeds: list[int]) -> None:
+    """Ledgers of one grid whose retrains trained on different budgets, side by side: per k and condition, each
+    budget's mean over seeds of the EAGLE-3.1 retrain minus the EAGLE-3 retrain, with its interval over prompts
+    and the seeds' range."""
+    columns = ledgers[0].columns
+    if differ := [ledger.path for ledger in ledgers if ledger.columns != columns]:
+        sys.exit(f"{', '.join(differ)}: another grid than {ledgers[0].path}; a study compares one grid")
+    print(f"\nEAGLE-3.1 retrain − EAGLE-3 retrain by training budget, mean over seeds {', '.join(map(str, seeds))}, "
+          "with the interval of the mean over prompts and the seeds' range")
+    _print_table(f"k, condition: EAGLE-3.1 retrain − EAGLE-3 retrain, mean over {len(seeds)} seeds",
+                 [ledger.training for ledger in ledgers],
+                 [[c, *(_mean_cell(*ledger.retrain_gain(seeds, c)) for ledger in ledgers)] for c in columns])
+
+
+def _print_grid(title: str, columns: list[str], rows: dict[str, list[str]]) -> None:
+    """A row per named row, or, for more than WIDE columns, a row per column and a column per named row."""
+    if len(columns) <= WIDE:
+        _print_table(title, columns, [[name, *cells] for name, cells in rows.items()])
+    else:
+        _print_table(f"k, condition: {title}", list(rows),
+                     [[column, *(cells[i] for cells in rows.values())] for i, column in enumerate(columns)])
+
+
+def _print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    print(f"\n| {title} | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for row in rows:
+        print(f"| {' | '.join(row)} |")
+
+
+def _mean_cell(per_seed: list, mean) -> str:
+    points = [point for point, _ in per_seed]
+    return f"{_cell(*mean)} ({min(points):+.3f} .. {max(points):+.3f})"
 
 
 def _cell(point: float, interval) -> str:

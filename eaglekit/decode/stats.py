@@ -172,13 +172,25 @@ def paired_difference(a: Sequence[AcceptanceCounter], b: Sequence[AcceptanceCoun
                       ) -> tuple[float, Interval | None]:
     """τ(b) − τ(a) on the same prompts, and its paired bootstrap interval (the same conversations drawn for both);
     no interval below MIN_SAMPLES conversations."""
-    cells_a, cells_b = _groups(a, groups), _groups(b, groups)
-    point = _tau(cells_b) - _tau(cells_a)
-    if too_few(len(cells_a)):
+    return mean_paired_difference([(a, b)], groups, resamples=resamples, level=level, seed=seed)
+
+
+def mean_paired_difference(pairs: Sequence[tuple[Sequence[AcceptanceCounter], Sequence[AcceptanceCounter]]],
+                           groups: Sequence[str], *, resamples: int = RESAMPLES, level: float = LEVEL,
+                           seed: int = SEED) -> tuple[float, Interval | None]:
+    """The mean over `pairs` (a, b) of τ(b) − τ(a), every pair on the same prompts (one pair per training seed),
+    and its bootstrap interval drawing the same conversations for every pair: how much the mean rests on which
+    prompts were drawn. The pairs' own spread (seed to seed) is not in it; no interval below MIN_SAMPLES."""
+    cells = [(_groups(a, groups), _groups(b, groups)) for a, b in pairs]
+
+    def mean_gain(picks: Sequence[int] | None) -> float:
+        return sum(_tau(b if picks is None else [b[i] for i in picks])
+                   - _tau(a if picks is None else [a[i] for i in picks]) for a, b in cells) / len(cells)
+
+    point, conversations = mean_gain(None), len(cells[0][0])
+    if too_few(conversations):
         return point, None
-    samples = [_tau([cells_b[i] for i in picks]) - _tau([cells_a[i] for i in picks])
-               for picks in _draws(len(cells_a), resamples, seed)]
-    return point, _interval(samples, level)
+    return point, _interval([mean_gain(picks) for picks in _draws(conversations, resamples, seed)], level)
 
 
 def summary(counters: Sequence[AcceptanceCounter], groups: Sequence[str], k: int) -> dict:

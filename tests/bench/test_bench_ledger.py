@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from bench.ledger import Ledger
+from bench.ledger import WIDE, Ledger, print_study
 from eaglekit.decode import compare as compare_module
 from eaglekit.decode.metrics import AcceptanceCounter
-from eaglekit.decode.stats import paired_difference
+from eaglekit.decode.stats import mean_paired_difference, paired_difference
 
-SETTINGS = {"steps": 500, "depth": 4, "lr": 0.002}
+SETTINGS = {"steps": 500, "depth": 4, "lr": 0.002, "data_limit": 128, "generate": 64, "code_tokens": 24000}
 COLUMNS = ["k=3 chat", "k=3 raw"]
 CONVERSATIONS = [f"prompt {i}" for i in range(12)]
 
@@ -54,11 +54,61 @@ def test_two_sittings_add_up_to_the_tables_of_one_and_every_cell_is_the_paired_d
     gains = [paired_difference(_counters(3, 1 + 2 * s), _counters(3, 2 + 2 * s), CONVERSATIONS) for s in (0, 1)]
     for seed, (point, interval) in enumerate(gains):
         assert f"| seed {seed} | {point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}] |" in out
-    mean = (gains[0][0] + gains[1][0]) / 2
-    assert f"{mean:+.3f} ({min(g[0] for g in gains):+.3f} .. {max(g[0] for g in gains):+.3f})" in out
+    mean, around = mean_paired_difference([(_counters(3, 1 + 2 * s), _counters(3, 2 + 2 * s)) for s in (0, 1)],
+                                          CONVERSATIONS)
+    assert mean == pytest.approx((gains[0][0] + gains[1][0]) / 2)
+    assert around.low < mean < around.high
+    assert (f"| mean over 2 seeds (min .. max) | {mean:+.3f} [{around.low:+.3f}, {around.high:+.3f}] "
+            f"({min(g[0] for g in gains):+.3f} .. {max(g[0] for g in gains):+.3f}) |") in out
+    assert "| EAGLE-3.1 retrain − EAGLE-3 retrain (same seed, paired), 500 steps on 128 prompts × 64 tokens + " \
+           "24,000 code tokens | k=3 chat | k=3 raw |" in out
     point, interval = paired_difference(_counters(3, 0), _counters(3, 3), CONVERSATIONS)
     assert f"| EAGLE-3 from scratch, seed 1 | {point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]" in out
     assert "EAGLE-3.1 from scratch, seed 1: trained 4" in out
+
+
+def test_the_mean_over_seeds_draws_the_same_prompts_for_every_seed():
+    """Two seeds with opposite gains cancel in every resample only if each resample draws one set of prompts for
+    both; one seed's mean is its paired difference."""
+    a, b = _counters(3, 1), _counters(3, 2)
+    point, interval = mean_paired_difference([(a, b), (b, a)], CONVERSATIONS)
+    assert (point, interval.low, interval.high) == (0.0, 0.0, 0.0)
+    assert mean_paired_difference([(a, b)], CONVERSATIONS) == paired_difference(a, b, CONVERSATIONS)
+
+
+def _study_ledger(path, data_limit: int, columns: list[str], offset: int) -> Ledger:
+    """A two-seed study ledger over `columns`, its drafters' counters drawn from seeds offset by `offset`."""
+    ledger = Ledger(str(path), SETTINGS | {"data_limit": data_limit}, columns)
+    for column in columns:
+        ledger.add(column, _counters(3, 0), CONVERSATIONS, {
+            f"{f} from scratch, seed {s}": _counters(3, offset + 2 * s + i)
+            for s in (0, 1) for i, f in enumerate(("EAGLE-3", "EAGLE-3.1"))})
+    return ledger
+
+
+def test_a_grid_wider_than_a_table_prints_a_row_per_column_and_a_study_sets_budgets_side_by_side(tmp_path, capsys):
+    columns = [f"k=3 chat, +{1024 * i} tokens of context" for i in range(WIDE + 1)]
+    small, large = _study_ledger(tmp_path / "a.json", 128, columns, 1), _study_ledger(tmp_path / "b.json", 256,
+                                                                                       columns, 40)
+    names = [f"{f} from scratch, seed {s}" for s in (0, 1) for f in ("EAGLE-3", "EAGLE-3.1")]
+    small.print_tables(names, [0, 1])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| k=3 chat")]
+    assert len(rows) == 2 * len(columns)  # the drafters' table and the seeds' table, a row per column
+    point, interval = paired_difference(_counters(3, 3), _counters(3, 4), CONVERSATIONS)  # seed 1's two retrains
+    assert rows[-1].split(" | ")[2] == f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
+    assert "| k, condition: drafter − bundled EAGLE-3, 500 steps on 128 prompts × 64 tokens + 24,000 code tokens | " \
+           + " | ".join(names) + " |" in out
+    print_study([small, large], [0, 1])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| k=3 chat")]
+    assert len(rows) == len(columns)
+    for ledger, cell in zip((small, large), rows[0].split(" | ")[1:]):
+        (_, _), (mean, around) = ledger.retrain_gain([0, 1], columns[0])
+        assert cell.startswith(f"{mean:+.3f} [{around.low:+.3f}, {around.high:+.3f}] (")
+    assert "500 steps on 128 prompts" in out and "500 steps on 256 prompts" in out
+    with pytest.raises(SystemExit, match="another grid"):
+        print_study([small, _study_ledger(tmp_path / "c.json", 512, columns[:2], 7)], [0, 1])
 
 
 def test_a_sitting_whose_source_decoded_otherwise_is_refused_and_the_ledger_is_kept(tmp_path):
