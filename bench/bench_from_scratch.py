@@ -40,27 +40,32 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.ledger import Ledger, replay_by_template  # noqa: E402
+from bench.ledger import Ledger, Replay, replay_by_template  # noqa: E402
 from eaglekit.runner import REFERENCE, RUNNERS  # noqa: E402  (stdlib only: no model code)
 
 SOURCE = os.path.join(REPO, "examples", "drafters", "smollm2-135m-eagle3")
 FUNCTIONS = {"EAGLE-3": "eagle3", "EAGLE-3.1": "eagle31-start"}  # each retrain's start, a folder in --work
+DEFAULT_UPGRADE = "default upgrade (EAGLE-3.1 flags, EAGLE-3 function)"
 
 
-def parse_args(argv=None):
+def parser(one_budget: bool = True) -> argparse.ArgumentParser:
+    """The bench's options; a study of several data budgets (bench_budget_study.py) names its budgets in place of
+    the data, the work folder and the ledger."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="SmolLM2 directory (default: .cache/smollm2, materialised if missing)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--depth", type=int, default=4, help="training-time test depth (at least the k served)")
     p.add_argument("--lr", type=float, default=2e-3, help="the bundled drafters were trained at 2e-3")
-    p.add_argument("--data-limit", type=int, default=256, help="bundled training prompts")
-    p.add_argument("--generate", type=int, default=64)
-    p.add_argument("--code-tokens", type=int, default=48000)
+    if one_budget:
+        p.add_argument("--data-limit", type=int, default=256, help="bundled training prompts")
+        p.add_argument("--generate", type=int, default=64)
+        p.add_argument("--code-tokens", type=int, default=48000)
     p.add_argument("--train-templates", default="chat", help="prompt templates of the training data, in turn")
     p.add_argument("--k", default="3")
     p.add_argument("--contexts", default="0,1024")
@@ -69,17 +74,19 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--also", nargs="+", default=[], metavar="NAME=PATH",
                    help="more drafters measured in the same replay (e.g. an upgrade fine-tuned as it is)")
-    p.add_argument("--work", help="folder for the store and the drafts (default: a temporary one)")
+    if one_budget:
+        p.add_argument("--work", help="folder for the store and the drafts (default: a temporary one)")
     p.add_argument("--capture-engine", choices=RUNNERS, default=REFERENCE,
                    help="who runs the target for the one capture (vllm: .vllm-env or $EAGLEKIT_VLLM_PYTHON)")
     p.add_argument("--store-dtype", default="bfloat16", choices=("bfloat16", "float32", "fp8"))
     p.add_argument("--functions", default="EAGLE-3,EAGLE-3.1", help="which retrains this process trains")
     p.add_argument("--train-only", action="store_true", help="stop after training (a share of the runs)")
-    p.add_argument("--ledger", help="JSON file of the replayed counters, added to by each sitting "
-                   "(default: WORK/ledger.json)")
+    if one_budget:
+        p.add_argument("--ledger", help="JSON file of the replayed counters, added to by each sitting "
+                       "(default: WORK/ledger.json)")
     p.add_argument("--checkpoint-every", type=int, default=25,
                    help="steps between checkpoints: a run killed mid-way continues from its last one on a rerun")
-    return p.parse_args(argv)
+    return p
 
 
 class FinishedRuns:
@@ -174,9 +181,9 @@ def train_runs(args, names: list[tuple[int, str]], starts: dict[str, str], store
     return drafts
 
 
-def replay(args, drafts: dict[str, str], ks: list[int], sweep: dict, target: str, ledger: Ledger,
-           trained: dict[str, str]) -> None:
-    """Every drafter not yet in the ledger beside the bundled source, per k and condition, into the ledger: one
+def replay(args, parts: list[Replay], ks: list[int], sweep: dict, target: str, name: str = "bench_from_scratch"
+           ) -> None:
+    """Every drafter its ledger lacks, beside the bundled source, per k and condition, into its ledger: one
     template at a time, saved after each, so a killed replay continues at the template it stopped in."""
     from eaglekit.decode.options import VerifyOptions
 
@@ -184,52 +191,82 @@ def replay(args, drafts: dict[str, str], ks: list[int], sweep: dict, target: str
           "every drafter replayed beside the bundled EAGLE-3 source on one target decode per prompt and condition "
           "for every k, paired 95 % bootstrap over prompts", flush=True)
     grid = VerifyOptions(max_new_tokens=args.max_new_tokens, limit=args.limit, device="cpu", dtype="float32", **sweep)
-    replay_by_template(ledger, SOURCE, drafts, target, grid, ks, "bench_from_scratch", trained)
+    replay_by_template(parts, SOURCE, target, grid, ks, name)
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    import torch
+@dataclass
+class Budget:
+    """One data budget of a study: its --work folder, its ledger, the runs this process trains and the names
+    its tables print (the default upgrade, --also drafters, every retrain)."""
 
-    from eaglekit.cli.output import conditions, int_list
+    args: argparse.Namespace
+    work: str
+    ledger: Ledger
+    runs: list[tuple[int, str]]
+    names: list[str]
+
+    @property
+    def measured(self) -> bool:
+        return all(self.ledger.has(n) for n in self.names)
+
+
+def open_budget(args, seeds: list[int], ks: list[int], sweep: dict) -> Budget:
     from eaglekit.decode.options import VerifyOptions
-    from examples.smollm2 import materialize_smollm2
 
-    seeds, ks = int_list(args.seeds, "--seeds", "0,1,2"), int_list(args.k, "--k", "3")
-    sweep = conditions(args.contexts, args.templates)
     functions = [f for f in args.functions.split(",") if f]
     if unknown := set(functions) - set(FUNCTIONS):
         sys.exit(f"--functions: {', '.join(sorted(unknown))} is not one of {', '.join(FUNCTIONS)}")
     if set(functions) != set(FUNCTIONS) and not args.train_only:
         sys.exit("--functions needs --train-only: the replay pairs both retrains of every seed")
     work = args.work or tempfile.mkdtemp(prefix="bench-from-scratch-")
-    os.makedirs(work, exist_ok=True)
     columns = [f"k={k} {c.label}" for k in ks for c in VerifyOptions(**sweep).conditions]
     ledger = Ledger(args.ledger or os.path.join(work, "ledger.json"), {
         "steps": args.steps, "depth": args.depth, "lr": args.lr, "limit": args.limit,
         "max_new_tokens": args.max_new_tokens, "data_limit": args.data_limit, "generate": args.generate,
         "code_tokens": args.code_tokens, "train_templates": args.train_templates}, columns)
     runs = [(seed, f) for seed in seeds for f in FUNCTIONS if f in functions]
-    names = ["default upgrade (EAGLE-3.1 flags, EAGLE-3 function)", *(a.split("=", 1)[0] for a in args.also),
+    names = [DEFAULT_UPGRADE, *(a.split("=", 1)[0] for a in args.also),
              *(f"{f} from scratch, seed {seed}" for seed, f in runs)]
-    if all(ledger.has(n) for n in names) and not args.train_only:
-        print(f"every drafter is in {ledger.path}; nothing to train or replay")
-        ledger.print_tables(names, seeds)
+    return Budget(args, work, ledger, runs, names)
+
+
+def train_budget(budget: Budget, target: str) -> Replay:
+    """The budget's store and every run its ledger lacks (reused or continued where WORK holds them); its share
+    of the replay: the drafters its ledger lacks."""
+    args, ledger = budget.args, budget.ledger
+    os.makedirs(budget.work, exist_ok=True)
+    starts, store = prepare(args, target, budget.work)
+    ledger.check_store(store_data_sha(store))
+    drafts = {DEFAULT_UPGRADE: starts["EAGLE-3.1"], **dict(a.split("=", 1) for a in args.also)}
+    todo = [(seed, f) for seed, f in budget.runs if not ledger.has(f"{f} from scratch, seed {seed}")]
+    trained = train_runs(args, todo, starts, store, target, budget.work)
+    drafts.update((name, folder) for name, (folder, _) in trained.items())
+    return Replay(ledger, {n: d for n, d in drafts.items() if not ledger.has(n)},
+                  {name: summary for name, (_, summary) in trained.items()})
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
+    import torch
+
+    from eaglekit.cli.output import conditions, int_list
+    from examples.smollm2 import materialize_smollm2
+
+    seeds, ks = int_list(args.seeds, "--seeds", "0,1,2"), int_list(args.k, "--k", "3")
+    sweep = conditions(args.contexts, args.templates)
+    budget = open_budget(args, seeds, ks, sweep)
+    if budget.measured and not args.train_only:
+        print(f"every drafter is in {budget.ledger.path}; nothing to train or replay")
+        budget.ledger.print_tables(budget.names, seeds)
         return
     target = args.target or materialize_smollm2(os.path.join(REPO, ".cache", "smollm2"))
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}; drafts in {work}")
-    starts, store = prepare(args, target, work)
-    ledger.check_store(store_data_sha(store))
-    drafts = {names[0]: starts["EAGLE-3.1"], **dict(a.split("=", 1) for a in args.also)}
-    todo = [(seed, f) for seed, f in runs if not ledger.has(f"{f} from scratch, seed {seed}")]
-    trained = train_runs(args, todo, starts, store, target, work)
+          f"torch {torch.__version__}; drafts in {budget.work}")
+    part = train_budget(budget, target)
     if args.train_only:
         return
-    drafts.update((name, folder) for name, (folder, _) in trained.items())
-    replay(args, {n: d for n, d in drafts.items() if not ledger.has(n)}, ks, sweep, target, ledger,
-           {name: summary for name, (_, summary) in trained.items()})
-    ledger.print_tables(names, seeds)
+    replay(args, [part], ks, sweep, target)
+    budget.ledger.print_tables(budget.names, seeds)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.ledger import Ledger, replay_by_template  # noqa: E402
+from bench.ledger import Ledger, Replay, replay_by_template  # noqa: E402
 from eaglekit.cli.output import conditions, int_list  # noqa: E402
 from eaglekit.decode.options import VerifyOptions  # noqa: E402
 from eaglekit.errors import EaglekitError  # noqa: E402
@@ -105,7 +105,7 @@ def measure(args, ledger: Ledger, drafts: dict[str, str], grid, ks: list[int]) -
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}, {args.dtype} on {args.device}, {args.max_new_tokens} new tokens per prompt, "
           f"{args.limit or 'all'} prompts; counters to {ledger.path}", flush=True)
-    replay_by_template(ledger, args.reference, drafts, target, grid, ks, "bench_robustness")
+    replay_by_template([Replay(ledger, drafts)], args.reference, target, grid, ks, "bench_robustness")
 
 
 if __name__ == "__main__":

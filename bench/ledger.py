@@ -7,10 +7,12 @@ ledgers in bench/results/ by tests/project/test_docs_figures.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 REFERENCE_LABEL = "bundled EAGLE-3"
 WIDE = 8  # the most columns a table is laid out across; a wider grid is printed a row per column
@@ -62,11 +64,12 @@ class Ledger:
             if trained and name in trained:
                 entry["trained"] = trained[name]
 
-    def add_sitting(self, columns: list[str], seconds: float, cpu_seconds: float) -> None:
-        """What measuring `columns` cost in this sitting, with the machine's load then, so the grid's time is the
-        sum of its sittings'."""
+    def add_sitting(self, columns: list[str], seconds: float, cpu_seconds: float, drafters: int) -> None:
+        """What measuring `columns` for `drafters` drafters (this ledger's and any other's replayed with them) cost
+        in this sitting, with the machine's load then, so the grid's time is the sum of its sittings'."""
         self.data.setdefault("sittings", []).append({
-            "columns": columns, "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1),
+            "columns": columns, "drafters": drafters, "seconds": round(seconds, 1),
+            "cpu_seconds": round(cpu_seconds, 1),
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
@@ -157,12 +160,21 @@ class Ledger:
             print(f"\nnot measured yet: {len(left)} of {len(self.columns)} columns ({', '.join(left)})")
 
 
-def replay_by_template(ledger: Ledger, reference: str, drafts: dict[str, str], target: str, grid, ks: list[int],
-                       name: str, trained: dict[str, str] | None = None) -> None:
-    """Each template of `grid` (VerifyOptions) at every context and k, for the drafters whose counters under it the
-    ledger lacks: one compare_across_k each (every drafter beside `reference` on one target decode), saved with
-    its sitting after each template, so a killed grid continues at the template it stopped in. `name` labels the
-    progress lines."""
+@dataclass
+class Replay:
+    """One ledger's share of a replay: its drafters (name → folder) and what trained each (name → summary)."""
+
+    ledger: Ledger
+    drafts: dict[str, str]
+    trained: dict[str, str] | None = None
+
+
+def replay_by_template(parts: list[Replay], reference: str, target: str, grid, ks: list[int], name: str) -> None:
+    """Each template of `grid` (VerifyOptions) at every context and k, for the drafters whose counters under it
+    their ledger lacks: one compare_across_k for all of them (every drafter beside `reference` on one target
+    decode, a drafter held by several ledgers replayed once), so several ledgers of one grid pay the target's
+    passes once. Each ledger is saved with its sitting after each template, so a killed grid continues at the
+    template it stopped in. `name` labels the progress lines."""
     import dataclasses
 
     from eaglekit.cli.progress import ProgressLog
@@ -172,27 +184,51 @@ def replay_by_template(ledger: Ledger, reference: str, drafts: dict[str, str], t
     for template in dict.fromkeys(c.template for c in grid.conditions):
         options = dataclasses.replace(grid, template=template)
         columns = [f"k={k} {c.label}" for k in ks for c in options.conditions]
-        names = [n for n in drafts if not ledger.has(n, columns)]
-        if not names:
+        todo = {id(part): [n for n in part.drafts if not part.ledger.has(n, columns)] for part in parts}
+        digests = {(id(part), n): _digest(part.drafts[n]) for part in parts for n in todo[id(part)]}
+        folders: dict[str, str] = {}  # a drafter's digest → the first folder holding it
+        for part in parts:
+            for n in todo[id(part)]:
+                folders.setdefault(digests[id(part), n], part.drafts[n])
+        if not folders:
             continue
+        order = list(folders)
         contexts = ",".join(str(c.context_tokens) for c in options.conditions)
-        print(f"measuring the {template} template: {len(names)} drafter(s), contexts {contexts}, "
-              f"k {','.join(map(str, ks))}", flush=True)
+        print(f"measuring the {template} template: {len(order)} drafter(s) for {sum(map(bool, todo.values()))} "
+              f"ledger(s), contexts {contexts}, k {','.join(map(str, ks))}", flush=True)
         wall, cpu = time.perf_counter(), time.process_time()
         try:
             with ProgressLog(name) as progress:  # stage lines on stderr, a heartbeat in a log
-                per_k = compare_across_k(reference, [drafts[n] for n in names], target, options, ks,
+                per_k = compare_across_k(reference, list(folders.values()), target, options, ks,
                                          progress=progress)
         except EaglekitError as exc:
             sys.exit(f"error: {exc}")
-        for k, sweeps in per_k.items():
-            for index, condition in enumerate(options.conditions):
-                first = sweeps[0].reports[index]
-                ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
-                           {n: s.reports[index].b.counters for n, s in zip(names, sweeps)}, trained)
-        ledger.add_sitting(columns, time.perf_counter() - wall, time.process_time() - cpu)
-        ledger.save()
-        print(f"<!-- {template}: {len(names)} drafter(s) in {time.perf_counter() - wall:.0f} s -->", flush=True)
+        seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
+        for part in parts:
+            if not (names := todo[id(part)]):
+                continue
+            for k, sweeps in per_k.items():
+                for index, condition in enumerate(options.conditions):
+                    first = sweeps[0].reports[index]
+                    part.ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
+                                    {n: sweeps[order.index(digests[id(part), n])].reports[index].b.counters
+                                     for n in names}, part.trained)
+            part.ledger.add_sitting(columns, seconds, cpu_seconds, len(order))
+            part.ledger.save()
+        print(f"<!-- {template}: {len(order)} drafter(s) in {seconds:.0f} s -->", flush=True)
+
+
+def _digest(folder: str) -> str:
+    """What a drafter's files hold: one drafter written into several folders (each budget's default upgrade) is
+    replayed once."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        if name == "config.json" or name.endswith(".safetensors"):
+            digest.update(name.encode())
+            with open(os.path.join(folder, name), "rb") as fh:
+                while block := fh.read(1 << 20):
+                    digest.update(block)
+    return digest.hexdigest()
 
 
 def _encoded(counters) -> list:

@@ -5,11 +5,12 @@ target decode, other settings or other data, and a grid killed part way is conti
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
 
-from bench.ledger import WIDE, Ledger, print_study
+from bench.ledger import WIDE, Ledger, Replay, print_study
 from eaglekit.decode import compare as compare_module
 from eaglekit.decode.metrics import AcceptanceCounter
 from eaglekit.decode.stats import mean_paired_difference, paired_difference
@@ -215,6 +216,13 @@ def test_a_grid_part_way_prints_what_is_measured_and_names_what_is_left(tmp_path
     assert "not measured yet: 1 of 2 columns (k=3 raw)" in out
 
 
+def _drafter(folder, content: str) -> str:
+    """A drafter folder as the replay digests it: a config.json of `content`."""
+    folder.mkdir()
+    (folder / "config.json").write_text(content)
+    return str(folder)
+
+
 def test_a_from_scratch_replay_killed_after_a_template_continues_with_the_rest(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
@@ -223,7 +231,8 @@ def test_a_from_scratch_replay_killed_after_a_template_continues_with_the_rest(t
 
     path, columns = str(tmp_path / "ledger.json"), ["k=3 chat", "k=3 raw"]
     args = SimpleNamespace(limit=12, max_new_tokens=64)
-    drafts = {"EAGLE-3 from scratch, seed 0": "a", "EAGLE-3.1 from scratch, seed 0": "b"}
+    a, b = _drafter(tmp_path / "a", "a"), _drafter(tmp_path / "b", "b")
+    drafts = {"EAGLE-3 from scratch, seed 0": a, "EAGLE-3.1 from scratch, seed 0": b}
     trained = {name: f"trained {i}" for i, name in enumerate(drafts)}
     asked: list[list[str]] = []
 
@@ -233,8 +242,8 @@ def test_a_from_scratch_replay_killed_after_a_template_continues_with_the_rest(t
             return _fake_compare([], stop_at)(reference, paths, target, options, ks, progress)
 
         monkeypatch.setattr(compare_module, "compare_across_k", compare)
-        bench_from_scratch.replay(args, drafts, [3], conditions("0", "chat,raw"), str(tmp_path),
-                                  Ledger(path, SETTINGS, columns), trained)
+        bench_from_scratch.replay(args, [Replay(Ledger(path, SETTINGS, columns), drafts, trained)], [3],
+                                  conditions("0", "chat,raw"), str(tmp_path))
 
     with pytest.raises(KeyboardInterrupt):
         replay(stop_at="raw")
@@ -243,8 +252,72 @@ def test_a_from_scratch_replay_killed_after_a_template_continues_with_the_rest(t
     assert all(held.has(n, ["k=3 chat"]) and not held.has(n) for n in drafts)
     replay()
     held = Ledger(path, SETTINGS, columns)
-    assert asked == [["a", "b"], ["a", "b"], ["a", "b"]]  # chat, raw killed, raw again: chat never twice
+    assert asked == [[a, b], [a, b], [a, b]]  # chat, raw killed, raw again: chat never twice
     assert all(held.has(n) for n in drafts) and held.data["drafters"]["EAGLE-3 from scratch, seed 0"]["trained"] == \
         "trained 0"
     replay()  # everything held: nothing replayed
     assert len(asked) == 3
+
+
+def test_ledgers_of_two_budgets_share_one_replay_and_a_drafter_both_hold_is_replayed_once(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from bench import bench_from_scratch
+    from eaglekit.cli.output import conditions
+
+    columns = ["k=3 chat", "k=3 raw"]
+    small, large = (Ledger(str(tmp_path / f"{n}.json"), SETTINGS | {"data_limit": n}, columns) for n in (128, 256))
+    upgrade = "default upgrade (EAGLE-3.1 flags, EAGLE-3 function)"
+    parts = [Replay(small, {upgrade: _drafter(tmp_path / "up-128", "upgrade"),
+                            "EAGLE-3 from scratch, seed 0": _drafter(tmp_path / "x", "x")}),
+             Replay(large, {upgrade: _drafter(tmp_path / "up-256", "upgrade"),
+                            "EAGLE-3 from scratch, seed 0": _drafter(tmp_path / "y", "y")})]
+    asked: list[list[str]] = []
+
+    def compare(reference, paths, target, options, ks, progress=None):
+        asked.append([os.path.basename(p) for p in paths])
+        return _fake_compare([])(reference, paths, target, options, ks, progress)
+
+    monkeypatch.setattr(compare_module, "compare_across_k", compare)
+    bench_from_scratch.replay(SimpleNamespace(limit=12, max_new_tokens=64), parts, [3], conditions("0", "chat,raw"),
+                              str(tmp_path))
+    assert asked == [["up-128", "x", "y"]] * 2  # a template each; the upgrade's bytes once
+    for data_limit, own in ((128, 2), (256, 3)):  # the fake draws each drafter's counters from its place, from 1
+        held = Ledger(str(tmp_path / f"{data_limit}.json"), SETTINGS | {"data_limit": data_limit}, columns)
+        for column in columns:
+            assert held.data["drafters"][upgrade]["counters"][column] == \
+                [[c.drafts, c.accepted, c.accepted_at] for c in _counters(3, 1)]
+            assert held.data["drafters"]["EAGLE-3 from scratch, seed 0"]["counters"][column] == \
+                [[c.drafts, c.accepted, c.accepted_at] for c in _counters(3, own)]
+        assert [s["drafters"] for s in held.data["sittings"]] == [3, 3]
+
+
+def test_a_study_measured_in_full_prints_every_budget_and_the_budgets_side_by_side_from_its_ledgers(tmp_path, capsys):
+    from bench import bench_budget_study
+
+    columns = ["k=3 chat", "k=3 raw"]
+    names = ["default upgrade (EAGLE-3.1 flags, EAGLE-3 function)", "EAGLE-3 from scratch, seed 0",
+             "EAGLE-3.1 from scratch, seed 0"]
+    for offset, budget in enumerate(("25", "100")):
+        data_limit, generate, code_tokens = bench_budget_study.BUDGETS[budget]
+        ledger = Ledger(str(tmp_path / f"budget-study-{budget}.json"), {
+            "steps": 500, "depth": 4, "lr": 0.002, "limit": 12, "max_new_tokens": 64, "data_limit": data_limit,
+            "generate": generate, "code_tokens": code_tokens, "train_templates": "chat"}, columns)
+        for column in columns:
+            ledger.add(column, _counters(3, 0), CONVERSATIONS,
+                       {n: _counters(3, 10 * offset + i) for i, n in enumerate(names)})
+        ledger.save()
+    bench_budget_study.main(["--work", str(tmp_path / "work"), "--ledgers", str(tmp_path), "--budgets", "25,100",
+                             "--seeds", "0", "--k", "3", "--contexts", "0", "--templates", "chat,raw",
+                             "--limit", "12"])
+    out = capsys.readouterr().out
+    assert "nothing to train or replay" in out and not (tmp_path / "work").exists()
+    assert "| drafter − bundled EAGLE-3, 500 steps on 128 prompts × 64 tokens + 24,000 code tokens |" in out
+    assert "| drafter − bundled EAGLE-3, 500 steps on 535 prompts × 128 tokens + 96,000 code tokens |" in out
+    study = [line for line in out.splitlines() if line.startswith("| k=3 raw")][-1].split(" | ")[1:]
+    for offset, cell in enumerate(study):
+        point, interval = paired_difference(_counters(3, 10 * offset + 1), _counters(3, 10 * offset + 2),
+                                            CONVERSATIONS)
+        assert cell.startswith(f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}] ({point:+.3f} .. ")
+    with pytest.raises(SystemExit, match="--budgets: 30 is not one of 25, 50, 100"):
+        bench_budget_study.main(["--work", str(tmp_path), "--budgets", "30"])
