@@ -211,6 +211,8 @@ class Budget:
 
 
 def open_budget(args, seeds: list[int], ks: list[int], sweep: dict) -> Budget:
+    """The options' budget, before anything loads: its work folder, its ledger (refused if measured under other
+    settings), the runs this process trains and the names its tables print."""
     from eaglekit.decode.options import VerifyOptions
 
     functions = [f for f in args.functions.split(",") if f]
