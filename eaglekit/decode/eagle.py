@@ -60,11 +60,16 @@ class EagleProposer:
         import torch
 
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
-        positions = torch.arange(start, start + len(tokens), device=self.device).unsqueeze(0)
         with torch.inference_mode():
-            out = self.drafter(ids, hidden, positions, self.cache, return_sink_attention=sink, last_row_only=True)
+            out = self.drafter(ids, hidden, self._positions(start, len(tokens)), self.cache,
+                               return_sink_attention=sink, last_row_only=True)
         sink_last = out.sink_attention[0, -1] if out.sink_attention is not None else None
         return out.draft_logits[0, -1], out.feedback[0, -1], hidden[0, -1], sink_last
+
+    def _positions(self, start: int, rows: int):
+        import torch
+
+        return torch.arange(start, start + rows, device=self.device).unsqueeze(0)
 
     def begin(self, prompt: Sequence[int], aux: list[Any], next_token: int) -> None:
         import torch
@@ -78,9 +83,13 @@ class EagleProposer:
         with torch.inference_mode():
             hidden = self._combine(aux)
         rows = [*prompt[1:], next_token]
+        *pieces, (first, last) = chunk_spans(0, len(rows), self.chunk)
+        for start, end in pieces:  # only their keys and values: no draft reads these pieces' outputs
+            ids = torch.tensor([rows[start:end]], dtype=torch.long, device=self.device)
+            with torch.inference_mode():
+                self.drafter.extend_cache(ids, hidden[:, start:end], self._positions(start, end - start), self.cache)
         # no sink statistics on the prompt pass: they would cost a full attention matrix over a long prompt
-        for first, last in chunk_spans(0, len(rows), self.chunk):
-            self._last = self._run(rows[first:last], hidden[:, first:last], first, sink=False)
+        self._last = self._run(rows[first:last], hidden[:, first:last], first, sink=False)
         self.committed = len(prompt)
         if self.start is not None:
             self.start.key, self.start.state = key, (self.cache.copy(), self._last, self.committed)

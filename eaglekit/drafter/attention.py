@@ -222,6 +222,24 @@ class GqaAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, key_pos: torch.Tensor | None, cache: DraftCache | None,
                 attn_bias: torch.Tensor | None, want_sink: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, s, _ = x.shape
+        q, k, v = self._project(x, positions)
+        past = cache.length if cache is not None else 0
+        if cache is not None:
+            k, v = cache.extend(self.layer, "k", k), cache.extend(self.layer, "v", v)
+        mask = attention_mask(positions, key_pos, past, self.window, attn_bias, q.dtype)
+        out, sink = attend(q.reshape(batch, s, self.heads, self.head_dim).transpose(1, 2), k.transpose(1, 2),
+                           v.transpose(1, 2), mask, self.scale, want_sink)
+        return self.o_proj(out), sink
+
+    def extend_cache(self, x: torch.Tensor, positions: torch.Tensor, cache: DraftCache) -> None:
+        """forward's keys and values of these rows into `cache`, without attending."""
+        _, k, v = self._project(x, positions)
+        cache.extend(self.layer, "k", k)
+        cache.extend(self.layer, "v", v)
+
+    def _project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [N, heads, d] and k, v [B, S, kv_heads, d] of rows x [B, S, in], rotated to their positions."""
+        batch, s, _ = x.shape
         n = batch * s
         q, k, v = self.qkv_proj.split(self.qkv_proj(x.reshape(n, -1)))
         q, k = q.reshape(n, self.heads, self.head_dim), k.reshape(n, self.kv_heads, self.head_dim)
@@ -230,12 +248,4 @@ class GqaAttention(nn.Module):
             k = kernels.rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.eps).reshape(k.shape)
         cos, sin = self.rotary.cos_sin(positions, dtype=q.dtype)
         q, k = kernels.apply_rope(q, k, cos, sin)
-        k = k.reshape(batch, s, self.kv_heads, self.head_dim)
-        v = v.reshape(batch, s, self.kv_heads, self.head_dim)
-        past = cache.length if cache is not None else 0
-        if cache is not None:
-            k, v = cache.extend(self.layer, "k", k), cache.extend(self.layer, "v", v)
-        mask = attention_mask(positions, key_pos, past, self.window, attn_bias, q.dtype)
-        out, sink = attend(q.reshape(batch, s, self.heads, self.head_dim).transpose(1, 2), k.transpose(1, 2),
-                           v.transpose(1, 2), mask, self.scale, want_sink)
-        return self.o_proj(out), sink
+        return q, k.reshape(batch, s, self.kv_heads, self.head_dim), v.reshape(batch, s, self.kv_heads, self.head_dim)

@@ -49,6 +49,28 @@ class MlaAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, key_pos: torch.Tensor | None, cache: DraftCache | None,
                 attn_bias: torch.Tensor | None, want_sink: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, s, _ = x.shape
+        q_nope, q_pe, latent, k_pe = self._project(x, positions)
+        past = cache.length if cache is not None else 0
+        if cache is not None:
+            latent, k_pe = cache.extend(self.layer, "latent", latent), cache.extend(self.layer, "k_pe", k_pe)
+        total = latent.shape[1]
+        kv = self.kv_b_proj(latent).reshape(batch, total, self.heads, self.nope + self.v_dim)
+        k_nope, v = kv[..., : self.nope], kv[..., self.nope:]
+        k = torch.cat([k_nope, k_pe.unsqueeze(2).expand(batch, total, self.heads, self.rope_dim)], dim=-1)
+        q = torch.cat([q_nope, q_pe], dim=-1).reshape(batch, s, self.heads, -1)
+        mask = attention_mask(positions, key_pos, past, self.window, attn_bias, q.dtype)
+        out, sink = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, self.scale, want_sink)
+        return self.o_proj(out), sink
+
+    def extend_cache(self, x: torch.Tensor, positions: torch.Tensor, cache: DraftCache) -> None:
+        """forward's latent and rope key of these rows into `cache`, without attending."""
+        _, _, latent, k_pe = self._project(x, positions)
+        cache.extend(self.layer, "latent", latent)
+        cache.extend(self.layer, "k_pe", k_pe)
+
+    def _project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(q_nope, q_pe [N, heads, ...], latent [B, S, rank], k_pe [B, S, rope]) of rows x [B, S, in]."""
+        batch, s, _ = x.shape
         n = batch * s
         flat = x.reshape(n, -1)
         if self.q_rank:
@@ -64,15 +86,4 @@ class MlaAttention(nn.Module):
         q_pe, k_pe = kernels.apply_rope(q_pe.index_select(-1, self.interleaved_to_halves),
                                         k_pe.index_select(-1, self.interleaved_to_halves).reshape(n, 1, -1),
                                         cos, sin)
-        latent, k_pe = latent.reshape(batch, s, self.kv_rank), k_pe.reshape(batch, s, self.rope_dim)
-        past = cache.length if cache is not None else 0
-        if cache is not None:
-            latent, k_pe = cache.extend(self.layer, "latent", latent), cache.extend(self.layer, "k_pe", k_pe)
-        total = latent.shape[1]
-        kv = self.kv_b_proj(latent).reshape(batch, total, self.heads, self.nope + self.v_dim)
-        k_nope, v = kv[..., : self.nope], kv[..., self.nope:]
-        k = torch.cat([k_nope, k_pe.unsqueeze(2).expand(batch, total, self.heads, self.rope_dim)], dim=-1)
-        q = torch.cat([q_nope, q_pe], dim=-1).reshape(batch, s, self.heads, -1)
-        mask = attention_mask(positions, key_pos, past, self.window, attn_bias, q.dtype)
-        out, sink = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, self.scale, want_sink)
-        return self.o_proj(out), sink
+        return q_nope, q_pe, latent.reshape(batch, s, self.kv_rank), k_pe.reshape(batch, s, self.rope_dim)

@@ -78,8 +78,9 @@ class DecoderLayer(nn.Module):
         self.index, self.eps, self.norm_before_residual = index, config.rms_norm_eps, config.norm_before_residual
         if config.attention == "mla":
             assert config.mla is not None, "Drafter._build rejects an MLA draft without MLA dimensions"
-            self.self_attn: nn.Module = MlaAttention(layer=index, in_features=fan_in, hidden=h, heads=config.num_heads,
-                                                     mla=config.mla, rope=rope, window=window, eps=self.eps)
+            self.self_attn: GqaAttention | MlaAttention = MlaAttention(
+                layer=index, in_features=fan_in, hidden=h, heads=config.num_heads, mla=config.mla, rope=rope,
+                window=window, eps=self.eps)
         else:
             self.self_attn = GqaAttention(
                 layer=index, in_features=fan_in, hidden=h, heads=config.num_heads, kv_heads=config.num_kv_heads,
@@ -95,18 +96,27 @@ class DecoderLayer(nn.Module):
                 want_sink: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """x, residual, embeds: [N, H] rows; returns (mlp_out, residual, sink)."""
         batch, s = positions.shape
-        h = x.shape[-1]
+        attn_in, residual = self._attention_input(x, residual, embeds)
+        attn_out, sink = self.self_attn(attn_in.reshape(batch, s, -1), positions, key_pos, cache, attn_bias, want_sink)
+        x, residual = kernels.fused_add_rms_norm(attn_out.reshape(-1, x.shape[-1]), residual,
+                                                 self.post_attention_layernorm.weight, self.eps)
+        return self.mlp(x), residual, sink
+
+    def extend_cache(self, x: torch.Tensor, residual: torch.Tensor | None, embeds: torch.Tensor,
+                     positions: torch.Tensor, cache: DraftCache) -> None:
+        """forward's keys and values of these rows into `cache`, from the same products, and nothing else."""
+        batch, s = positions.shape
+        attn_in, _ = self._attention_input(x, residual, embeds)
+        self.self_attn.extend_cache(attn_in.reshape(batch, s, -1), positions, cache)
+
+    def _attention_input(self, x: torch.Tensor, residual: torch.Tensor | None,
+                         embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.hidden_norm is not None:
             attn_in = kernels.dual_rms_norm_cat(embeds, x, self.input_layernorm.weight, self.hidden_norm.weight,
                                                 self.eps)
-            residual = attn_in[:, h:] if self.norm_before_residual else x
-        else:
-            assert residual is not None, "every layer after the first receives the running residual"
-            attn_in, residual = kernels.fused_add_rms_norm(x, residual, self.input_layernorm.weight, self.eps)
-        attn_out, sink = self.self_attn(attn_in.reshape(batch, s, -1), positions, key_pos, cache, attn_bias, want_sink)
-        x, residual = kernels.fused_add_rms_norm(attn_out.reshape(-1, h), residual,
-                                                 self.post_attention_layernorm.weight, self.eps)
-        return self.mlp(x), residual, sink
+            return attn_in, attn_in[:, x.shape[-1]:] if self.norm_before_residual else x
+        assert residual is not None, "every layer after the first receives the running residual"
+        return kernels.fused_add_rms_norm(x, residual, self.input_layernorm.weight, self.eps)
 
 
 class Drafter(nn.Module):
@@ -313,6 +323,28 @@ class Drafter(nn.Module):
             rows = kernels.multi_rms_norm_cat(rows, torch.stack(weights), c.rms_norm_eps)
         return self.fc(rows).reshape(*lead, c.hidden_size)
 
+    def extend_cache(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                     cache: DraftCache) -> None:
+        """forward's rows into `cache` and nothing a draft step reads: the last layer's attention, its MLP and the
+        head are skipped. A long prompt's pieces before its last need only their keys and values, which come from
+        the same products as in forward, so the cache holds forward's bits; over 7k rows this is most of the pass."""
+        embeds, x, key_pos = self._inputs(input_ids, hidden, positions, cache)
+        residual = None
+        *earlier, last = self.layers
+        for layer in earlier:
+            x, residual, _ = layer(x, residual, embeds, positions, key_pos, cache, None, False)
+        cast(DecoderLayer, last).extend_cache(x, residual, embeds, positions, cache)
+        cache.advance(input_ids.shape[1])
+
+    def _inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                cache: DraftCache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(token embeddings, hidden rows, key positions) of a step's rows, as every layer reads them."""
+        c = self.config
+        dtype = self.norm.weight.dtype
+        embeds = F.embedding(input_ids.reshape(-1), self.embedding_weight).to(dtype)
+        key_pos = key_positions(cache, positions, windowed=any(c.sliding_windows or ()))
+        return embeds, hidden.reshape(-1, c.hidden_size).to(dtype), key_pos
+
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: DraftCache | None = None, *, attn_bias: torch.Tensor | None = None,
                 return_sink_attention: bool = False, last_row_only: bool = False) -> DraftOutput:
@@ -335,10 +367,8 @@ class Drafter(nn.Module):
         if hidden.shape[-1] != c.hidden_size:
             raise UsageError(f"hidden has width {hidden.shape[-1]}, the draft's hidden size is {c.hidden_size}")
         batch, s = input_ids.shape
-        dtype = self.norm.weight.dtype
-        embeds = F.embedding(input_ids.reshape(-1), self.embedding_weight).to(dtype)
-        x, residual, sink = hidden.reshape(-1, c.hidden_size).to(dtype), None, None
-        key_pos = key_positions(cache, positions, windowed=any(c.sliding_windows or ()))
+        embeds, x, key_pos = self._inputs(input_ids, hidden, positions, cache)
+        residual, sink = None, None
         for layer in self.layers:
             x, residual, layer_sink = layer(x, residual, embeds, positions, key_pos, cache, attn_bias,
                                             return_sink_attention and layer.index == 0)

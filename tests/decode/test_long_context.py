@@ -113,13 +113,20 @@ def test_chunked_and_shared_prefill_decodes_what_one_forward_decodes(tiny, draft
         assert chunked[4].reused_rows == 2 * ((len(prompt) - 1) // CHUNK * CHUNK) and whole[4].reused_rows == 0
 
 
-def test_one_pass_over_the_prompt_serves_the_drafter_at_every_k(tiny, drafter):
+def test_one_pass_over_the_prompt_serves_the_drafter_at_every_k(tiny, drafter, monkeypatch):
     """Proposers of one drafter sharing a `DraftStart` on one capture draft, round for round, what each drafts
-    alone, and only the first runs the drafter over the prompt."""
+    alone, and only the first runs the drafter over the prompt (its pieces before the last only into the cache)."""
     prompt = long_prompt(5)
     plain = greedy_decode(tiny, prompt, max_new_tokens=NEW + 7)
     capture = capture_pass(tiny, prompt, plain.tokens, AUX)
     rows: list[int] = []
+    extend_cache = drafter.extend_cache
+
+    def counted(ids, *args):
+        rows.append(ids.shape[1])
+        return extend_cache(ids, *args)
+
+    monkeypatch.setattr(drafter, "extend_cache", counted)
 
     class Counting(Recording):
         def _run(self, tokens, *args, **kwargs):

@@ -426,3 +426,39 @@ def test_triton_kernel_path_matches_torch_path(tmp_path, monkeypatch, attention)
         want = run_drafter(drafter, scen)
         monkeypatch.setenv("EAGLEKIT_KERNELS", "triton")
         assert_runs_match(run_drafter(drafter, scen), want, rel)
+
+
+@pytest.mark.parametrize("attention", ["llama", "qwen3", "mla"])
+def test_extend_cache_writes_the_bits_forward_writes_and_the_next_step_sees_no_difference(tmp_path, attention):
+    """A prompt's earlier pieces run through `extend_cache` (no attention output, MLP or head for the last layer)
+    leave the cache bit for bit as `forward` leaves it, so the last piece and every draft step after it compute
+    exactly what they computed before; with two layers the first still runs whole."""
+    if attention == "mla":
+        path, recipe = write(tmp_path, "ec", "kimi", attention="mla", target_hidden=None, draft_vocab=None,
+                             q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=6, v_head_dim=10)
+    else:
+        path, recipe = write(tmp_path, "ec", attention=attention, layers=2 if attention == "qwen3" else 1,
+                             fc_norm=True, norm_output=True)
+    drafter = Drafter.from_spec(load_draft(path))
+    generator = torch.Generator().manual_seed(0)
+    rows, pieces = 40, ((0, 16), (16, 32), (32, 40))
+    ids = torch.randint(0, recipe.vocab, (1, rows), generator=generator)
+    hidden = torch.randn(1, rows, drafter.config.hidden_size, generator=generator)
+    positions = torch.arange(rows).unsqueeze(0)
+    caches = [drafter.new_cache(1, rows + 4) for _ in range(2)]
+    with torch.inference_mode():
+        for skip, cache in zip((False, True), caches):
+            for first, last in pieces[:-1]:
+                part = (ids[:, first:last], hidden[:, first:last], positions[:, first:last], cache)
+                drafter.extend_cache(*part) if skip else drafter(*part, last_row_only=True)
+        first, last = pieces[-1]
+        outs = [drafter(ids[:, first:last], hidden[:, first:last], positions[:, first:last], cache,
+                        last_row_only=True) for cache in caches]
+        steps = [drafter(ids[:, -1:], out.feedback, torch.tensor([[rows]]), cache)
+                 for out, cache in zip(outs, caches)]
+    assert caches[0].length == caches[1].length == rows + 1  # the prompt and one step
+    assert caches[0]._tensors.keys() == caches[1]._tensors.keys() and caches[0]._tensors
+    for key, held in caches[0]._tensors.items():
+        assert torch.equal(held[:, :rows + 1], caches[1]._tensors[key][:, :rows + 1]), key
+    for a, b in ((outs[0], outs[1]), (steps[0], steps[1])):
+        assert torch.equal(a.draft_logits, b.draft_logits) and torch.equal(a.feedback, b.feedback)
