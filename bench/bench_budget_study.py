@@ -6,9 +6,9 @@ drafters' data, three seeds each, paired against the bundled EAGLE-3 source at c
 
 Each budget is bench_from_scratch.py's recipe on its own data: a share of the bundled drafters' 535 prompts with
 128-token answers and 96,000 tokens of standard-library source (BUDGETS), with its own store and runs in
-WORK/budget-NAME and its own ledger, LEDGERS/budget-study-NAME.json. Runs continue from checkpoints and finished
-runs are reused, as there, so the study is paid over sittings and processes (`--budgets`, `--functions`,
-`--train-only` train a share).
+WORK/budget-NAME and its own ledger, budget-study-NAME.json in --ledgers (default: WORK). Runs continue from
+checkpoints and finished runs are reused, as there, so the study is paid over sittings and processes (`--budgets`,
+`--functions`, `--train-only` train a share).
 
 The replay is one sitting for every budget: each drafter not yet in its ledger is replayed beside the source on one
 target decode per prompt and condition (bench/ledger.py's replay_by_template). At 7,168 tokens of context the
@@ -41,8 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.description = __doc__.split("\n\n")[0]
     p.add_argument("--budgets", default=",".join(BUDGETS), help=f"which of {', '.join(BUDGETS)} (share of the data)")
     p.add_argument("--work", required=True, help="folder of every budget's store and drafts (WORK/budget-NAME)")
-    p.add_argument("--ledgers", default=os.path.join(REPO, "bench", "results"),
-                   help="folder of the budgets' ledgers (budget-study-NAME.json)")
+    p.add_argument("--ledgers", help="folder of the budgets' ledgers, budget-study-NAME.json (default: WORK)")
     p.set_defaults(steps=500, k="3,6", contexts="0,2048,4096,7168", templates="chat,system,raw", limit=16,
                    max_new_tokens=64)
     return p.parse_args(argv)
@@ -53,16 +52,19 @@ def budget_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
     data_limit, generate, code_tokens = BUDGETS[name]
     return argparse.Namespace(**{**vars(args), "data_limit": data_limit, "generate": generate,
                                  "code_tokens": code_tokens, "work": os.path.join(args.work, f"budget-{name}"),
-                                 "ledger": os.path.join(args.ledgers, f"budget-study-{name}.json")})
+                                 "ledger": os.path.join(args.ledgers or args.work, f"budget-study-{name}.json")})
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     from eaglekit.cli.output import conditions, int_list
 
-    names = [n for n in args.budgets.split(",") if n]
+    names = list(dict.fromkeys(n for n in args.budgets.split(",") if n))
     if unknown := [n for n in names if n not in BUDGETS]:
         sys.exit(f"--budgets: {', '.join(unknown)} is not one of {', '.join(BUDGETS)}")
+    if not names:
+        sys.exit(f"--budgets: name at least one of {', '.join(BUDGETS)}")
+    os.makedirs(args.ledgers or args.work, exist_ok=True)  # before hours of training, not after
     seeds, ks = int_list(args.seeds, "--seeds", "0,1,2"), int_list(args.k, "--k", "3")
     sweep = conditions(args.contexts, args.templates)
     budgets = [bench_from_scratch.open_budget(budget_args(args, n), seeds, ks, sweep) for n in names]

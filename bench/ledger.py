@@ -64,11 +64,13 @@ class Ledger:
             if trained and name in trained:
                 entry["trained"] = trained[name]
 
-    def add_sitting(self, columns: list[str], seconds: float, cpu_seconds: float, drafters: int) -> None:
-        """What measuring `columns` for `drafters` drafters (this ledger's and any other's replayed with them) cost
-        in this sitting, with the machine's load then, so the grid's time is the sum of its sittings'."""
+    def add_sitting(self, columns: list[str], seconds: float, cpu_seconds: float, drafters: int,
+                    ledgers: int = 1) -> None:
+        """What measuring `columns` for `drafters` drafters cost in this sitting, with the machine's load then, so
+        the grid's time is the sum of its sittings'. A sitting shared by `ledgers` ledgers (a study's budgets, the
+        drafters of all of them) is recorded in each: count it once."""
         self.data.setdefault("sittings", []).append({
-            "columns": columns, "drafters": drafters, "seconds": round(seconds, 1),
+            "columns": columns, "drafters": drafters, "ledgers": ledgers, "seconds": round(seconds, 1),
             "cpu_seconds": round(cpu_seconds, 1),
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
@@ -181,15 +183,15 @@ def replay_by_template(parts: list[Replay], reference: str, target: str, grid, k
     from eaglekit.decode.compare import compare_across_k
     from eaglekit.errors import EaglekitError
 
+    digests = {path: _digest(path) for part in parts for path in part.drafts.values()}
     for template in dict.fromkeys(c.template for c in grid.conditions):
         options = dataclasses.replace(grid, template=template)
         columns = [f"k={k} {c.label}" for k in ks for c in options.conditions]
         todo = {id(part): [n for n in part.drafts if not part.ledger.has(n, columns)] for part in parts}
-        digests = {(id(part), n): _digest(part.drafts[n]) for part in parts for n in todo[id(part)]}
         folders: dict[str, str] = {}  # a drafter's digest → the first folder holding it
         for part in parts:
             for n in todo[id(part)]:
-                folders.setdefault(digests[id(part), n], part.drafts[n])
+                folders.setdefault(digests[part.drafts[n]], part.drafts[n])
         if not folders:
             continue
         order = list(folders)
@@ -211,21 +213,23 @@ def replay_by_template(parts: list[Replay], reference: str, target: str, grid, k
                 for index, condition in enumerate(options.conditions):
                     first = sweeps[0].reports[index]
                     part.ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
-                                    {n: sweeps[order.index(digests[id(part), n])].reports[index].b.counters
+                                    {n: sweeps[order.index(digests[part.drafts[n]])].reports[index].b.counters
                                      for n in names}, part.trained)
-            part.ledger.add_sitting(columns, seconds, cpu_seconds, len(order))
+            part.ledger.add_sitting(columns, seconds, cpu_seconds, len(order), sum(map(bool, todo.values())))
             part.ledger.save()
         print(f"<!-- {template}: {len(order)} drafter(s) in {seconds:.0f} s -->", flush=True)
 
 
-def _digest(folder: str) -> str:
-    """What a drafter's files hold: one drafter written into several folders (each budget's default upgrade) is
-    replayed once."""
+def _digest(path: str) -> str:
+    """What a drafter folder's files hold: one drafter written into several folders (each budget's default upgrade)
+    is replayed once. Anything else (a Hub id, a file, a typo) is its own name, for compare to read or refuse."""
+    if not os.path.isdir(path):
+        return f"path:{path}"
     digest = hashlib.sha256()
-    for name in sorted(os.listdir(folder)):
-        if name == "config.json" or name.endswith(".safetensors"):
-            digest.update(name.encode())
-            with open(os.path.join(folder, name), "rb") as fh:
+    for name in sorted(os.listdir(path)):
+        if os.path.isfile(os.path.join(path, name)):
+            digest.update(name.encode() + b"\0")
+            with open(os.path.join(path, name), "rb") as fh:
                 while block := fh.read(1 << 20):
                     digest.update(block)
     return digest.hexdigest()

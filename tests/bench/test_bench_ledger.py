@@ -289,7 +289,7 @@ def test_ledgers_of_two_budgets_share_one_replay_and_a_drafter_both_hold_is_repl
                 [[c.drafts, c.accepted, c.accepted_at] for c in _counters(3, 1)]
             assert held.data["drafters"]["EAGLE-3 from scratch, seed 0"]["counters"][column] == \
                 [[c.drafts, c.accepted, c.accepted_at] for c in _counters(3, own)]
-        assert [s["drafters"] for s in held.data["sittings"]] == [3, 3]
+        assert [(s["drafters"], s["ledgers"]) for s in held.data["sittings"]] == [(3, 2)] * 2  # one sitting, shared
 
 
 def test_a_study_measured_in_full_prints_every_budget_and_the_budgets_side_by_side_from_its_ledgers(tmp_path, capsys):
@@ -307,7 +307,7 @@ def test_a_study_measured_in_full_prints_every_budget_and_the_budgets_side_by_si
             ledger.add(column, _counters(3, 0), CONVERSATIONS,
                        {n: _counters(3, 10 * offset + i) for i, n in enumerate(names)})
         ledger.save()
-    bench_budget_study.main(["--work", str(tmp_path / "work"), "--ledgers", str(tmp_path), "--budgets", "25,100",
+    bench_budget_study.main(["--work", str(tmp_path / "work"), "--ledgers", str(tmp_path), "--budgets", "25,100,25",
                              "--seeds", "0", "--k", "3", "--contexts", "0", "--templates", "chat,raw",
                              "--limit", "12"])
     out = capsys.readouterr().out
