@@ -194,9 +194,10 @@ def replay_by_template(parts: list[Replay], reference: str, target: str, grid, k
                 folders.setdefault(digests[part.drafts[n]], part.drafts[n])
         if not folders:
             continue
-        order = list(folders)
+        place = {digest: i for i, digest in enumerate(folders)}  # a drafter's sweep in compare_across_k's answer
+        sharing = sum(map(bool, todo.values()))
         contexts = ",".join(str(c.context_tokens) for c in options.conditions)
-        print(f"measuring the {template} template: {len(order)} drafter(s) for {sum(map(bool, todo.values()))} "
+        print(f"measuring the {template} template: {len(folders)} drafter(s) for {sharing} "
               f"ledger(s), contexts {contexts}, k {','.join(map(str, ks))}", flush=True)
         wall, cpu = time.perf_counter(), time.process_time()
         try:
@@ -213,11 +214,11 @@ def replay_by_template(parts: list[Replay], reference: str, target: str, grid, k
                 for index, condition in enumerate(options.conditions):
                     first = sweeps[0].reports[index]
                     part.ledger.add(f"k={k} {condition.label}", first.a.counters, first.conversations,
-                                    {n: sweeps[order.index(digests[part.drafts[n]])].reports[index].b.counters
+                                    {n: sweeps[place[digests[part.drafts[n]]]].reports[index].b.counters
                                      for n in names}, part.trained)
-            part.ledger.add_sitting(columns, seconds, cpu_seconds, len(order), sum(map(bool, todo.values())))
+            part.ledger.add_sitting(columns, seconds, cpu_seconds, len(folders), sharing)
             part.ledger.save()
-        print(f"<!-- {template}: {len(order)} drafter(s) in {seconds:.0f} s -->", flush=True)
+        print(f"<!-- {template}: {len(folders)} drafter(s) in {seconds:.0f} s -->", flush=True)
 
 
 def _digest(path: str) -> str:

@@ -338,8 +338,14 @@ class Drafter(nn.Module):
 
     def _inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: DraftCache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(token embeddings, hidden rows, key positions) of a step's rows, as every layer reads them."""
+        """(token embeddings, hidden rows, key positions) of a step's rows, as every layer reads them; rows of the
+        wrong shape are refused in one line."""
         c = self.config
+        if input_ids.dim() != 2 or positions.shape != input_ids.shape or hidden.shape[:2] != input_ids.shape:
+            raise UsageError(f"a draft step takes input_ids [B, S], hidden [B, S, H], positions [B, S]; got "
+                             f"{tuple(input_ids.shape)}, {tuple(hidden.shape)}, {tuple(positions.shape)}")
+        if hidden.shape[-1] != c.hidden_size:
+            raise UsageError(f"hidden has width {hidden.shape[-1]}, the draft's hidden size is {c.hidden_size}")
         dtype = self.norm.weight.dtype
         embeds = F.embedding(input_ids.reshape(-1), self.embedding_weight).to(dtype)
         key_pos = key_positions(cache, positions, windowed=any(c.sliding_windows or ()))
@@ -361,13 +367,8 @@ class Drafter(nn.Module):
         largest of the pass.
         """
         c = self.config
-        if input_ids.dim() != 2 or positions.shape != input_ids.shape or hidden.shape[:2] != input_ids.shape:
-            raise UsageError(f"forward takes input_ids [B, S], hidden [B, S, H], positions [B, S]; got "
-                             f"{tuple(input_ids.shape)}, {tuple(hidden.shape)}, {tuple(positions.shape)}")
-        if hidden.shape[-1] != c.hidden_size:
-            raise UsageError(f"hidden has width {hidden.shape[-1]}, the draft's hidden size is {c.hidden_size}")
-        batch, s = input_ids.shape
         embeds, x, key_pos = self._inputs(input_ids, hidden, positions, cache)
+        batch, s = input_ids.shape
         residual, sink = None, None
         for layer in self.layers:
             x, residual, layer_sink = layer(x, residual, embeds, positions, key_pos, cache, attn_bias,

@@ -462,3 +462,5 @@ def test_extend_cache_writes_the_bits_forward_writes_and_the_next_step_sees_no_d
         assert torch.equal(held[:, :rows + 1], caches[1]._tensors[key][:, :rows + 1]), key
     for a, b in ((outs[0], outs[1]), (steps[0], steps[1])):
         assert torch.equal(a.draft_logits, b.draft_logits) and torch.equal(a.feedback, b.feedback)
+    with pytest.raises(UsageError, match=r"a draft step takes input_ids \[B, S\]"):  # one line, like forward
+        drafter.extend_cache(ids[0], hidden, positions, caches[0])
