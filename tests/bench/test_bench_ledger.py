@@ -78,11 +78,12 @@ def test_the_mean_over_seeds_draws_the_same_prompts_for_every_seed():
 
 
 def _study_ledger(path, data_limit: int, columns: list[str], offset: int) -> Ledger:
-    """A two-seed study ledger over `columns`, its drafters' counters drawn from seeds offset by `offset`."""
+    """A two-seed study ledger over `columns`, its drafters' counters drawn from seeds offset by `offset` and by
+    100 per column, so every column holds other counters."""
     ledger = Ledger(str(path), SETTINGS | {"data_limit": data_limit}, columns)
-    for column in columns:
+    for j, column in enumerate(columns):
         ledger.add(column, _counters(3, 0), CONVERSATIONS, {
-            f"{f} from scratch, seed {s}": _counters(3, offset + 2 * s + i)
+            f"{f} from scratch, seed {s}": _counters(3, offset + 2 * s + i + 100 * j)
             for s in (0, 1) for i, f in enumerate(("EAGLE-3", "EAGLE-3.1"))})
     return ledger
 
@@ -96,7 +97,8 @@ def test_a_grid_wider_than_a_table_prints_a_row_per_column_and_a_study_sets_budg
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| k=3 chat")]
     assert len(rows) == 2 * len(columns)  # the drafters' table and the seeds' table, a row per column
-    point, interval = paired_difference(_counters(3, 3), _counters(3, 4), CONVERSATIONS)  # seed 1's two retrains
+    last = 100 * (len(columns) - 1)  # seed 1's two retrains in the last column
+    point, interval = paired_difference(_counters(3, 3 + last), _counters(3, 4 + last), CONVERSATIONS)
     assert rows[-1].split(" | ")[2] == f"{point:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]"
     assert "| k, condition: drafter − bundled EAGLE-3, 500 steps on 128 prompts × 64 tokens + 24,000 code tokens | " \
            + " | ".join(names) + " |" in out
